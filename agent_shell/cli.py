@@ -1,0 +1,51 @@
+"""The ``cb-agent`` command line (click).
+
+Sub-commands live in :mod:`agent_shell.commands`, one module each, and are imported only when
+invoked, so ``cb-agent --help`` stays fast (no torch, JAX or game engine import).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+# name -> "module:attribute" of a click.Command
+COMMANDS: dict[str, str] = {
+    "fit": "agent_shell.commands.fit:fit",
+    "collect": "agent_shell.commands.collect:collect",
+    "fit-concepts": "agent_shell.commands.fit_concepts:fit_concepts",
+    "eval-decisions": "agent_shell.commands.eval_decisions:eval_decisions",
+    "run": "agent_shell.commands.run:run",
+    "report": "agent_shell.commands.report:report",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose sub-commands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name == module_name:  # the command itself is not built yet
+                return None
+            raise
+        return getattr(module, attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="cb-agent")
+def main() -> None:
+    """CB-Agent: language-model agents that learn concepts from expert demonstrations."""
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""One module per ``cb-agent`` sub-command (registered in :mod:`agent_shell.cli`)."""

@@ -1,0 +1,68 @@
+"""The language-model protocol the agents use; any feature extractor plugs in by implementing it.
+
+CB-Agent needs three numbers per candidate action ``a`` in a text context ``x`` (seed App. B):
+the summed log-probability of ``a``'s tokens given ``x`` (log Q(a|x)), their count L(a), and the
+last-layer hidden state at ``a``'s final token. ReAct routing, thoughts and open action spaces
+need free generation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+#: The seed paper's plain-text action prefix: candidates are scored as ``context + "\n> " + action``.
+DEFAULT_ACTION_PREFIX = "\n> "
+
+
+@dataclass(frozen=True)
+class CandidateScores:
+    """Scores of M candidate actions after one context.
+
+    Attributes:
+        log_q: [M] float32, summed natural-log probabilities of each action's tokens (nats).
+        n_tokens: [M] int32, number of action tokens counted (>= 1).
+        hidden: [M, d] float32, last-layer hidden state at each action's final token.
+    """
+
+    log_q: np.ndarray
+    n_tokens: np.ndarray
+    hidden: np.ndarray
+
+
+@runtime_checkable
+class LanguageModel(Protocol):
+    """A frozen language model that scores candidate sets and generates text."""
+
+    name: str  # identifies the backbone in concept metadata
+    hidden_size: int  # d
+    formatting: str  # identifies how context + prefix + action are joined (recorded in concepts)
+
+    def score(
+        self,
+        context: str,
+        candidates: Sequence[str],
+        action_prefix: str = DEFAULT_ACTION_PREFIX,
+    ) -> CandidateScores:
+        """Score each candidate as a continuation of ``context + action_prefix``.
+
+        Raises:
+            ValueError: empty candidate list, an empty candidate string, or a context longer
+                than the model's window.
+        """
+        ...
+
+    def generate(
+        self,
+        prompt: str,
+        max_new_tokens: int = 64,
+        stop: Sequence[str] = (),
+        temperature: float = 0.0,
+        n: int = 1,
+        seed: int | None = None,
+    ) -> list[str]:
+        """Return ``n`` continuations of ``prompt`` (greedy when temperature is 0), each cut at
+        the first stop string (the stop string itself excluded)."""
+        ...
