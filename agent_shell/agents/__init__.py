@@ -1,0 +1,49 @@
+"""The agents: ReAct, CB-Agent, prior-only, and their Reflexion variants, built by name.
+
+Every agent is run through :class:`Reflexion` (one trial for the plain agents), so the runner
+handles all of them alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from agent_shell.agents.cb_agent import CBAgent
+from agent_shell.agents.react import AgentConfig, AgentLog, AgentStop, EpisodeDone, LimitReached, ReActAgent
+from agent_shell.agents.reflexion import Reflexion, ReflexionResult, Trial
+from agent_shell.candidates import FormatError
+
+#: Agent names accepted by :func:`build_agent` and ``cb-agent run --agent``.
+AGENT_NAMES = ("cb-agent", "prior-only", "react", "reflexion-cb-agent", "reflexion-prior-only",
+               "reflexion-react")
+
+
+def needs_concepts(name: str) -> bool:
+    """True for agents that use fitted concepts (CB-Agent and its Reflexion variant)."""
+    return name.removeprefix("reflexion-") == "cb-agent"
+
+
+def build_agent(name: str, lm: Any, demos: Mapping[str, Sequence[str]],
+                concepts: Mapping[str, Any] | None = None, config: AgentConfig = AgentConfig(),
+                reflexion_trials: int = 2) -> Reflexion:
+    """The agent called ``name`` (see :data:`AGENT_NAMES`), wrapped in its trial loop.
+
+    Raises ValueError for an unknown name, or for ``cb-agent`` without concepts.
+    """
+    if name not in AGENT_NAMES:
+        raise ValueError(f"unknown agent {name!r}; known: {list(AGENT_NAMES)}")
+    base = name.removeprefix("reflexion-")
+    if base == "react":
+        agent: ReActAgent = ReActAgent(lm, demos, config)
+    elif base == "prior-only":
+        agent = CBAgent(lm, demos, None, config)
+    else:
+        if concepts is None:
+            raise ValueError(f"agent {name!r} needs fitted concepts, got None")
+        agent = CBAgent(lm, demos, concepts, config)
+    return Reflexion(agent, trials=reflexion_trials if name.startswith("reflexion-") else 1)
+
+
+__all__ = ["AGENT_NAMES", "AgentConfig", "AgentLog", "AgentStop", "CBAgent", "EpisodeDone",
+           "FormatError", "LimitReached", "ReActAgent", "Reflexion", "ReflexionResult", "Trial",
+           "build_agent", "needs_concepts"]

@@ -1,0 +1,94 @@
+"""``cb-agent eval-decisions``: top-1 accuracy on held-out expert decisions (teacher forcing).
+
+For each held-out expert decision (its context is the expert's own history, seed Eq. (5)) the
+candidate with the highest log P is compared with the expert's action, once with alpha = 0
+(prior only) and once with the fitted concept of the decision's task type.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from agent_shell.commands._common import common_options, prepare
+
+
+def decision_accuracy(features: dict, concepts: dict) -> list[dict]:
+    """Per task type (then ``all``): decisions, mean set size, top-1 accuracy of prior and concept."""
+    import numpy as np
+
+    import cb_core
+
+    rows, totals = [], {"n": 0, "prior": 0, "concept": 0, "sizes": 0}
+    for task_type, tf in sorted(features.items()):
+        if not tf.n_decisions:
+            continue
+        concept = concepts.get(task_type)
+        hits = {"prior": 0, "concept": 0}
+        for h, lq, nt, e in zip(tf.hidden, tf.log_q, tf.n_tokens, tf.expert):
+            hits["prior"] += cb_core.choose(h, lq, nt, None) == e
+            if concept is not None:
+                meta = concept.metadata
+                hits["concept"] += cb_core.choose(h, lq, nt, concept.alpha, meta["gamma"], meta["eps"]) == e
+        n = tf.n_decisions
+        sizes = float(np.mean([len(x) for x in tf.log_q]))
+        rows.append({"task_type": task_type, "decisions": n, "mean_candidates": sizes,
+                     "acc_prior": hits["prior"] / n,
+                     "acc_concept": hits["concept"] / n if concept is not None else None})
+        totals["n"] += n
+        totals["prior"] += hits["prior"]
+        totals["concept"] += hits["concept"]
+        totals["sizes"] += sizes * n
+    if totals["n"]:
+        rows.append({"task_type": "all", "decisions": totals["n"], "mean_candidates": totals["sizes"] / totals["n"],
+                     "acc_prior": totals["prior"] / totals["n"], "acc_concept": totals["concept"] / totals["n"]})
+    return rows
+
+
+@click.command("eval-decisions")
+@common_options
+@click.option("--heldout-split", default="valid_unseen", show_default=True,
+              help="Split of the held-out expert trajectories (if it equals --demo-split, the "
+                   "held-out ones are the next tasks of each type after the fitting ones).")
+@click.option("--heldout-per-type", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the rows as JSON here.")
+def eval_decisions(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamma, cache_dir,
+                   heldout_split, heldout_per_type, out_path) -> None:
+    """Top-1 accuracy on held-out expert decisions for alpha = 0 and the fitted concepts."""
+    import orjson
+    from rich.console import Console
+    from rich.table import Table
+
+    from agent_shell.concepts import collect_features, skipped_summary
+    from agent_shell.demos import expert_demos
+
+    console = Console()
+    setup = prepare(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamma, cache_dir,
+                    need_concepts=True, echo=console.print)
+    try:
+        same_split = heldout_split == demo_split
+        trajs = expert_demos(setup.env, demos_per_type + heldout_per_type if same_split else heldout_per_type,
+                             split=heldout_split,
+                             path=setup.cache / "expert" / env_name / f"{heldout_split}.jsonl",
+                             on_task=lambda tid: console.print(f"collecting expert trajectory {tid}"))
+        used = {t.task_id for t in setup.demo_trajectories}
+        heldout = [t for t in trajs if t.task_id not in used]
+        console.print(f"held out: {len(heldout)} won expert trajectories from {heldout_split}")
+        features = collect_features(setup.lm, heldout, rendering, cache_dir=setup.cache)
+        console.print(f"held-out decisions: {sum(f.n_decisions for f in features.values())}; "
+                      f"{skipped_summary(features)}")
+    finally:
+        setup.env.close()
+    rows = decision_accuracy(features, setup.concepts)
+    table = Table(title=f"Top-1 accuracy on held-out expert decisions ({setup.lm.name})")
+    for col in ("task type", "decisions", "candidates", "alpha = 0", "concept"):
+        table.add_column(col, justify="left" if col == "task type" else "right")
+    for r in rows:
+        concept = "-" if r["acc_concept"] is None else f"{100 * r['acc_concept']:.1f}%"
+        table.add_row(r["task_type"], str(r["decisions"]), f"{r['mean_candidates']:.1f}",
+                      f"{100 * r['acc_prior']:.1f}%", concept, style="bold" if r["task_type"] == "all" else None)
+    console.print(table)
+    if out_path:
+        Path(out_path).write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))

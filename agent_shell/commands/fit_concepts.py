@@ -1,0 +1,45 @@
+"""``cb-agent fit-concepts``: one concept per task type from won expert trajectories (cached)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import click
+
+from agent_shell.commands._common import common_options, prepare
+
+
+@click.command("fit-concepts")
+@common_options
+@click.option("--out-dir", type=click.Path(file_okay=False), default=None,
+              help="Also copy the concept files here (they always stay in the cache).")
+def fit_concepts(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamma, cache_dir,
+                 out_dir) -> None:
+    """Collect expert demonstrations, compute features with the backbone, fit and save concepts."""
+    from rich.console import Console
+    from rich.table import Table
+
+    setup = prepare(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamma, cache_dir,
+                    need_concepts=True)
+    try:
+        table = Table(title=f"Concepts ({setup.lm.name}, rendering {rendering}, lam {lam}, gamma {gamma})")
+        for col in ("task type", "trajectories", "decisions", "skipped expert steps", "loss", "grad norm",
+                    "converged"):
+            table.add_column(col)
+        for task_type, tf in sorted(setup.features.items()):
+            c = setup.concepts.get(task_type)
+            fit = c.metadata["fit"] if c is not None else {}
+            skipped = ", ".join(f"{a} x{n}" for a, n in tf.skipped_actions.most_common(3))
+            table.add_row(task_type, f"{len(tf.task_ids)} (+{tf.n_lost} lost)", str(tf.n_decisions),
+                          f"{tf.n_skipped} of {tf.n_env_steps}" + (f" ({skipped})" if skipped else ""),
+                          f"{fit.get('loss', float('nan')):.4f}", f"{fit.get('grad_norm', float('nan')):.1e}",
+                          str(fit.get("converged", "-")))
+        Console().print(table)
+        if out_dir is not None and setup.concepts_dir is not None:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            for f in setup.concepts_dir.glob("*.safetensors"):
+                shutil.copy2(f, Path(out_dir) / f.name)
+            click.echo(f"concepts copied to {out_dir}")
+    finally:
+        setup.env.close()

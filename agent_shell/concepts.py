@@ -1,0 +1,264 @@
+"""Concept fitting from expert trajectories (seed Sec. 3.2, Eqs. (5)-(6); App. B).
+
+For every environment step of a *won* expert trajectory, the decision's context is the
+scoring context of :func:`agent_shell.context.scoring_context` (task + history with thoughts,
+no demonstrations) and its candidate set the saved environment set filtered exactly as the
+acting agent filters it (:func:`agent_shell.candidates.drop_excluded`). The evaluated backbone
+recomputes log Q, token counts and hidden states for these (:meth:`LanguageModel.score`); one
+concept per task type is then fitted with :func:`cb_core.fit`.
+
+Expert steps whose action the filter removes (ALFWorld's handcoded expert issues ``look``
+often) stay in later contexts' histories but are no fitting target; they are counted per task
+type and action (:attr:`TypeFeatures.skipped_actions`).
+
+Features are cached per trajectory under ``<cache>/features/<key>.npz``, the key hashing the
+backbone name, its formatting, the rendering, the action prefix and every decision's context,
+candidates and expert index, so a refit (new lam, gamma) costs no LM time and any change of the
+text invalidates the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from agent_shell.candidates import drop_excluded
+from agent_shell.context import check_rendering, scoring_context
+from agent_shell.lm.protocol import DEFAULT_ACTION_PREFIX
+
+#: Bumped when the cached feature layout or the context construction changes.
+FEATURE_VERSION = 1
+
+
+@dataclass
+class TypeFeatures:
+    """Decisions of one task type, with the bookkeeping the report needs.
+
+    Attributes:
+        task_type: the type.
+        hidden, log_q, n_tokens, expert: per-decision lists ([M_i, d] float32, [M_i] float32,
+            [M_i] int, int) ready for :func:`cb_core.decisions_from_lists`.
+        task_ids: trajectories used (won only), in order.
+        n_lost: expert trajectories left out because they were not won.
+        n_env_steps: environment steps of the used trajectories.
+        skipped_actions: expert actions that were no fitting target (filtered out), counted.
+        lm_seconds: LM time spent on features in this call (0 when all came from the cache).
+    """
+
+    task_type: str
+    hidden: list[np.ndarray] = field(default_factory=list)
+    log_q: list[np.ndarray] = field(default_factory=list)
+    n_tokens: list[np.ndarray] = field(default_factory=list)
+    expert: list[int] = field(default_factory=list)
+    task_ids: list[str] = field(default_factory=list)
+    n_lost: int = 0
+    n_env_steps: int = 0
+    skipped_actions: Counter = field(default_factory=Counter)
+    lm_seconds: float = 0.0
+
+    @property
+    def n_decisions(self) -> int:
+        return len(self.expert)
+
+    @property
+    def n_skipped(self) -> int:
+        return sum(self.skipped_actions.values())
+
+    def decisions(self):
+        """The decisions as a :class:`cb_core.Decisions` (raises ValueError when there are none)."""
+        import cb_core
+
+        if not self.expert:
+            raise ValueError(f"task type {self.task_type!r} has no decisions to fit "
+                             f"({len(self.task_ids)} won trajectories, {self.n_lost} lost)")
+        return cb_core.decisions_from_lists(self.hidden, self.log_q, self.n_tokens, self.expert)
+
+
+def decision_texts(trajectory: Any, rendering: str = "raw") -> tuple[list[tuple[str, list[str], int]], Counter]:
+    """(context, candidates, expert index) per fitting decision, and the skipped expert actions.
+
+    Raises ValueError (from :func:`envs.trajectory.decision_examples`) for an expert action
+    outside its saved candidate set.
+    """
+    from envs.trajectory import decision_examples
+
+    examples, _ = decision_examples(trajectory, candidate_filter=drop_excluded)
+    kept = {e.step_index for e in examples}
+    skipped = Counter(s.action for i, s in enumerate(trajectory.steps)
+                      if s.kind == "env" and i not in kept)
+    texts = [(scoring_context(e.instruction, e.observation, e.history, rendering), list(e.candidates),
+              e.expert_index) for e in examples]
+    return texts, skipped
+
+
+def feature_key(lm: Any, rendering: str, texts: Sequence[tuple[str, list[str], int]]) -> str:
+    """Content hash of everything the features of one trajectory depend on."""
+    payload = json.dumps([FEATURE_VERSION, lm.name, lm.formatting, rendering, DEFAULT_ACTION_PREFIX,
+                          list(texts)], ensure_ascii=False)
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+def trajectory_features(lm: Any, texts: Sequence[tuple[str, list[str], int]], rendering: str,
+                        cache_dir: str | os.PathLike | None) -> tuple[list[tuple], float]:
+    """[(hidden, log_q, n_tokens, expert)] per decision of one trajectory, and LM seconds spent.
+
+    Read from ``cache_dir/features/<key>.npz`` when present; computed and saved otherwise.
+    """
+    import time
+
+    import cb_core
+
+    path = None
+    if cache_dir is not None and texts:
+        path = Path(cache_dir) / "features" / f"{feature_key(lm, rendering, texts)}.npz"
+        if path.exists():
+            dec = cb_core.load_decisions(path)
+            off = np.asarray(dec.offsets)
+            return ([(np.asarray(dec.hidden[a:b]), np.asarray(dec.log_q[a:b]), np.asarray(dec.n_tokens[a:b]),
+                      int(dec.expert[i])) for i, (a, b) in enumerate(zip(off[:-1], off[1:]))], 0.0)
+    start = time.perf_counter()
+    rows = []
+    for context, candidates, expert in texts:
+        s = lm.score(context, candidates)
+        rows.append((np.asarray(s.hidden, np.float32), np.asarray(s.log_q, np.float32),
+                     np.asarray(s.n_tokens), int(expert)))
+    seconds = time.perf_counter() - start
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cb_core.save_decisions(path, cb_core.decisions_from_lists(*map(list, zip(*rows))),
+                               metadata={"backbone": lm.name, "formatting": lm.formatting,
+                                         "rendering": rendering})
+    return rows, seconds
+
+
+def collect_features(lm: Any, trajectories: Iterable[Any], rendering: str = "raw",
+                     cache_dir: str | os.PathLike | None = None,
+                     on_trajectory: Callable[[Any], None] | None = None) -> dict[str, TypeFeatures]:
+    """Features of every won trajectory, grouped by task type (lost ones are only counted)."""
+    check_rendering(rendering)
+    by_type: dict[str, TypeFeatures] = {}
+    for traj in trajectories:
+        tf = by_type.setdefault(traj.task_type, TypeFeatures(traj.task_type))
+        if not traj.won:
+            tf.n_lost += 1
+            continue
+        texts, skipped = decision_texts(traj, rendering)
+        rows, seconds = trajectory_features(lm, texts, rendering, cache_dir)
+        for h, lq, nt, e in rows:
+            tf.hidden.append(h)
+            tf.log_q.append(lq)
+            tf.n_tokens.append(nt)
+            tf.expert.append(e)
+        tf.task_ids.append(traj.task_id)
+        tf.n_env_steps += traj.n_env_steps
+        tf.skipped_actions.update(skipped)
+        tf.lm_seconds += seconds
+        if on_trajectory is not None:
+            on_trajectory(traj)
+    return by_type
+
+
+def fit_concepts(features: dict[str, TypeFeatures], lm: Any, rendering: str = "raw", lam: float = 1.0,
+                 gamma: float = 0.8, eps: float = 1e-6, env_name: str = "") -> dict[str, Any]:
+    """One :class:`cb_core.Concept` per task type with decisions (seed Eq. (6)).
+
+    The metadata records everything acting must match (backbone, ``features`` =
+    :func:`feature_spec`, gamma, eps; the rendering also at top level) and the fit summary and
+    data counts (decisions, skipped expert steps by action).
+    Types without any decision are left out.
+    """
+    import cb_core
+
+    concepts = {}
+    for task_type, tf in sorted(features.items()):
+        if not tf.n_decisions:
+            continue
+        result = cb_core.fit(tf.decisions(), lam=lam, gamma=gamma, eps=eps)
+        concepts[task_type] = cb_core.Concept.from_fit(
+            result, backbone=lm.name, task_type=task_type, trajectories=tf.task_ids,
+            features=feature_spec(lm, rendering),
+            extra={"env": env_name, "rendering": rendering, "n_decisions": tf.n_decisions,
+                   "n_lost_trajectories": tf.n_lost, "n_expert_env_steps": tf.n_env_steps,
+                   "n_skipped_expert_steps": tf.n_skipped, "skipped_actions": dict(tf.skipped_actions)})
+    return concepts
+
+
+def feature_spec(lm: Any, rendering: str) -> dict[str, str]:
+    """How features and contexts were built; acting must use the same (concept ``features``)."""
+    return {"formatting": lm.formatting, "rendering": rendering, "action_prefix": DEFAULT_ACTION_PREFIX,
+            "context": "task + history, no demonstrations", "candidate_filter": "drop look/inventory/help"}
+
+
+def concepts_dir_key(features: dict[str, TypeFeatures], lm: Any, rendering: str, lam: float, gamma: float,
+                     eps: float) -> str:
+    """Hash naming a cached set of concepts (the data and every fit setting)."""
+    payload = json.dumps([FEATURE_VERSION, lm.name, lm.formatting, rendering, lam, gamma, eps,
+                          {t: f.task_ids for t, f in sorted(features.items())}])
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def save_concepts(concepts: dict[str, Any], directory: str | os.PathLike) -> None:
+    """Write ``<directory>/<task_type>.safetensors`` for each concept (:meth:`cb_core.Concept.save`)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for task_type, concept in concepts.items():
+        concept.save(directory / f"{task_type}.safetensors")
+
+
+def load_concepts(directory: str | os.PathLike) -> dict[str, Any]:
+    """Inverse of :func:`save_concepts`: task type -> concept (raises FileNotFoundError if none)."""
+    import cb_core
+
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no concept files (*.safetensors) in {directory}")
+    return {f.stem: cb_core.Concept.load(f) for f in files}
+
+
+def check_concept_matches(concept: Any, lm: Any, rendering: str) -> None:
+    """Raise ValueError when a concept was fitted with another backbone, formatting or rendering."""
+    meta = concept.metadata
+    fitted = {"backbone": meta.get("backbone"), **(meta.get("features") if isinstance(meta.get("features"), dict) else {})}
+    acting = {"backbone": lm.name, **feature_spec(lm, rendering)}
+    for key, value in acting.items():
+        if fitted.get(key) != value:
+            raise ValueError(f"concept for {meta.get('task_type')!r} was fitted with {key}="
+                             f"{fitted.get(key)!r}, but acting uses {value!r}")
+
+
+def skipped_summary(features: dict[str, TypeFeatures]) -> str:
+    """One line: how many expert steps were no fitting target, and which actions."""
+    total = sum(f.n_env_steps for f in features.values())
+    skipped: Counter = Counter()
+    for f in features.values():
+        skipped.update(f.skipped_actions)
+    n = sum(skipped.values())
+    top = ", ".join(f"{a} x{c}" for a, c in skipped.most_common(5))
+    share = f"{100 * n / total:.1f}%" if total else "n/a"
+    return f"{n} of {total} expert steps ({share}) were no fitting target" + (f" ({top})" if top else "")
+
+
+def cached_concepts(features: dict[str, TypeFeatures], lm: Any, rendering: str = "raw", lam: float = 1.0,
+                    gamma: float = 0.8, eps: float = 1e-6, env_name: str = "",
+                    cache_dir: str | os.PathLike | None = None) -> tuple[dict[str, Any], Path | None]:
+    """:func:`fit_concepts`, read from / written to ``<cache_dir>/concepts/<key>/`` when given.
+
+    Returns (concepts, the folder they are stored in or None).
+    """
+    if cache_dir is None:
+        return fit_concepts(features, lm, rendering, lam, gamma, eps, env_name), None
+    folder = Path(cache_dir) / "concepts" / concepts_dir_key(features, lm, rendering, lam, gamma, eps)
+    if any(folder.glob("*.safetensors")):
+        return load_concepts(folder), folder
+    concepts = fit_concepts(features, lm, rendering, lam, gamma, eps, env_name)
+    staging = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    save_concepts(concepts, staging)
+    os.replace(staging, folder)  # the folder appears complete or not at all
+    return concepts, folder

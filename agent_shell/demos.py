@@ -1,0 +1,78 @@
+"""Expert demonstrations: won expert trajectories per task type, collected once into the cache.
+
+The same trajectories serve as ReAct demonstrations (rendered with
+:func:`agent_shell.context.render_demo`) and as CB-Agent's fitting data (seed main ALFWorld
+table: two per task type from the training split). Collection walks each type's training
+tasks in sorted order and stops once ``per_type`` of them are won (ALFWorld's handcoded expert
+can lose pick_two games), storing every played trajectory in
+``<cache>/expert/<env>/<split>.jsonl`` so the next run plays nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from agent_shell.context import render_demo
+from envs._paths import cache_dir
+
+
+def tasks_by_type(env: Any, split: str) -> dict[str, list[str]]:
+    """Task ids of ``split`` grouped by task type, each list sorted.
+
+    Needs the adapter's ``task_type_of(task_id)``; raises ValueError if it has none.
+    """
+    type_of = getattr(env, "task_type_of", None)
+    if type_of is None:
+        raise ValueError(f"{type(env).__name__} cannot tell a task's type before reset "
+                         "(no task_type_of); pass explicit task ids")
+    groups: dict[str, list[str]] = defaultdict(list)
+    for tid in sorted(env.tasks(split)):
+        groups[type_of(tid)].append(tid)
+    return dict(sorted(groups.items()))
+
+
+def expert_demos(env: Any, per_type: int, split: str = "train", path: str | os.PathLike | None = None,
+                 max_steps: int | None = None, max_tries_per_type: int = 10,
+                 on_task: Callable[[str], None] | None = None) -> list[Any]:
+    """``per_type`` won expert trajectories of every task type of ``split`` (fewer if the expert
+    keeps losing: at most ``max_tries_per_type`` tasks are played per type).
+
+    Returns the chosen trajectories, grouped by type in sorted order. Raises ValueError for
+    ``per_type < 1``.
+    """
+    from envs.collect import collect_expert_trajectories
+    from envs.trajectory import read_trajectories
+
+    if per_type < 1:
+        raise ValueError(f"per_type must be >= 1, got {per_type}")
+    path = Path(path) if path is not None else cache_dir("expert", env.name) / f"{split}.jsonl"
+    stored = {t.task_id: t for t in read_trajectories(path, on_error="skip")} if path.exists() else {}
+    chosen: list[Any] = []
+    for task_type, ids in tasks_by_type(env, split).items():
+        won: list[Any] = []
+        for tid in ids[:max_tries_per_type]:
+            if len(won) == per_type:
+                break
+            if tid not in stored:
+                if on_task is not None:
+                    on_task(tid)
+                collect_expert_trajectories(
+                    env, [tid], path, resume=True, max_steps=max_steps,
+                    on_task=lambda t_id, traj, _summary: traj is not None and stored.update({t_id: traj}))
+            traj = stored.get(tid)
+            if traj is not None and traj.won:
+                won.append(traj)
+        chosen.extend(won)
+    return chosen
+
+
+def rendered_demos(trajectories: Sequence[Any], rendering: str = "raw") -> dict[str, list[str]]:
+    """Task type -> rendered demonstrations of the won trajectories (for the ReAct prompt)."""
+    demos: dict[str, list[str]] = defaultdict(list)
+    for t in trajectories:
+        if t.won:
+            demos[t.task_type].append(render_demo(t.instruction, t.observation, t.steps, rendering))
+    return dict(demos)

@@ -1,0 +1,131 @@
+"""Success tables and bar charts of episode results (``cb-agent report``, end of ``cb-agent run``).
+
+Rates come with a 95% Wilson score interval (Wilson 1927), which stays inside [0, 1] and is
+sensible for the small counts of a per-type table (0 of 5 gives [0, 0.43], not [0, 0]).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import mean
+from typing import Iterable, Sequence
+
+#: z for a two-sided 95% interval.
+Z95 = 1.959963984540054
+ALL = "all"
+
+
+def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a binomial rate k/n; (0, 1) for n = 0.
+
+    Raises ValueError unless 0 <= k <= n.
+    """
+    if not 0 <= k <= n:
+        raise ValueError(f"wilson_interval needs 0 <= k <= n, got k={k}, n={n}")
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One (agent, task type) cell of the success table."""
+
+    agent: str
+    task_type: str
+    n: int
+    won: int
+    low: float
+    high: float
+    mean_steps: float
+    mean_think_steps: float
+    s_per_step: float
+    distinct_actions: float
+    cycle_span: float
+    format_errors: int
+
+    @property
+    def rate(self) -> float:
+        return self.won / self.n if self.n else 0.0
+
+
+def summarize(records: Iterable[dict]) -> list[Row]:
+    """Rows per (agent, task type), then each agent's ``all`` row; agents in first-seen order."""
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in records:
+        groups[(r["agent"], r["task_type"])].append(r)
+        groups[(r["agent"], ALL)].append(r)
+    agents = list(dict.fromkeys(a for a, _ in groups))
+    rows = []
+    for agent in agents:
+        types = sorted(t for a, t in groups if a == agent and t != ALL) + [ALL]
+        for task_type in types:
+            rs = groups[(agent, task_type)]
+            won = sum(bool(r["success"]) for r in rs)
+            steps = sum(r["steps"] for r in rs)
+            rows.append(Row(
+                agent, task_type, len(rs), won, *wilson_interval(won, len(rs)),
+                mean_steps=mean(r["steps"] for r in rs),
+                mean_think_steps=mean(r["think_steps"] for r in rs),
+                s_per_step=sum(r["wall_s"] for r in rs) / steps if steps else float("nan"),
+                distinct_actions=mean(r["distinct_actions"] for r in rs),
+                cycle_span=mean(r["longest_cycle"]["span"] for r in rs),
+                format_errors=sum(r.get("format_errors", 0) for r in rs),
+            ))
+    return rows
+
+
+def rich_table(rows: Sequence[Row], title: str = "Success per task type"):
+    """A :class:`rich.table.Table` of the rows."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name, justify in (("agent", "left"), ("task type", "left"), ("won/n", "right"), ("rate", "right"),
+                          ("95% CI", "right"), ("steps", "right"), ("think", "right"), ("s/step", "right"),
+                          ("distinct", "right"), ("cycle", "right"), ("fmt err", "right")):
+        table.add_column(name, justify=justify)
+    for r in rows:
+        style = "bold" if r.task_type == ALL else None
+        table.add_row(r.agent, r.task_type, f"{r.won}/{r.n}", f"{100 * r.rate:.1f}%",
+                      f"[{100 * r.low:.1f}, {100 * r.high:.1f}]", f"{r.mean_steps:.1f}",
+                      f"{r.mean_think_steps:.1f}", f"{r.s_per_step:.2f}", f"{r.distinct_actions:.1f}",
+                      f"{r.cycle_span:.1f}", str(r.format_errors), style=style)
+    return table
+
+
+def bar_chart(rows: Sequence[Row], path: str | Path, title: str = "Success rate by task type") -> Path:
+    """Grouped bars (task type x agent) with Wilson 95% error bars, saved as an image at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    agents = list(dict.fromkeys(r.agent for r in rows))
+    types = [t for t in dict.fromkeys(r.task_type for r in rows) if t != ALL] + [ALL]
+    cell = {(r.agent, r.task_type): r for r in rows}
+    width = 0.8 / max(len(agents), 1)
+    x = np.arange(len(types))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(types)), 4.0))
+    for i, agent in enumerate(agents):
+        cells = [cell.get((agent, t)) for t in types]
+        rates = [100 * c.rate if c else 0.0 for c in cells]
+        err = np.array([[100 * (c.rate - c.low), 100 * (c.high - c.rate)] if c else [0.0, 0.0] for c in cells]).T
+        ax.bar(x + (i - (len(agents) - 1) / 2) * width, rates, width, yerr=err, capsize=2, label=agent)
+    ax.set_xticks(x, [t.replace("_", " ") for t in types], rotation=25, ha="right", fontsize=8)
+    ax.set_ylabel("success rate (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,243 @@
+"""Episodes of an agent on a list of tasks, with durable results, resume and a progress bar.
+
+Results are JSON Lines, one *finished* episode per line (all Reflexion trials together),
+appended atomically with :func:`envs.trajectory.append_jsonl`. While an episode runs, its state
+is rewritten after every step to ``<results>.partial/<agent>/<task>.json`` (temp file + rename),
+so a crash never loses what happened; that file is removed once the episode's line is stored.
+``resume=True`` skips every (agent, task) already in the results file, so an interrupted run
+restarts exactly the unfinished episodes: none lost, none duplicated. A torn final line (a kill
+during the write) is reported and its episode redone.
+
+Every record carries loop statistics (:func:`loop_statistics`): the number of distinct
+environment actions and the longest repeated cycle (e.g. ``open X`` / ``close X`` three times).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import orjson
+
+#: Version of the episode record layout (``record["schema"]``).
+RESULT_SCHEMA = "cb-agent/episode-v1"
+
+
+# ---------------------------------------------------------------------------------------------
+# loop statistics
+
+
+def longest_repeat_cycle(actions: Sequence[str]) -> dict[str, int]:
+    """The longest stretch where one block of actions repeats back to back.
+
+    Returns ``{"period": p, "repeats": r, "span": p * r}`` for the block of length p repeated r
+    >= 2 times in a row that covers the most actions (ties: the shortest period); all zeros when
+    no action or block repeats. ``a b a b a`` -> period 2, repeats 2, span 4.
+    """
+    n = len(actions)
+    best = (0, 0, 0)  # span, -period, repeats (compared as a tuple)
+    for p in range(1, n // 2 + 1):
+        for i in range(0, n - 2 * p + 1):
+            block = actions[i:i + p]
+            r = 1
+            while actions[i + r * p:i + (r + 1) * p] == block:
+                r += 1
+            if r >= 2 and (r * p, -p) > best[:2]:
+                best = (r * p, -p, r)
+    span, neg_p, repeats = best
+    return {"period": -neg_p, "repeats": repeats, "span": span}
+
+
+def loop_statistics(steps: Iterable[Any]) -> dict[str, Any]:
+    """Distinct environment actions and the longest repeated cycle of one trial's steps."""
+    actions = [s.action for s in steps if s.kind == "env"]
+    return {"distinct_actions": len(set(actions)), "longest_cycle": longest_repeat_cycle(actions)}
+
+
+# ---------------------------------------------------------------------------------------------
+# records
+
+
+def trial_record(trial: Any) -> dict[str, Any]:
+    """A trial as JSON: outcome, counts, loop statistics, agent log and the whole trajectory."""
+    ep = trial.episode
+    steps = ep.steps
+    return {
+        "won": bool(ep.won),
+        "steps": len(steps),
+        "think_steps": sum(1 for s in steps if s.kind == "think"),
+        "env_steps": sum(1 for s in steps if s.kind == "env"),
+        "budget": ep.max_steps,
+        **loop_statistics(steps),
+        "reflection": trial.reflection,
+        "log": trial.log.to_dict(),
+        "trajectory": ep.trajectory().to_record(),
+    }
+
+
+def episode_record(agent_name: str, task_id: str, trials: Sequence[Any], wall_s: float,
+                   meta: dict[str, Any]) -> dict[str, Any]:
+    """One results line. Counts add up over trials; loop statistics are the last trial's."""
+    records = [trial_record(t) for t in trials]
+    last = records[-1]
+    steps = sum(r["steps"] for r in records)
+    n_candidates = [d["n_candidates"] for r in records for d in r["log"]["decisions"]
+                    if d.get("n_candidates") is not None]
+    start = trials[0].episode.start
+    return {
+        "schema": RESULT_SCHEMA,
+        "agent": agent_name,
+        "task_id": task_id,
+        "task_type": start.task_type,
+        "success": any(r["won"] for r in records),
+        "steps": steps,
+        "think_steps": sum(r["think_steps"] for r in records),
+        "env_steps": sum(r["env_steps"] for r in records),
+        "budget": last["budget"],
+        "n_trials": len(records),
+        "n_candidates": n_candidates,
+        "format_errors": sum(len(r["log"]["format_errors"]) for r in records),
+        "distinct_actions": last["distinct_actions"],
+        "longest_cycle": last["longest_cycle"],
+        "wall_s": round(wall_s, 3),
+        "s_per_step": round(wall_s / steps, 4) if steps else None,
+        **meta,
+        "trials": records,
+    }
+
+
+def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every episode record of a results file ([] when it does not exist).
+
+    A malformed or torn line is skipped with a warning naming its line number (its episode is
+    not finished and a resumed run redoes it); nothing is dropped silently.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                if not raw.endswith(b"\n"):
+                    raise ValueError("torn line (no final newline)")
+                record = orjson.loads(raw)
+                if not isinstance(record, dict) or "task_id" not in record or "agent" not in record:
+                    raise ValueError("not an episode record")
+            except (orjson.JSONDecodeError, ValueError) as err:
+                warnings.warn(f"{path}:{number}: skipped malformed results line: {err}", stacklevel=2)
+                continue
+            out.append(record)
+    return out
+
+
+def _write_json_atomic(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(orjson.dumps(payload))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def partial_path(results_path: Path, agent_name: str, task_id: str) -> Path:
+    """Where an unfinished episode's state lives while it runs."""
+    digest = hashlib.sha1(task_id.encode()).hexdigest()[:12]
+    stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in Path(task_id).parent.name or task_id)
+    return results_path.parent / f"{results_path.name}.partial" / agent_name / f"{stem[-60:]}-{digest}.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+
+
+@dataclass
+class RunSummary:
+    """What :func:`run_episodes` did: finished records (this run), skipped task ids (resume)."""
+
+    records: list[dict] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def n_won(self) -> int:
+        return sum(r["success"] for r in self.records)
+
+
+def run_episodes(env: Any, agent: Any, task_ids: Sequence[str], results_path: str | os.PathLike,
+                 max_steps: int, resume: bool = True, meta: dict[str, Any] | None = None,
+                 progress: Any = None,
+                 on_episode: Callable[[dict], None] | None = None) -> RunSummary:
+    """Play ``agent`` (an :class:`agent_shell.agents.Reflexion`) on each task, appending results.
+
+    Args:
+        env: the environment adapter.
+        agent: the trial loop (``.name``, ``.run(new_episode, on_step)``).
+        task_ids: tasks in order (duplicates played once).
+        results_path: JSONL file (created with its folder).
+        max_steps: step budget per trial, think steps included.
+        resume: skip tasks this agent already finished in ``results_path``. With ``False`` an
+            existing record of this agent raises ValueError instead of being duplicated.
+        meta: extra fields for every record (env, split, model, seed, ...).
+        progress: a :class:`rich.progress.Progress` to report to (or None).
+        on_episode: called with each finished record.
+    """
+    from envs.episode import Episode
+    from envs.trajectory import append_jsonl
+
+    results_path = Path(results_path)
+    finished = {r["task_id"] for r in read_results(results_path) if r["agent"] == agent.name}
+    todo = list(dict.fromkeys(task_ids))
+    if finished and not resume and finished & set(todo):
+        raise ValueError(f"{results_path} already holds {agent.name} episodes; pass --resume to "
+                         "continue it, or choose another output directory")
+    summary = RunSummary(skipped=[t for t in todo if t in finished])
+    todo = [t for t in todo if t not in finished]
+    bar = None
+    if progress is not None:
+        bar = progress.add_task(agent.name, total=len(todo), won=0, done=0, rate="-", step="")
+    for task_id in todo:
+        partial = partial_path(results_path, agent.name, task_id)
+
+        def save(trials: list, task_id: str = task_id, partial: Path = partial) -> None:
+            _write_json_atomic(partial, {"agent": agent.name, "task_id": task_id, "finished": False,
+                                         "trials": [trial_record(t) for t in trials]})
+            if bar is not None:
+                progress.update(bar, step=f"trial {len(trials)} step {len(trials[-1].episode.steps)}")
+
+        start = time.perf_counter()
+        result = agent.run(lambda task_id=task_id: Episode(env, task_id, max_steps), on_step=save)
+        record = episode_record(agent.name, task_id, result.trials, time.perf_counter() - start, meta or {})
+        append_jsonl(results_path, record)
+        partial.unlink(missing_ok=True)
+        summary.records.append(record)
+        if bar is not None:
+            done = len(summary.records)
+            progress.update(bar, advance=1, won=summary.n_won, done=done,
+                            rate=f"{100 * summary.n_won / done:.0f}%", step="")
+        if on_episode is not None:
+            on_episode(record)
+    return summary
+
+
+def make_progress() -> Any:
+    """A rich progress bar showing the running success rate and the current step."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("won {task.fields[won]}/{task.fields[done]}"
+                   " ({task.fields[rate]})"), TimeElapsedColumn(),
+        TextColumn("{task.fields[step]}"),
+    )

@@ -1,0 +1,143 @@
+"""Small deterministic test doubles for the agent tests: a language model and an environment.
+
+* :class:`FakeLM` implements the LanguageModel protocol. ``score`` derives log q and hidden
+  states from a hash of (context, candidate), so equal inputs give equal numbers; ``generate``
+  replays a script of replies (or calls a function of the prompt) and records every prompt.
+* :class:`ScriptedEnv` implements the Environment protocol: each task is won by playing its
+  solution in order; any other action answers ``Nothing happens.``. Every action that reaches
+  the engine is recorded in ``engine_actions``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Callable, Sequence
+
+import numpy as np
+
+from agent_shell.lm.protocol import CandidateScores
+from envs.protocol import StepResult, TaskStart
+
+
+def _seed(*parts: str) -> int:
+    return int.from_bytes(hashlib.sha256("\x00".join(parts).encode()).digest()[:8], "little")
+
+
+class FakeLM:
+    """Hash-based scores; scripted replies.
+
+    Args:
+        replies: a list of replies served in order (the last one repeats), or a function
+            ``(prompt, temperature, n) -> list[str]``.
+        hidden_size: d.
+        prefer: if given, this substring boosts a candidate's log q by 5 nats (steers the prior).
+    """
+
+    def __init__(self, replies: Sequence[str] | Callable = ("> go",), hidden_size: int = 8,
+                 prefer: str | None = None, name: str = "fake-lm"):
+        self.name = name
+        self.hidden_size = hidden_size
+        self.formatting = "plain"
+        self.replies = replies
+        self.prefer = prefer
+        self.prompts: list[str] = []
+        self.score_calls: list[tuple[str, list[str]]] = []
+        self._i = 0
+
+    def score(self, context, candidates, action_prefix="\n> "):
+        if not candidates or any(not c for c in candidates):
+            raise ValueError("empty candidate list or candidate")
+        self.score_calls.append((context, list(candidates)))
+        log_q, hidden = [], []
+        for c in candidates:
+            rng = np.random.default_rng(_seed(context[-300:], c))
+            boost = 5.0 if self.prefer and self.prefer in c else 0.0
+            log_q.append(-rng.uniform(1.0, 6.0) * len(c.split()) + boost)
+            hidden.append(rng.normal(size=self.hidden_size))
+        return CandidateScores(np.asarray(log_q, np.float32),
+                               np.asarray([len(c.split()) for c in candidates], np.int32),
+                               np.asarray(hidden, np.float32))
+
+    def generate(self, prompt, max_new_tokens=64, stop=(), temperature=0.0, n=1, seed=None):
+        self.prompts.append(prompt)
+        if callable(self.replies):
+            return list(self.replies(prompt, temperature, n))
+        out = []
+        for _ in range(n):
+            out.append(self.replies[min(self._i, len(self.replies) - 1)])
+            self._i += 1
+        return out
+
+
+#: task id -> (task type, solution)
+TASKS = {
+    "a/1": ("fetch", ["go to desk 1", "take key 1 from desk 1"]),
+    "a/2": ("fetch", ["go to shelf 1", "take book 2 from shelf 1"]),
+    "a/3": ("fetch", ["go to bed 1", "take pillow 1 from bed 1"]),
+    "b/1": ("open", ["go to door 1", "open door 1", "go to hall 1"]),
+    "b/2": ("open", ["go to box 1", "open box 1", "go to hall 1"]),
+}
+
+
+class ScriptedEnv:
+    """A tiny deterministic text game per task (see :data:`TASKS`)."""
+
+    name = "scripted"
+    default_max_steps = 10
+    expert_name = "scripted-expert"
+
+    def __init__(self, tasks: dict | None = None, expert_looks: bool = False):
+        self._tasks = dict(TASKS if tasks is None else tasks)
+        self.expert_looks = expert_looks  # expert issues `look` before each move (like ALFWorld's)
+        self.engine_actions: list[str] = []
+        self.closed = False
+        self._task = None
+        self._pos = 0
+        self._looked = False
+
+    def tasks(self, split):
+        if split not in ("train", "test"):
+            raise ValueError(f"unknown split {split!r}")
+        return sorted(self._tasks)
+
+    def task_type_of(self, task_id):
+        return self._tasks[task_id][0]
+
+    def reset(self, task_id):
+        if task_id not in self._tasks:
+            raise ValueError(f"unknown task {task_id!r}")
+        self._task, self._pos, self._looked = task_id, 0, False
+        return TaskStart(task_id, self._tasks[task_id][0], f"Your task is to: solve {task_id}.",
+                         "You are in a small room.")
+
+    def _solution(self):
+        return self._tasks[self._task][1]
+
+    def step(self, action):
+        self.engine_actions.append(action)
+        sol = self._solution()
+        if action == "look":
+            self._looked = True
+            return StepResult("You are in a small room.", False, False)
+        if self._pos < len(sol) and action == sol[self._pos]:
+            self._pos += 1
+            self._looked = False
+            won = self._pos == len(sol)
+            return StepResult(f"You {action}.", won, won, float(won))
+        return StepResult("Nothing happens.", False, False)
+
+    def candidates(self):
+        sol = self._solution()
+        nxt = sol[self._pos] if self._pos < len(sol) else "wait"
+        return ["look", "inventory", "help", "go to window 1", nxt, "examine wall 1"]
+
+    def expert_action(self):
+        sol = self._solution()
+        if self._pos >= len(sol):
+            return None
+        if self.expert_looks and not self._looked:
+            return "look"
+        return sol[self._pos]
+
+    def close(self):
+        self.closed = True

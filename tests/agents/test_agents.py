@@ -1,0 +1,145 @@
+"""ReAct, CB-Agent, prior-only and Reflexion on a scripted environment with a fake LM."""
+
+import numpy as np
+import pytest
+
+import cb_core
+from agent_doubles import FakeLM, ScriptedEnv
+from agent_shell.agents import AgentConfig, CBAgent, ReActAgent, Reflexion, build_agent
+from envs.episode import Episode
+
+DEMOS = {"fetch": ["DEMO-FETCH"], "open": ["DEMO-OPEN"]}
+
+
+def play(agent, task="a/1", max_steps=10, env=None, memory=()):
+    env = env or ScriptedEnv()
+    episode = Episode(env, task, max_steps)
+    saves = []
+    log = agent.run(episode, memory=memory, on_step=lambda ep, lg: saves.append(len(ep.steps)))
+    return env, episode, log, saves
+
+
+def test_react_executes_own_actions_and_think_steps_never_reach_the_engine():
+    lm = FakeLM([" think: the key is on the desk", " go to desk 1", " take key 1 from desk 1"])
+    env, ep, log, saves = play(ReActAgent(lm, DEMOS))
+    assert ep.won and [s.kind for s in ep.steps] == ["think", "env", "env"]
+    assert ep.steps[0].observation == "OK."
+    assert env.engine_actions == ["go to desk 1", "take key 1 from desk 1"]
+    assert saves == [1, 2, 3, 3]  # saved after every step, and once more when the loop ends
+    assert "DEMO-FETCH" in lm.prompts[0] and "DEMO-OPEN" not in lm.prompts[0]
+    assert lm.prompts[1].endswith("> think: the key is on the desk\nOK.\n>")
+
+
+def test_think_steps_count_toward_the_budget():
+    lm = FakeLM([" think: still thinking"])
+    env, ep, log, _ = play(ReActAgent(lm, DEMOS), max_steps=4)
+    assert len(ep.steps) == 4 and all(s.kind == "think" for s in ep.steps)
+    assert env.engine_actions == [] and not ep.won
+
+
+def test_react_sends_an_action_outside_the_set_to_the_engine_as_published():
+    lm = FakeLM([" fly to the moon"])
+    env, ep, log, _ = play(ReActAgent(lm, DEMOS), max_steps=2)
+    assert env.engine_actions == ["fly to the moon", "fly to the moon"]
+    assert ep.steps[0].observation == "Nothing happens."
+    assert log.format_errors == []
+
+
+@pytest.mark.parametrize("reply, reason", [("", "empty reply"), (" ...", "no action"), (" think:", "empty thought")])
+def test_react_malformed_reply_spends_the_step_on_look(reply, reason):
+    lm = FakeLM([reply, " go to desk 1"])
+    env, ep, log, _ = play(ReActAgent(lm, DEMOS), max_steps=2)
+    assert env.engine_actions == ["look", "go to desk 1"]
+    assert log.format_errors == [{"step": 0, "reason": reason, "reply": reply}]
+
+
+def test_cb_agent_fixed_space_scores_filtered_candidates_on_a_demo_free_context():
+    lm = FakeLM([" think: go get it", " anything"], prefer="desk")
+    env, ep, log, _ = play(CBAgent(lm, DEMOS, None), max_steps=3)
+    context, candidates = lm.score_calls[0]
+    assert candidates == ["go to window 1", "go to desk 1", "examine wall 1"]
+    assert "DEMO" not in context and context.endswith("> think: go get it\nOK.")
+    assert env.engine_actions[0] == "go to desk 1"  # the prior's argmax (boosted), not the reply
+    assert log.decisions[0] == {"step": 1, "n_candidates": 3, "chosen": 1,
+                                "p_chosen": pytest.approx(log.decisions[0]["p_chosen"]), "action": "go to desk 1"}
+
+
+def test_cb_agent_malformed_routing_reply_still_acts_from_the_set():
+    lm = FakeLM([""], prefer="desk")
+    env, ep, log, _ = play(CBAgent(lm, DEMOS, None), max_steps=1)
+    assert env.engine_actions == ["go to desk 1"]
+    assert log.format_errors[0]["reason"] == "empty reply"
+
+
+def test_cb_agent_uses_the_concept_of_the_task_type():
+    lm = FakeLM([" act"])
+    d = lm.hidden_size
+    alpha = np.zeros(d + 1, np.float32)
+    alpha[3] = 50.0  # a strong concept along one hidden coordinate
+    meta = dict(backbone="fake-lm", features={}, gamma=0.8, lam=1.0, eps=1e-6, task_type="fetch",
+                trajectories=[], versions={}, hidden_size=d)
+    agent = CBAgent(lm, DEMOS, {"fetch": cb_core.Concept(alpha, meta)})
+    env, ep, log, _ = play(agent, max_steps=1)
+    context, candidates = lm.score_calls[0]
+    s = lm.score(context, candidates)
+    expected = int(np.argmax(s.hidden[:, 3]))
+    assert env.engine_actions == [candidates[expected]]
+    with pytest.raises(ValueError, match="no concept for task type 'open'"):
+        play(agent, task="b/1", max_steps=1)
+
+
+def test_open_action_space_samples_twenty_keeps_duplicates_and_falls_back():
+    def replies(prompt, temperature, n):
+        if n == 1:
+            return [" act"]
+        assert temperature == 0.7
+        return [" go to desk 1"] * 12 + [" think: no"] * 3 + [" open drawer 1"] * 5
+
+    lm = FakeLM(replies)
+    config = AgentConfig(action_space="open")
+    env, ep, log, _ = play(CBAgent(lm, DEMOS, None, config), max_steps=1)
+    assert len(lm.score_calls[0][1]) == 17 and log.decisions[0]["n_candidates"] == 17
+    lm2 = FakeLM(lambda p, t, n: [" act"] if n == 1 else [""] * n)
+    env2, _, log2, _ = play(CBAgent(lm2, DEMOS, None, config), max_steps=1)
+    assert env2.engine_actions == ["look"] and log2.decisions[0]["n_candidates"] == 1
+
+
+def test_reflexion_reflects_after_a_failed_trial_and_uses_the_memory():
+    def replies(prompt, temperature, n):
+        if prompt.endswith("Reflection:"):
+            return [" I never went to the desk."]
+        if "Trial 1: I never went to the desk." in prompt:
+            return [" go to desk 1" if "> go to desk 1" not in prompt else " take key 1 from desk 1"]
+        return [" examine wall 1"]
+
+    lm = FakeLM(replies)
+    env = ScriptedEnv()
+    result = Reflexion(ReActAgent(lm, DEMOS), trials=2).run(lambda: Episode(env, "a/1", 3))
+    assert [t.episode.won for t in result.trials] == [False, True] and result.won
+    assert result.trials[0].reflection == "I never went to the desk."
+    assert result.trials[1].log.memory == ["I never went to the desk."]
+    assert sum(p.endswith("Reflection:") for p in lm.prompts) == 1
+
+
+def test_reflexion_does_not_reflect_after_a_win_and_cb_memory_enters_scoring_context():
+    lm = FakeLM(lambda p, t, n: [" I failed."] if p.endswith("Reflection:") else [" act"], prefer="zzz")
+    env = ScriptedEnv()
+    agent = build_agent("reflexion-prior-only", lm, DEMOS)
+    result = agent.run(lambda: Episode(env, "a/1", 1))
+    assert agent.name == "reflexion-prior-only" and len(result.trials) == 2
+    assert lm.score_calls[-1][0].startswith("Your memory for the task below:\nTrial 1: I failed.")
+    won_lm = FakeLM([" go to desk 1", " take key 1 from desk 1"])
+    won = build_agent("reflexion-react", won_lm, DEMOS).run(lambda: Episode(ScriptedEnv(), "a/1", 5))
+    assert len(won.trials) == 1 and won.won and not any(p.endswith("Reflection:") for p in won_lm.prompts)
+
+
+def test_build_agent_names_and_errors():
+    lm = FakeLM()
+    assert build_agent("react", lm, DEMOS).name == "react"
+    assert build_agent("prior-only", lm, DEMOS).name == "prior-only"
+    with pytest.raises(ValueError, match="needs fitted concepts"):
+        build_agent("cb-agent", lm, DEMOS)
+    with pytest.raises(ValueError, match="unknown agent 'gpt'"):
+        build_agent("gpt", lm, DEMOS)
+    with pytest.raises(ValueError, match="no demonstrations for task type 'open'"):
+        play(ReActAgent(lm, {"fetch": ["d"]}), task="b/1")
