@@ -39,6 +39,15 @@ def common_options(fn: Callable) -> Callable:
     return fn
 
 
+def make_console():
+    """A rich console; wide when output is not a terminal (logs, pipes), so tables never wrap."""
+    import sys
+
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
 @dataclass
 class Setup:
     """Everything a command built: env, backbone, demonstrations, features and concepts."""
@@ -99,8 +108,10 @@ def fit_from_trajectories(lm: Any, trajectories: list, rendering: str, lam: floa
                           cache: Path, env_name: str, echo: Callable[[str], None] = click.echo,
                           timings: dict | None = None) -> tuple[dict, dict, Path | None]:
     """Features (cached) and concepts (cached) of ``trajectories``; reports skipped expert steps."""
+    import cb_core
     from agent_shell.concepts import cached_concepts, collect_features, skipped_summary
 
+    cb_core.enable_persistent_cache(cache / "jax")  # fits compile once per machine, not per run
     timings = timings if timings is not None else {}
     t = time.perf_counter()
     features = collect_features(lm, trajectories, rendering, cache_dir=cache)

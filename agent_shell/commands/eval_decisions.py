@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from agent_shell.commands._common import common_options, prepare
+from agent_shell.commands._common import common_options, make_console, prepare
 
 
 def decision_accuracy(features: dict, concepts: dict) -> list[dict]:
@@ -58,13 +58,12 @@ def eval_decisions(env_name, model, dtype, demo_split, demos_per_type, rendering
                    heldout_split, heldout_per_type, out_path) -> None:
     """Top-1 accuracy on held-out expert decisions for alpha = 0 and the fitted concepts."""
     import orjson
-    from rich.console import Console
     from rich.table import Table
 
     from agent_shell.concepts import collect_features, skipped_summary
     from agent_shell.demos import expert_demos
 
-    console = Console()
+    console = make_console()
     setup = prepare(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamma, cache_dir,
                     need_concepts=True, echo=console.print)
     try:

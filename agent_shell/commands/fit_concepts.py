@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from agent_shell.commands._common import common_options, prepare
+from agent_shell.commands._common import common_options, make_console, prepare
 
 
 @click.command("fit-concepts")
@@ -17,7 +17,6 @@ from agent_shell.commands._common import common_options, prepare
 def fit_concepts(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamma, cache_dir,
                  out_dir) -> None:
     """Collect expert demonstrations, compute features with the backbone, fit and save concepts."""
-    from rich.console import Console
     from rich.table import Table
 
     setup = prepare(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamma, cache_dir,
@@ -35,7 +34,7 @@ def fit_concepts(env_name, model, dtype, demo_split, demos_per_type, rendering, 
                           f"{tf.n_skipped} of {tf.n_env_steps}" + (f" ({skipped})" if skipped else ""),
                           f"{fit.get('loss', float('nan')):.4f}", f"{fit.get('grad_norm', float('nan')):.1e}",
                           str(fit.get("converged", "-")))
-        Console().print(table)
+        make_console().print(table)
         if out_dir is not None and setup.concepts_dir is not None:
             Path(out_dir).mkdir(parents=True, exist_ok=True)
             for f in setup.concepts_dir.glob("*.safetensors"):

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from agent_shell.commands._common import make_console
+
 
 @click.command()
 @click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
@@ -13,7 +15,6 @@ import click
               help="Where to write the bar chart (default: beside the first RESULTS file, .png).")
 def report(results, chart_path) -> None:
     """Summarise RESULTS (JSONL files written by `cb-agent run`)."""
-    from rich.console import Console
 
     from agent_shell.reporting import bar_chart, rich_table, summarize
     from agent_shell.runner import read_results
@@ -22,6 +23,6 @@ def report(results, chart_path) -> None:
     if not records:
         raise click.ClickException(f"no finished episodes in {', '.join(results)}")
     rows = summarize(records)
-    Console().print(rich_table(rows))
+    make_console().print(rich_table(rows))
     chart = bar_chart(rows, chart_path or Path(results[0]).with_suffix(".png"))
     click.echo(f"chart: {chart}")

@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from agent_shell.agents import AGENT_NAMES
-from agent_shell.commands._common import common_options, prepare
+from agent_shell.commands._common import common_options, make_console, prepare
 
 
 @click.command()
@@ -44,14 +44,13 @@ def run(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamm
         per_type, all_games, n_games, game_ids, max_steps, action_space, reflexion_trials, seed, out_dir,
         resume) -> None:
     """Run agents on evaluation games; print the success table and write a chart."""
-    from rich.console import Console
 
     from agent_shell.agents import AgentConfig, build_agent, needs_concepts
     from agent_shell.reporting import bar_chart, rich_table, summarize
     from agent_shell.runner import make_progress, read_results, run_episodes
     from envs.collect import select_tasks
 
-    console = Console()
+    console = make_console()
     results_path = Path(out_dir or f"runs/{env_name}-{split}") / "results.jsonl"
     setup = prepare(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamma, cache_dir,
                     need_concepts=any(needs_concepts(a) for a in agents), echo=console.print)

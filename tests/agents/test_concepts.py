@@ -1,0 +1,84 @@
+"""Concept fitting from expert trajectories: filtering, counting, caching, metadata."""
+
+import numpy as np
+import pytest
+
+import cb_core
+from agent_doubles import FakeLM, ScriptedEnv
+from agent_shell.concepts import (cached_concepts, check_concept_matches, collect_features, decision_texts,
+                                  skipped_summary)
+from agent_shell.context import scoring_context
+from agent_shell.demos import expert_demos, rendered_demos
+
+
+@pytest.fixture()
+def trajectories(tmp_path):
+    env = ScriptedEnv(expert_looks=True)
+    return expert_demos(env, per_type=2, split="train", path=tmp_path / "expert.jsonl")
+
+
+def test_expert_demos_collect_won_trajectories_per_type_once(tmp_path, trajectories):
+    assert [t.task_id for t in trajectories] == ["a/1", "a/2", "b/1", "b/2"]
+    played = []
+    again = expert_demos(ScriptedEnv(expert_looks=True), 2, "train", path=tmp_path / "expert.jsonl",
+                         on_task=played.append)
+    assert played == [] and [t.task_id for t in again] == ["a/1", "a/2", "b/1", "b/2"]
+    demos = rendered_demos(trajectories)
+    assert sorted(demos) == ["fetch", "open"] and demos["fetch"][0].startswith("You are in a small room.\n")
+
+
+def test_look_steps_are_no_target_but_stay_in_the_history(trajectories):
+    traj = trajectories[0]  # look, go to desk 1, look, take key 1 from desk 1
+    texts, skipped = decision_texts(traj)
+    assert skipped == {"look": 2}
+    assert [t[1][t[2]] for t in texts] == ["go to desk 1", "take key 1 from desk 1"]
+    assert texts[1][0] == scoring_context(traj.instruction, traj.observation, traj.steps[:3])
+    assert "> look\n" in texts[1][0]
+    assert all("look" not in cands and "inventory" not in cands for _, cands, _ in texts)
+
+
+def test_features_are_cached_so_a_refit_costs_no_lm_time(tmp_path, trajectories):
+    lm = FakeLM()
+    first = collect_features(lm, trajectories, cache_dir=tmp_path / "cache")
+    n_calls = len(lm.score_calls)
+    assert n_calls == 4 + 6  # fetch: 2 + 2 decisions, open: 3 + 3
+    second = collect_features(lm, trajectories, cache_dir=tmp_path / "cache")
+    assert len(lm.score_calls) == n_calls and second["open"].lm_seconds == 0.0
+    for t in first:
+        for a, b in zip(first[t].hidden, second[t].hidden):
+            np.testing.assert_array_equal(a, b)
+        assert first[t].expert == second[t].expert
+    other = FakeLM(name="other-lm")
+    collect_features(other, trajectories, cache_dir=tmp_path / "cache")
+    assert len(other.score_calls) == n_calls  # another backbone never reads these features
+
+
+def test_only_won_trajectories_are_fitted_and_lost_ones_counted(trajectories):
+    lost = trajectories[0].__class__(**{**trajectories[0].__dict__, "task_id": "a/9", "won": False})
+    feats = collect_features(FakeLM(), trajectories + [lost])
+    assert feats["fetch"].task_ids == ["a/1", "a/2"] and feats["fetch"].n_lost == 1
+    assert feats["fetch"].n_skipped == 4 and feats["fetch"].n_env_steps == 8
+    assert skipped_summary(feats) == "10 of 20 expert steps (50.0%) were no fitting target (look x10)"
+
+
+def test_one_concept_per_type_with_metadata_and_a_cache(tmp_path, trajectories):
+    lm = FakeLM()
+    feats = collect_features(lm, trajectories)
+    concepts, folder = cached_concepts(feats, lm, "raw", lam=0.5, gamma=0.8, env_name="scripted",
+                                       cache_dir=tmp_path)
+    assert sorted(concepts) == ["fetch", "open"] and sorted(p.name for p in folder.iterdir()) == [
+        "fetch.safetensors", "open.safetensors"]
+    meta = concepts["open"].metadata
+    assert meta["rendering"] == "raw" and meta["features"]["rendering"] == "raw"
+    assert meta["backbone"] == "fake-lm" and meta["lam"] == 0.5 and meta["trajectories"] == ["b/1", "b/2"]
+    assert meta["n_decisions"] == 6 and meta["skipped_actions"] == {"look": 6}
+    assert meta["fit"]["converged"]
+    # the concept lowers the Eq. 6 objective below alpha = 0 on its data
+    dec = feats["open"].decisions()
+    alpha = concepts["open"].alpha
+    assert cb_core.objective(alpha, dec, lam=0.5) < cb_core.objective(np.zeros_like(alpha), dec, lam=0.5) - 1e-3
+    again, folder2 = cached_concepts(feats, lm, "raw", lam=0.5, gamma=0.8, cache_dir=tmp_path)
+    assert folder2 == folder and np.array_equal(again["open"].alpha, concepts["open"].alpha)
+    check_concept_matches(concepts["open"], lm, "raw")
+    with pytest.raises(ValueError, match="backbone"):
+        check_concept_matches(concepts["open"], FakeLM(name="other"), "raw")

@@ -1,0 +1,95 @@
+"""Wilson intervals, the success table and chart, and the commands end to end with doubles."""
+
+import math
+
+import pytest
+from click.testing import CliRunner
+
+import agent_shell.lm
+import envs
+from agent_doubles import FakeLM, ScriptedEnv
+from agent_shell.cli import main
+from agent_shell.reporting import bar_chart, summarize, wilson_interval
+from agent_shell.runner import read_results
+
+
+@pytest.mark.parametrize("k, n, low, high", [
+    (0, 5, 0.0, 0.4345), (5, 5, 0.5655, 1.0), (3, 10, 0.1078, 0.6032), (0, 0, 0.0, 1.0),
+])
+def test_wilson_interval_known_values(k, n, low, high):
+    lo, hi = wilson_interval(k, n)
+    assert math.isclose(lo, low, abs_tol=1e-4) and math.isclose(hi, high, abs_tol=1e-4)
+
+
+def test_wilson_interval_rejects_bad_counts():
+    with pytest.raises(ValueError, match="k=6, n=5"):
+        wilson_interval(6, 5)
+
+
+def record(agent, task_type, success, steps=10):
+    return {"agent": agent, "task_type": task_type, "success": success, "steps": steps, "think_steps": 2,
+            "wall_s": steps * 0.5, "distinct_actions": 4, "longest_cycle": {"span": 2}, "format_errors": 1}
+
+
+def test_summarize_and_chart(tmp_path):
+    recs = [record("cb-agent", "fetch", True), record("cb-agent", "fetch", False), record("cb-agent", "open", True),
+            record("react", "open", False, steps=20)]
+    rows = summarize(recs)
+    assert [(r.agent, r.task_type, r.won, r.n) for r in rows] == [
+        ("cb-agent", "fetch", 1, 2), ("cb-agent", "open", 1, 1), ("cb-agent", "all", 2, 3),
+        ("react", "open", 0, 1), ("react", "all", 0, 1)]
+    assert rows[2].s_per_step == pytest.approx(0.5) and rows[2].format_errors == 3
+    path = bar_chart(rows, tmp_path / "chart.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture()
+def doubles(monkeypatch, tmp_path):
+    monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "cache"))
+    lms = []
+
+    def load(name=None, dtype="bfloat16", formatting="plain"):
+        lms.append(FakeLM([" think: plan", " go to desk 1", " take key 1 from desk 1", " go to door 1"]))
+        return lms[-1]
+
+    monkeypatch.setattr(envs, "make_env", lambda name, **kw: ScriptedEnv(expert_looks=True))
+    monkeypatch.setattr(agent_shell.lm, "load_language_model", load)
+    return lms
+
+
+def test_run_report_and_resume_through_the_cli(tmp_path, doubles):
+    out = tmp_path / "run"
+    args = ["run", "--env", "textworld", "--split", "test", "--agent", "react", "--agent", "prior-only",
+            "--per-type", "1", "--max-steps", "4", "--out-dir", str(out)]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    records = read_results(out / "results.jsonl")
+    assert sorted((r["agent"], r["task_id"]) for r in records) == [
+        ("prior-only", "a/1"), ("prior-only", "b/1"), ("react", "a/1"), ("react", "b/1")]
+    assert all(r["budget"] == 4 and r["model"] == "fake-lm" for r in records)
+    assert "expert steps" not in res.output  # no concepts were needed
+    assert (out / "results.png").exists()
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code != 0 and "--resume" in str(again.exception)
+    resumed = CliRunner().invoke(main, args + ["--resume"])
+    assert resumed.exit_code == 0 and len(read_results(out / "results.jsonl")) == 4
+    rep = CliRunner().invoke(main, ["report", str(out / "results.jsonl"), "--chart", str(tmp_path / "c.png")])
+    assert rep.exit_code == 0 and "prior-only" in rep.output and (tmp_path / "c.png").exists()
+
+
+def test_cb_agent_run_fits_concepts_and_reports_skipped_expert_steps(tmp_path, doubles):
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, ["run", "--env", "textworld", "--split", "test", "--agent", "cb-agent",
+                                    "--games", "1", "--max-steps", "3", "--out-dir", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "10 of 20 expert steps (50.0%) were no fitting target (look x10)" in " ".join(res.output.split())
+    (rec,) = read_results(out / "results.jsonl")
+    assert rec["agent"] == "cb-agent" and rec["concepts_dir"] and rec["n_candidates"]
+    res = CliRunner().invoke(main, ["eval-decisions", "--env", "textworld", "--heldout-split", "train",
+                                    "--demos-per-type", "1", "--heldout-per-type", "1",
+                                    "--out", str(tmp_path / "acc.json")])
+    assert res.exit_code == 0, res.output
+    import orjson
+
+    rows = orjson.loads((tmp_path / "acc.json").read_bytes())
+    assert [r["task_type"] for r in rows] == ["fetch", "open", "all"] and rows[-1]["decisions"] == 2 + 3

@@ -1,0 +1,150 @@
+"""Runner: records, loop statistics, resume after an interrupt and after a killed process."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from agent_doubles import FakeLM, ScriptedEnv
+from agent_shell.agents import build_agent
+from agent_shell.runner import longest_repeat_cycle, loop_statistics, read_results, run_episodes
+from envs.trajectory import Step
+
+DEMOS = {"fetch": ["d"], "open": ["d"]}
+TASKS = ["a/1", "a/2", "b/1"]
+
+
+@pytest.mark.parametrize("actions, expected", [
+    ([], (0, 0, 0)),
+    (["a", "b", "c"], (0, 0, 0)),
+    (["a", "a", "a"], (1, 3, 3)),
+    (["x", "open", "close", "open", "close", "open", "y"], (2, 2, 4)),
+    (["go 1", "go 2", "go 1", "go 2", "go 1", "go 2"], (2, 3, 6)),
+    (["a", "a", "b", "a", "a", "b"], (3, 2, 6)),
+])
+def test_longest_repeat_cycle(actions, expected):
+    c = longest_repeat_cycle(actions)
+    assert (c["period"], c["repeats"], c["span"]) == expected
+
+
+def test_loop_statistics_ignore_think_steps():
+    steps = [Step("env", "go 1", "o", ["go 1"], False, False, 0.0),
+             Step("think", "think: hm", "OK.", None, False, False, 0.0),
+             Step("env", "go 1", "o", ["go 1"], False, False, 0.0)]
+    assert loop_statistics(steps) == {"distinct_actions": 1, "longest_cycle": {"period": 1, "repeats": 2, "span": 2}}
+
+
+LOOP = [" think: plan"] + [" open box 1", " close box 1"] * 10
+
+
+def loop_reply(prompt, temperature, n):
+    """Stateless: the reply depends only on how many steps the current task's history holds."""
+    return [LOOP[prompt.split("Here is the task.")[-1].count("\n> ")]] * n
+
+
+def looping_lm():
+    return FakeLM(loop_reply)
+
+
+def test_records_hold_counts_loop_statistics_and_the_trajectory(tmp_path):
+    out = tmp_path / "results.jsonl"
+    summary = run_episodes(ScriptedEnv(), build_agent("react", looping_lm(), DEMOS), ["a/1"], out, max_steps=8,
+                           meta={"env": "scripted"})
+    (rec,) = read_results(out)
+    assert rec == summary.records[0]
+    assert rec["agent"] == "react" and rec["task_type"] == "fetch" and rec["success"] is False
+    assert (rec["steps"], rec["think_steps"], rec["env_steps"], rec["budget"]) == (8, 1, 7, 8)
+    assert rec["longest_cycle"]["period"] == 2 and rec["longest_cycle"]["span"] == 6
+    assert rec["distinct_actions"] == 2 and rec["env"] == "scripted" and rec["n_trials"] == 1
+    assert len(rec["trials"][0]["trajectory"]["steps"]) == 8
+    assert not (tmp_path / "results.jsonl.partial" / "react").exists() or not any(
+        (tmp_path / "results.jsonl.partial" / "react").iterdir())
+
+
+def test_no_resume_refuses_to_duplicate(tmp_path):
+    out = tmp_path / "r.jsonl"
+    run_episodes(ScriptedEnv(), build_agent("react", FakeLM(), DEMOS), ["a/1"], out, max_steps=2)
+    with pytest.raises(ValueError, match="--resume"):
+        run_episodes(ScriptedEnv(), build_agent("react", FakeLM(), DEMOS), ["a/1"], out, max_steps=2, resume=False)
+    # another agent may share the file
+    run_episodes(ScriptedEnv(), build_agent("prior-only", FakeLM(), DEMOS), ["a/1"], out, max_steps=2, resume=False)
+    assert [r["agent"] for r in read_results(out)] == ["react", "prior-only"]
+
+
+class InterruptingLM(FakeLM):
+    """Raises KeyboardInterrupt on its n-th generate call (a Ctrl-C mid-episode)."""
+
+    def __init__(self, at, **kw):
+        super().__init__(**kw)
+        self.at = at
+
+    def generate(self, *args, **kw):
+        if len(self.prompts) + 1 == self.at:
+            self.prompts.append("<interrupted>")
+            raise KeyboardInterrupt
+        return super().generate(*args, **kw)
+
+
+def test_interrupted_run_resumes_without_loss_or_duplication(tmp_path):
+    out = tmp_path / "results.jsonl"
+    reference = run_episodes(ScriptedEnv(), build_agent("react", looping_lm(), DEMOS), TASKS,
+                             tmp_path / "ref.jsonl", max_steps=4).records
+    lm = InterruptingLM(at=7, replies=loop_reply)  # 4 steps of a/1, then 2 of a/2, then Ctrl-C
+    with pytest.raises(KeyboardInterrupt):
+        run_episodes(ScriptedEnv(), build_agent("react", lm, DEMOS), TASKS, out, max_steps=4)
+    assert [r["task_id"] for r in read_results(out)] == ["a/1"]
+    partial = list((tmp_path / "results.jsonl.partial" / "react").iterdir())
+    assert len(partial) == 1
+    state = orjson.loads(partial[0].read_bytes())
+    assert state["task_id"] == "a/2" and len(state["trials"][0]["trajectory"]["steps"]) == 2
+
+    summary = run_episodes(ScriptedEnv(), build_agent("react", looping_lm(), DEMOS), TASKS, out, max_steps=4,
+                           resume=True)
+    assert summary.skipped == ["a/1"]
+    records = read_results(out)
+    assert [r["task_id"] for r in records] == TASKS
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("wall_s", "s_per_step")}  # noqa: E731
+    assert [strip(r) for r in records][1:] == [strip(r) for r in reference][1:]
+    assert not any((tmp_path / "results.jsonl.partial" / "react").iterdir())
+
+
+KILLED_SCRIPT = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from agent_doubles import FakeLM, ScriptedEnv
+from agent_shell.agents import build_agent
+from agent_shell.runner import run_episodes
+
+class SlowLM(FakeLM):
+    def generate(self, *a, **k):
+        time.sleep(0.05)
+        return super().generate(*a, **k)
+
+run_episodes(ScriptedEnv(), build_agent("react", SlowLM([" look around"]), {{"fetch": ["d"], "open": ["d"]}}),
+             {tasks!r}, {out!r}, max_steps=6, resume=True)
+"""
+
+
+def test_killed_process_resumes_without_loss_or_duplication(tmp_path):
+    out = tmp_path / "results.jsonl"
+    script = KILLED_SCRIPT.format(tests=str(Path(__file__).parent), tasks=TASKS * 1 + ["a/3", "b/2"], out=str(out))
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parents[2])
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and len(read_results(out)) < 2:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    done_before = [r["task_id"] for r in read_results(out)]
+    assert 2 <= len(done_before) < 5, done_before
+    subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parents[2], check=True, timeout=120)
+    task_ids = [r["task_id"] for r in read_results(out)]
+    assert sorted(task_ids) == sorted(TASKS + ["a/3", "b/2"]) and task_ids[:len(done_before)] == done_before
