@@ -1,0 +1,32 @@
+"""Shared fixtures: the real offline SmolLM2-135M-Instruct, loaded once per session in float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agent_shell.lm import load_language_model
+from agent_shell.lm.hf import HFLanguageModel
+
+
+@pytest.fixture(scope="session")
+def lm32() -> HFLanguageModel:
+    """Float32 on CPU (exactness tests); the plain ``"\\n> "`` formatting."""
+    return load_language_model(None, dtype="float32", formatting="plain", device="cpu")
+
+
+@pytest.fixture()
+def fresh(lm32: HFLanguageModel):
+    """A factory of backends sharing ``lm32``'s weights but with their own (empty) caches."""
+
+    def make(**kwargs) -> HFLanguageModel:
+        kwargs.setdefault("name", lm32.name)
+        return HFLanguageModel(lm32.model, lm32.tokenizer, **kwargs)
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    with torch.inference_mode():
+        yield

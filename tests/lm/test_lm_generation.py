@@ -1,0 +1,68 @@
+"""Generation with the HuggingFace backend: greedy equals transformers' own greedy search,
+seeded sampling is reproducible, stop strings cut, and the prompt's KV cache is reused exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+PROMPT = (
+    "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a countertop 1 "
+    "and a fridge 1.\nYour task is to: put a cool apple in countertop.\n> think: To solve the task,"
+)
+
+
+def hf_greedy(lm, prompt: str, max_new_tokens: int) -> str:
+    ids = torch.tensor([lm.encode(prompt)])
+    out = lm.model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=lm.tokenizer.eos_token_id)
+    return lm.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+def test_greedy_matches_transformers_generate(fresh, lm32):
+    lm = fresh()
+    got = lm.generate(PROMPT, max_new_tokens=12)
+    assert got == [hf_greedy(lm32, PROMPT, 12)]
+    assert lm.generate(PROMPT, max_new_tokens=12, n=2) == got * 2  # greedy replies are identical
+
+
+def test_seeded_sampling_is_reproducible(fresh):
+    lm = fresh()
+    a = lm.generate(PROMPT, max_new_tokens=16, temperature=1.0, n=3, seed=7)
+    b = fresh().generate(PROMPT, max_new_tokens=16, temperature=1.0, n=3, seed=7)
+    c = lm.generate(PROMPT, max_new_tokens=16, temperature=1.0, n=3, seed=8)
+    assert len(a) == 3 and a == b
+    assert a != c  # 16 tokens at temperature 1 from a different seed
+    assert len(set(a)) > 1  # the n replies are drawn independently
+
+
+def test_stop_strings_cut_the_reply(fresh):
+    lm = fresh()
+    (full,) = lm.generate(PROMPT, max_new_tokens=24)
+    words = full.split()
+    assert len(words) >= 3, full
+    stop = " " + words[2]
+    (cut,) = lm.generate(PROMPT, max_new_tokens=24, stop=[stop, "never-appears"])
+    assert cut == full[: full.index(stop)]
+    with pytest.raises(ValueError, match="empty string"):
+        lm.generate(PROMPT, stop=[""])
+    assert lm.generate(PROMPT, max_new_tokens=0, n=2) == ["", ""]
+
+
+def test_prompt_cache_reuse_is_exact(fresh, lm32):
+    lm = fresh()
+    (first,) = lm.generate(PROMPT, max_new_tokens=8)
+    longer = PROMPT + first + "\nOK.\n> go to fridge 1\nThe fridge 1 is closed.\n> think: Now I"
+    (reused,) = lm.generate(longer, max_new_tokens=8)
+    assert len(lm._cache_ids) == len(lm.encode(longer))
+    assert reused == hf_greedy(lm32, longer, 8)
+    # scoring after generation shares the same cache and stays exact
+    after = lm.score(longer, ["open fridge 1", "go to countertop 1"])
+    ref = fresh(reuse_cache=False).score(longer, ["open fridge 1", "go to countertop 1"])
+    assert abs(after.log_q - ref.log_q).max() < 1e-5
+
+
+def test_chat_generation_stops_at_end_of_turn(fresh):
+    lm = fresh(formatting="chat")
+    (reply,) = lm.generate("Say hello.", max_new_tokens=40)
+    assert "<|im_end|>" not in reply and "<|im_start|>" not in reply
+    assert reply.strip()

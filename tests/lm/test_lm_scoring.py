@@ -1,0 +1,200 @@
+"""Exactness of the HuggingFace backend's candidate scoring against naive re-encoding (fp32).
+
+The reference here is written independently of the backend: it tokenizes ``context + prefix +
+action`` as one string, finds the action's first token by decoding (the longest token prefix that
+decodes to a prefix of ``context + prefix``), and runs one full forward pass per candidate.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from agent_shell.lm import DEFAULT_ACTION_PREFIX, LanguageModel
+from agent_shell.lm.hf import HFLanguageModel
+
+ALFWORLD_CANDIDATES = [
+    "go to countertop 1",
+    "take mug 2 from cabinet 3",
+    "move apple 1 to fridge 1",
+    "open microwave 1",
+    "heat egg 1 with microwave 1",
+    "examine desk 2",
+]
+BOUNDARY_CANDIDATES = [" leading space", "!bang.", "café ☕ 🍎", "look"]
+
+OBSERVATION = (
+    "You arrive at cabinet {i}. The cabinet {i} is open. In it, you see a mug {j}, a saltshaker {k}, "
+    "and a dishsponge {i}.\n> go to countertop {j}\n"
+)
+
+
+def make_context(n_steps: int) -> str:
+    header = (
+        "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a "
+        "countertop 1, a fridge 1 and a microwave 1.\nYour task is to: put a clean mug in coffeemachine.\n"
+    )
+    return header + "".join(OBSERVATION.format(i=i, j=i + 1, k=i + 2) for i in range(n_steps)) + "On it, you see"
+
+
+def naive_score(lm: HFLanguageModel, context: str, action: str, prefix: str = DEFAULT_ACTION_PREFIX):
+    """(log_q, n_tokens, hidden at final token) by one full forward over context+prefix+action."""
+    tok = lm.tokenizer
+    base = context + prefix
+    ids = tok(base + action)["input_ids"]
+    first = max(k for k in range(len(ids) + 1) if base.startswith(tok.decode(ids[:k])))
+    out = lm.model(torch.tensor([ids]), output_hidden_states=True)
+    logp = torch.log_softmax(out.logits[0].double(), dim=-1)
+    log_q = sum(logp[j - 1, ids[j]].item() for j in range(first, len(ids)))
+    return log_q, len(ids) - first, out.hidden_states[-1][0, -1].double().numpy()
+
+
+@pytest.mark.parametrize("n_steps", [0, 6, 25])
+def test_cached_scoring_equals_naive(lm32, fresh, n_steps):
+    context = make_context(n_steps)
+    candidates = ALFWORLD_CANDIDATES[:4] + BOUNDARY_CANDIDATES
+    layouts = ["packed", "batched"] if n_steps == 6 else ["packed"]
+    refs = [naive_score(lm32, context, a) for a in candidates]
+    for layout in layouts:
+        got = fresh(candidate_layout=layout).score(context, candidates)
+        assert got.log_q.shape == (len(candidates),) and got.log_q.dtype == np.float32
+        assert got.hidden.shape == (len(candidates), lm32.hidden_size) and got.hidden.dtype == np.float32
+        assert got.n_tokens.dtype == np.int32
+        for m, (log_q, n_tok, hidden) in enumerate(refs):
+            assert got.n_tokens[m] == n_tok, (layout, candidates[m])
+            assert abs(got.log_q[m] - log_q) < 1e-4, (layout, candidates[m], got.log_q[m], log_q)
+            rel = np.abs(got.hidden[m] - hidden).max() / np.abs(hidden).max()
+            assert rel < 1e-4, (layout, candidates[m], rel)
+
+
+def test_context_lengths_span_the_claim(lm32):
+    """The contexts above really are short, medium and long (about 50, 300 and 1,100 tokens)."""
+    lengths = [len(lm32.encode(make_context(n))) for n in (0, 6, 25)]
+    assert lengths[0] < 60 and 250 < lengths[1] < 400 and lengths[2] > 1000, lengths
+
+
+def test_hidden_is_the_lm_head_input_of_a_full_forward(lm32, fresh):
+    context, action = make_context(2), "take mug 2 from cabinet 3"
+    got = fresh().score(context, [action, "look"])
+    ids = torch.tensor([lm32.encode(context + DEFAULT_ACTION_PREFIX + action)])
+    out = lm32.model(ids, output_hidden_states=True)
+    head_input = lm32.model.model(ids).last_hidden_state[0, -1]  # after the final norm
+    np.testing.assert_allclose(got.hidden[0], out.hidden_states[-1][0, -1].numpy(), rtol=0, atol=1e-4)
+    np.testing.assert_allclose(got.hidden[0], head_input.numpy(), rtol=0, atol=1e-4)
+    # and the LM head applied to it gives the full pass's logits at that position
+    logits = lm32.model.lm_head(torch.from_numpy(got.hidden[0]))
+    np.testing.assert_allclose(logits.numpy(), out.logits[0, -1].numpy(), atol=2e-3)
+
+
+# (context, prefix, action, decoded action tokens, token count) for SmolLM2's byte-level BPE
+BOUNDARY_CASES = [
+    ("You see a mug.", "\n> ", "go to countertop 1", " go to countertop 1", 6),
+    ("You see a mug.", "\n> ", " leading", " leading", 1),  # the prefix's space stays separate
+    ("You see a mug.", "\n> ", "!bang.", " !bang.", 4),
+    ("You see a mug.", "\n> ", "café ☕ 🍎", " café ☕ 🍎", 7),
+    ("ends in space ", "", "x", " x", 1),  # context's trailing space glues to the action
+    ("ends in newline\n", "\n> ", "look", " look", 1),
+    ("tab\t", "", "\tgo", "\tgo", 2),
+    ("Nothing", "", ", then more", ", then more", 3),
+]
+
+
+@pytest.mark.parametrize("context,prefix,action,decoded,count", BOUNDARY_CASES)
+def test_token_accounting_at_the_boundary(lm32, fresh, context, prefix, action, decoded, count):
+    tok = lm32.tokenizer
+    base = lm32.render(context, prefix)
+    (t,) = lm32.tokenize_continuations(base, [action])
+    assert list(t.ids) == tok(base + action)["input_ids"]  # one tokenization of the joined string
+    action_text = tok.decode(list(t.ids[t.first :]))
+    cond_text = tok.decode(list(t.ids[: t.first]))
+    assert cond_text + action_text == base + action
+    assert action_text.endswith(action) and base.endswith(action_text[: len(action_text) - len(action)])
+    assert action_text == decoded and t.n_action == count
+    got = fresh().score(context, [action], action_prefix=prefix)
+    assert got.n_tokens[0] == count
+    ref_log_q, ref_count, _ = naive_score(lm32, context, action, prefix)
+    assert ref_count == count and abs(got.log_q[0] - ref_log_q) < 1e-4
+
+
+def test_chat_formatting_has_one_bos_and_counts_only_action_tokens(fresh, lm32):
+    lm = fresh(formatting="chat")
+    base = lm.render("You see a mug.", "")
+    assert base.startswith("<|im_start|>") and base.endswith("<|im_start|>assistant\n")
+    (t,) = lm.tokenize_continuations(base, ["take mug 1"])
+    bos = lm32.tokenizer.bos_token_id
+    assert t.ids[0] == bos and t.ids[1] != bos
+    assert t.ids.count(bos) == base.count("<|im_start|>")
+    assert lm32.tokenizer.decode(list(t.ids[t.first :])) == "take mug 1"
+    got = lm.score("You see a mug.", ["take mug 1", "look"], action_prefix="")
+    ids = lm32.tokenizer(base + "take mug 1", add_special_tokens=False)["input_ids"]
+    logp = torch.log_softmax(lm32.model(torch.tensor([ids])).logits[0].double(), -1)
+    ref = sum(logp[j - 1, ids[j]].item() for j in range(t.first, len(ids)))
+    assert got.n_tokens[0] == t.n_action and abs(got.log_q[0] - ref) < 1e-4
+    assert lm.metadata["formatting"] == "chat"
+
+
+def test_cache_reuse_over_an_extended_context_equals_a_fresh_call(fresh):
+    lm = fresh()
+    counted: list[int] = []
+    inner = lm._forward
+
+    def counting_forward(input_ids, cache, **kwargs):
+        counted.append(input_ids.numel())
+        return inner(input_ids, cache, **kwargs)
+
+    lm._forward = counting_forward
+    step1 = make_context(8)
+    step2 = step1 + " a mug 3.\n> take mug 3 from countertop 2\nYou pick up the mug 3."
+    lm.score(step1, ALFWORLD_CANDIDATES)
+    counted.clear()
+    reused = lm.score(step2, ALFWORLD_CANDIDATES)
+    n_context = len(lm.encode(step2))
+    assert sum(counted) < n_context // 2, (counted, n_context)  # the old prefix was not re-encoded
+    reference = fresh(reuse_cache=False).score(step2, ALFWORLD_CANDIDATES)
+    np.testing.assert_allclose(reused.log_q, reference.log_q, atol=1e-5)
+    np.testing.assert_allclose(reused.hidden, reference.hidden, atol=1e-4)
+    # a context that is NOT an extension (earlier step, then an unrelated one) is still exact
+    for ctx in (make_context(3), "A different game entirely.\n> look\nYou see nothing."):
+        again = lm.score(ctx, ALFWORLD_CANDIDATES)
+        ref = fresh(reuse_cache=False).score(ctx, ALFWORLD_CANDIDATES)
+        np.testing.assert_allclose(again.log_q, ref.log_q, atol=1e-5)
+
+
+def test_bad_inputs_raise_clear_errors(lm32):
+    with pytest.raises(ValueError, match="empty candidate list"):
+        lm32.score("ctx", [])
+    with pytest.raises(ValueError, match="candidate 1 is ''"):
+        lm32.score("ctx", ["look", ""])
+    with pytest.raises(ValueError, match="sequence of strings"):
+        lm32.score("ctx", "look")
+    too_long = "take mug 1 from cabinet 2. " * 1400  # > 8,192 tokens
+    assert len(lm32.encode(too_long)) > lm32.max_context_tokens
+    with pytest.raises(ValueError, match="context is too long.*window of 8192"):
+        lm32.score(too_long, ["look"])
+    with pytest.raises(ValueError, match="nothing to condition on"):
+        lm32.score("", ["look"], action_prefix="")
+    with pytest.raises(ValueError, match="prompt is too long"):
+        lm32.generate(too_long)
+    with pytest.raises(ValueError, match="formatting"):
+        HFLanguageModel(lm32.model, lm32.tokenizer, name="x", formatting="markdown")
+
+
+def test_backend_satisfies_the_protocol(lm32):
+    assert isinstance(lm32, LanguageModel)
+    assert lm32.hidden_size == 576 and lm32.formatting == "plain"
+    assert lm32.metadata["name"] == lm32.name and lm32.metadata["dtype"] == "float32"
+
+
+def test_bfloat16_default_is_close_to_float32(lm32):
+    from agent_shell.lm import load_language_model
+
+    lm16 = load_language_model(device="cpu")
+    assert lm16.dtype == torch.bfloat16
+    context = make_context(4)
+    a = lm16.score(context, ALFWORLD_CANDIDATES)
+    b = lm32.score(context, ALFWORLD_CANDIDATES)
+    np.testing.assert_array_equal(a.n_tokens, b.n_tokens)
+    assert np.all(np.abs(a.log_q - b.log_q) < 0.5 + 0.05 * np.abs(b.log_q)), (a.log_q, b.log_q)
+    cos = (a.hidden * b.hidden).sum(1) / np.linalg.norm(a.hidden, axis=1) / np.linalg.norm(b.hidden, axis=1)
+    assert cos.min() > 0.98, cos
