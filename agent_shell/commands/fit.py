@@ -1,0 +1,85 @@
+"""``cb-agent fit DECISIONS.npz --out CONCEPT``: fit a concept on a decision-set file.
+
+Imports JAX only inside the command (``cb-agent --help`` stays fast) and turns on JAX's
+persistent compilation cache ($CB_AGENT_CACHE/jax or ~/.cache/cb-agent/jax) so a one-off fit
+does not pay the compile again after the first run on a given shape bucket.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+
+@click.command("fit")
+@click.argument("decisions", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False),
+              help="Concept file to write (safetensors + JSON metadata).")
+@click.option("--lam", default=1.0, show_default=True, type=float, help="L2 strength (Eq. 6).")
+@click.option("--gamma", default=0.8, show_default=True, type=float,
+              help="Prior length-normalisation exponent.")
+@click.option("--eps", default=1e-6, show_default=True, type=float, help="Feature std floor.")
+@click.option("--method", default="lbfgs", show_default=True,
+              type=click.Choice(["lbfgs", "adam"]))
+@click.option("--max-iter", default=None, type=int, help="Iteration cap (lbfgs 500, adam 1500).")
+@click.option("--tol", default=None, type=float, help="Gradient-norm tolerance (1e-4).")
+@click.option("--float64", "float64", is_flag=True, help="Fit in float64.")
+@click.option("--certify", default="auto", show_default=True,
+              type=click.Choice(["auto", "exact", "structural"]),
+              help="Measure the Hessian's smallest eigenvalue (auto: when cheap).")
+@click.option("--backbone", default=None, help="LM name (default: the file's metadata or 'unknown').")
+@click.option("--task-type", default=None, help="Task type (default: file metadata or 'unknown').")
+@click.option("--features", "features", default=None,
+              help="Feature construction (default: file metadata or the App. B default).")
+@click.option("--no-cache", is_flag=True, help="Do not use the persistent compilation cache.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON line.")
+def fit(decisions, out, lam, gamma, eps, method, max_iter, tol, float64, certify, backbone,
+        task_type, features, no_cache, as_json):
+    """Fit a concept on DECISIONS.npz (hidden, log_q, n_tokens, offsets, expert) and save it."""
+    start = time.perf_counter()
+    import cb_core
+    from cb_core import cache as cb_cache
+
+    if not no_cache:
+        cb_cache.enable_persistent_cache()
+    import jax.numpy as jnp
+
+    try:
+        dec = cb_core.load_decisions(decisions)
+        meta = cb_core.load_decisions_metadata(decisions)
+        result = cb_core.fit(dec, lam=lam, gamma=gamma, eps=eps, method=method,
+                             max_iter=max_iter, tol=tol,
+                             dtype=jnp.float64 if float64 else jnp.float32, certify=certify)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    trajectories = meta.get("trajectories", [])
+    if not isinstance(trajectories, list):
+        raise click.ClickException(f"{decisions}: metadata 'trajectories' must be a list")
+    concept = cb_core.Concept.from_fit(
+        result,
+        backbone=backbone or str(meta.get("backbone", "unknown")),
+        features=features or meta.get("features", "seed App. B: last-layer hidden state at the "
+                                      "action's final token, standardised per candidate set"),
+        task_type=task_type or str(meta.get("task_type", "unknown")),
+        trajectories=[str(t) for t in trajectories],
+        extra={"decisions_file": str(decisions)},
+    )
+    concept.save(out)
+    elapsed = time.perf_counter() - start
+    if as_json:
+        c = result.certificate
+        click.echo(json.dumps(dict(out=str(out), method=result.method, n_decisions=result.n_decisions,
+                                   hidden_size=result.hidden_size, loss=result.loss,
+                                   grad_norm=result.grad_norm, n_iter=result.n_iter,
+                                   converged=result.converged, gap_bound=c.gap_bound,
+                                   min_hessian_eig=c.min_hessian_eig, fit_seconds=result.seconds,
+                                   command_seconds=elapsed)))
+    else:
+        click.echo(result.summary())
+        click.echo(f"saved {out} (command time {elapsed:.2f}s)")
+    if not result.converged:
+        click.echo("warning: not converged (gradient norm above tolerance)", err=True)
+        sys.stdout.flush()

@@ -1,0 +1,381 @@
+"""Ragged decision sets: the data the concept model is fitted on, their checks, layouts and file.
+
+A *decision* (seed paper, Sec. 3) is one agent step with a finite candidate set of M_i >= 1
+actions, one of which the expert took. N decisions are stored *ragged*: their candidate rows are
+stacked into T = sum_i M_i rows, decision i owning rows ``offsets[i]:offsets[i+1]``.
+
+This module holds the :class:`Decisions` pytree, its validation (host-side, numpy), the
+conversion to the padded ``[N, M_max, .]`` + mask layout, the shape *buckets* used so that jit
+does not recompile for every new (T, N), and the ``.npz`` decision-set file.
+
+Decision-set file (``.npz``, written by :func:`save_decisions`, read by :func:`load_decisions`):
+
+==============  ==========  =======  =====================================================
+key             shape       dtype    meaning
+==============  ==========  =======  =====================================================
+``hidden``      [T, d]      float32  raw LM hidden state at each candidate's last token
+``log_q``       [T]         float32  summed log-probability of the candidate's action tokens
+``n_tokens``    [T]         int      number of action tokens (>= 1)
+``offsets``     [N+1]       int64    decision i owns rows offsets[i]:offsets[i+1]; offsets[0]=0
+``expert``      [N]         int64    index of the expert action *within* its candidate set
+``metadata``    [] (str)    unicode  optional JSON object (backbone, features, task_type, ...)
+==============  ==========  =======  =====================================================
+
+Any extractor can write this file with ``numpy.savez``; ``cb-agent fit FILE --out CONCEPT``
+fits a concept on it. Imports nothing else of this project and no JAX at module import time
+except for pytree registration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+__all__ = [
+    "Decisions",
+    "PaddedDecisions",
+    "bucket_size",
+    "decisions_from_lists",
+    "validate_decisions",
+    "to_padded",
+    "load_decisions",
+    "save_decisions",
+]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Decisions:
+    """N ragged decisions with T candidate rows in total (a JAX pytree; all fields are arrays).
+
+    Attributes:
+        hidden: [T, d] float, raw LM hidden states (one row per candidate).
+        log_q: [T] float, summed action-token log-probabilities (natural log, nats).
+        n_tokens: [T] int, action token counts (>= 1).
+        offsets: [N+1] int, decision i owns rows ``offsets[i]:offsets[i+1]``.
+        segment_ids: [T] int, the decision each row belongs to (non-decreasing).
+        expert: [N] int, index of the expert action within its own candidate set.
+
+    Build one with :func:`decisions_from_lists` or :func:`load_decisions`, which validate;
+    the constructor itself does not check (it must stay traceable).
+    """
+
+    hidden: Any
+    log_q: Any
+    n_tokens: Any
+    offsets: Any
+    segment_ids: Any
+    expert: Any
+
+    @property
+    def n_decisions(self) -> int:
+        """N, the number of decisions."""
+        return int(self.offsets.shape[0]) - 1
+
+    @property
+    def hidden_size(self) -> int:
+        """d, the raw hidden size (the feature size is d + 1)."""
+        return int(self.hidden.shape[1])
+
+    @property
+    def n_rows(self) -> int:
+        """T, the total number of candidate rows."""
+        return int(self.hidden.shape[0])
+
+    @property
+    def set_sizes(self) -> np.ndarray:
+        """[N] int64, the candidate-set sizes M_i."""
+        return np.diff(np.asarray(self.offsets)).astype(np.int64)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PaddedDecisions:
+    """The padded layout: N decisions (padded to N_pad) of at most M_pad candidates each.
+
+    Attributes:
+        hidden: [N_pad, M_pad, d] float, zero in padded slots.
+        log_q: [N_pad, M_pad] float, zero in padded slots.
+        n_tokens: [N_pad, M_pad] int, one in padded slots.
+        mask: [N_pad, M_pad] bool, True for real candidates.
+        expert: [N_pad] int, local expert index (0 for padded decisions).
+        decision_mask: [N_pad] bool, True for real decisions.
+    """
+
+    hidden: Any
+    log_q: Any
+    n_tokens: Any
+    mask: Any
+    expert: Any
+    decision_mask: Any
+
+
+def bucket_size(n: int, minimum: int = 8, steps_per_octave: int = 4) -> int:
+    """Smallest bucket >= n among ``minimum`` and the numbers (k + j/steps) * 2**e.
+
+    With 4 steps per octave the buckets are ..., 64, 80, 96, 112, 128, 160, ...: at most 25%
+    padding, and at most 4 compiled shapes per doubling of the data, so repeated fits on
+    nearby shapes reuse compiled code.
+    """
+    if n <= minimum:
+        return minimum
+    e = max(int(np.ceil(np.log2(n))) - 1, 0)  # 2**e < n <= 2**(e+1)
+    base = 2**e
+    step = max(base // steps_per_octave, 1)
+    return int(-(-n // step) * step)
+
+
+def _validate_arrays(
+    hidden: np.ndarray,
+    log_q: np.ndarray,
+    n_tokens: np.ndarray,
+    offsets: np.ndarray,
+    expert: np.ndarray,
+) -> None:
+    """Raise ValueError naming the field or the first decision at fault."""
+    if hidden.ndim != 2:
+        raise ValueError(f"hidden must be [T, d], got shape {hidden.shape}")
+    t, d = hidden.shape
+    if d < 1:
+        raise ValueError("hidden has zero columns (d = 0)")
+    for name, arr in (("log_q", log_q), ("n_tokens", n_tokens)):
+        if arr.shape != (t,):
+            raise ValueError(f"{name} must be [T] = [{t}] to match hidden, got shape {arr.shape}")
+    if offsets.ndim != 1 or offsets.shape[0] < 2:
+        raise ValueError(f"offsets must be [N+1] with N >= 1, got shape {offsets.shape}")
+    n = offsets.shape[0] - 1
+    if expert.shape != (n,):
+        raise ValueError(f"expert must be [N] = [{n}] to match offsets, got shape {expert.shape}")
+    if not np.issubdtype(n_tokens.dtype, np.integer):
+        raise ValueError(f"n_tokens must be integer, got dtype {n_tokens.dtype}")
+    if not np.issubdtype(offsets.dtype, np.integer):
+        raise ValueError(f"offsets must be integer, got dtype {offsets.dtype}")
+    if not np.issubdtype(expert.dtype, np.integer):
+        raise ValueError(f"expert must be integer, got dtype {expert.dtype}")
+    if offsets[0] != 0:
+        raise ValueError(f"offsets[0] must be 0, got {offsets[0]}")
+    if offsets[-1] != t:
+        raise ValueError(f"offsets[-1] must equal T = {t} (rows of hidden), got {offsets[-1]}")
+    sizes = np.diff(offsets)
+    bad = np.flatnonzero(sizes < 1)
+    if bad.size:
+        raise ValueError(f"decision {bad[0]} has an empty candidate set (offsets {offsets[bad[0]]}"
+                         f"..{offsets[bad[0] + 1]})")
+    bad = np.flatnonzero((expert < 0) | (expert >= sizes))
+    if bad.size:
+        i = bad[0]
+        raise ValueError(f"decision {i}: expert index {expert[i]} outside its candidate set of "
+                         f"size {sizes[i]}")
+    seg = np.repeat(np.arange(n), sizes)
+    for name, arr in (("hidden", hidden), ("log_q", log_q)):
+        finite = np.isfinite(arr)
+        if not finite.all():
+            rows = np.flatnonzero(~finite.reshape(t, -1).all(axis=1))
+            i = seg[rows[0]]
+            raise ValueError(f"decision {i}: non-finite {name} (candidate {rows[0] - offsets[i]})")
+    bad = np.flatnonzero(n_tokens < 1)
+    if bad.size:
+        i = seg[bad[0]]
+        raise ValueError(f"decision {i}: n_tokens {n_tokens[bad[0]]} < 1 "
+                         f"(candidate {bad[0] - offsets[i]})")
+
+
+def _from_arrays(hidden, log_q, n_tokens, offsets, expert, *, float_dtype=np.float32) -> Decisions:
+    hidden = np.asarray(hidden)
+    log_q = np.asarray(log_q)
+    n_tokens = np.asarray(n_tokens)
+    offsets = np.asarray(offsets)
+    expert = np.asarray(expert)
+    _validate_arrays(hidden, log_q, n_tokens, offsets, expert)
+    sizes = np.diff(offsets)
+    return Decisions(
+        hidden=hidden.astype(float_dtype, copy=False),
+        log_q=log_q.astype(float_dtype, copy=False),
+        n_tokens=n_tokens.astype(np.int32, copy=False),
+        offsets=offsets.astype(np.int64, copy=False),
+        segment_ids=np.repeat(np.arange(sizes.size, dtype=np.int32), sizes),
+        expert=expert.astype(np.int32, copy=False),
+    )
+
+
+def validate_decisions(decisions: Decisions) -> Decisions:
+    """Check a :class:`Decisions` built by hand; returns a normalised copy (numpy, float32).
+
+    Raises:
+        ValueError: naming the decision at fault (empty candidate set, expert index outside its
+            set, non-finite hidden or log_q, n_tokens < 1) or the mismatched field.
+    """
+    out = _from_arrays(decisions.hidden, decisions.log_q, decisions.n_tokens, decisions.offsets,
+                       decisions.expert, float_dtype=np.asarray(decisions.hidden).dtype
+                       if np.asarray(decisions.hidden).dtype == np.float64 else np.float32)
+    seg = np.asarray(decisions.segment_ids)
+    if seg.shape != out.segment_ids.shape or not np.array_equal(seg, out.segment_ids):
+        raise ValueError("segment_ids disagree with offsets")
+    return out
+
+
+def decisions_from_lists(
+    hidden: Sequence[Any],
+    log_q: Sequence[Any],
+    n_tokens: Sequence[Any],
+    expert: Sequence[int],
+) -> Decisions:
+    """Stack per-decision arrays into a validated ragged :class:`Decisions` (float32).
+
+    Args:
+        hidden: N arrays [M_i, d] of raw hidden states.
+        log_q: N arrays [M_i] of summed action-token log-probabilities.
+        n_tokens: N arrays [M_i] of action token counts (>= 1).
+        expert: N local expert indices, 0 <= expert[i] < M_i.
+
+    Raises:
+        ValueError: naming the decision at fault: lists of different lengths, an empty
+            candidate set, mismatched shapes or hidden sizes, an expert index outside its set,
+            non-finite values, n_tokens < 1.
+    """
+    n = len(hidden)
+    for name, seq in (("log_q", log_q), ("n_tokens", n_tokens), ("expert", expert)):
+        if len(seq) != n:
+            raise ValueError(f"{name} has {len(seq)} entries but hidden has {n} decisions")
+    if n == 0:
+        raise ValueError("no decisions given")
+    hs, lqs, nts = [], [], []
+    d = None
+    for i in range(n):
+        h = np.asarray(hidden[i])
+        if h.ndim != 2:
+            raise ValueError(f"decision {i}: hidden must be [M_i, d], got shape {h.shape}")
+        if h.shape[0] == 0:
+            raise ValueError(f"decision {i} has an empty candidate set")
+        if d is None:
+            d = h.shape[1]
+        elif h.shape[1] != d:
+            raise ValueError(f"decision {i}: hidden size {h.shape[1]} differs from {d} "
+                             "(decision 0)")
+        lq = np.asarray(log_q[i]).reshape(-1) if np.ndim(log_q[i]) else np.asarray([log_q[i]])
+        nt = np.asarray(n_tokens[i]).reshape(-1) if np.ndim(n_tokens[i]) else np.asarray([n_tokens[i]])
+        if lq.shape != (h.shape[0],) or nt.shape != (h.shape[0],):
+            raise ValueError(f"decision {i}: log_q {lq.shape} and n_tokens {nt.shape} must both "
+                             f"be [M_i] = [{h.shape[0]}]")
+        if not np.issubdtype(nt.dtype, np.integer):
+            if not np.all(nt == np.round(nt)):
+                raise ValueError(f"decision {i}: n_tokens must be integers, got {nt}")
+            nt = nt.astype(np.int64)
+        hs.append(h)
+        lqs.append(lq)
+        nts.append(nt)
+    sizes = np.array([h.shape[0] for h in hs], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    return _from_arrays(np.concatenate(hs), np.concatenate(lqs), np.concatenate(nts), offsets,
+                        np.asarray(expert, dtype=np.int64))
+
+
+def to_padded(decisions: Decisions, n_pad: int | None = None, m_pad: int | None = None
+              ) -> PaddedDecisions:
+    """Convert ragged decisions to the padded ``[N_pad, M_pad, .]`` + mask layout (numpy).
+
+    ``n_pad`` and ``m_pad`` default to the buckets of N and M_max (:func:`bucket_size`).
+
+    Raises:
+        ValueError: if n_pad < N or m_pad < M_max.
+    """
+    offsets = np.asarray(decisions.offsets)
+    sizes = np.diff(offsets)
+    n, m_max = sizes.size, int(sizes.max())
+    n_pad = bucket_size(n) if n_pad is None else n_pad
+    m_pad = bucket_size(m_max, minimum=1) if m_pad is None else m_pad
+    if n_pad < n or m_pad < m_max:
+        raise ValueError(f"padding ({n_pad}, {m_pad}) smaller than data ({n}, {m_max})")
+    seg = np.asarray(decisions.segment_ids)
+    local = np.arange(seg.size) - offsets[seg]
+    hidden = np.asarray(decisions.hidden)
+    out_h = np.zeros((n_pad, m_pad, hidden.shape[1]), hidden.dtype)
+    out_h[seg, local] = hidden
+    out_q = np.zeros((n_pad, m_pad), np.asarray(decisions.log_q).dtype)
+    out_q[seg, local] = np.asarray(decisions.log_q)
+    out_n = np.ones((n_pad, m_pad), np.int32)
+    out_n[seg, local] = np.asarray(decisions.n_tokens)
+    mask = np.zeros((n_pad, m_pad), bool)
+    mask[seg, local] = True
+    expert = np.zeros(n_pad, np.int32)
+    expert[:n] = np.asarray(decisions.expert)
+    dmask = np.zeros(n_pad, bool)
+    dmask[:n] = True
+    return PaddedDecisions(out_h, out_q, out_n, mask, expert, dmask)
+
+
+_REQUIRED = ("hidden", "log_q", "n_tokens", "offsets", "expert")
+
+
+def load_decisions(path: str | os.PathLike) -> Decisions:
+    """Read a decision-set ``.npz`` (format in this module's docstring) and validate it.
+
+    Raises:
+        ValueError: naming the missing or malformed field, or the decision at fault.
+        FileNotFoundError: if the file does not exist.
+    """
+    with np.load(path, allow_pickle=False) as z:
+        missing = [k for k in _REQUIRED if k not in z.files]
+        if missing:
+            raise ValueError(f"{path}: missing field(s) {', '.join(missing)} "
+                             f"(has {', '.join(z.files) or 'nothing'})")
+        arrays = {k: z[k] for k in _REQUIRED}
+    for k in ("hidden", "log_q"):
+        if not np.issubdtype(arrays[k].dtype, np.floating):
+            raise ValueError(f"{path}: field {k} must be float, got dtype {arrays[k].dtype}")
+    try:
+        return _from_arrays(**arrays)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+
+
+def load_decisions_metadata(path: str | os.PathLike) -> dict:
+    """The optional JSON ``metadata`` object of a decision-set file ({} when absent).
+
+    Raises:
+        ValueError: if the field is present but not a JSON object.
+    """
+    with np.load(path, allow_pickle=False) as z:
+        if "metadata" not in z.files:
+            return {}
+        raw = z["metadata"]
+    try:
+        meta = json.loads(str(raw[()]))
+    except (json.JSONDecodeError, TypeError) as err:
+        raise ValueError(f"{path}: field metadata is not JSON: {err}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: field metadata must be a JSON object, got {type(meta).__name__}")
+    return meta
+
+
+def save_decisions(path: str | os.PathLike, decisions: Decisions, metadata: dict | None = None
+                   ) -> None:
+    """Write a decision-set ``.npz`` atomically (temp file + rename); validates first.
+
+    Raises:
+        ValueError: as :func:`validate_decisions`.
+    """
+    dec = validate_decisions(decisions)
+    arrays = dict(hidden=np.asarray(dec.hidden, np.float32), log_q=np.asarray(dec.log_q, np.float32),
+                  n_tokens=np.asarray(dec.n_tokens, np.int64), offsets=np.asarray(dec.offsets, np.int64),
+                  expert=np.asarray(dec.expert, np.int64))
+    if metadata is not None:
+        arrays["metadata"] = np.asarray(json.dumps(metadata))
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".npz.tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

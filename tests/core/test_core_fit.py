@@ -1,0 +1,161 @@
+"""Fitting: both methods reach the float64 optimum (scipy reference), invariances, certificate."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cb_core
+from cb_core.decisions import bucket_size
+from core_helpers import as_float64, random_decisions, random_lists, ragged
+
+
+def scipy_optimum(dec, lam=1.0, gamma=0.8, eps=1e-6):
+    """Float64 reference optimum of Eq. 6 with scipy L-BFGS-B on cb_core's float64 objective."""
+    with jax.enable_x64(True):
+        d64 = as_float64(dec)
+        vg = jax.jit(jax.value_and_grad(cb_core.objective), static_argnums=())
+
+        def fg(a):
+            v, g = vg(jnp.asarray(a), d64, lam, gamma, eps)
+            return float(v), np.asarray(g, np.float64)
+
+        res = scipy.optimize.minimize(fg, np.zeros(dec.hidden_size + 1), jac=True,
+                                      method="L-BFGS-B",
+                                      options=dict(gtol=1e-12, ftol=1e-15, maxiter=5000))
+        f = lambda a: float(cb_core.objective(jnp.asarray(a, jnp.float64), d64, lam, gamma, eps))  # noqa: E731
+        return res.x, res.fun, f
+
+
+@pytest.fixture(scope="module")
+def medium():
+    rng = np.random.default_rng(7)
+    sizes = list(rng.integers(1, 12, size=30))
+    return random_decisions(11, sizes, 24)
+
+
+def test_lbfgs_float32_reaches_float64_optimum(medium):
+    x_star, f_star, f64 = scipy_optimum(medium)
+    r = cb_core.fit(medium)
+    assert r.converged and r.grad_norm <= 1e-4 and r.method == "lbfgs"
+    assert r.alpha.shape == (25,) and r.alpha.dtype == np.float32
+    assert f64(r.alpha) - f_star <= 1e-7
+    np.testing.assert_allclose(r.alpha, x_star, atol=2e-4)
+    assert abs(r.loss - f_star) <= 1e-5
+    c = r.certificate
+    assert c.gap_bound == pytest.approx(r.grad_norm**2 / 2) and c.strongly_convex
+    assert f64(r.alpha) - f_star <= c.gap_bound + 1e-9
+    assert c.eig_method == "gram" and c.min_hessian_eig >= 1.0 - 1e-3  # T, m small: measured
+
+
+def test_lbfgs_float64_matches_scipy_tightly(medium):
+    x_star, f_star, f64 = scipy_optimum(medium, lam=0.3)
+    r = cb_core.fit(medium, lam=0.3, dtype=jnp.float64, tol=1e-9)
+    assert r.alpha.dtype == np.float64 and r.converged
+    np.testing.assert_allclose(r.alpha, x_star, atol=1e-6)
+    assert abs(r.loss - f_star) <= 1e-11
+    assert not jax.config.jax_enable_x64  # enabled for the call only
+
+
+def test_adam_seed_protocol_reaches_the_optimum(medium):
+    x_star, f_star, f64 = scipy_optimum(medium)
+    r = cb_core.fit(medium, method="adam")
+    assert r.method == "adam" and r.n_iter <= 1500 and r.settings["learning_rate"] == 0.01
+    assert f64(r.alpha) - f_star <= 1e-4
+    np.testing.assert_allclose(r.alpha, x_star, atol=2e-2)
+    assert r.converged == (r.grad_norm < 1e-4)
+
+
+def test_adam_stops_on_gradient_tolerance():
+    dec = random_decisions(3, [3, 4, 2, 5], 3)
+    r = cb_core.fit(dec, method="adam", tol=0.05)
+    assert r.converged and r.grad_norm < 0.05 and 0 < r.n_iter < 1500
+
+
+@settings(max_examples=8, deadline=None)
+@given(ragged(), st.randoms(use_true_random=False))
+def test_permuting_candidates_leaves_the_fit_unchanged(case, rnd):
+    seed, sizes, d = case
+    hidden, log_q, n_tokens, expert = random_lists(seed, sizes, d)
+    perms = [np.array(rnd.sample(range(m), m)) for m in sizes]
+    a = cb_core.decisions_from_lists(hidden, log_q, n_tokens, expert)
+    b = cb_core.decisions_from_lists([h[p] for h, p in zip(hidden, perms)],
+                                     [q[p] for q, p in zip(log_q, perms)],
+                                     [n[p] for n, p in zip(n_tokens, perms)],
+                                     [int(np.argsort(p)[e]) for p, e in zip(perms, expert)])
+    with jax.enable_x64(True):
+        ra = cb_core.fit(a, dtype=jnp.float64, tol=1e-10)
+        rb = cb_core.fit(b, dtype=jnp.float64, tol=1e-10)
+    np.testing.assert_allclose(ra.alpha, rb.alpha, atol=1e-8)
+    assert ra.loss == pytest.approx(rb.loss, abs=1e-12)
+
+
+def test_constant_feature_gets_zero_weight():
+    hidden, log_q, n_tokens, expert = random_lists(5, [4, 6, 3, 5, 7, 2, 4], 6)
+    rng = np.random.default_rng(0)
+    for h in hidden:  # coordinate 2 is constant inside every candidate set (but differs across)
+        h[:, 2] = rng.standard_normal() * 10
+    dec = cb_core.decisions_from_lists(hidden, log_q, n_tokens, expert)
+    phi = np.asarray(cb_core.features(dec))
+    assert np.all(phi[:, 2] == 0.0)
+    for method in ("lbfgs", "adam"):
+        r = cb_core.fit(dec, method=method)
+        assert r.alpha[2] == 0.0
+        assert abs(r.alpha[-1]) <= 1e-6  # the bias coordinate is constant within every set
+        assert np.any(np.abs(r.alpha[:2]) > 1e-3)
+
+
+def test_single_candidate_decisions_do_not_move_alpha_with_rescaled_lam():
+    """Adding K one-candidate decisions only rescales the NLL by N/(N+K)."""
+    sizes = [3, 5, 4, 6]
+    hidden, log_q, n_tokens, expert = random_lists(9, sizes, 4)
+    extra = random_lists(10, [1, 1, 1, 1], 4)
+    a = cb_core.decisions_from_lists(hidden, log_q, n_tokens, expert)
+    b = cb_core.decisions_from_lists(hidden + extra[0], log_q + extra[1], n_tokens + extra[2],
+                                     expert + extra[3])
+    with jax.enable_x64(True):
+        ra = cb_core.fit(a, lam=1.0, dtype=jnp.float64, tol=1e-10)
+        rb = cb_core.fit(b, lam=0.5, dtype=jnp.float64, tol=1e-10)  # N doubled: lam halves
+    np.testing.assert_allclose(ra.alpha, rb.alpha, atol=1e-8)
+
+
+def test_bucketed_shapes_reuse_compiled_code():
+    from cb_core import fit as fit_module
+
+    sizes_a = [5] * 20  # T = 100, N = 20
+    sizes_b = [5] * 19 + [6]  # T = 101, same buckets
+    assert bucket_size(100) == bucket_size(101) and bucket_size(21) == bucket_size(21)
+    cb_core.fit(random_decisions(1, sizes_a, 7), max_iter=3)
+    before = fit_module._lbfgs._cache_size()
+    cb_core.fit(random_decisions(2, sizes_b, 7), max_iter=3, tol=1e-3, lam=2.0)
+    assert fit_module._lbfgs._cache_size() == before
+
+
+def test_bucket_size():
+    assert bucket_size(1) == 8 and bucket_size(8) == 8
+    for n in range(1, 3000):
+        b = bucket_size(n)
+        assert n <= b <= max(8, int(n * 1.25) + 1)
+    assert len({bucket_size(n) for n in range(1025, 2049)}) == 4
+
+
+def test_iteration_cap_is_reported():
+    dec = random_decisions(4, [5, 6, 7, 4, 5], 8)
+    r = cb_core.fit(dec, max_iter=2, tol=0.0)
+    assert r.n_iter == 2 and not r.converged
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(lam=0.0), "lam"), (dict(lam=-1.0), "lam"), (dict(lam=float("nan")), "lam"),
+    (dict(method="sgd"), "method"), (dict(dtype=jnp.float16), "dtype"),
+    (dict(eps=0.0), "eps"), (dict(tol=-1.0), "tol"),
+])
+def test_bad_fit_arguments(kwargs, match):
+    dec = random_decisions(0, [2, 3], 3)
+    with pytest.raises(ValueError, match=match):
+        cb_core.fit(dec, **kwargs)
