@@ -1,4 +1,43 @@
 """envs: one adapter per benchmark (ALFWorld, ScienceWorld, TextWorld) behind one protocol.
 
+``make_env(name)`` builds an adapter (its engine is imported only then); :class:`Episode` plays one
+task with think steps and a step budget; :mod:`envs.trajectory` stores expert trajectories and
+turns them into decision examples; :mod:`envs.collect` collects expert trajectories.
+
 Imports nothing else of this project.
 """
+
+from envs.episode import Episode, EpisodeOver, is_think
+from envs.protocol import Environment, StepResult, TaskStart
+from envs.registry import ENVIRONMENTS, make_env
+from envs.trajectory import (
+    SCHEMA_VERSION,
+    DecisionExample,
+    Step,
+    Trajectory,
+    append_jsonl,
+    completed_task_ids,
+    decision_examples,
+    drop_actions,
+    read_trajectories,
+)
+
+__all__ = [
+    "ENVIRONMENTS",
+    "SCHEMA_VERSION",
+    "DecisionExample",
+    "Environment",
+    "Episode",
+    "EpisodeOver",
+    "Step",
+    "StepResult",
+    "TaskStart",
+    "Trajectory",
+    "append_jsonl",
+    "completed_task_ids",
+    "decision_examples",
+    "drop_actions",
+    "is_think",
+    "make_env",
+    "read_trajectories",
+]

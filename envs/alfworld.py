@@ -1,0 +1,281 @@
+"""ALFWorld (text engine) adapter: the real ALFWorld 0.4 game files played through TextWorld.
+
+Games live in ``<data>/<split>/<task_type>-<Object>-<MovableRecep|None>-<Receptacle>-<scene>/trial_*/game.tw-pddl``
+(data: ``$CB_AGENT_ALFWORLD_DATA``, else ``<repo root>/../shared/alfworld/json_2.1.1``). A task id is
+that ``<folder>/<trial>`` path relative to the split directory.
+
+The handcoded expert (and ALFWorld's own loader) read a ``traj_data.json`` beside the game file,
+which the shared data does not ship. :func:`write_traj_data` rebuilds the fields they need from the
+folder name into the cache (``$CB_AGENT_CACHE/alfworld/...``), next to a copy of the game file; the
+shared folder is never written.
+
+Quirks handled (ALFWorld 0.4.2):
+- The put command is ``move X to Y``; older demos say ``put X in/on Y``, which :meth:`AlfworldEnv.step`
+  rewrites to ``move X to Y`` (``info["rewritten_from"]`` records it).
+- ``look``, ``inventory`` and ``help`` are in the admissible list; :meth:`candidates` keeps them
+  (the environment-supplied set) and :data:`META_COMMANDS` / :func:`envs.trajectory.drop_actions`
+  filter them for decision examples.
+- An action the engine cannot execute answers ``Nothing happens.`` (``info["invalid"] = True``).
+- ALFWorld 0.4.2's handcoded expert issues ``move X to Y`` but its state tracker still recognises a
+  successful put only by the word ``put`` in the last command, so after the first placement it
+  keeps believing it holds the object (it then fails most pick_two games). The adapter's
+  :class:`_Expert04` hands the tracker the legacy spelling of the last command (``put X in/on Y``);
+  the engine itself still receives ``move X to Y``.
+- The handcoded expert answers ``look`` whenever its own choice is not admissible, and draws from
+  Python's global ``random``; the adapter runs the engine under a private RNG state seeded from the
+  task id so expert trajectories are reproducible and the caller's ``random`` is untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import zlib
+from pathlib import Path
+
+from envs._paths import cache_dir, shared_dir
+from envs.protocol import StepResult, TaskStart
+
+#: The six ALFWorld task types (the prefix of a game folder's name).
+TASK_TYPES = (
+    "pick_and_place_simple",
+    "look_at_obj_in_light",
+    "pick_clean_then_place_in_recep",
+    "pick_heat_then_place_in_recep",
+    "pick_cool_then_place_in_recep",
+    "pick_two_obj_and_place",
+)
+SPLITS = ("train", "valid_seen", "valid_unseen")
+#: Admissible commands that never change the world; filter them out of decision candidate sets.
+META_COMMANDS = ("look", "inventory", "help")
+INVALID_FEEDBACK = "Nothing happens."
+_PUT = re.compile(r"^\s*put\s+(.+?)\s+(?:in/on|in|on)\s+(.+?)\s*$", re.IGNORECASE)
+_TASK_MARK = "Your task is to:"
+
+
+def default_data_dir() -> Path:
+    """``$CB_AGENT_ALFWORLD_DATA`` or ``<repo root>/../shared/alfworld/json_2.1.1``."""
+    env = os.environ.get("CB_AGENT_ALFWORLD_DATA")
+    return Path(env) if env else shared_dir() / "alfworld" / "json_2.1.1"
+
+
+def parse_task_folder(folder: str) -> dict:
+    """The ``traj_data.json`` fields the handcoded expert needs, from a game folder's name.
+
+    ``look_at_obj_in_light-AlarmClock-None-DeskLamp-308`` gives task_type
+    ``look_at_obj_in_light`` and pddl_params ``object_target="AlarmClock"``,
+    ``toggle_target="DeskLamp"`` (for this type the lamp is the toggle target, not a parent),
+    ``parent_target=""``, ``mrecep_target=""``, ``object_sliced=False``.
+
+    Raises:
+        ValueError: a name that is not ``<task_type>-<Object>-<MRecep|None>-<Receptacle>-<scene>``.
+    """
+    parts = folder.split("-")
+    if len(parts) != 5 or not parts[4].isdigit():
+        raise ValueError(f"ALFWorld game folder {folder!r} is not <task_type>-<Object>-<MRecep|None>-<Receptacle>-<scene>")
+    task_type, obj, mrecep, recep, _scene = parts
+    sliced = obj.endswith("Sliced")
+    params = {
+        "object_target": obj[: -len("Sliced")] if sliced else obj,
+        "parent_target": "" if task_type == "look_at_obj_in_light" else recep,
+        "toggle_target": recep if task_type == "look_at_obj_in_light" else "",
+        "mrecep_target": "" if mrecep == "None" else mrecep,
+        "object_sliced": sliced,
+    }
+    return {"task_type": task_type, "pddl_params": params}
+
+
+def write_traj_data(game_file: Path, task_folder: str, target_dir: Path) -> Path:
+    """Copy ``game_file`` into ``target_dir`` with a generated ``traj_data.json`` beside it.
+
+    Both files are written atomically (temp file + ``os.replace``), so concurrent or interrupted
+    runs never leave a half file. Returns the cached game file path.
+    """
+    target_dir.mkdir(parents=True, exist_ok=True)
+    cached_game = target_dir / "game.tw-pddl"
+    if not cached_game.exists() or cached_game.stat().st_size != game_file.stat().st_size:
+        tmp = target_dir / f".game.{os.getpid()}.tmp"
+        shutil.copyfile(game_file, tmp)
+        os.replace(tmp, cached_game)
+    traj = target_dir / "traj_data.json"
+    content = json.dumps(parse_task_folder(task_folder), sort_keys=True)
+    if not traj.exists() or traj.read_text() != content:
+        tmp = target_dir / f".traj_data.{os.getpid()}.tmp"
+        tmp.write_text(content)
+        os.replace(tmp, traj)
+    return cached_game
+
+
+_MOVE = re.compile(r"^\s*move\s+(.+?)\s+to\s+(.+?)\s*$", re.IGNORECASE)
+
+
+def legacy_put(action: str) -> str:
+    """The pre-0.4 spelling of a put: ``move X to Y`` -> ``put X in/on Y`` (other actions unchanged)."""
+    m = _MOVE.match(action)
+    return f"put {m.group(1)} in/on {m.group(2)}" if m else action
+
+
+def normalize_action(action: str) -> str:
+    """ALFWorld 0.4 spelling of an action: ``put X in/on Y`` -> ``move X to Y``; blanks trimmed."""
+    m = _PUT.match(action)
+    return f"move {m.group(1)} to {m.group(2)}" if m else action.strip()
+
+
+class AlfworldEnv:
+    """The ALFWorld text benchmark behind :class:`envs.protocol.Environment`.
+
+    Args:
+        data_dir: the ``json_2.1.1`` folder (default :func:`default_data_dir`).
+        expert: ``"handcoded"`` (ALFWorld's rule-based expert, used for demonstrations) or None.
+
+    Raises:
+        FileNotFoundError: ``data_dir`` is missing (the message says how to point at it).
+    """
+
+    name = "alfworld"
+    default_max_steps = 50
+    expert_name = "alfworld-handcoded"
+
+    def __init__(self, data_dir: str | os.PathLike | None = None, expert: str | None = "handcoded"):
+        self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+        if not self.data_dir.is_dir():
+            raise FileNotFoundError(
+                f"ALFWorld game files not found at {self.data_dir}; set CB_AGENT_ALFWORLD_DATA to the "
+                "json_2.1.1 folder (with train/ and valid_unseen/ inside)"
+            )
+        if expert not in ("handcoded", None):
+            raise ValueError(f"expert must be 'handcoded' or None, got {expert!r}")
+        self.expert = expert
+        self._index: dict[str, dict[str, Path]] = {}
+        self._gym = None
+        self._task_id: str | None = None
+        self._infos: dict = {}
+        self._rng_state = None
+        self._won = False
+        self._done = False
+
+    # ---------------------------------------------------------------- tasks
+    def _split_index(self, split: str) -> dict[str, Path]:
+        if split not in self._index:
+            root = self.data_dir / split
+            if split not in SPLITS or not root.is_dir():
+                known = [s for s in SPLITS if (self.data_dir / s).is_dir()]
+                raise ValueError(f"unknown ALFWorld split {split!r}; available under {self.data_dir}: {known}")
+            games = {p.parent.relative_to(root).as_posix(): p for p in root.glob("*/*/game.tw-pddl")}
+            self._index[split] = dict(sorted(games.items()))
+        return self._index[split]
+
+    def tasks(self, split: str) -> list[str]:
+        """Sorted task ids (``<folder>/<trial>``) of ``split`` (train, valid_seen, valid_unseen)."""
+        return list(self._split_index(split))
+
+    def task_type_of(self, task_id: str) -> str:
+        """The task type (folder-name prefix) of ``task_id``, without loading the game."""
+        task_type = task_id.split("/", 1)[0].split("-", 1)[0]
+        if task_type not in TASK_TYPES:
+            raise ValueError(f"ALFWorld task {task_id!r} has unknown task type {task_type!r}")
+        return task_type
+
+    def _locate(self, task_id: str) -> tuple[str, Path]:
+        for split in SPLITS:
+            if (self.data_dir / split).is_dir():
+                path = self._split_index(split).get(task_id)
+                if path is not None:
+                    return split, path
+        raise ValueError(f"unknown ALFWorld task {task_id!r} (not under any split of {self.data_dir})")
+
+    # ---------------------------------------------------------------- engine
+    def _engine(self, call, *args):
+        """Run an engine call under this task's private RNG state (the expert uses ``random``)."""
+        outer = random.getstate()
+        random.setstate(self._rng_state)
+        try:
+            return call(*args)
+        finally:
+            self._rng_state = random.getstate()
+            random.setstate(outer)
+
+    def reset(self, task_id: str) -> TaskStart:
+        import textworld
+        import textworld.gym
+        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredExpert, AlfredInfos
+
+        split, game_file = self._locate(task_id)
+        if task_id != self._task_id:
+            self._close_gym()
+            cached = write_traj_data(game_file, task_id.split("/", 1)[0], cache_dir("alfworld", "json_2.1.1", split, task_id))
+            extras = ["gamefile"] + (["expert_plan"] if self.expert else [])
+            infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=extras)
+            wrappers = [AlfredDemangler(shuffle=False), AlfredInfos]
+            if self.expert:
+                wrappers.append(_expert_wrapper(AlfredExpert)(expert_type=self.expert))
+            env_id = textworld.gym.register_game(str(cached), infos, max_episode_steps=1_000_000, wrappers=wrappers)
+            self._gym = textworld.gym.make(env_id)
+            self._task_id = task_id
+        rng = random.Random(zlib.crc32(task_id.encode()))
+        self._rng_state = rng.getstate()
+        obs, self._infos = self._engine(self._gym.reset)
+        self._won = self._done = False
+        instruction, observation = self._split_intro(obs)
+        return TaskStart(task_id, self.task_type_of(task_id), instruction, observation)
+
+    @staticmethod
+    def _split_intro(obs: str) -> tuple[str, str]:
+        body = obs.split("=-", 1)[1] if obs.lstrip().startswith("-=") else obs
+        head, mark, goal = body.partition(_TASK_MARK)
+        if not mark:
+            raise ValueError(f"ALFWorld intro lacks {_TASK_MARK!r}: {obs[:200]!r}")
+        return f"{mark} {goal.strip()}", head.strip()
+
+    def step(self, action: str) -> StepResult:
+        if self._gym is None:
+            raise RuntimeError("AlfworldEnv.step before reset")
+        info: dict = {}
+        command = normalize_action(action)
+        if command != action:
+            info["rewritten_from"] = action
+        obs, score, done, self._infos = self._engine(self._gym.step, command)
+        self._won = self._won or bool(self._infos.get("won"))
+        self._done = self._done or bool(done) or self._won
+        if obs.strip() == INVALID_FEEDBACK:
+            info["invalid"] = True
+        return StepResult(obs, done=self._done, won=self._won, score=float(self._won), info=info)
+
+    def candidates(self) -> list[str]:
+        return list(self._infos.get("admissible_commands") or [])
+
+    def expert_action(self) -> str | None:
+        plan = self._infos.get("extra.expert_plan") if self.expert else None
+        return plan[0] if plan and not self._done else None
+
+    def config(self) -> dict:
+        """Provenance stored in trajectory metadata."""
+        return {"data_dir": str(self.data_dir), "expert": self.expert, "alfworld": _version("alfworld")}
+
+    def _close_gym(self) -> None:
+        if self._gym is not None:
+            self._gym.close()
+        self._gym, self._task_id, self._infos = None, None, {}
+
+    def close(self) -> None:
+        self._close_gym()
+
+
+def _expert_wrapper(base):
+    """ALFWorld's ``AlfredExpert`` whose handcoded tracker sees ``put X in/on Y`` for ``move X to Y``."""
+
+    class _Expert04(base):
+        def _gather_infos(self):
+            self.prev_command = legacy_put(self.prev_command)
+            super()._gather_infos()
+
+    return _Expert04
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)

@@ -1,0 +1,156 @@
+"""Expert trajectory collection: play each task with the adapter's expert and append it to JSONL.
+
+Each finished task becomes one :class:`~envs.trajectory.Trajectory` line, appended atomically
+(:func:`~envs.trajectory.append_jsonl`) as soon as the task ends, so an interrupted collection
+loses at most the task in flight; with ``resume=True`` the tasks already stored are skipped.
+Every environment step keeps the full candidate set the expert chose from (seed Sec. 3.2).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+from envs.episode import Episode
+from envs.protocol import Environment
+from envs.trajectory import Trajectory, append_jsonl, completed_task_ids
+
+
+@dataclass
+class CollectSummary:
+    """What a collection run did.
+
+    Attributes:
+        collected: trajectories appended in this run; won: how many of them the expert won.
+        skipped: task ids skipped because ``out_path`` already held them (resume).
+        failed: task id -> error message for tasks whose engine raised (nothing appended; a
+            resumed run retries them).
+        n_env_steps: environment steps played; seconds: wall time of the run.
+        candidate_set_sizes: size of every saved candidate set (for reporting).
+    """
+
+    collected: int = 0
+    won: int = 0
+    skipped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    n_env_steps: int = 0
+    seconds: float = 0.0
+    candidate_set_sizes: list[int] = field(default_factory=list)
+
+
+def select_tasks(env: Environment, split: str, n_per_type: int | None = None) -> list[str]:
+    """The split's task ids, or the first ``n_per_type`` of each task type (ids in sorted order).
+
+    Raises:
+        ValueError: ``n_per_type < 1`` or an unknown split (from the adapter).
+    """
+    ids = list(env.tasks(split))
+    if n_per_type is None:
+        return ids
+    if n_per_type < 1:
+        raise ValueError(f"n_per_type must be >= 1, got {n_per_type}")
+    type_of = getattr(env, "task_type_of", None)
+    if type_of is None:
+        raise ValueError(f"{type(env).__name__} cannot tell a task's type before reset; pass task ids instead")
+    per_type: dict[str, list[str]] = defaultdict(list)
+    for tid in ids:
+        bucket = per_type[type_of(tid)]
+        if len(bucket) < n_per_type:
+            bucket.append(tid)
+    chosen = {tid for bucket in per_type.values() for tid in bucket}
+    return [tid for tid in ids if tid in chosen]
+
+
+def play_expert(env: Environment, task_id: str, max_steps: int | None = None) -> Trajectory:
+    """Play ``task_id`` with the adapter's expert until done, the budget, or the expert stops.
+
+    The expert's action must be in the candidate set of its state (seed Sec. 3.2). When it is not:
+    for an adapter whose sets are complete (ALFWorld, TextWorld) the episode stops there and
+    ``meta["expert_stopped"]`` says why; for one with ``complete_candidates = False`` (ScienceWorld,
+    whose valid-combination list misses many valid actions) the expert action is appended to the
+    saved set and the step is flagged ``info["expert_appended"] = True``.
+    """
+    episode = Episode(env, task_id, max_steps)
+    stopped = None
+    while not episode.done:
+        action = episode.expert_action()
+        if action is None:
+            stopped = "expert has no action"
+            break
+        appended = action not in episode.candidates()
+        if appended and getattr(env, "complete_candidates", True):
+            stopped = f"expert action {action!r} not in the candidate set"
+            break
+        episode.act(action)
+        if appended:  # incomplete engine set (ScienceWorld): save the expert action with it, flagged
+            last = episode.steps[-1]
+            episode.steps[-1] = replace(
+                last, candidates=[*last.candidates, action], info={**last.info, "expert_appended": True}
+            )
+    meta = {"expert": getattr(env, "expert_name", "expert")}
+    if stopped is not None:
+        meta["expert_stopped"] = stopped
+    config = getattr(env, "config", None)
+    if callable(config):
+        meta["env_config"] = config()
+    return episode.trajectory(meta=meta)
+
+
+def collect_expert_trajectories(
+    env: Environment,
+    task_ids: Sequence[str],
+    out_path: str | os.PathLike,
+    resume: bool = True,
+    max_steps: int | None = None,
+    on_task: Callable[[str, Trajectory | None, CollectSummary], None] | None = None,
+) -> CollectSummary:
+    """Collect one expert trajectory per task into ``out_path`` (JSONL, appended atomically).
+
+    Args:
+        task_ids: tasks to play, in order (duplicates are played once).
+        resume: skip tasks already stored in ``out_path``; ``False`` starts ``out_path`` afresh
+            (an existing file is removed first).
+        max_steps: the step budget per task (default: the adapter's ``default_max_steps``).
+        on_task: called after each task with (task_id, trajectory or None if skipped/failed,
+            summary so far), e.g. to advance a progress bar.
+
+    Returns:
+        A :class:`CollectSummary`. Engine errors on one task are recorded in ``failed`` and the
+        run goes on; ``KeyboardInterrupt`` stops it with everything finished so far on disk.
+    """
+    out_path = Path(out_path)
+    if not resume and out_path.exists():
+        out_path.unlink()
+    stored = completed_task_ids(out_path) if resume else set()
+    summary = CollectSummary()
+    start = time.perf_counter()
+    for task_id in dict.fromkeys(task_ids):
+        if task_id in stored:
+            summary.skipped.append(task_id)
+            if on_task:
+                on_task(task_id, None, summary)
+            continue
+        try:
+            traj = play_expert(env, task_id, max_steps)
+        except (KeyboardInterrupt, ValueError):
+            raise
+        except Exception as err:  # an engine crash on one task must not end the collection
+            summary.failed[task_id] = f"{type(err).__name__}: {err}"
+            if on_task:
+                on_task(task_id, None, summary)
+            continue
+        append_jsonl(out_path, traj)
+        summary.collected += 1
+        summary.won += int(traj.won)
+        for s in traj.steps:
+            if s.kind == "env":
+                summary.n_env_steps += 1
+                summary.candidate_set_sizes.append(len(s.candidates or ()))
+        if on_task:
+            on_task(task_id, traj, summary)
+    summary.seconds = time.perf_counter() - start
+    return summary

@@ -1,0 +1,190 @@
+"""TextWorld adapter: games generated offline with ``tw-make``, seeded and cached; walkthrough demos.
+
+A task id is ``<kind>/<split>/<seed>`` (``cooking/train/3``); the task type is the kind:
+
+- ``cooking``: ``tw-make tw-cooking`` (the First TextWorld Problems games) with
+  :data:`COOKING_FLAGS`; the game's own food split follows ours (``--split train`` / ``--split test``).
+- ``custom``: ``tw-make custom`` with :data:`CUSTOM_FLAGS`.
+
+Train and test use disjoint seed ranges (train ``train_seed0 ..``, test ``test_seed0 ..``;
+checked at construction). A game is generated on first use into
+``$CB_AGENT_CACHE/textworld/<kind>/<split>/`` (written to a temp folder, then moved into place,
+so an interrupted generation never leaves a half game) and reused afterwards. Generation needs
+no network (about 3 to 10 s of CPU a game).
+
+Candidates are TextWorld's admissible commands; the expert is the game's walkthrough, followed
+while the agent follows it (``expert_action()`` is None after a deviation).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from envs._paths import cache_dir
+from envs.protocol import StepResult, TaskStart
+
+SPLITS = ("train", "test")
+KINDS = ("cooking", "custom")
+COOKING_FLAGS = ("--recipe", "3", "--take", "2", "--go", "6", "--open", "--cook", "--cut", "--drop")
+CUSTOM_FLAGS = ("--world-size", "5", "--nb-objects", "10", "--quest-length", "5")
+
+
+def tw_make_command(kind: str, split: str, seed: int, output: Path) -> list[str]:
+    """The ``tw-make`` command line that generates game ``kind/split/seed`` at ``output`` (.z8)."""
+    tw_make = Path(sys.executable).parent / "tw-make"
+    exe = [str(tw_make)] if tw_make.exists() else [shutil.which("tw-make") or "tw-make"]
+    if kind == "cooking":
+        game = ["tw-cooking", *COOKING_FLAGS, "--split", split]
+    elif kind == "custom":
+        game = ["custom", *CUSTOM_FLAGS]
+    else:
+        raise ValueError(f"unknown TextWorld game kind {kind!r}; known: {list(KINDS)}")
+    return [*exe, *game, "--seed", str(seed), "--output", str(output), "-f", "--silent"]
+
+
+def generate_game(kind: str, split: str, seed: int, timeout_s: float = 600.0) -> Path:
+    """The cached game file of ``kind/split/seed``, generating it with ``tw-make`` if missing.
+
+    Raises:
+        RuntimeError: ``tw-make`` failed (its stderr is in the message).
+    """
+    folder = cache_dir("textworld", kind, split)
+    game = folder / f"{kind}-{split}-{seed}.z8"
+    if game.exists() and game.with_suffix(".json").exists():
+        return game
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".gen-") as tmp:
+        out = Path(tmp) / game.name
+        proc = subprocess.run(tw_make_command(kind, split, seed, out), capture_output=True, text=True, timeout=timeout_s)
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"tw-make failed for {kind}/{split}/{seed} (rc {proc.returncode}): {proc.stderr[-2000:]}")
+        for suffix in (".json", ".ni", ".z8"):  # the .z8 last: its presence marks a complete game
+            part = out.with_suffix(suffix)
+            if part.exists():
+                os.replace(part, game.with_suffix(suffix))
+    return game
+
+
+def _strip_banner(obs: str, objective: str) -> str:
+    """The room text of TextWorld's first observation (without the ASCII banner and objective)."""
+    if objective and objective in obs:
+        return obs.split(objective, 1)[1].strip()
+    lines = [ln for ln in obs.splitlines() if sum(ch.isalpha() for ch in ln) > len(ln.strip()) // 2]
+    return "\n".join(lines).strip()
+
+
+class TextWorldEnv:
+    """Generated TextWorld games behind :class:`envs.protocol.Environment`.
+
+    Args:
+        kinds: game kinds to offer (subset of :data:`KINDS`).
+        n_train, n_test: games per kind in each split.
+        train_seed0, test_seed0: first seed of each split; the ranges must not overlap.
+
+    Raises:
+        ValueError: overlapping seed ranges or an unknown kind.
+    """
+
+    name = "textworld"
+    default_max_steps = 100
+    expert_name = "textworld-walkthrough"
+
+    def __init__(
+        self,
+        kinds: tuple[str, ...] = KINDS,
+        n_train: int = 20,
+        n_test: int = 20,
+        train_seed0: int = 1,
+        test_seed0: int = 100_001,
+    ):
+        for kind in kinds:
+            if kind not in KINDS:
+                raise ValueError(f"unknown TextWorld game kind {kind!r}; known: {list(KINDS)}")
+        train = range(train_seed0, train_seed0 + n_train)
+        test = range(test_seed0, test_seed0 + n_test)
+        if set(train) & set(test):
+            raise ValueError(f"train seeds {train} and test seeds {test} overlap")
+        self.kinds = tuple(kinds)
+        self._seeds = {"train": train, "test": test}
+        self._gym = None
+        self._game: Path | None = None
+        self._infos: dict = {}
+        self._walkthrough: list[str] = []
+        self._pos = 0
+        self._on_path = False
+        self._done = False
+
+    def tasks(self, split: str) -> list[str]:
+        """Task ids ``<kind>/<split>/<seed>`` of ``split`` ("train" or "test"), kind-major order."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown TextWorld split {split!r}; known: {list(SPLITS)}")
+        return [f"{kind}/{split}/{seed}" for kind in self.kinds for seed in self._seeds[split]]
+
+    def task_type_of(self, task_id: str) -> str:
+        return self._parse(task_id)[0]
+
+    def _parse(self, task_id: str) -> tuple[str, str, int]:
+        parts = task_id.split("/")
+        if len(parts) != 3 or parts[0] not in KINDS or parts[1] not in SPLITS or not parts[2].isdigit():
+            raise ValueError(f"TextWorld task id {task_id!r} is not '<kind>/<train|test>/<seed>'")
+        kind, split, seed = parts[0], parts[1], int(parts[2])
+        if seed not in self._seeds[split]:
+            raise ValueError(f"TextWorld task {task_id!r}: seed {seed} is outside the {split} seeds {self._seeds[split]}")
+        return kind, split, seed
+
+    def reset(self, task_id: str) -> TaskStart:
+        import textworld
+        import textworld.gym
+
+        kind, split, seed = self._parse(task_id)
+        game = generate_game(kind, split, seed)
+        if game != self._game:
+            self.close()
+            infos = textworld.EnvInfos(
+                admissible_commands=True, won=True, lost=True, objective=True, score=True, max_score=True,
+                extras=["walkthrough"],
+            )
+            self._gym = textworld.gym.make(textworld.gym.register_game(str(game), infos, max_episode_steps=10**9))
+            self._game = game
+        obs, self._infos = self._gym.reset()
+        self._walkthrough = list(self._infos.get("extra.walkthrough") or [])
+        self._pos, self._on_path, self._done = 0, bool(self._walkthrough), False
+        objective = (self._infos.get("objective") or "").strip()
+        return TaskStart(task_id, kind, objective, _strip_banner(obs, objective))
+
+    def step(self, action: str) -> StepResult:
+        if self._gym is None:
+            raise RuntimeError("TextWorldEnv.step before reset")
+        if self._on_path:
+            if self._pos < len(self._walkthrough) and action == self._walkthrough[self._pos]:
+                self._pos += 1
+            else:
+                self._on_path = False
+        obs, score, done, self._infos = self._gym.step(action)
+        won = bool(self._infos.get("won"))
+        self._done = self._done or bool(done) or won or bool(self._infos.get("lost"))
+        info = {"lost": True} if self._infos.get("lost") else {}
+        return StepResult(obs.strip(), done=self._done, won=won, score=float(score or 0), info=info)
+
+    def candidates(self) -> list[str]:
+        return list(self._infos.get("admissible_commands") or [])
+
+    def expert_action(self) -> str | None:
+        if not self._on_path or self._done or self._pos >= len(self._walkthrough):
+            return None
+        return self._walkthrough[self._pos]
+
+    def config(self) -> dict:
+        from importlib.metadata import version
+
+        return {"kinds": list(self.kinds), "cooking_flags": list(COOKING_FLAGS), "custom_flags": list(CUSTOM_FLAGS),
+                "textworld": version("textworld")}
+
+    def close(self) -> None:
+        if self._gym is not None:
+            self._gym.close()
+        self._gym, self._game, self._infos = None, None, {}
