@@ -39,6 +39,9 @@ from cb_core.model import (Problem, make_problem, problem_hessian_factor, proble
 
 __all__ = ["Certificate", "FitResult", "fit", "pad_to_buckets", "EXACT_EIG_MAX_DIM"]
 
+#: smallest row bucket: every small problem (T <= 64, N <= 7) shares one compiled program per d
+MIN_ROWS = 64
+
 #: ``certify="auto"`` measures the Hessian's smallest eigenvalue when min(T, m) is at most this.
 EXACT_EIG_MAX_DIM = 512
 
@@ -121,11 +124,12 @@ class FitResult:
 def pad_to_buckets(decisions: Decisions, dtype=np.float32):
     """Pad ragged decisions to bucketed (T_pad, N_pad) with zero-weight rows and decisions.
 
+    T_pad = bucket_size(T, minimum=MIN_ROWS), N_pad = bucket_size(N + 1).
     Padded rows (hidden 0, log_q 0, n_tokens 1) all belong to the dummy decision N_pad - 1;
     decisions N..N_pad-1 get weight 0. Returns (padded Decisions, weight [N_pad]) as numpy.
     """
     t, n = decisions.n_rows, decisions.n_decisions
-    t_pad, n_pad = bucket_size(t), bucket_size(n + 1)
+    t_pad, n_pad = bucket_size(t, minimum=MIN_ROWS), bucket_size(n + 1)
     d = decisions.hidden_size
     hidden = np.zeros((t_pad, d), dtype)
     hidden[:t] = decisions.hidden
@@ -177,13 +181,13 @@ def _lbfgs(dec, weight, n_real, lam, gamma, eps, tol, max_iter, patience, *, mem
         updates, state = opt.update(grad, state, alpha, value=value, grad=grad, value_fn=fun)
         alpha = optax.apply_updates(alpha, updates)
         new_v = otu.tree_get(state, "value")
-        new_g = otu.tree_l2_norm(otu.tree_get(state, "grad"))
+        new_g = jnp.linalg.norm(otu.tree_get(state, "grad"))
         improved = jnp.isfinite(new_v) & (new_g < best_g)
         best_a = jnp.where(improved, alpha, best_a)
         best_g = jnp.where(improved, new_g, best_g)
         return alpha, state, best_a, best_g, jnp.where(improved, 0, since + 1)
 
-    carry = (alpha0, state0, alpha0, otu.tree_l2_norm(g0), jnp.asarray(0, jnp.int32))
+    carry = (alpha0, state0, alpha0, jnp.linalg.norm(g0), jnp.asarray(0, jnp.int32))
     _, state, alpha, _, _ = lax.while_loop(cond, body, carry)
     value, grad = jax.value_and_grad(fun)(alpha)
     return alpha, value, jnp.linalg.norm(grad), otu.tree_get(state, "count")

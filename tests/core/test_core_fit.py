@@ -28,8 +28,12 @@ def scipy_optimum(dec, lam=1.0, gamma=0.8, eps=1e-6):
         res = scipy.optimize.minimize(fg, np.zeros(dec.hidden_size + 1), jac=True,
                                       method="L-BFGS-B",
                                       options=dict(gtol=1e-12, ftol=1e-15, maxiter=5000))
-        f = lambda a: float(cb_core.objective(jnp.asarray(a, jnp.float64), d64, lam, gamma, eps))  # noqa: E731
-        return res.x, res.fun, f
+
+    def f(a):
+        with jax.enable_x64(True):
+            return float(cb_core.objective(np.asarray(a, np.float64), d64, lam, gamma, eps))
+
+    return res.x, res.fun, f
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +129,9 @@ def test_single_candidate_decisions_do_not_move_alpha_with_rescaled_lam():
 
 
 def test_bucketed_shapes_reuse_compiled_code():
-    from cb_core import fit as fit_module
+    import importlib
+
+    fit_module = importlib.import_module("cb_core.fit")
 
     sizes_a = [5] * 20  # T = 100, N = 20
     sizes_b = [5] * 19 + [6]  # T = 101, same buckets
