@@ -28,6 +28,7 @@ each task and cached in ``$CB_AGENT_CACHE/scienceworld/``.
 from __future__ import annotations
 
 import concurrent.futures as futures
+import gc
 import json
 import os
 import re
@@ -125,6 +126,12 @@ class ScienceWorldEnv:
                 sw._gateway.shutdown()
             except Exception:
                 pass
+            # The wrapper's __del__ (and py4j's object finalizers) call into the dead gateway; left to
+            # a random GC pass they run inside unrelated code (seen breaking CPython 3.11's ast.parse
+            # with "AST constructor recursion depth mismatch"). Disarm and collect them here instead.
+            sw.clear_run_histories = lambda: None
+            del sw
+            gc.collect()
 
     def _call(self, fn, timeout: float):
         """Run ``fn(sw)`` on the engine thread; raise on py4j errors or after ``timeout`` seconds."""

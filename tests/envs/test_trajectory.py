@@ -1,0 +1,111 @@
+"""Trajectory schema, atomic JSONL storage and decision examples (no engine needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from envs.trajectory import (
+    SCHEMA_VERSION,
+    Step,
+    Trajectory,
+    append_jsonl,
+    completed_task_ids,
+    decision_examples,
+    drop_actions,
+    read_trajectories,
+)
+
+
+def make_trajectory(task_id="t1") -> Trajectory:
+    steps = [
+        Step("env", "look", "You see a desk 1.", ["go to desk 1", "look", "inventory"], False, False, 0.0),
+        Step("think", "think: the mug is probably on the desk", "OK.", None, False, False, 0.0),
+        Step("env", "go to desk 1", "On the desk 1, you see a mug 1.", ["go to desk 1", "look"], False, False, 0.0),
+        Step("env", "take mug 1 from desk 1", "You pick up the mug 1.", ["take mug 1 from desk 1", "look"], True, True, 1.0,
+             {"note": "x"}),
+    ]
+    return Trajectory("alfworld", task_id, "pick_and_place_simple", "Your task is to: put a mug in desk.",
+                      "You are in the middle of a room.", steps, True, 1.0, {"expert": "test"})
+
+
+def test_round_trip_through_jsonl(tmp_path):
+    path = tmp_path / "t.jsonl"
+    a, b = make_trajectory("a"), make_trajectory("b")
+    append_jsonl(path, a)
+    append_jsonl(path, b.to_record())
+    assert read_trajectories(path) == [a, b]
+    assert completed_task_ids(path) == {"a", "b"}
+    assert a.to_record()["schema_version"] == SCHEMA_VERSION
+
+
+def test_decision_examples_count_history_and_expert_index():
+    traj = make_trajectory()
+    examples, skipped = decision_examples(traj)
+    assert (len(examples), skipped) == (3, 0)
+    second = examples[1]
+    assert second.expert_action == "go to desk 1"
+    assert second.candidates[second.expert_index] == traj.steps[2].action
+    assert [s.action for s in second.history] == ["look", "think: the mug is probably on the desk"]
+    # the context never contains the action's own feedback
+    assert all(s.observation != "On the desk 1, you see a mug 1." for s in second.history)
+
+
+def test_filtered_expert_look_is_skipped_and_counted():
+    examples, skipped = decision_examples(make_trajectory(), drop_actions(["look", "inventory", "help"]))
+    assert (len(examples), skipped) == (2, 1)
+    assert all("look" not in e.candidates for e in examples)
+    assert examples[0].history[0].action == "look"  # the skipped step still shapes later contexts
+
+
+def test_expert_action_missing_from_saved_set_is_an_error():
+    traj = make_trajectory("broken")
+    traj.steps[2] = Step("env", "go to desk 9", "", ["go to desk 1"], False, False, 0.0)
+    with pytest.raises(ValueError, match=r"'broken'.*step 2"):
+        decision_examples(traj)
+
+
+def test_truncated_line_is_reported_with_its_line_number(tmp_path):
+    path = tmp_path / "t.jsonl"
+    append_jsonl(path, make_trajectory("a"))
+    append_jsonl(path, make_trajectory("b"))
+    with open(path, "ab") as fh:  # an interrupted write: half a record, no newline
+        fh.write(make_trajectory("c").to_record().__repr__().encode()[:40])
+    with pytest.raises(ValueError, match=r":3: .*truncated"):
+        read_trajectories(path)
+    reported = []
+    kept = read_trajectories(path, on_error="skip", report=reported.append)
+    assert [t.task_id for t in kept] == ["a", "b"]
+    assert [r.line_number for r in reported] == [3]
+
+
+def test_append_after_a_torn_line_keeps_the_new_record_whole(tmp_path):
+    path = tmp_path / "t.jsonl"
+    append_jsonl(path, make_trajectory("a"))
+    with open(path, "ab") as fh:
+        fh.write(b'{"schema_version": 1, "env": "alf')
+    append_jsonl(path, make_trajectory("d"))
+    reported = []
+    kept = read_trajectories(path, on_error="skip", report=reported.append)
+    assert [t.task_id for t in kept] == ["a", "d"]
+    assert [r.line_number for r in reported] == [2]
+    with pytest.warns(UserWarning, match=":2:"):
+        assert completed_task_ids(path) == {"a", "d"}
+
+
+def test_malformed_record_names_line_and_field(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"schema_version": 1, "env": "alfworld"}\n')
+    with pytest.raises(ValueError, match=r":1: .*lacks field"):
+        read_trajectories(path)
+    path.write_bytes(b'{"schema_version": 99}\n')
+    with pytest.raises(ValueError, match="schema_version 99"):
+        read_trajectories(path)
+
+
+def test_step_kind_and_candidates_are_validated():
+    with pytest.raises(ValueError):
+        Step("env", "look", "", None, False, False, 0.0)
+    with pytest.raises(ValueError):
+        Step("think", "think: x", "OK.", ["look"], False, False, 0.0)
+    with pytest.raises(ValueError):
+        Step("act", "look", "", [], False, False, 0.0)
