@@ -98,10 +98,15 @@ def decision_texts(trajectory: Any, rendering: str = "raw") -> tuple[list[tuple[
     return texts, skipped
 
 
+def backbone_dtype(lm: Any) -> str:
+    """The backbone's compute dtype as text ("" when the backend does not say)."""
+    return str(getattr(lm, "dtype", "")).removeprefix("torch.")
+
+
 def feature_key(lm: Any, rendering: str, texts: Sequence[tuple[str, list[str], int]]) -> str:
     """Content hash of everything the features of one trajectory depend on."""
-    payload = json.dumps([FEATURE_VERSION, lm.name, lm.formatting, rendering, DEFAULT_ACTION_PREFIX,
-                          list(texts)], ensure_ascii=False)
+    payload = json.dumps([FEATURE_VERSION, lm.name, lm.formatting, backbone_dtype(lm), rendering,
+                          DEFAULT_ACTION_PREFIX, list(texts)], ensure_ascii=False)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
@@ -192,14 +197,15 @@ def fit_concepts(features: dict[str, TypeFeatures], lm: Any, rendering: str = "r
 
 def feature_spec(lm: Any, rendering: str) -> dict[str, str]:
     """How features and contexts were built; acting must use the same (concept ``features``)."""
-    return {"formatting": lm.formatting, "rendering": rendering, "action_prefix": DEFAULT_ACTION_PREFIX,
+    return {"formatting": lm.formatting, "dtype": backbone_dtype(lm), "rendering": rendering,
+            "action_prefix": DEFAULT_ACTION_PREFIX,
             "context": "task + history, no demonstrations", "candidate_filter": "drop look/inventory/help"}
 
 
 def concepts_dir_key(features: dict[str, TypeFeatures], lm: Any, rendering: str, lam: float, gamma: float,
                      eps: float) -> str:
     """Hash naming a cached set of concepts (the data and every fit setting)."""
-    payload = json.dumps([FEATURE_VERSION, lm.name, lm.formatting, rendering, lam, gamma, eps,
+    payload = json.dumps([FEATURE_VERSION, lm.name, lm.formatting, backbone_dtype(lm), rendering, lam, gamma, eps,
                           {t: f.task_ids for t, f in sorted(features.items())}])
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

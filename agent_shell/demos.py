@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 from agent_shell.context import render_demo
 from envs._paths import cache_dir
@@ -36,9 +36,11 @@ def tasks_by_type(env: Any, split: str) -> dict[str, list[str]]:
 
 def expert_demos(env: Any, per_type: int, split: str = "train", path: str | os.PathLike | None = None,
                  max_steps: int | None = None, max_tries_per_type: int = 10,
+                 task_types: Collection[str] | None = None,
                  on_task: Callable[[str], None] | None = None) -> list[Any]:
     """``per_type`` won expert trajectories of every task type of ``split`` (fewer if the expert
-    keeps losing: at most ``max_tries_per_type`` tasks are played per type).
+    keeps losing: at most ``max_tries_per_type`` tasks are played per type), or only of
+    ``task_types`` when given.
 
     Returns the chosen trajectories, grouped by type in sorted order. Raises ValueError for
     ``per_type < 1``.
@@ -52,6 +54,8 @@ def expert_demos(env: Any, per_type: int, split: str = "train", path: str | os.P
     stored = {t.task_id: t for t in read_trajectories(path, on_error="skip")} if path.exists() else {}
     chosen: list[Any] = []
     for task_type, ids in tasks_by_type(env, split).items():
+        if task_types is not None and task_type not in task_types:
+            continue
         won: list[Any] = []
         for tid in ids[:max_tries_per_type]:
             if len(won) == per_type:

@@ -103,6 +103,7 @@ def episode_record(agent_name: str, task_id: str, trials: Sequence[Any], wall_s:
         "n_trials": len(records),
         "n_candidates": n_candidates,
         "format_errors": sum(len(r["log"]["format_errors"]) for r in records),
+        "seconds": {k: round(sum(r["log"]["seconds"][k] for r in records), 3) for k in records[0]["log"]["seconds"]},
         "distinct_actions": last["distinct_actions"],
         "longest_cycle": last["longest_cycle"],
         "wall_s": round(wall_s, 3),

@@ -25,8 +25,10 @@ def needs_concepts(name: str) -> bool:
 
 def build_agent(name: str, lm: Any, demos: Mapping[str, Sequence[str]],
                 concepts: Mapping[str, Any] | None = None, config: AgentConfig = AgentConfig(),
-                reflexion_trials: int = 2) -> Reflexion:
+                reflexion_trials: int = 2, scorer: Any = None) -> Reflexion:
     """The agent called ``name`` (see :data:`AGENT_NAMES`), wrapped in its trial loop.
+
+    ``scorer`` (CB-Agent and prior-only): the LM view that scores candidates (default ``lm``).
 
     Raises ValueError for an unknown name, or for ``cb-agent`` without concepts.
     """
@@ -36,11 +38,11 @@ def build_agent(name: str, lm: Any, demos: Mapping[str, Sequence[str]],
     if base == "react":
         agent: ReActAgent = ReActAgent(lm, demos, config)
     elif base == "prior-only":
-        agent = CBAgent(lm, demos, None, config)
+        agent = CBAgent(lm, demos, None, config, scorer)
     else:
         if concepts is None:
             raise ValueError(f"agent {name!r} needs fitted concepts, got None")
-        agent = CBAgent(lm, demos, concepts, config)
+        agent = CBAgent(lm, demos, concepts, config, scorer)
     return Reflexion(agent, trials=reflexion_trials if name.startswith("reflexion-") else 1)
 
 

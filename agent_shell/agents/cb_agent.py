@@ -40,13 +40,17 @@ class CBAgent(ReActAgent):
         concepts: task type -> :class:`cb_core.Concept`, or None for the prior-only control.
             A task type without a concept raises ValueError at its first decision.
         config: :class:`AgentConfig`.
+        scorer: the LM that scores candidate sets (default ``lm``). Passing a second view of the
+            same backbone with its own prefix cache keeps routing prompts (with demonstrations)
+            and scoring contexts (without) from evicting each other's KV cache every step.
     """
 
     name = "cb-agent"
 
     def __init__(self, lm: Any, demos: Mapping[str, Sequence[str]], concepts: Mapping[str, Any] | None,
-                 config: AgentConfig = AgentConfig()):
+                 config: AgentConfig = AgentConfig(), scorer: Any = None):
         super().__init__(lm, demos, config)
+        self.scorer = lm if scorer is None else scorer
         self.concepts = None if concepts is None else dict(concepts)
         if concepts is None:
             self.name = "prior-only"
@@ -81,7 +85,7 @@ class CBAgent(ReActAgent):
             decision.update(chosen=0, p_chosen=1.0)
             return candidates[0]
         alpha, gamma, eps = self.concept_of(episode.start.task_type)
-        scores = self.lm.score(self.scoring_context(episode, memory), candidates)
+        scores = self.scorer.score(self.scoring_context(episode, memory), candidates)
         logp = np.asarray(cb_core.candidate_log_probs(scores.hidden, scores.log_q, scores.n_tokens,
                                                       alpha, gamma, eps))
         chosen = int(np.argmax(logp))

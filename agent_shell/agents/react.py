@@ -22,6 +22,7 @@ end the loop; :class:`agent_shell.candidates.FormatError` marks a malformed repl
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -108,16 +109,19 @@ class AgentLog:
             ``n_candidates``, ``chosen`` (index or None), ``action`` and, for CB-Agent, ``p_chosen``.
         format_errors: one dict per malformed reply: ``step``, ``reason``, ``reply``.
         memory: Reflexion reflections that were in this trial's context.
+        seconds: wall time by phase, summed over the trial: ``route`` (routing generation),
+            ``choose`` (candidate set and scoring; CB-Agent), ``env`` (environment steps).
     """
 
     replies: list[str] = field(default_factory=list)
     decisions: list[dict] = field(default_factory=list)
     format_errors: list[dict] = field(default_factory=list)
     memory: list[str] = field(default_factory=list)
+    seconds: dict = field(default_factory=lambda: {"route": 0.0, "choose": 0.0, "env": 0.0})
 
     def to_dict(self) -> dict:
-        return {"replies": self.replies, "decisions": self.decisions,
-                "format_errors": self.format_errors, "memory": self.memory}
+        return {"replies": self.replies, "decisions": self.decisions, "format_errors": self.format_errors,
+                "memory": self.memory, "seconds": {k: round(v, 4) for k, v in self.seconds.items()}}
 
 
 class ReActAgent:
@@ -159,8 +163,11 @@ class ReActAgent:
             raise EpisodeDone()
         if episode.budget_left <= 0:
             raise LimitReached()
+        t0 = time.perf_counter()
         reply = self.lm.generate(self.prompt(episode, log.memory), max_new_tokens=self.config.reply_tokens,
                                  stop=("\n",), temperature=0.0, n=1, seed=self.config.seed)[0]
+        t1 = time.perf_counter()
+        log.seconds["route"] += t1 - t0
         log.replies.append(reply)
         try:
             kind, text = parse_reply(reply)
@@ -172,8 +179,11 @@ class ReActAgent:
             return
         decision = {"step": len(episode.steps)}
         action = self.choose_action(episode, kind, text, log.memory, decision)
+        t2 = time.perf_counter()
+        log.seconds["choose"] += t2 - t1
         log.decisions.append({**decision, "action": action})
         episode.act(action)
+        log.seconds["env"] += time.perf_counter() - t2
 
     # -- what differs between agents -----------------------------------------------------------
     def choose_action(self, episode: Any, kind: str, text: str, memory: Sequence[str],

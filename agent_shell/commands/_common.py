@@ -19,7 +19,9 @@ def common_options(fn: Callable) -> Callable:
         click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True),
         click.option("--model", default=None, help="Backbone name or local path (default: the offline "
                      "SmolLM2-135M-Instruct)."),
-        click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True),
+        click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto", show_default=True,
+                     help="Backbone dtype; auto = bfloat16 on a GPU or a CPU with native bf16 "
+                          "(avx512_bf16/amx), else float32 (emulated bf16 matmuls are ~20x slower)."),
         click.option("--demo-split", default="train", show_default=True,
                      help="Split the expert demonstrations come from."),
         click.option("--demos-per-type", type=click.IntRange(min=1), default=2, show_default=True,
@@ -63,6 +65,38 @@ class Setup:
     timings: dict = field(default_factory=dict)
 
 
+def resolve_dtype(dtype: str) -> str:
+    """``"auto"`` -> "bfloat16" where bf16 matmuls are native (CUDA, avx512_bf16, amx), else
+    "float32"; other values pass through."""
+    if dtype != "auto":
+        return dtype
+    import torch
+
+    if torch.cuda.is_available():
+        return "bfloat16"
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        flags = ""
+    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
+
+
+def scoring_view(lm: Any) -> Any:
+    """A second view of ``lm``'s backbone (same weights) with its own prefix KV cache, for scoring.
+
+    The HF backend keeps one prefix cache; CB-Agent alternates routing prompts (demonstrations
+    first) and scoring contexts (task first), which share no prefix, so one cache would be
+    re-encoded from scratch at every call. Backends without ``model``/``tokenizer`` attributes
+    are returned as they are.
+    """
+    if not all(hasattr(lm, a) for a in ("model", "tokenizer", "max_context_tokens")):
+        return lm
+    return type(lm)(lm.model, lm.tokenizer, name=lm.name, formatting=lm.formatting,
+                    max_context_tokens=lm.max_context_tokens,
+                    candidate_layout=getattr(lm, "candidate_layout", "packed"),
+                    reuse_cache=getattr(lm, "reuse_cache", True))
+
+
 def resolve_cache(cache_dir: str | None) -> Path:
     if cache_dir is not None:
         path = Path(cache_dir)
@@ -75,8 +109,10 @@ def resolve_cache(cache_dir: str | None) -> Path:
 
 def prepare(env_name: str, model: str | None, dtype: str, demo_split: str, demos_per_type: int,
             rendering: str, lam: float, gamma: float, cache_dir: str | None, need_concepts: bool,
-            echo: Callable[[str], None] = click.echo, env: Any = None, lm: Any = None) -> Setup:
-    """Make the env, collect (or read) demonstrations, load the backbone, fit (or read) concepts."""
+            echo: Callable[[str], None] = click.echo, env: Any = None, lm: Any = None,
+            task_types: Any = None) -> Setup:
+    """Make the env (unless given), collect (or read) demonstrations (of ``task_types`` only, when
+    given), load the backbone (unless given), fit (or read) concepts."""
     from agent_shell.demos import expert_demos, rendered_demos
     from envs import make_env
 
@@ -85,7 +121,7 @@ def prepare(env_name: str, model: str | None, dtype: str, demo_split: str, demos
     t = time.perf_counter()
     setup.demo_trajectories = expert_demos(
         setup.env, demos_per_type, split=demo_split,
-        path=cache / "expert" / env_name / f"{demo_split}.jsonl",
+        path=cache / "expert" / env_name / f"{demo_split}.jsonl", task_types=task_types,
         on_task=lambda tid: echo(f"collecting expert trajectory {tid}"))
     setup.timings["demos_s"] = time.perf_counter() - t
     setup.demos = rendered_demos(setup.demo_trajectories, rendering)
@@ -95,7 +131,7 @@ def prepare(env_name: str, model: str | None, dtype: str, demo_split: str, demos
     if lm is None:
         from agent_shell.lm import load_language_model
 
-        lm = load_language_model(model, dtype=dtype)
+        lm = load_language_model(model, dtype=resolve_dtype(dtype))
     setup.lm = lm
     setup.timings["load_lm_s"] = time.perf_counter() - t
     if need_concepts:
@@ -109,18 +145,26 @@ def fit_from_trajectories(lm: Any, trajectories: list, rendering: str, lam: floa
                           timings: dict | None = None) -> tuple[dict, dict, Path | None]:
     """Features (cached) and concepts (cached) of ``trajectories``; reports skipped expert steps."""
     import cb_core
-    from agent_shell.concepts import cached_concepts, collect_features, skipped_summary
+    from agent_shell.concepts import cached_concepts, check_concept_matches, collect_features, skipped_summary
 
     cb_core.enable_persistent_cache(cache / "jax")  # fits compile once per machine, not per run
     timings = timings if timings is not None else {}
     t = time.perf_counter()
-    features = collect_features(lm, trajectories, rendering, cache_dir=cache)
+    done = []
+
+    def on_trajectory(traj: Any) -> None:
+        done.append(traj.task_id)
+        echo(f"features {len(done)}/{len(trajectories)}: {traj.task_id}")
+
+    features = collect_features(lm, trajectories, rendering, cache_dir=cache, on_trajectory=on_trajectory)
     timings["features_s"] = time.perf_counter() - t
     timings["features_lm_s"] = sum(f.lm_seconds for f in features.values())
     echo(f"features: {sum(f.n_decisions for f in features.values())} decisions "
          f"({timings['features_lm_s']:.1f} s of LM time; 0 when cached); {skipped_summary(features)}")
     t = time.perf_counter()
     concepts, folder = cached_concepts(features, lm, rendering, lam, gamma, env_name=env_name, cache_dir=cache)
+    for concept in concepts.values():
+        check_concept_matches(concept, lm, rendering)
     timings["fit_s"] = time.perf_counter() - t
     echo(f"concepts: {len(concepts)} task types -> {folder}")
     return features, concepts, folder

@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from agent_shell.agents import AGENT_NAMES
-from agent_shell.commands._common import common_options, make_console, prepare
+from agent_shell.commands._common import common_options, make_console, prepare, resolve_dtype, scoring_view
 
 
 @click.command()
@@ -44,33 +44,36 @@ def run(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamm
         per_type, all_games, n_games, game_ids, max_steps, action_space, reflexion_trials, seed, out_dir,
         resume) -> None:
     """Run agents on evaluation games; print the success table and write a chart."""
-
     from agent_shell.agents import AgentConfig, build_agent, needs_concepts
     from agent_shell.reporting import bar_chart, rich_table, summarize
     from agent_shell.runner import make_progress, read_results, run_episodes
+    from envs import make_env
     from envs.collect import select_tasks
 
     console = make_console()
     results_path = Path(out_dir or f"runs/{env_name}-{split}") / "results.jsonl"
-    setup = prepare(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamma, cache_dir,
-                    need_concepts=any(needs_concepts(a) for a in agents), echo=console.print)
-    env = setup.env
+    env = make_env(env_name)
     try:
         if game_ids:
             task_ids = list(game_ids)
         else:
             task_ids = select_tasks(env, split, None if (all_games or per_type == 0) else per_type)
         task_ids = task_ids[:n_games] if n_games else task_ids
+        type_of = getattr(env, "task_type_of", None)
+        setup = prepare(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamma, cache_dir,
+                        need_concepts=any(needs_concepts(a) for a in agents), echo=console.print, env=env,
+                        task_types=None if type_of is None else {type_of(t) for t in task_ids})
         config = AgentConfig.for_env(env_name, rendering=rendering, action_space=action_space, seed=seed)
-        meta = {"env": env_name, "split": split, "model": setup.lm.name, "dtype": dtype, "seed": seed,
+        meta = {"env": env_name, "split": split, "model": setup.lm.name, "dtype": resolve_dtype(dtype), "seed": seed,
                 "rendering": rendering, "action_space": action_space, "demos_per_type": demos_per_type,
                 "concepts_dir": str(setup.concepts_dir) if setup.concepts_dir else None}
         console.print(f"{len(task_ids)} {split} games x {len(agents)} agent(s), budget {max_steps} steps "
                       f"(think steps included) -> {results_path}")
+        scorer = scoring_view(setup.lm)
         start = time.perf_counter()
         with make_progress() as progress:
             for name in agents:
-                agent = build_agent(name, setup.lm, setup.demos, setup.concepts, config, reflexion_trials)
+                agent = build_agent(name, setup.lm, setup.demos, setup.concepts, config, reflexion_trials, scorer)
                 summary = run_episodes(env, agent, task_ids, results_path, max_steps, resume=resume,
                                        meta=meta, progress=progress)
                 if summary.skipped:

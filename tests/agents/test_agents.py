@@ -143,3 +143,10 @@ def test_build_agent_names_and_errors():
         build_agent("gpt", lm, DEMOS)
     with pytest.raises(ValueError, match="no demonstrations for task type 'open'"):
         play(ReActAgent(lm, {"fetch": ["d"]}), task="b/1")
+
+
+def test_a_separate_scorer_scores_and_the_router_only_generates():
+    router, scorer = FakeLM([" act"]), FakeLM(prefer="desk")
+    env, ep, log, _ = play(CBAgent(router, DEMOS, None, scorer=scorer), max_steps=2)
+    assert router.score_calls == [] and len(scorer.score_calls) == 2 and len(router.prompts) == 2
+    assert env.engine_actions[0] == "go to desk 1"

@@ -82,7 +82,7 @@ def test_cb_agent_run_fits_concepts_and_reports_skipped_expert_steps(tmp_path, d
     res = CliRunner().invoke(main, ["run", "--env", "textworld", "--split", "test", "--agent", "cb-agent",
                                     "--games", "1", "--max-steps", "3", "--out-dir", str(out)])
     assert res.exit_code == 0, res.output
-    assert "10 of 20 expert steps (50.0%) were no fitting target (look x10)" in " ".join(res.output.split())
+    assert "4 of 8 expert steps (50.0%) were no fitting target (look x4)" in " ".join(res.output.split())
     (rec,) = read_results(out / "results.jsonl")
     assert rec["agent"] == "cb-agent" and rec["concepts_dir"] and rec["n_candidates"]
     res = CliRunner().invoke(main, ["eval-decisions", "--env", "textworld", "--heldout-split", "train",
