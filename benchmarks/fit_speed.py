@@ -134,7 +134,8 @@ def run_size(n, d, seed, with_cli, results):
         print(f"float64 reference: f* = {f_star:.12f}, |g| = {ref.grad_norm:.1e}, "
               f"{ref.n_iter} it, {time.perf_counter() - t:.1f}s", flush=True)
 
-        def gap(alpha):
+    def gap(alpha):
+        with jax.enable_x64(True):  # every alpha is judged by the float64 objective
             return float(cb_core.objective(np.asarray(alpha, np.float64), d64)) - f_star
 
     rows = {}

@@ -206,15 +206,17 @@ def _from_arrays(hidden, log_q, n_tokens, offsets, expert, *, float_dtype=np.flo
 
 
 def validate_decisions(decisions: Decisions) -> Decisions:
-    """Check a :class:`Decisions` built by hand; returns a normalised copy (numpy, float32).
+    """Check a :class:`Decisions` built by hand; returns it normalised (numpy; float64 stays
+    float64, other floats become float32).
 
     Raises:
         ValueError: naming the decision at fault (empty candidate set, expert index outside its
             set, non-finite hidden or log_q, n_tokens < 1) or the mismatched field.
     """
-    out = _from_arrays(decisions.hidden, decisions.log_q, decisions.n_tokens, decisions.offsets,
-                       decisions.expert, float_dtype=np.asarray(decisions.hidden).dtype
-                       if np.asarray(decisions.hidden).dtype == np.float64 else np.float32)
+    hidden = np.asarray(decisions.hidden)
+    float_dtype = np.float64 if hidden.dtype == np.float64 else np.float32
+    out = _from_arrays(hidden, decisions.log_q, decisions.n_tokens, decisions.offsets,
+                       decisions.expert, float_dtype=float_dtype)
     seg = np.asarray(decisions.segment_ids)
     if seg.shape != out.segment_ids.shape or not np.array_equal(seg, out.segment_ids):
         raise ValueError("segment_ids disagree with offsets")

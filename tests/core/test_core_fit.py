@@ -45,7 +45,7 @@ def medium():
 
 def test_lbfgs_float32_reaches_float64_optimum(medium):
     x_star, f_star, f64 = scipy_optimum(medium)
-    r = cb_core.fit(medium)
+    r = cb_core.fit(medium, tol=1e-4)
     assert r.converged and r.grad_norm <= 1e-4 and r.method == "lbfgs"
     assert r.alpha.shape == (25,) and r.alpha.dtype == np.float32
     assert f64(r.alpha) - f_star <= 1e-7
@@ -154,6 +154,8 @@ def test_iteration_cap_is_reported():
     dec = random_decisions(4, [5, 6, 7, 4, 5], 8)
     r = cb_core.fit(dec, max_iter=2, tol=0.0)
     assert r.n_iter == 2 and not r.converged
+    d = cb_core.fit(dec)  # default float32 L-BFGS tolerance: 1e-3, certified gap <= 5e-7
+    assert d.converged and d.settings["tol"] == 1e-3 and d.certificate.gap_bound <= 5e-7
 
 
 @pytest.mark.parametrize("kwargs, match", [
