@@ -8,8 +8,9 @@ recomputes log Q, token counts and hidden states for these (:meth:`LanguageModel
 concept per task type is then fitted with :func:`cb_core.fit`.
 
 Expert steps whose action the filter removes (ALFWorld's handcoded expert issues ``look``
-often) stay in later contexts' histories but are no fitting target; they are counted per task
-type and action (:attr:`TypeFeatures.skipped_actions`).
+often), and gold actions a collector had to append to an incomplete engine set (ScienceWorld;
+the acting agent can never choose them), stay in later contexts' histories but are no fitting
+target; they are counted per task type and action (:attr:`TypeFeatures.skipped_actions`).
 
 Features are cached per trajectory under ``<cache>/features/<key>.npz``, the key hashing the
 backbone name, its formatting, the rendering, the action prefix and every decision's context,
@@ -89,7 +90,7 @@ def decision_texts(trajectory: Any, rendering: str = "raw") -> tuple[list[tuple[
     """
     from envs.trajectory import decision_examples
 
-    examples, _ = decision_examples(trajectory, candidate_filter=drop_excluded)
+    examples, _ = decision_examples(trajectory, candidate_filter=drop_excluded, skip_expert_appended=True)
     kept = {e.step_index for e in examples}
     skipped = Counter(s.action for i, s in enumerate(trajectory.steps)
                       if s.kind == "env" and i not in kept)

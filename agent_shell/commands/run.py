@@ -3,9 +3,10 @@
 On embedded defaults (``cb-agent run --env alfworld --agent cb-agent``): the offline SmolLM2
 backbone; two won expert trajectories per task type from ALFWorld's train split (collected
 once into the cache) as ReAct demonstrations and concept data; concepts fitted per task type
-(features and concepts cached); one valid_unseen game per task type; a 50-step budget with
-think steps counted. ``--per-type 0`` (or ``--all-games``) evaluates the whole split
-(ALFWorld valid_unseen: 134 games).
+(features and concepts cached); the first valid_unseen game of the first two task types (a
+smoke-sized slice); a 50-step budget with think steps counted. ``--per-type 5 --games 0`` gives
+the 30-game evaluation (five per type); ``--all-games`` (= ``--per-type 0 --games 0``) the whole
+split (ALFWorld valid_unseen: 134 games).
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from agent_shell.commands._common import common_options, make_console, prepare, 
 @click.option("--split", default="valid_unseen", show_default=True, help="Evaluation split.")
 @click.option("--per-type", type=click.IntRange(min=0), default=1, show_default=True,
               help="Evaluation games per task type (first in sorted order); 0 = all.")
-@click.option("--all-games", is_flag=True, help="Evaluate the whole split (same as --per-type 0).")
-@click.option("--games", "n_games", type=click.IntRange(min=1), default=None,
-              help="Cap on the number of games (after --per-type).")
-@click.option("--game", "game_ids", multiple=True, help="Explicit game/task id(s) (repeatable).")
+@click.option("--all-games", is_flag=True, help="Evaluate the whole split (--per-type 0 --games 0).")
+@click.option("--games", "n_games", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Cap on the number of games after --per-type (the default slice: the first game "
+                   "of the first two task types); 0 = no cap.")
+@click.option("--game", "game_ids", multiple=True, help="Explicit game/task id(s) (repeatable; "
+              "overrides --per-type/--games).")
 @click.option("--max-steps", type=click.IntRange(min=1), default=50, show_default=True,
               help="Step budget per episode (trial), think steps included.")
 @click.option("--action-space", type=click.Choice(["fixed", "open"]), default="fixed", show_default=True,
@@ -58,7 +61,7 @@ def run(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamm
             task_ids = list(game_ids)
         else:
             task_ids = select_tasks(env, split, None if (all_games or per_type == 0) else per_type)
-        task_ids = task_ids[:n_games] if n_games else task_ids
+            task_ids = task_ids[:n_games] if n_games and not all_games else task_ids
         type_of = getattr(env, "task_type_of", None)
         setup = prepare(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamma, cache_dir,
                         need_concepts=any(needs_concepts(a) for a in agents), echo=console.print, env=env,
