@@ -129,7 +129,3 @@ def react_prompt(
     parts = [header.strip().format(n_demos=len(demos))] + demos + [task_header.strip(), context]
     return "\n\n".join(parts[:-1]) + "\n" + parts[-1] + "\n>"
 
-
-def render_transcript_for_reflection(context: str, outcome: str) -> str:
-    """The failed trial as Reflexion's reflection prompt sees it: the transcript and its outcome."""
-    return f"{context}\n\nOutcome: {outcome.strip()}"
