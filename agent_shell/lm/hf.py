@@ -161,6 +161,7 @@ class HFLanguageModel:
         if self._head is None:
             raise ValueError(f"{name!r} has no output embeddings (LM head)")
         self._bos_id = tokenizer.bos_token_id
+        self._special_ids = frozenset(getattr(tokenizer, "all_special_ids", ()))
         eos = set()
         for source in (getattr(model, "generation_config", None), tokenizer):
             value = getattr(source, "eos_token_id", None) if source is not None else None
@@ -265,6 +266,10 @@ class HFLanguageModel:
             for action, ids, offsets in zip(actions, enc["input_ids"], enc["offset_mapping"]):
                 ids, offsets = list(ids), list(offsets)
                 self._dedupe_bos(ids, offsets)
+                # an EOS-style token some tokenizers append is no part of the action
+                while ids and ids[-1] in self._special_ids and tuple(offsets[-1]) == (0, 0):
+                    ids.pop()
+                    offsets.pop()
                 first = next((k for k, (_, end) in enumerate(offsets) if end > len(base)), len(ids))
                 out.append(TokenizedContinuation(tuple(ids), first))
         else:  # no offsets: the action's tokens are those after the common prefix with base's tokens
@@ -394,7 +399,7 @@ class HFLanguageModel:
         return CandidateScores(log_q=log_q, n_tokens=n_tokens, hidden=hidden)
 
     def _head_pass(self, cache: Any, input_ids: torch.Tensor, keep: torch.Tensor, **kwargs: Any):
-        """Forward with the LM head at ``keep`` only; returns (logits [K, V] float32, head input [K, d])."""
+        """Forward with the LM head at ``keep`` only; returns (logits [K, V], head input [K, d])."""
         captured: list[torch.Tensor] = []
         handle = self._head.register_forward_hook(lambda mod, args, out: captured.append(args[0]))
         try:
@@ -402,7 +407,7 @@ class HFLanguageModel:
         finally:
             handle.remove()
         d = captured[0].shape[-1]
-        return out.logits.reshape(-1, out.logits.shape[-1]).float(), captured[0].reshape(-1, d)
+        return out.logits.reshape(-1, out.logits.shape[-1]), captured[0].reshape(-1, d)
 
     def _score_packed(self, cache: Any, s: int, toks: list[TokenizedContinuation]):
         segs = [t.ids[s:] for t in toks]
@@ -463,10 +468,15 @@ class HFLanguageModel:
     def _gather(self, logits, head_in, pred_rows, targets, owner, final_rows, m_count):
         dev = logits.device
         rows = torch.tensor(pred_rows, device=dev)
-        logp = torch.log_softmax(logits[rows], dim=-1)
-        token_lp = logp.gather(1, torch.tensor(targets, device=dev)[:, None])[:, 0]
+        target = torch.tensor(targets, device=dev)
+        # log p(t) = logit_t - logsumexp(logits), in float64: a float32 log-softmax over a 49k
+        # vocabulary is off by ~1e-5 per token, which adds up over an action's tokens
+        token_lp = torch.empty(len(pred_rows), dtype=torch.float64, device=dev)
+        for lo in range(0, len(pred_rows), 128):
+            chunk = logits[rows[lo : lo + 128]].double()
+            token_lp[lo : lo + 128] = chunk.gather(1, target[lo : lo + 128, None])[:, 0] - torch.logsumexp(chunk, -1)
         log_q = torch.zeros(m_count, dtype=torch.float64, device=dev)
-        log_q.index_add_(0, torch.tensor(owner, device=dev), token_lp.double())
+        log_q.index_add_(0, torch.tensor(owner, device=dev), token_lp)
         hidden = head_in[torch.tensor(final_rows, device=dev)].float()
         return log_q.float().cpu().numpy(), hidden.cpu().numpy()
 
