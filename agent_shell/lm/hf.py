@@ -59,18 +59,35 @@ CANDIDATE_LAYOUTS = ("packed", "batched")
 PREFILL_CHUNK = 2048
 
 
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """Map ``"bfloat16"``/``"float32"``/``"float16"`` (or a torch dtype) to a torch dtype.
+def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
+    """Map ``"auto"``/``"bfloat16"``/``"float32"``/``"float16"`` (or a torch dtype) to a torch dtype.
+
+    ``"auto"`` is bfloat16 where it is fast: on CUDA, and on CPUs for which oneDNN has bfloat16
+    kernels (AVX-512 or AMX). On AVX2-only CPUs bfloat16 matmuls are emulated; measured on this
+    project's AMD EPYC (AVX2) machines a SmolLM2 forward of 520 tokens took 7.5 s in bfloat16 and
+    1.6 s in float32, so ``"auto"`` is float32 there.
 
     Raises:
         ValueError: an unknown name.
     """
     if isinstance(dtype, torch.dtype):
         return dtype
+    if str(dtype).lower() == "auto":
+        if torch.device(device).type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if cpu_has_fast_bfloat16() else torch.float32
     try:
         return DTYPES[str(dtype).lower()]
     except KeyError:
-        raise ValueError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}") from None
+        raise ValueError(f"dtype={dtype!r} is not 'auto' or one of {sorted(DTYPES)}") from None
+
+
+def cpu_has_fast_bfloat16() -> bool:
+    """Whether this CPU has native bfloat16 matmul kernels (oneDNN's check: AVX-512 or AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def default_device() -> torch.device:
@@ -181,7 +198,7 @@ class HFLanguageModel:
         path: str | os.PathLike,
         *,
         name: str | None = None,
-        dtype: str | torch.dtype = "bfloat16",
+        dtype: str | torch.dtype = "auto",
         formatting: str = "plain",
         device: str | torch.device | None = None,
         **kwargs: Any,
@@ -191,7 +208,8 @@ class HFLanguageModel:
         Args:
             path: folder with ``config.json``, weights and tokenizer files, or a hub name.
             name: identifier for concept metadata; default ``str(path)``.
-            dtype: ``"bfloat16"`` (default, 2.5-4.5x faster on CPU), ``"float32"`` or ``"float16"``.
+            dtype: ``"auto"`` (bfloat16 on CUDA and on CPUs with native bfloat16, else float32;
+                see :func:`resolve_dtype`), ``"bfloat16"``, ``"float32"`` or ``"float16"``.
             formatting, kwargs: see the class.
             device: torch device; default CUDA when available, else CPU.
 
@@ -200,8 +218,8 @@ class HFLanguageModel:
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        torch_dtype = resolve_dtype(dtype)
         dev = torch.device(device) if device is not None else default_device()
+        torch_dtype = resolve_dtype(dtype, dev)
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path))
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, attn_implementation="sdpa")

@@ -184,11 +184,21 @@ def test_backend_satisfies_the_protocol(lm32):
     assert lm32.metadata["name"] == lm32.name and lm32.metadata["dtype"] == "float32"
 
 
-def test_bfloat16_default_is_close_to_float32(lm32):
+def test_auto_dtype_follows_the_cpu():
+    from agent_shell.lm.hf import cpu_has_fast_bfloat16, resolve_dtype
+
+    expected = torch.bfloat16 if cpu_has_fast_bfloat16() else torch.float32
+    assert resolve_dtype("auto", "cpu") == expected
+    assert resolve_dtype("bf16") == torch.bfloat16 and resolve_dtype("float32") == torch.float32
+    with pytest.raises(ValueError, match="dtype='int8'"):
+        resolve_dtype("int8")
+
+
+def test_bfloat16_is_close_to_float32(lm32):
     from agent_shell.lm import load_language_model
 
-    lm16 = load_language_model(device="cpu")
-    assert lm16.dtype == torch.bfloat16
+    lm16 = load_language_model(dtype="bfloat16", device="cpu")
+    assert lm16.dtype == torch.bfloat16 and lm16.metadata["dtype"] == "bfloat16"
     context = make_context(2)
     a = lm16.score(context, ALFWORLD_CANDIDATES[:4])
     b = lm32.score(context, ALFWORLD_CANDIDATES[:4])
