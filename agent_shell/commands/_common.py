@@ -21,7 +21,7 @@ def common_options(fn: Callable) -> Callable:
                      "SmolLM2-135M-Instruct)."),
         click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto", show_default=True,
                      help="Backbone dtype; auto = bfloat16 on a GPU or a CPU with native bf16 "
-                          "(avx512_bf16/amx), else float32 (emulated bf16 matmuls are ~20x slower)."),
+                          "(avx512_bf16/amx), else float32 (emulated bf16 is several times slower)."),
         click.option("--demo-split", default="train", show_default=True,
                      help="Split the expert demonstrations come from."),
         click.option("--demos-per-type", type=click.IntRange(min=1), default=2, show_default=True,
