@@ -144,6 +144,7 @@ def _write_json_atomic(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would make shared result folders unreadable
         with os.fdopen(fd, "wb") as fh:
             fh.write(orjson.dumps(payload))
         os.replace(tmp, path)

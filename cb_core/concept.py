@@ -27,11 +27,12 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from importlib import metadata as importlib_metadata
 from typing import Any
 
 import numpy as np
+
+from cb_core._atomic import atomic_path
 
 __all__ = ["Concept", "REQUIRED_FIELDS", "library_versions", "FORMAT"]
 
@@ -133,19 +134,9 @@ class Concept:
         """Write the concept atomically (temp file + rename) as safetensors + JSON metadata."""
         from safetensors.numpy import save_file
 
-        path = os.fspath(path)
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-        os.close(fd)
-        try:
+        with atomic_path(path) as tmp:
             save_file({"alpha": np.ascontiguousarray(self.alpha)}, tmp,
                       metadata={"format": FORMAT, "metadata": json.dumps(self.metadata)})
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Concept:

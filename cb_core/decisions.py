@@ -31,12 +31,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
+
+from cb_core._atomic import atomic_path
 
 __all__ = [
     "Decisions",
@@ -370,14 +371,5 @@ def save_decisions(path: str | os.PathLike, decisions: Decisions, metadata: dict
                   expert=np.asarray(dec.expert, np.int64))
     if metadata is not None:
         arrays["metadata"] = np.asarray(json.dumps(metadata))
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".npz.tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path, suffix=".npz.tmp") as tmp, open(tmp, "wb") as f:
+        np.savez(f, **arrays)

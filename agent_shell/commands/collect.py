@@ -43,6 +43,8 @@ def collect(env_name, split, n_per_type, task_list, out_path, resume, max_steps)
 
             summary = collect_expert_trajectories(env, task_ids, out_path, resume=resume,
                                                   max_steps=max_steps, on_task=on_task)
+    except ValueError as err:  # bad input (unknown split or task id): one line, not a traceback
+        raise click.ClickException(str(err)) from err
     finally:
         env.close()
     sizes = summary.candidate_set_sizes

@@ -106,6 +106,29 @@ def test_concept_round_trip(tmp_path):
         back.alpha[0] = 1.0
 
 
+def test_saved_files_get_ordinary_permissions_and_no_leftovers(tmp_path):
+    """Atomic saves must not leave mkstemp's private 0600 mode (shared concepts) or temp files."""
+    import os
+    old = os.umask(0o022)
+    try:
+        cb_core.Concept(np.zeros(5, np.float32), _meta(4)).save(tmp_path / "c.safetensors")
+        cb_core.save_decisions(tmp_path / "d.npz", random_decisions(1, [3, 2], 4))
+    finally:
+        os.umask(old)
+    for name in ("c.safetensors", "d.npz"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.safetensors", "d.npz"]
+
+
+def test_failed_save_leaves_the_old_file(tmp_path):
+    path = tmp_path / "c.safetensors"
+    cb_core.Concept(np.ones(5, np.float32), _meta(4)).save(path)
+    with pytest.raises(Exception):
+        cb_core.Concept(np.ones(5, np.float32), {"not": object()}).save(path)  # metadata not JSON
+    np.testing.assert_array_equal(cb_core.Concept.load(path).alpha, np.ones(5, np.float32))
+    assert [p.name for p in tmp_path.iterdir()] == ["c.safetensors"]
+
+
 @pytest.mark.parametrize("field", ["backbone", "features", "gamma", "lam", "eps", "task_type",
                                    "trajectories", "versions", "hidden_size"])
 def test_concept_missing_field_is_named(tmp_path, field):
