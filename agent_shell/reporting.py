@@ -31,7 +31,8 @@ def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    low, high = max(0.0, centre - half), min(1.0, centre + half)
+    return min(low, p), max(high, p)  # rounding must not move an end past the rate (0/n, n/n)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Row:
     distinct_actions: float
     cycle_span: float
     format_errors: int
+    budgets: tuple[int, ...] = ()  # distinct step budgets of the episodes (think steps included)
 
     @property
     def rate(self) -> float:
@@ -78,6 +80,7 @@ def summarize(records: Iterable[dict]) -> list[Row]:
                 distinct_actions=mean(r["distinct_actions"] for r in rs),
                 cycle_span=mean(r["longest_cycle"]["span"] for r in rs),
                 format_errors=sum(r.get("format_errors", 0) for r in rs),
+                budgets=tuple(sorted({int(r["budget"]) for r in rs if r.get("budget") is not None})),
             ))
     return rows
 
@@ -89,14 +92,17 @@ def rich_table(rows: Sequence[Row], title: str = "Success per task type"):
     table = Table(title=title)
     for name, justify in (("agent", "left"), ("task type", "left"), ("won/n", "right"), ("rate", "right"),
                           ("95% CI", "right"), ("steps", "right"), ("think", "right"), ("s/step", "right"),
-                          ("distinct", "right"), ("cycle", "right"), ("fmt err", "right")):
+                          ("distinct", "right"), ("cycle", "right"), ("fmt err", "right"), ("budget", "right")):
         table.add_column(name, justify=justify)
     for r in rows:
         style = "bold" if r.task_type == ALL else None
         table.add_row(r.agent, r.task_type, f"{r.won}/{r.n}", f"{100 * r.rate:.1f}%",
                       f"[{100 * r.low:.1f}, {100 * r.high:.1f}]", f"{r.mean_steps:.1f}",
                       f"{r.mean_think_steps:.1f}", f"{r.s_per_step:.2f}", f"{r.distinct_actions:.1f}",
-                      f"{r.cycle_span:.1f}", str(r.format_errors), style=style)
+                      f"{r.cycle_span:.1f}", str(r.format_errors), ",".join(map(str, r.budgets)), style=style)
+    table.caption = ("steps/think: mean per episode; distinct: distinct actions per episode; cycle: mean span "
+                     "of the longest back-to-back repeated block of actions; budget: step budget (think steps "
+                     "included)")
     return table
 
 
@@ -117,8 +123,11 @@ def bar_chart(rows: Sequence[Row], path: str | Path, title: str = "Success rate 
     for i, agent in enumerate(agents):
         cells = [cell.get((agent, t)) for t in types]
         rates = [100 * c.rate if c else 0.0 for c in cells]
+        # clamp: for 0/n or n/n the interval's end equals the rate only up to rounding
         err = np.array([[100 * (c.rate - c.low), 100 * (c.high - c.rate)] if c else [0.0, 0.0] for c in cells]).T
-        ax.bar(x + (i - (len(agents) - 1) / 2) * width, rates, width, yerr=err, capsize=2, label=agent)
+        err = np.maximum(err, 0.0)
+        bars = ax.bar(x + (i - (len(agents) - 1) / 2) * width, rates, width, yerr=err, capsize=2, label=agent)
+        ax.bar_label(bars, labels=[f"{c.won}/{c.n}" if c else "" for c in cells], padding=2, fontsize=6)
     ax.set_xticks(x, [t.replace("_", " ") for t in types], rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("success rate (%)")
     ax.set_ylim(0, 100)

@@ -93,3 +93,16 @@ def test_cb_agent_run_fits_concepts_and_reports_skipped_expert_steps(tmp_path, d
 
     rows = orjson.loads((tmp_path / "acc.json").read_bytes())
     assert [r["task_type"] for r in rows] == ["fetch", "open", "all"] and rows[-1]["decisions"] == 2 + 3
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 8, 17, 30])
+def test_interval_ends_never_cross_the_rate_and_all_fail_charts_draw(tmp_path, n):
+    """0/n and n/n: rounding in the Wilson formula must not put an end past the rate (a chart's
+    error bar would be negative and matplotlib refuses it)."""
+    for k in (0, n):
+        lo, hi = wilson_interval(k, n)
+        assert lo <= k / n <= hi
+    recs = [dict(record("react", "open", False), budget=20) for _ in range(n)]
+    rows = summarize(recs)
+    assert rows[0].budgets == (20,)
+    assert bar_chart(rows, tmp_path / "zero.png").stat().st_size > 0
