@@ -15,7 +15,8 @@ side by side on the same model, dtype and machine:
 * ``floor``: one forward over the context followed by all candidates' tokens as a single
   sequence, logits only at the candidate positions: the least compute any exact method needs.
 
-Reported: median seconds over ``--repeats`` (1 for the slow baselines), effective tokens per
+Reported: median seconds over ``--repeats`` (``--slow-repeats`` for the slow baselines; the fast
+methods are timed round-robin so that they share the load of a shared machine), effective tokens per
 second (context + all candidate tokens, the same numerator for every method), peak memory above
 the pre-call level (resident set on CPU, allocator peak on CUDA), and the largest log-prob gap to
 ``naive`` (bf16 makes that gap nonzero). Targets (issue 2): ``backend`` >= 5x faster than
@@ -177,34 +178,58 @@ def backend_fn(lm: HFLanguageModel, layout: str) -> Callable:
     return lambda context, candidates: scorer.score(context, candidates).log_q
 
 
-def measure(fn: Callable, lm, context, candidates, repeats: int) -> dict:
-    fn(context, candidates) if repeats > 1 else None  # warm-up for the fast methods
-    times, peaks, result = [], [], None
+def _timed(fn: Callable, lm, context, candidates, setup: Callable | None = None) -> tuple[float, float, np.ndarray]:
+    if setup is not None:
+        setup()
+    with PeakMemory(lm.device) as mem:
+        t0 = time.perf_counter()
+        result = fn(context, candidates)
+        if lm.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+    return seconds, mem.peak_mib, np.asarray(result)
+
+
+def measure_rounds(methods: dict, lm, context, candidates, repeats: int, warm_up: bool) -> dict:
+    """Time each method ``repeats`` times, round-robin, so that all of them see the same load
+    (the machines are shared); the median is reported. ``methods``: name -> (fn, setup or None)."""
+    if warm_up:
+        for fn, setup in methods.values():
+            _timed(fn, lm, context, candidates, setup)
+    runs: dict[str, list] = {name: [] for name in methods}
     for _ in range(repeats):
-        with PeakMemory(lm.device) as mem:
-            t0 = time.perf_counter()
-            result = fn(context, candidates)
-            if lm.device.type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        peaks.append(mem.peak_mib)
-    return {"seconds": statistics.median(times), "all_seconds": times, "peak_mib": max(peaks), "log_q": result}
+        for name, (fn, setup) in methods.items():
+            runs[name].append(_timed(fn, lm, context, candidates, setup))
+    return {
+        name: {
+            "seconds": statistics.median(r[0] for r in rs),
+            "all_seconds": [r[0] for r in rs],
+            "peak_mib": max(r[1] for r in rs),
+            "log_q": rs[-1][2],
+        }
+        for name, rs in runs.items()
+    }
 
 
-def warm_step(lm: HFLanguageModel, context: str, candidates: list[str], repeats: int) -> dict:
+def warm_step_method(lm: HFLanguageModel, context: str) -> tuple[Callable, Callable]:
+    """The next step of an episode: the previous context (up to the last action) is cached
+    untimed in ``setup``, then the full context is scored."""
     scorer = HFLanguageModel(lm.model, lm.tokenizer, name=lm.name)
     head = context[: context.rindex("\n> ")]
-    times, peaks, result = [], [], None
-    for _ in range(repeats + 1):
+    state = {}
+
+    def setup() -> None:
         scorer.reset_cache()
-        scorer.score(head, candidates)  # previous step, cached
-        with PeakMemory(lm.device) as mem:
-            t0 = time.perf_counter()
-            result = scorer.score(context, candidates).log_q
-            times.append(time.perf_counter() - t0)
-        peaks.append(mem.peak_mib)
-    times, peaks = times[1:], peaks[1:]
-    return {"seconds": statistics.median(times), "all_seconds": times, "peak_mib": max(peaks), "log_q": result}
+        scorer.score(head, state["candidates"])
+
+    def run(ctx: str, candidates: list[str]) -> np.ndarray:
+        return scorer.score(ctx, candidates).log_q
+
+    def setup_for(candidates: list[str]) -> Callable:
+        state["candidates"] = candidates
+        return setup
+
+    return run, setup_for
 
 
 def write_atomic(path: Path, data: dict) -> None:
@@ -226,10 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow-repeats", type=int, default=1, help="repeats of naive and batched re-encoding")
     parser.add_argument("--out", type=Path, default=Path("scoring_speed.json"))
     parser.add_argument("--resume", action="store_true", help="skip configurations already in --out")
+    parser.add_argument("--fast-only", action="store_true",
+                        help="re-time only the fast methods of configurations in --out, keeping its naive/batched rows")
     args = parser.parse_args(argv)
 
     lm = load_language_model(args.model, dtype=args.dtype, device=args.device)
-    data = json.loads(args.out.read_text()) if args.resume and args.out.is_file() else {}
+    data = json.loads(args.out.read_text()) if (args.resume or args.fast_only) and args.out.is_file() else {}
     data["setup"] = {
         "model": lm.name, "dtype": lm.metadata["dtype"], "device": str(lm.device), "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(), "load_average_at_start": os.getloadavg(), "torch": torch.__version__,
@@ -239,25 +266,33 @@ def main(argv: list[str] | None = None) -> int:
         context = make_context(lm, n_ctx)
         for n_cand in args.candidates:
             key = f"ctx{n_ctx}_cand{n_cand}"
-            if key in results:
+            if key in results and not args.fast_only:
                 continue
             candidates = ACTIONS[:n_cand]
             toks = _tokens(lm, context, candidates)
             n_context = toks[0].first
             n_action = sum(t.n_action for t in toks)
             effective = n_context + n_action
-            rows = {}
-            slow, fast = args.slow_repeats, args.repeats
-            for name, fn, reps in [
-                ("naive", lambda c, a: naive(lm, c, a), slow),
-                ("batched", lambda c, a: batched(lm, c, a), slow),
-                ("backend", backend_fn(lm, "packed"), fast),
-                ("backend-batched", backend_fn(lm, "batched"), fast),
-                ("floor", lambda c, a: floor(lm, c, a), fast),
-            ]:
-                rows[name] = measure(fn, lm, context, candidates, reps)
-                print(f"  {key} {name:16s} {rows[name]['seconds']:8.3f} s", file=sys.stderr, flush=True)
-            rows["backend-warm"] = warm_step(lm, context, candidates, fast)
+            old = results.get(key) if args.fast_only else None
+            if old is not None:  # keep the slow baselines measured before
+                rows = {n: dict(old["methods"][n], log_q=np.array(old["methods"][n]["log_q"])) for n in ("naive", "batched")}
+            else:
+                rows = measure_rounds(
+                    {"naive": (lambda c, a: naive(lm, c, a), None), "batched": (lambda c, a: batched(lm, c, a), None)},
+                    lm, context, candidates, args.slow_repeats, warm_up=False,
+                )
+            warm_run, warm_setup = warm_step_method(lm, context)
+            rows.update(measure_rounds(
+                {
+                    "backend": (backend_fn(lm, "packed"), None),
+                    "backend-batched": (backend_fn(lm, "batched"), None),
+                    "floor": (lambda c, a: floor(lm, c, a), None),
+                    "backend-warm": (warm_run, warm_setup(candidates)),
+                },
+                lm, context, candidates, args.repeats, warm_up=True,
+            ))
+            for name, row in rows.items():
+                print(f"  {key} {name:16s} {row['seconds']:8.3f} s", file=sys.stderr, flush=True)
             ref = rows["naive"]["log_q"]
             for row in rows.values():
                 row["tokens_per_s"] = effective / row["seconds"]
