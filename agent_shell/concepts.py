@@ -31,11 +31,10 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from agent_shell.candidates import drop_excluded
-from agent_shell.context import check_rendering, scoring_context
-from agent_shell.lm.protocol import DEFAULT_ACTION_PREFIX
+from agent_shell.context import action_prefix, check_layout, check_rendering, scoring_context
 
 #: Bumped when the cached feature layout or the context construction changes.
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2
 
 
 @dataclass
@@ -82,8 +81,12 @@ class TypeFeatures:
         return cb_core.decisions_from_lists(self.hidden, self.log_q, self.n_tokens, self.expert)
 
 
-def decision_texts(trajectory: Any, rendering: str = "raw") -> tuple[list[tuple[str, list[str], int]], Counter]:
+def decision_texts(trajectory: Any, rendering: str = "raw", layout: str = "text",
+                   experiences: dict[int, str] | None = None) -> tuple[list[tuple[Any, list[str], int]], Counter]:
     """(context, candidates, expert index) per fitting decision, and the skipped expert actions.
+
+    Contexts are :func:`agent_shell.context.scoring_context` under ``rendering`` and ``layout``
+    (``experiences``: the expert trajectory's reviewed experiences, rendering "experience").
 
     Raises ValueError (from :func:`envs.trajectory.decision_examples`) for an expert action
     outside its saved candidate set.
@@ -94,8 +97,8 @@ def decision_texts(trajectory: Any, rendering: str = "raw") -> tuple[list[tuple[
     kept = {e.step_index for e in examples}
     skipped = Counter(s.action for i, s in enumerate(trajectory.steps)
                       if s.kind == "env" and i not in kept)
-    texts = [(scoring_context(e.instruction, e.observation, e.history, rendering), list(e.candidates),
-              e.expert_index) for e in examples]
+    texts = [(scoring_context(e.instruction, e.observation, e.history, rendering, layout=layout,
+                              experiences=experiences), list(e.candidates), e.expert_index) for e in examples]
     return texts, skipped
 
 
@@ -104,15 +107,15 @@ def backbone_dtype(lm: Any) -> str:
     return str(getattr(lm, "dtype", "")).removeprefix("torch.")
 
 
-def feature_key(lm: Any, rendering: str, texts: Sequence[tuple[str, list[str], int]]) -> str:
+def feature_key(lm: Any, rendering: str, texts: Sequence[tuple[Any, list[str], int]], layout: str = "text") -> str:
     """Content hash of everything the features of one trajectory depend on."""
-    payload = json.dumps([FEATURE_VERSION, lm.name, lm.formatting, backbone_dtype(lm), rendering,
-                          DEFAULT_ACTION_PREFIX, list(texts)], ensure_ascii=False)
+    payload = json.dumps([FEATURE_VERSION, lm.name, lm.formatting, backbone_dtype(lm), rendering, layout,
+                          action_prefix(layout), list(texts)], ensure_ascii=False)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
-def trajectory_features(lm: Any, texts: Sequence[tuple[str, list[str], int]], rendering: str,
-                        cache_dir: str | os.PathLike | None) -> tuple[list[tuple], float]:
+def trajectory_features(lm: Any, texts: Sequence[tuple[Any, list[str], int]], rendering: str,
+                        cache_dir: str | os.PathLike | None, layout: str = "text") -> tuple[list[tuple], float]:
     """[(hidden, log_q, n_tokens, expert)] per decision of one trajectory, and LM seconds spent.
 
     Read from ``cache_dir/features/<key>.npz`` when present; computed and saved otherwise.
@@ -123,7 +126,7 @@ def trajectory_features(lm: Any, texts: Sequence[tuple[str, list[str], int]], re
 
     path = None
     if cache_dir is not None and texts:
-        path = Path(cache_dir) / "features" / f"{feature_key(lm, rendering, texts)}.npz"
+        path = Path(cache_dir) / "features" / f"{feature_key(lm, rendering, texts, layout)}.npz"
         if path.exists():
             dec = cb_core.load_decisions(path)
             off = np.asarray(dec.offsets)
@@ -132,7 +135,7 @@ def trajectory_features(lm: Any, texts: Sequence[tuple[str, list[str], int]], re
     start = time.perf_counter()
     rows = []
     for context, candidates, expert in texts:
-        s = lm.score(context, candidates)
+        s = lm.score(context, candidates, action_prefix(layout))
         rows.append((np.asarray(s.hidden, np.float32), np.asarray(s.log_q, np.float32),
                      np.asarray(s.n_tokens), int(expert)))
     seconds = time.perf_counter() - start
@@ -140,23 +143,35 @@ def trajectory_features(lm: Any, texts: Sequence[tuple[str, list[str], int]], re
         path.parent.mkdir(parents=True, exist_ok=True)
         cb_core.save_decisions(path, cb_core.decisions_from_lists(*map(list, zip(*rows))),
                                metadata={"backbone": lm.name, "formatting": lm.formatting,
-                                         "rendering": rendering})
+                                         "rendering": rendering, "layout": layout})
     return rows, seconds
 
 
 def collect_features(lm: Any, trajectories: Iterable[Any], rendering: str = "raw",
                      cache_dir: str | os.PathLike | None = None,
-                     on_trajectory: Callable[[Any], None] | None = None) -> dict[str, TypeFeatures]:
-    """Features of every won trajectory, grouped by task type (lost ones are only counted)."""
+                     on_trajectory: Callable[[Any], None] | None = None, layout: str = "text",
+                     reviewer: Any = None) -> dict[str, TypeFeatures]:
+    """Features of every won trajectory, grouped by task type (lost ones are only counted).
+
+    Rendering "experience": each trajectory's transitions are first reviewed by ``reviewer``
+    (default ``lm``; :func:`agent_shell.experience.review_trajectory`, cached), and the kept
+    experiences enter its contexts as they would while acting.
+    """
     check_rendering(rendering)
+    check_layout(layout)
     by_type: dict[str, TypeFeatures] = {}
     for traj in trajectories:
         tf = by_type.setdefault(traj.task_type, TypeFeatures(traj.task_type))
         if not traj.won:
             tf.n_lost += 1
             continue
-        texts, skipped = decision_texts(traj, rendering)
-        rows, seconds = trajectory_features(lm, texts, rendering, cache_dir)
+        experiences = None
+        if rendering == "experience":
+            from agent_shell.experience import review_trajectory
+
+            experiences = review_trajectory(reviewer if reviewer is not None else lm, traj, cache_dir)
+        texts, skipped = decision_texts(traj, rendering, layout, experiences)
+        rows, seconds = trajectory_features(lm, texts, rendering, cache_dir, layout)
         for h, lq, nt, e in rows:
             tf.hidden.append(h)
             tf.log_q.append(lq)
@@ -172,7 +187,7 @@ def collect_features(lm: Any, trajectories: Iterable[Any], rendering: str = "raw
 
 
 def fit_concepts(features: dict[str, TypeFeatures], lm: Any, rendering: str = "raw", lam: float = 1.0,
-                 gamma: float = 0.8, eps: float = 1e-6, env_name: str = "") -> dict[str, Any]:
+                 gamma: float = 0.8, eps: float = 1e-6, env_name: str = "", layout: str = "text") -> dict[str, Any]:
     """One :class:`cb_core.Concept` per task type with decisions (seed Eq. (6)).
 
     The metadata records everything acting must match (backbone, ``features`` =
@@ -189,24 +204,25 @@ def fit_concepts(features: dict[str, TypeFeatures], lm: Any, rendering: str = "r
         result = cb_core.fit(tf.decisions(), lam=lam, gamma=gamma, eps=eps)
         concepts[task_type] = cb_core.Concept.from_fit(
             result, backbone=lm.name, task_type=task_type, trajectories=tf.task_ids,
-            features=feature_spec(lm, rendering),
-            extra={"env": env_name, "rendering": rendering, "n_decisions": tf.n_decisions,
+            features=feature_spec(lm, rendering, layout),
+            extra={"env": env_name, "rendering": rendering, "layout": layout, "n_decisions": tf.n_decisions,
                    "n_lost_trajectories": tf.n_lost, "n_expert_env_steps": tf.n_env_steps,
                    "n_skipped_expert_steps": tf.n_skipped, "skipped_actions": dict(tf.skipped_actions)})
     return concepts
 
 
-def feature_spec(lm: Any, rendering: str) -> dict[str, str]:
+def feature_spec(lm: Any, rendering: str, layout: str = "text") -> dict[str, str]:
     """How features and contexts were built; acting must use the same (concept ``features``)."""
     return {"formatting": lm.formatting, "dtype": backbone_dtype(lm), "rendering": rendering,
-            "action_prefix": DEFAULT_ACTION_PREFIX,
+            "layout": layout, "action_prefix": action_prefix(layout),
             "context": "task + history, no demonstrations", "candidate_filter": "drop look/inventory/help"}
 
 
 def concepts_dir_key(features: dict[str, TypeFeatures], lm: Any, rendering: str, lam: float, gamma: float,
-                     eps: float) -> str:
+                     eps: float, layout: str = "text") -> str:
     """Hash naming a cached set of concepts (the data and every fit setting)."""
-    payload = json.dumps([FEATURE_VERSION, lm.name, lm.formatting, backbone_dtype(lm), rendering, lam, gamma, eps,
+    payload = json.dumps([FEATURE_VERSION, lm.name, lm.formatting, backbone_dtype(lm), rendering, layout, lam,
+                          gamma, eps,
                           {t: f.task_ids for t, f in sorted(features.items())}])
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -229,11 +245,12 @@ def load_concepts(directory: str | os.PathLike) -> dict[str, Any]:
     return {f.stem: cb_core.Concept.load(f) for f in files}
 
 
-def check_concept_matches(concept: Any, lm: Any, rendering: str) -> None:
-    """Raise ValueError when a concept was fitted with another backbone, formatting or rendering."""
+def check_concept_matches(concept: Any, lm: Any, rendering: str, layout: str = "text") -> None:
+    """Raise ValueError when a concept was fitted with another backbone, formatting, rendering
+    or layout."""
     meta = concept.metadata
     fitted = {"backbone": meta.get("backbone"), **(meta.get("features") if isinstance(meta.get("features"), dict) else {})}
-    acting = {"backbone": lm.name, **feature_spec(lm, rendering)}
+    acting = {"backbone": lm.name, **feature_spec(lm, rendering, layout)}
     for key, value in acting.items():
         if fitted.get(key) != value:
             raise ValueError(f"concept for {meta.get('task_type')!r} was fitted with {key}="
@@ -254,17 +271,18 @@ def skipped_summary(features: dict[str, TypeFeatures]) -> str:
 
 def cached_concepts(features: dict[str, TypeFeatures], lm: Any, rendering: str = "raw", lam: float = 1.0,
                     gamma: float = 0.8, eps: float = 1e-6, env_name: str = "",
-                    cache_dir: str | os.PathLike | None = None) -> tuple[dict[str, Any], Path | None]:
+                    cache_dir: str | os.PathLike | None = None,
+                    layout: str = "text") -> tuple[dict[str, Any], Path | None]:
     """:func:`fit_concepts`, read from / written to ``<cache_dir>/concepts/<key>/`` when given.
 
     Returns (concepts, the folder they are stored in or None).
     """
     if cache_dir is None:
-        return fit_concepts(features, lm, rendering, lam, gamma, eps, env_name), None
-    folder = Path(cache_dir) / "concepts" / concepts_dir_key(features, lm, rendering, lam, gamma, eps)
+        return fit_concepts(features, lm, rendering, lam, gamma, eps, env_name, layout), None
+    folder = Path(cache_dir) / "concepts" / concepts_dir_key(features, lm, rendering, lam, gamma, eps, layout)
     if any(folder.glob("*.safetensors")):
         return load_concepts(folder), folder
-    concepts = fit_concepts(features, lm, rendering, lam, gamma, eps, env_name)
+    concepts = fit_concepts(features, lm, rendering, lam, gamma, eps, env_name, layout)
     staging = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
     save_concepts(concepts, staging)
     os.replace(staging, folder)  # the folder appears complete or not at all

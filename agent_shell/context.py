@@ -3,9 +3,12 @@
 Every agent context is built here from small pure functions of plain data (strings and steps
 with ``kind`` / ``action`` / ``observation`` attributes, e.g. :class:`envs.trajectory.Step`),
 so that concept fitting and acting see byte-identical text (seed App. B: one formatting for
-fitting and acting; the rendering's name is recorded in every concept's metadata).
+fitting and acting; the rendering and layout are recorded in every concept's metadata).
 
-Layout (the published ReAct transcript format, seed Sec. 3.3)::
+How the history is shown is a *rendering* (:mod:`agent_shell.history`: raw, causal, check,
+experience and the interventions). How it is laid out is a *layout*:
+
+``"text"`` - one text prompt, the published ReAct transcript format (seed Sec. 3.3)::
 
     <initial observation>
     <instruction>
@@ -15,72 +18,113 @@ Layout (the published ReAct transcript format, seed Sec. 3.3)::
     OK.
     ...
 
-The scoring context ends with the latest observation; the LM backend appends
-``"\\n> " + candidate`` (:data:`agent_shell.lm.protocol.DEFAULT_ACTION_PREFIX`), so a scored
-candidate reads exactly like the next line of the transcript.
+  The scoring context ends with the latest observation (or the Check reminder); the LM backend
+  appends ``"\\n> " + candidate`` (:data:`ACTION_PREFIX` ``["text"]``), so a scored candidate
+  reads exactly like the next line of the transcript.
 
-A *rendering* turns the history into text. Only ``"raw"`` (the ordinary alternating action /
-observation history) exists now; :data:`RENDERINGS` is the single place where others plug in.
+``"chat"`` - a list of ``{"role", "content"}`` messages: the task as the first user message,
+then each action as an assistant message and its observation as the next user message. The
+backend applies its chat template with a generation prompt, and a candidate is the content of
+the next assistant message (action prefix ``""``).
+
+A *reference* (reference-history recovery) is a recorded stretch of steps shown at a position
+of the history and marked as not executed in the current environment.
 
 This module imports nothing from the LM, the environments or cb_core.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence, Union
 
-#: Feedback of a think step (seed Sec. 2.3); it never reaches the environment.
-THINK_FEEDBACK = "OK."
-#: Prefix that marks a think step in the transcript and in an LM reply.
-THINK_PREFIX = "think:"
+from agent_shell.history import (CHECK_REMINDER, EXPERIENCE_LABEL, INTERVENTIONS, RENDERINGS, THINK_FEEDBACK,
+                                 THINK_PREFIX, HistoryView, StepLike, action_line, check_rendering,
+                                 demo_rendering, render)
 
-
-class StepLike(Protocol):
-    """What a rendering reads from a step (duck-typed; :class:`envs.trajectory.Step` fits)."""
-
-    kind: str  # "think" or "env"
-    action: str
-    observation: str
+#: A context or prompt: one text (layout "text") or chat messages (layout "chat").
+Context = Union[str, list]
+#: Layout name -> the prefix between a context and a scored candidate.
+ACTION_PREFIX: dict[str, str] = {"text": "\n> ", "chat": ""}
+LAYOUTS = tuple(ACTION_PREFIX)
 
 
-def action_line(step: StepLike) -> str:
-    """The transcript text of a step's action: ``think: ...`` for a think step, else the action.
+def check_layout(layout: str) -> str:
+    """Return ``layout`` if known; raise ValueError naming it otherwise."""
+    if layout not in ACTION_PREFIX:
+        raise ValueError(f"unknown layout {layout!r}; known: {list(LAYOUTS)}")
+    return layout
 
-    Think steps may store their text with or without the ``think:`` prefix; both render the same.
+
+def action_prefix(layout: str) -> str:
+    """What the backend puts between a context of ``layout`` and a candidate action."""
+    return ACTION_PREFIX[check_layout(layout)]
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A recorded stretch of steps shown at history position ``at``, marked as not executed.
+
+    Attributes:
+        at: the number of executed steps before the block (the block precedes step ``at``).
+        steps: the recorded steps shown (rendered with the context's rendering, no experiences).
     """
-    action = step.action.strip()
-    if step.kind == "think" and not action.lower().startswith(THINK_PREFIX):
-        action = f"{THINK_PREFIX} {action}"
-    return action
+
+    at: int
+    steps: tuple
+
+    def header(self) -> str:
+        return (f"[Reference: {len(self.steps)} recorded steps follow. They were NOT executed in the "
+                f"current environment, which is in the state after the {self.at} step(s) above.]")
+
+    footer = "[End of reference. Actions below are executed.]"
 
 
-def render_raw(steps: Sequence[StepLike]) -> list[str]:
-    """Raw rendering: one ``"> action\\nobservation"`` block per step, in order."""
-    return [f"> {action_line(s)}\n{s.observation.strip()}" for s in steps]
+def _entry_text(action: str | None, observation: str, experience: str | None) -> str:
+    lines = [] if action is None else [f"> {action}"]
+    lines.append(observation)
+    if experience:
+        lines.append(f"{EXPERIENCE_LABEL} {experience.strip()}")
+    return "\n".join(lines)
 
 
-#: name -> function(steps) -> list of per-step text blocks joined by newlines.
-RENDERINGS: dict[str, Callable[[Sequence[StepLike]], list[str]]] = {"raw": render_raw}
+def _hidden_note(n: int) -> str:
+    return f"({n} earlier steps are not shown.)"
 
 
-def check_rendering(rendering: str) -> str:
-    """Return ``rendering`` if known; raise ValueError naming it and the known ones otherwise."""
-    if rendering not in RENDERINGS:
-        raise ValueError(f"unknown history rendering {rendering!r}; known: {sorted(RENDERINGS)}")
-    return rendering
+def _segments(steps: Sequence[StepLike], rendering: str, experiences: Mapping[int, str] | None, seed: int,
+              reference: Reference | None) -> tuple[HistoryView, list[tuple[str, str | None, str]]]:
+    """The history as ordered (kind, action, text) pieces: kind "entry" or "note"."""
+    view = render(steps, rendering, experiences, seed)
+    pieces: list[tuple[str, str | None, str]] = []
+    if view.hidden_before:
+        pieces.append(("note", None, _hidden_note(view.hidden_before)))
+    ref_done = reference is None
+    for e in view.entries:
+        if not ref_done and e.step >= reference.at:
+            pieces.extend(_reference_pieces(reference, rendering, seed))
+            ref_done = True
+        obs = e.observation if not e.experience else f"{e.observation}\n{EXPERIENCE_LABEL} {e.experience.strip()}"
+        pieces.append(("entry", e.action, obs))
+    if not ref_done:
+        pieces.extend(_reference_pieces(reference, rendering, seed))
+    if view.reminder:
+        pieces.append(("note", None, view.reminder))
+    return view, pieces
 
 
-def render_task(instruction: str, observation: str) -> str:
-    """The task block: initial observation o0, then the instruction (ReAct's ALFWorld layout)."""
-    parts = [p.strip() for p in (observation, instruction) if p and p.strip()]
-    if not parts:
-        raise ValueError("render_task: both the instruction and the initial observation are empty")
-    return "\n".join(parts)
+def _reference_pieces(reference: Reference, rendering: str, seed: int) -> list[tuple[str, str | None, str]]:
+    body = render(reference.steps, "raw" if rendering == "experience" else rendering, None, seed)
+    text = "\n".join([reference.header()] + [_entry_text(e.action, e.observation, None) for e in body.entries]
+                     + [Reference.footer])
+    return [("note", None, text)]
 
 
-def render_history(steps: Sequence[StepLike], rendering: str = "raw") -> str:
-    """The interaction history (thoughts included) as text; "" for no steps."""
-    return "\n".join(RENDERINGS[check_rendering(rendering)](steps))
+def render_history(steps: Sequence[StepLike], rendering: str = "raw", experiences: Mapping[int, str] | None = None,
+                   seed: int = 0, reference: Reference | None = None) -> str:
+    """The interaction history (thoughts included) as text in the text layout; "" for none."""
+    _, pieces = _segments(steps, rendering, experiences, seed, reference)
+    return "\n".join(text if kind == "note" else _entry_text(action, text, None) for kind, action, text in pieces)
 
 
 def render_memory(reflections: Sequence[str]) -> str:
@@ -91,41 +135,106 @@ def render_memory(reflections: Sequence[str]) -> str:
     return "Your memory for the task below:\n" + "\n".join(lines)
 
 
+def render_task(instruction: str, observation: str) -> str:
+    """The task block: initial observation o0, then the instruction (ReAct's ALFWorld layout)."""
+    parts = [p.strip() for p in (observation, instruction) if p and p.strip()]
+    if not parts:
+        raise ValueError("render_task: both the instruction and the initial observation are empty")
+    return "\n".join(parts)
+
+
+def _merge(messages: list[dict]) -> list[dict]:
+    out: list[dict] = []
+    for m in messages:
+        if out and out[-1]["role"] == m["role"]:
+            out[-1] = {"role": m["role"], "content": out[-1]["content"] + "\n" + m["content"]}
+        else:
+            out.append(dict(m))
+    return out
+
+
 def scoring_context(
     instruction: str,
     observation: str,
     steps: Sequence[StepLike],
     rendering: str = "raw",
     memory: Sequence[str] = (),
-) -> str:
-    """CB-Agent's scoring context x: [memory] + task + history, no demonstrations.
+    *,
+    layout: str = "text",
+    experiences: Mapping[int, str] | None = None,
+    seed: int = 0,
+    reference: Reference | None = None,
+) -> Context:
+    """CB-Agent's scoring context x: [memory] + task + rendered history, no demonstrations.
 
-    Used verbatim both for fitting (expert contexts) and for acting. It ends with the latest
-    observation, without a trailing newline; candidates are appended by the LM backend.
+    Used verbatim both for fitting (expert contexts) and for acting. Text layout: a string that
+    ends with the latest observation (or the Check reminder), without a trailing newline; chat
+    layout: a list of messages ending with a user message. Candidates are appended by the LM
+    backend after :func:`action_prefix` ``(layout)``.
+
+    Raises:
+        ValueError: unknown rendering or layout, or an empty task.
     """
-    blocks = [render_memory(memory), render_task(instruction, observation),
-              render_history(steps, rendering)]
-    return "\n".join(b for b in blocks if b)
+    check_layout(layout)
+    head = "\n".join(b for b in (render_memory(memory), render_task(instruction, observation)) if b)
+    _, pieces = _segments(steps, rendering, experiences, seed, reference)
+    if layout == "text":
+        body = [text if kind == "note" else _entry_text(action, text, None) for kind, action, text in pieces]
+        return "\n".join([head] + body)
+    messages = [{"role": "user", "content": head}]
+    for kind, action, text in pieces:
+        if kind == "entry" and action is not None:
+            messages.append({"role": "assistant", "content": action})
+        messages.append({"role": "user", "content": text})
+    return _merge(messages)
 
 
-def render_demo(instruction: str, observation: str, steps: Sequence[StepLike],
-                rendering: str = "raw") -> str:
-    """One demonstration: a whole expert transcript, rendered like the agent's own history."""
-    return scoring_context(instruction, observation, steps, rendering)
+def render_demo(instruction: str, observation: str, steps: Sequence[StepLike], rendering: str = "raw",
+                experiences: Mapping[int, str] | None = None) -> str:
+    """One demonstration: a whole expert transcript as text, rendered like the agent's history.
+
+    Interventions (:data:`agent_shell.history.INTERVENTIONS`) apply to the agent's own history
+    only; their demonstrations are raw (:func:`agent_shell.history.demo_rendering`). The Check
+    reminder belongs before the agent's next action, so it is not part of a demonstration.
+    """
+    rendering = demo_rendering(rendering)
+    text = scoring_context(instruction, observation, steps, rendering, experiences=experiences)
+    if rendering == "check" and steps:
+        text = text.removesuffix("\n" + CHECK_REMINDER)
+    return text
 
 
 def react_prompt(
     header: str,
     demos: Iterable[str],
-    context: str,
+    context: Context,
     task_header: str = "Here is the task.",
-) -> str:
+) -> Context:
     """The ReAct routing prompt (seed Sec. 3.3): header, demonstrations, then the task so far.
 
-    Ends with ``"\\n>"`` so the LM's reply is the next transcript line (an action or
-    ``think: ...``), read up to the first newline.
+    Text layout: ends with ``"\\n>"`` so the LM's reply is the next transcript line (an action
+    or ``think: ...``), read up to the first newline. Chat layout (``context`` is a message
+    list): header, demonstrations and task header open the first user message; the reply is the
+    next assistant message.
     """
     demos = [d.strip() for d in demos]
-    parts = [header.strip().format(n_demos=len(demos))] + demos + [task_header.strip(), context]
-    return "\n\n".join(parts[:-1]) + "\n" + parts[-1] + "\n>"
+    parts = [header.strip().format(n_demos=len(demos))] + demos + [task_header.strip()]
+    if isinstance(context, str):
+        return "\n\n".join(parts) + "\n" + context + "\n>"
+    if not context or context[0].get("role") != "user":
+        raise ValueError("a chat context must start with a user message")
+    first = {"role": "user", "content": "\n\n".join(parts) + "\n" + context[0]["content"]}
+    return [first] + [dict(m) for m in context[1:]]
 
+
+def context_text(context: Context) -> str:
+    """A context as plain text (chat messages joined with role tags), for reflection prompts."""
+    if isinstance(context, str):
+        return context
+    return "\n".join(m["content"] if m["role"] == "user" else f"> {m['content']}" for m in context)
+
+
+__all__ = ["ACTION_PREFIX", "CHECK_REMINDER", "Context", "INTERVENTIONS", "LAYOUTS", "RENDERINGS", "Reference",
+           "THINK_FEEDBACK", "THINK_PREFIX", "action_line", "action_prefix", "check_layout", "check_rendering",
+           "context_text", "react_prompt", "render_demo", "render_history", "render_memory", "render_task",
+           "scoring_context"]

@@ -73,10 +73,15 @@ def expert_demos(env: Any, per_type: int, split: str = "train", path: str | os.P
     return chosen
 
 
-def rendered_demos(trajectories: Sequence[Any], rendering: str = "raw") -> dict[str, list[str]]:
-    """Task type -> rendered demonstrations of the won trajectories (for the ReAct prompt)."""
+def rendered_demos(trajectories: Sequence[Any], rendering: str = "raw",
+                   experiences_of: Callable[[Any], dict | None] | None = None) -> dict[str, list[str]]:
+    """Task type -> rendered demonstrations of the won trajectories (for the ReAct prompt).
+
+    ``experiences_of(trajectory)``: its reviewed experiences (rendering "experience").
+    """
     demos: dict[str, list[str]] = defaultdict(list)
     for t in trajectories:
         if t.won:
-            demos[t.task_type].append(render_demo(t.instruction, t.observation, t.steps, rendering))
+            experiences = experiences_of(t) if experiences_of is not None else None
+            demos[t.task_type].append(render_demo(t.instruction, t.observation, t.steps, rendering, experiences))
     return dict(demos)

@@ -140,7 +140,8 @@ def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
     return out
 
 
-def _write_json_atomic(path: Path, payload: dict) -> None:
+def write_json_atomic(path: Path, payload: dict) -> None:
+    """Write ``payload`` as JSON (orjson) to ``path`` atomically: a temporary file, then one rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     try:
@@ -213,7 +214,7 @@ def run_episodes(env: Any, agent: Any, task_ids: Sequence[str], results_path: st
         partial = partial_path(results_path, agent.name, task_id)
 
         def save(trials: list, task_id: str = task_id, partial: Path = partial) -> None:
-            _write_json_atomic(partial, {"agent": agent.name, "task_id": task_id, "finished": False,
+            write_json_atomic(partial, {"agent": agent.name, "task_id": task_id, "finished": False,
                                          "trials": [trial_record(t) for t in trials]})
             if bar is not None:
                 progress.update(bar, step=f"trial {len(trials)} step {len(trials[-1].episode.steps)}")

@@ -25,10 +25,11 @@ def needs_concepts(name: str) -> bool:
 
 def build_agent(name: str, lm: Any, demos: Mapping[str, Sequence[str]],
                 concepts: Mapping[str, Any] | None = None, config: AgentConfig = AgentConfig(),
-                reflexion_trials: int = 2, scorer: Any = None) -> Reflexion:
+                reflexion_trials: int = 2, scorer: Any = None, reviewer: Any = None) -> Reflexion:
     """The agent called ``name`` (see :data:`AGENT_NAMES`), wrapped in its trial loop.
 
-    ``scorer`` (CB-Agent and prior-only): the LM view that scores candidates (default ``lm``).
+    ``scorer`` (CB-Agent and prior-only): the LM view that scores candidates (default ``lm``);
+    ``reviewer``: the LM view that writes experience reviews (default ``lm``).
 
     Raises ValueError for an unknown name, or for ``cb-agent`` without concepts.
     """
@@ -36,13 +37,13 @@ def build_agent(name: str, lm: Any, demos: Mapping[str, Sequence[str]],
         raise ValueError(f"unknown agent {name!r}; known: {list(AGENT_NAMES)}")
     base = name.removeprefix("reflexion-")
     if base == "react":
-        agent: ReActAgent = ReActAgent(lm, demos, config)
+        agent: ReActAgent = ReActAgent(lm, demos, config, reviewer)
     elif base == "prior-only":
-        agent = CBAgent(lm, demos, None, config, scorer)
+        agent = CBAgent(lm, demos, None, config, scorer, reviewer)
     else:
         if concepts is None:
             raise ValueError(f"agent {name!r} needs fitted concepts, got None")
-        agent = CBAgent(lm, demos, concepts, config, scorer)
+        agent = CBAgent(lm, demos, concepts, config, scorer, reviewer)
     return Reflexion(agent, trials=reflexion_trials if name.startswith("reflexion-") else 1)
 
 

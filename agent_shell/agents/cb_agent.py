@@ -27,8 +27,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from agent_shell.agents.react import AgentConfig, ReActAgent
+from agent_shell.agents.react import AgentConfig, AgentLog, ReActAgent
 from agent_shell.candidates import FALLBACK_ACTION, fixed_action_space, parse_actions
+from agent_shell.context import THINK_PREFIX, action_prefix
+
+#: Tokens of a routing reply CB-Agent reads before it knows the step is no think step.
+ROUTE_PEEK_TOKENS = 2
 
 
 class CBAgent(ReActAgent):
@@ -48,18 +52,33 @@ class CBAgent(ReActAgent):
     name = "cb-agent"
 
     def __init__(self, lm: Any, demos: Mapping[str, Sequence[str]], concepts: Mapping[str, Any] | None,
-                 config: AgentConfig = AgentConfig(), scorer: Any = None):
-        super().__init__(lm, demos, config)
+                 config: AgentConfig = AgentConfig(), scorer: Any = None, reviewer: Any = None):
+        super().__init__(lm, demos, config, reviewer)
         self.scorer = lm if scorer is None else scorer
         self.concepts = None if concepts is None else dict(concepts)
         if concepts is None:
             self.name = "prior-only"
 
-    def candidate_set(self, episode: Any, memory: Sequence[str]) -> list[str]:
+    def route(self, prompt: Any) -> str:
+        """The routing reply, read only as far as needed: CB-Agent never executes the reply's
+        action text, so generation stops after :data:`ROUTE_PEEK_TOKENS` tokens unless they can
+        still begin ``think:`` (then the whole line is generated, as ReAct does). The step's kind
+        is the same as with the whole reply; only the recorded reply is shorter, and a reply
+        whose first letters come after the peeked tokens counts as an action, not as malformed.
+        """
+        peek = self.lm.generate(prompt, max_new_tokens=ROUTE_PEEK_TOKENS, stop=("\n",), temperature=0.0,
+                                n=1, seed=self.config.seed)[0]
+        head = peek.strip().lower()
+        if not head or THINK_PREFIX.startswith(head) or head.startswith(THINK_PREFIX.rstrip(":")):
+            return super().route(prompt)
+        return peek
+
+    def candidate_set(self, episode: Any, log: AgentLog) -> list[str]:
         """The decision's candidate set A (fixed or open action space)."""
         if self.config.action_space == "fixed":
             return fixed_action_space(episode.candidates())
-        samples = self.lm.generate(self.prompt(episode, memory), max_new_tokens=self.config.reply_tokens,
+        samples = self.lm.generate(self.prompt(episode, log.memory, log.experiences),
+                                   max_new_tokens=self.config.reply_tokens,
                                    stop=("\n",), temperature=self.config.sample_temperature,
                                    n=self.config.n_samples, seed=self.config.seed + len(episode.steps))
         return parse_actions(samples) or [FALLBACK_ACTION]
@@ -75,17 +94,17 @@ class CBAgent(ReActAgent):
         return (np.asarray(concept.alpha), float(meta.get("gamma", self.config.gamma)),
                 float(meta.get("eps", self.config.eps)))
 
-    def choose_action(self, episode: Any, kind: str, text: str, memory: Sequence[str],
-                      decision: dict) -> str:
+    def choose_action(self, episode: Any, kind: str, text: str, log: AgentLog, decision: dict) -> str:
         import cb_core  # JAX is imported only when an agent actually scores
 
-        candidates = self.candidate_set(episode, memory)
+        candidates = self.candidate_set(episode, log)
         decision.update(n_candidates=len(candidates))
         if len(candidates) == 1:
             decision.update(chosen=0, p_chosen=1.0)
             return candidates[0]
         alpha, gamma, eps = self.concept_of(episode.start.task_type)
-        scores = self.scorer.score(self.scoring_context(episode, memory), candidates)
+        scores = self.scorer.score(self.scoring_context(episode, log.memory, log.experiences), candidates,
+                                   action_prefix(self.config.layout))
         logp = np.asarray(cb_core.candidate_log_probs(scores.hidden, scores.log_q, scores.n_tokens,
                                                       alpha, gamma, eps))
         chosen = int(np.argmax(logp))

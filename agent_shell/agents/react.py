@@ -58,7 +58,11 @@ class AgentConfig:
         header: ReAct prompt header; ``{n_demos}`` is replaced by the number of demonstrations.
         task_header: line between the demonstrations and the current task.
         reply_tokens: max new tokens of a routing reply (a transcript line).
-        rendering: history rendering name (:data:`agent_shell.context.RENDERINGS`).
+        rendering: history rendering name (:data:`agent_shell.history.RENDERINGS`); the same
+            rendering serves the routing prompt, the scoring context and the reflection prompt.
+        layout: "text" (one prompt) or "chat" (user / assistant messages), see
+            :mod:`agent_shell.context`.
+        review_tokens: max new tokens of an experience review (rendering "experience").
         action_space: CB-Agent only: "fixed" (environment candidates) or "open" (sampled).
         n_samples: open action space: replies sampled per decision (seed: 20, duplicates kept).
         sample_temperature: open action space: sampling temperature (seed: 0.7).
@@ -72,6 +76,8 @@ class AgentConfig:
     task_header: str = "Here is the task."
     reply_tokens: int = 48
     rendering: str = "raw"
+    layout: str = "text"
+    review_tokens: int = 48
     action_space: str = "fixed"
     n_samples: int = 20
     sample_temperature: float = 0.7
@@ -86,6 +92,7 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         ctx.check_rendering(self.rendering)
+        ctx.check_layout(self.layout)
         if self.action_space not in ("fixed", "open"):
             raise ValueError(f"action_space must be 'fixed' or 'open', got {self.action_space!r}")
         if self.n_samples < 1:
@@ -108,6 +115,8 @@ class AgentLog:
         decisions: one dict per environment-action step: ``step`` (index in the trajectory),
             ``n_candidates``, ``chosen`` (index or None), ``action`` and, for CB-Agent, ``p_chosen``.
         format_errors: one dict per malformed reply: ``step``, ``reason``, ``reply``.
+        experiences: rendering "experience": step index -> kept experience of that transition.
+        reviews: rendering "experience": every review call (:meth:`Review.to_dict`), in order.
         memory: Reflexion reflections that were in this trial's context.
         seconds: wall time by phase, summed over the trial: ``route`` (routing generation),
             ``choose`` (candidate set and scoring; CB-Agent), ``env`` (environment steps).
@@ -117,11 +126,14 @@ class AgentLog:
     decisions: list[dict] = field(default_factory=list)
     format_errors: list[dict] = field(default_factory=list)
     memory: list[str] = field(default_factory=list)
-    seconds: dict = field(default_factory=lambda: {"route": 0.0, "choose": 0.0, "env": 0.0})
+    experiences: dict = field(default_factory=dict)
+    reviews: list[dict] = field(default_factory=list)
+    seconds: dict = field(default_factory=lambda: {"route": 0.0, "choose": 0.0, "env": 0.0, "review": 0.0})
 
     def to_dict(self) -> dict:
         return {"replies": self.replies, "decisions": self.decisions, "format_errors": self.format_errors,
-                "memory": self.memory, "seconds": {k: round(v, 4) for k, v in self.seconds.items()}}
+                "memory": self.memory, "experiences": {str(k): v for k, v in self.experiences.items()},
+                "reviews": self.reviews, "seconds": {k: round(v, 4) for k, v in self.seconds.items()}}
 
 
 class ReActAgent:
@@ -131,14 +143,23 @@ class ReActAgent:
         lm: an :class:`agent_shell.lm.protocol.LanguageModel`.
         demos: task type -> rendered demonstrations (:func:`agent_shell.context.render_demo`).
         config: :class:`AgentConfig`.
+        reviewer: the LM view that writes experience reviews (default ``lm``); a separate view
+            keeps its own prefix KV cache (see :func:`agent_shell.commands._common.scoring_view`).
+
+    Attributes:
+        reference: a :class:`agent_shell.context.Reference` shown in every context (reference-
+            history recovery), or None.
     """
 
     name = "react"
 
-    def __init__(self, lm: Any, demos: Mapping[str, Sequence[str]], config: AgentConfig = AgentConfig()):
+    def __init__(self, lm: Any, demos: Mapping[str, Sequence[str]], config: AgentConfig = AgentConfig(),
+                 reviewer: Any = None):
         self.lm = lm
         self.demos = {k: list(v) for k, v in demos.items()}
         self.config = config
+        self.reviewer = lm if reviewer is None else reviewer
+        self.reference: ctx.Reference | None = None
 
     # -- the episode loop ------------------------------------------------------------------
     def run(self, episode: Any, memory: Sequence[str] = (),
@@ -164,8 +185,7 @@ class ReActAgent:
         if episode.budget_left <= 0:
             raise LimitReached()
         t0 = time.perf_counter()
-        reply = self.lm.generate(self.prompt(episode, log.memory), max_new_tokens=self.config.reply_tokens,
-                                 stop=("\n",), temperature=0.0, n=1, seed=self.config.seed)[0]
+        reply = self.route(self.prompt(episode, log.memory, log.experiences))
         t1 = time.perf_counter()
         log.seconds["route"] += t1 - t0
         log.replies.append(reply)
@@ -178,31 +198,56 @@ class ReActAgent:
             episode.act(f"{ctx.THINK_PREFIX} {text}")
             return
         decision = {"step": len(episode.steps)}
-        action = self.choose_action(episode, kind, text, log.memory, decision)
+        action = self.choose_action(episode, kind, text, log, decision)
         t2 = time.perf_counter()
         log.seconds["choose"] += t2 - t1
         log.decisions.append({**decision, "action": action})
         episode.act(action)
-        log.seconds["env"] += time.perf_counter() - t2
+        t3 = time.perf_counter()
+        log.seconds["env"] += t3 - t2
+        if self.config.rendering == "experience" and not episode.done:
+            self.review(episode, log)
+            log.seconds["review"] += time.perf_counter() - t3
+
+    def route(self, prompt: Any) -> str:
+        """The routing reply: greedy, one transcript line."""
+        return self.lm.generate(prompt, max_new_tokens=self.config.reply_tokens, stop=("\n",),
+                                temperature=0.0, n=1, seed=self.config.seed)[0]
+
+    def review(self, episode: Any, log: AgentLog) -> None:
+        """Experience review of the latest transition (rendering "experience"); see
+        :mod:`agent_shell.experience`. A kept experience enters ``log.experiences``."""
+        from agent_shell.experience import review_transition
+
+        start = episode.start
+        index = len(episode.steps) - 1
+        r = review_transition(self.reviewer, start.instruction, start.observation, episode.steps, index,
+                              episode.candidates(), self.config.review_tokens)
+        log.reviews.append(r.to_dict())
+        if r.experience is not None:
+            log.experiences[index] = r.experience
 
     # -- what differs between agents -----------------------------------------------------------
-    def choose_action(self, episode: Any, kind: str, text: str, memory: Sequence[str],
-                      decision: dict) -> str:
+    def choose_action(self, episode: Any, kind: str, text: str, log: AgentLog, decision: dict) -> str:
         """The ReAct baseline's action: the reply itself, or ``look`` for a malformed reply."""
         decision.update(n_candidates=None, chosen=None)
         return text if kind == "action" else FALLBACK_ACTION
 
     # -- contexts ------------------------------------------------------------------------------
-    def scoring_context(self, episode: Any, memory: Sequence[str] = ()) -> str:
-        """Task + history (thoughts included) without demonstrations (seed App. B)."""
+    def scoring_context(self, episode: Any, memory: Sequence[str] = (),
+                        experiences: Mapping[int, str] | None = None) -> ctx.Context:
+        """Task + rendered history (thoughts included) without demonstrations (seed App. B)."""
         start = episode.start
-        return ctx.scoring_context(start.instruction, start.observation, episode.steps,
-                                   self.config.rendering, memory)
+        cfg = self.config
+        return ctx.scoring_context(start.instruction, start.observation, episode.steps, cfg.rendering, memory,
+                                   layout=cfg.layout, experiences=experiences, seed=cfg.seed,
+                                   reference=self.reference)
 
-    def prompt(self, episode: Any, memory: Sequence[str] = ()) -> str:
+    def prompt(self, episode: Any, memory: Sequence[str] = (),
+               experiences: Mapping[int, str] | None = None) -> ctx.Context:
         """The ReAct routing prompt with the demonstrations of the episode's task type."""
         task_type = episode.start.task_type
         if task_type not in self.demos:
             raise ValueError(f"no demonstrations for task type {task_type!r}; have {sorted(self.demos)}")
         return ctx.react_prompt(self.config.header, self.demos[task_type],
-                                self.scoring_context(episode, memory), self.config.task_header)
+                                self.scoring_context(episode, memory, experiences), self.config.task_header)

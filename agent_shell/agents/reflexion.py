@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from agent_shell.agents.react import AgentLog, ReActAgent
+from agent_shell.context import context_text
 
 
 @dataclass
@@ -50,11 +51,13 @@ class Reflexion:
         self.trials = trials
         self.name = agent.name if trials == 1 else f"reflexion-{agent.name}"
 
-    def reflect(self, episode: Any, memory: list[str]) -> str:
-        """The LM's reflection on a failed trial (its transcript, then the instruction)."""
+    def reflect(self, episode: Any, memory: list[str], log: AgentLog | None = None) -> str:
+        """The LM's reflection on a failed trial (its transcript under the agent's rendering,
+        then the instruction; always one text, also in the chat layout)."""
+        log = log if log is not None else AgentLog()
         cfg = self.agent.config
-        prompt = (f"{self.agent.scoring_context(episode, memory)}\n\n"
-                  f"{cfg.reflection_instruction.strip()}\nReflection:")
+        transcript = context_text(self.agent.scoring_context(episode, memory, log.experiences))
+        prompt = f"{transcript}\n\n{cfg.reflection_instruction.strip()}\nReflection:"
         reply = self.agent.lm.generate(prompt, max_new_tokens=cfg.reflection_tokens, stop=("\n\n",),
                                        temperature=0.0, n=1, seed=cfg.seed)[0]
         return " ".join(reply.split())
@@ -79,7 +82,7 @@ class Reflexion:
             trial.log = self.agent.run(trial.episode, memory=memory, on_step=save)
             if trial.episode.won or index == self.trials - 1:
                 break
-            trial.reflection = self.reflect(trial.episode, memory)
+            trial.reflection = self.reflect(trial.episode, memory, trial.log)
             if trial.reflection:
                 memory.append(trial.reflection)
             if on_step is not None:

@@ -11,6 +11,8 @@ from typing import Any, Callable
 import click
 
 ENV_NAMES = ["alfworld", "scienceworld", "textworld"]
+#: ``--history`` choices (kept here so ``--help`` imports nothing heavy; checked in tests).
+RENDERING_NAMES = ("raw", "causal", "check", "experience", "recent3", "obs-only", "shuffle-all", "shuffle-old")
 
 
 def common_options(fn: Callable) -> Callable:
@@ -26,8 +28,13 @@ def common_options(fn: Callable) -> Callable:
                      help="Split the expert demonstrations come from."),
         click.option("--demos-per-type", type=click.IntRange(min=1), default=2, show_default=True,
                      help="Won expert trajectories per task type (ReAct demos and concept data)."),
-        click.option("--rendering", type=click.Choice(["raw"]), default="raw", show_default=True,
-                     help="History rendering (same for fitting and acting)."),
+        click.option("--history", "--rendering", "rendering", type=click.Choice(list(RENDERING_NAMES)),
+                     default="raw", show_default=True,
+                     help="History rendering, the same for demonstrations, fitting and acting: raw, causal "
+                          "(outcome labels), check (re-check reminder), experience (LM review calls, NO "
+                          "UPDATE), and the interventions recent3, obs-only, shuffle-all, shuffle-old."),
+        click.option("--layout", type=click.Choice(["text", "chat"]), default="text", show_default=True,
+                     help="One text prompt, or user/assistant chat messages (chat template)."),
         click.option("--lam", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
                      help="L2 strength of the concept fit (Eq. 6)."),
         click.option("--gamma", type=float, default=0.8, show_default=True,
@@ -110,9 +117,10 @@ def resolve_cache(cache_dir: str | None) -> Path:
 def prepare(env_name: str, model: str | None, dtype: str, demo_split: str, demos_per_type: int,
             rendering: str, lam: float, gamma: float, cache_dir: str | None, need_concepts: bool,
             echo: Callable[[str], None] = click.echo, env: Any = None, lm: Any = None,
-            task_types: Any = None) -> Setup:
+            task_types: Any = None, layout: str = "text") -> Setup:
     """Make the env (unless given), collect (or read) demonstrations (of ``task_types`` only, when
-    given), load the backbone (unless given), fit (or read) concepts."""
+    given), load the backbone (unless given), render the demonstrations (rendering "experience":
+    after reviewing them, cached), fit (or read) concepts."""
     from agent_shell.demos import expert_demos, rendered_demos
     from envs import make_env
 
@@ -124,9 +132,6 @@ def prepare(env_name: str, model: str | None, dtype: str, demo_split: str, demos
         path=cache / "expert" / env_name / f"{demo_split}.jsonl", task_types=task_types,
         on_task=lambda tid: echo(f"collecting expert trajectory {tid}"))
     setup.timings["demos_s"] = time.perf_counter() - t
-    setup.demos = rendered_demos(setup.demo_trajectories, rendering)
-    echo(f"expert demonstrations: {len(setup.demo_trajectories)} won trajectories over "
-         f"{len(setup.demos)} task types ({demo_split}, {demos_per_type} per type)")
     t = time.perf_counter()
     if lm is None:
         from agent_shell.lm import load_language_model
@@ -134,15 +139,30 @@ def prepare(env_name: str, model: str | None, dtype: str, demo_split: str, demos
         lm = load_language_model(model, dtype=resolve_dtype(dtype))
     setup.lm = lm
     setup.timings["load_lm_s"] = time.perf_counter() - t
+    experiences_of = None
+    if rendering == "experience":
+        from agent_shell.experience import review_trajectory
+
+        t = time.perf_counter()
+        reviewed = {}
+        for i, traj in enumerate(setup.demo_trajectories, 1):
+            echo(f"experience reviews {i}/{len(setup.demo_trajectories)}: {traj.task_id}")
+            reviewed[traj.task_id] = review_trajectory(lm, traj, cache)
+        experiences_of = lambda traj: reviewed.get(traj.task_id)  # noqa: E731
+        setup.timings["reviews_s"] = time.perf_counter() - t
+    setup.demos = rendered_demos(setup.demo_trajectories, rendering, experiences_of)
+    echo(f"expert demonstrations: {len(setup.demo_trajectories)} won trajectories over "
+         f"{len(setup.demos)} task types ({demo_split}, {demos_per_type} per type), history {rendering}")
     if need_concepts:
         setup.features, setup.concepts, setup.concepts_dir = fit_from_trajectories(
-            setup.lm, setup.demo_trajectories, rendering, lam, gamma, cache, env_name, echo, setup.timings)
+            setup.lm, setup.demo_trajectories, rendering, lam, gamma, cache, env_name, echo, setup.timings,
+            layout)
     return setup
 
 
 def fit_from_trajectories(lm: Any, trajectories: list, rendering: str, lam: float, gamma: float,
                           cache: Path, env_name: str, echo: Callable[[str], None] = click.echo,
-                          timings: dict | None = None) -> tuple[dict, dict, Path | None]:
+                          timings: dict | None = None, layout: str = "text") -> tuple[dict, dict, Path | None]:
     """Features (cached) and concepts (cached) of ``trajectories``; reports skipped expert steps."""
     import cb_core
     from agent_shell.concepts import cached_concepts, check_concept_matches, collect_features, skipped_summary
@@ -156,15 +176,17 @@ def fit_from_trajectories(lm: Any, trajectories: list, rendering: str, lam: floa
         done.append(traj.task_id)
         echo(f"features {len(done)}/{len(trajectories)}: {traj.task_id}")
 
-    features = collect_features(lm, trajectories, rendering, cache_dir=cache, on_trajectory=on_trajectory)
+    features = collect_features(lm, trajectories, rendering, cache_dir=cache, on_trajectory=on_trajectory,
+                                layout=layout)
     timings["features_s"] = time.perf_counter() - t
     timings["features_lm_s"] = sum(f.lm_seconds for f in features.values())
     echo(f"features: {sum(f.n_decisions for f in features.values())} decisions "
          f"({timings['features_lm_s']:.1f} s of LM time; 0 when cached); {skipped_summary(features)}")
     t = time.perf_counter()
-    concepts, folder = cached_concepts(features, lm, rendering, lam, gamma, env_name=env_name, cache_dir=cache)
+    concepts, folder = cached_concepts(features, lm, rendering, lam, gamma, env_name=env_name, cache_dir=cache,
+                                       layout=layout)
     for concept in concepts.values():
-        check_concept_matches(concept, lm, rendering)
+        check_concept_matches(concept, lm, rendering, layout)
     timings["fit_s"] = time.perf_counter() - t
     echo(f"concepts: {len(concepts)} task types -> {folder}")
     return features, concepts, folder

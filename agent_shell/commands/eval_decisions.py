@@ -54,7 +54,7 @@ def decision_accuracy(features: dict, concepts: dict) -> list[dict]:
 @click.option("--heldout-per-type", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the rows as JSON here.")
-def eval_decisions(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamma, cache_dir,
+def eval_decisions(env_name, model, dtype, demo_split, demos_per_type, rendering, layout, lam, gamma, cache_dir,
                    heldout_split, heldout_per_type, out_path) -> None:
     """Top-1 accuracy on held-out expert decisions for alpha = 0 and the fitted concepts."""
     import orjson
@@ -65,7 +65,7 @@ def eval_decisions(env_name, model, dtype, demo_split, demos_per_type, rendering
 
     console = make_console()
     setup = prepare(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamma, cache_dir,
-                    need_concepts=True, echo=console.print)
+                    need_concepts=True, echo=console.print, layout=layout)
     try:
         same_split = heldout_split == demo_split
         trajs = expert_demos(setup.env, demos_per_type + heldout_per_type if same_split else heldout_per_type,
@@ -75,7 +75,7 @@ def eval_decisions(env_name, model, dtype, demo_split, demos_per_type, rendering
         used = {t.task_id for t in setup.demo_trajectories}
         heldout = [t for t in trajs if t.task_id not in used]
         console.print(f"held out: {len(heldout)} won expert trajectories from {heldout_split}")
-        features = collect_features(setup.lm, heldout, rendering, cache_dir=setup.cache)
+        features = collect_features(setup.lm, heldout, rendering, cache_dir=setup.cache, layout=layout)
         console.print(f"held-out decisions: {sum(f.n_decisions for f in features.values())}; "
                       f"{skipped_summary(features)}")
     finally:

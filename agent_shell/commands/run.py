@@ -43,7 +43,7 @@ from agent_shell.commands._common import common_options, make_console, prepare, 
               help="Results folder (default: runs/<env>-<split>).")
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip episodes already in the results file (after an interruption).")
-def run(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamma, cache_dir, agents, split,
+def run(env_name, model, dtype, demo_split, demos_per_type, rendering, layout, lam, gamma, cache_dir, agents, split,
         per_type, all_games, n_games, game_ids, max_steps, action_space, reflexion_trials, seed, out_dir,
         resume) -> None:
     """Run agents on evaluation games; print the success table and write a chart."""
@@ -65,18 +65,21 @@ def run(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamm
         type_of = getattr(env, "task_type_of", None)
         setup = prepare(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamma, cache_dir,
                         need_concepts=any(needs_concepts(a) for a in agents), echo=console.print, env=env,
-                        task_types=None if type_of is None else {type_of(t) for t in task_ids})
-        config = AgentConfig.for_env(env_name, rendering=rendering, action_space=action_space, seed=seed)
+                        task_types=None if type_of is None else {type_of(t) for t in task_ids}, layout=layout)
+        config = AgentConfig.for_env(env_name, rendering=rendering, layout=layout, action_space=action_space,
+                                     seed=seed)
         meta = {"env": env_name, "split": split, "model": setup.lm.name, "dtype": resolve_dtype(dtype), "seed": seed,
-                "rendering": rendering, "action_space": action_space, "demos_per_type": demos_per_type,
+                "rendering": rendering, "layout": layout, "action_space": action_space, "demos_per_type": demos_per_type,
                 "concepts_dir": str(setup.concepts_dir) if setup.concepts_dir else None}
         console.print(f"{len(task_ids)} {split} games x {len(agents)} agent(s), budget {max_steps} steps "
                       f"(think steps included) -> {results_path}")
         scorer = scoring_view(setup.lm)
+        reviewer = scoring_view(setup.lm) if rendering == "experience" else None  # its own KV cache
         start = time.perf_counter()
         with make_progress() as progress:
             for name in agents:
-                agent = build_agent(name, setup.lm, setup.demos, setup.concepts, config, reflexion_trials, scorer)
+                agent = build_agent(name, setup.lm, setup.demos, setup.concepts, config, reflexion_trials, scorer,
+                                    reviewer)
                 summary = run_episodes(env, agent, task_ids, results_path, max_steps, resume=resume,
                                        meta=meta, progress=progress)
                 if summary.skipped:

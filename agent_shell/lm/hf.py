@@ -34,12 +34,12 @@ import inspect
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from agent_shell.lm.protocol import DEFAULT_ACTION_PREFIX, CandidateScores
+from agent_shell.lm.protocol import DEFAULT_ACTION_PREFIX, CandidateScores, Context
 
 #: Accepted ``dtype`` spellings.
 DTYPES: dict[str, torch.dtype] = {
@@ -241,26 +241,51 @@ class HFLanguageModel:
         }
 
     # ------------------------------------------------------------------ formatting
-    def render(self, context: str, action_prefix: str = DEFAULT_ACTION_PREFIX) -> str:
-        """The text every candidate is appended to: the conditioning of log Q(a | x)."""
+    def render(self, context: Context, action_prefix: str = DEFAULT_ACTION_PREFIX) -> str:
+        """The text every candidate is appended to: the conditioning of log Q(a | x).
+
+        ``context`` is a text (joined per ``formatting``) or a list of chat messages
+        (``{"role", "content"}``), which always go through the chat template with a generation
+        prompt, so a candidate is the next assistant message's content.
+        """
+        if not isinstance(context, str):
+            return self._template(context) + action_prefix
         if self.formatting == "plain":
             return context + action_prefix
         return self._chat(context) + action_prefix
 
-    def render_prompt(self, prompt: str) -> str:
-        """The text :meth:`generate` continues (``"chat"``: the prompt as one user message)."""
+    def render_prompt(self, prompt: Context) -> str:
+        """The text :meth:`generate` continues (``"chat"``: a text prompt as one user message;
+        a message list: through the chat template)."""
+        if not isinstance(prompt, str):
+            return self._template(prompt)
         return prompt if self.formatting == "plain" else self._chat(prompt)
 
+    def _uses_template(self, context: Context) -> bool:
+        return not isinstance(context, str) or self.formatting != "plain"
+
     def _chat(self, text: str) -> str:
-        return self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
+        return self._template([{"role": "user", "content": text}])
+
+    def _template(self, messages: Sequence[Mapping[str, str]]) -> str:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"model {self.name!r} has no chat template: use the text layout / plain formatting")
+        messages = list(messages)
+        if not messages:
+            raise ValueError("empty message list: nothing to condition on")
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or m.get("role") not in ("system", "user", "assistant") \
+                    or not isinstance(m.get("content"), str):
+                raise ValueError(f"message {i} is {m!r}: need a dict with role system/user/assistant and str content")
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     # ------------------------------------------------------------------ tokenization
-    def encode(self, text: str) -> list[int]:
-        """Token ids of a rendered text: special tokens added once for ``"plain"`` (the chat
-        template writes its own), a doubled leading BOS collapsed."""
-        ids = self.tokenizer(text, add_special_tokens=self.formatting == "plain")["input_ids"]
+    def encode(self, text: str, templated: bool | None = None) -> list[int]:
+        """Token ids of a rendered text: special tokens added once for plain text (a chat
+        template writes its own; ``templated`` defaults to ``formatting == "chat"``), a doubled
+        leading BOS collapsed."""
+        templated = self.formatting != "plain" if templated is None else templated
+        ids = self.tokenizer(text, add_special_tokens=not templated)["input_ids"]
         return self._dedupe_bos(list(ids))
 
     def _dedupe_bos(self, ids: list, offsets: list | None = None) -> list:
@@ -270,14 +295,16 @@ class HFLanguageModel:
                 del offsets[0]
         return ids
 
-    def tokenize_continuations(self, base: str, actions: Sequence[str]) -> list[TokenizedContinuation]:
+    def tokenize_continuations(self, base: str, actions: Sequence[str],
+                               templated: bool | None = None) -> list[TokenizedContinuation]:
         """Tokenize ``base + action`` for each action and locate its first action token.
 
         Raises:
             ValueError: an action that yields no token of its own.
         """
         fulls = [base + a for a in actions]
-        special = self.formatting == "plain"
+        templated = self.formatting != "plain" if templated is None else templated
+        special = not templated
         out = []
         if getattr(self.tokenizer, "is_fast", False):
             enc = self.tokenizer(fulls, add_special_tokens=special, return_offsets_mapping=True)
@@ -291,9 +318,9 @@ class HFLanguageModel:
                 first = next((k for k, (_, end) in enumerate(offsets) if end > len(base)), len(ids))
                 out.append(TokenizedContinuation(tuple(ids), first))
         else:  # no offsets: the action's tokens are those after the common prefix with base's tokens
-            base_ids = self.encode(base)
+            base_ids = self.encode(base, templated)
             for full in fulls:
-                ids = self.encode(full)
+                ids = self.encode(full, templated)
                 out.append(TokenizedContinuation(tuple(ids), _common_prefix_len(base_ids, ids)))
         for action, tok in zip(actions, out):
             if tok.n_action < 1:
@@ -362,7 +389,7 @@ class HFLanguageModel:
     @torch.inference_mode()
     def score(
         self,
-        context: str,
+        context: Context,
         candidates: Sequence[str],
         action_prefix: str = DEFAULT_ACTION_PREFIX,
     ) -> CandidateScores:
@@ -386,7 +413,7 @@ class HFLanguageModel:
             if not isinstance(a, str) or not a:
                 raise ValueError(f"candidate {i} is {a!r}: every candidate must be a non-empty string")
         base = self.render(context, action_prefix)
-        toks = self.tokenize_continuations(base, actions)
+        toks = self.tokenize_continuations(base, actions, self._uses_template(context))
         longest = max(toks, key=lambda t: len(t.ids))
         if len(longest.ids) > self.max_context_tokens:
             raise ValueError(
@@ -502,7 +529,7 @@ class HFLanguageModel:
     @torch.inference_mode()
     def generate(
         self,
-        prompt: str,
+        prompt: Context,
         max_new_tokens: int = 64,
         stop: Sequence[str] = (),
         temperature: float = 0.0,
@@ -532,7 +559,7 @@ class HFLanguageModel:
             stop = (stop,)
         if any(not s for s in stop):
             raise ValueError(f"stop={stop!r} contains an empty string")
-        ids = self.encode(self.render_prompt(prompt))
+        ids = self.encode(self.render_prompt(prompt), self._uses_template(prompt))
         if not ids:
             raise ValueError("empty prompt: nothing to continue (the tokenizer adds no BOS)")
         room = self.max_context_tokens - len(ids)

@@ -9,12 +9,17 @@ need free generation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Mapping, Protocol, Sequence, Union, runtime_checkable
 
 import numpy as np
 
 #: The seed paper's plain-text action prefix: candidates are scored as ``context + "\n> " + action``.
 DEFAULT_ACTION_PREFIX = "\n> "
+
+#: A context or prompt: one text, or chat messages (``{"role": ..., "content": ...}`` dicts, roles
+#: system / user / assistant) that a backend lays out with its chat template and a generation
+#: prompt (a candidate is then the next assistant message; pass ``action_prefix=""``).
+Context = Union[str, Sequence[Mapping[str, str]]]
 
 
 @dataclass(frozen=True)
@@ -42,11 +47,12 @@ class LanguageModel(Protocol):
 
     def score(
         self,
-        context: str,
+        context: Context,
         candidates: Sequence[str],
         action_prefix: str = DEFAULT_ACTION_PREFIX,
     ) -> CandidateScores:
-        """Score each candidate as a continuation of ``context + action_prefix``.
+        """Score each candidate as a continuation of ``context + action_prefix`` (a message list:
+        of the chat template's generation prompt + ``action_prefix``).
 
         Raises:
             ValueError: empty candidate list, an empty candidate string, or a context longer
@@ -56,7 +62,7 @@ class LanguageModel(Protocol):
 
     def generate(
         self,
-        prompt: str,
+        prompt: Context,
         max_new_tokens: int = 64,
         stop: Sequence[str] = (),
         temperature: float = 0.0,

@@ -43,6 +43,7 @@ class FakeLM:
         self.prompts: list[str] = []
         self.score_calls: list[tuple[str, list[str]]] = []
         self._i = 0
+        self._last = None
 
     def score(self, context, candidates, action_prefix="\n> "):
         if not candidates or any(not c for c in candidates):
@@ -59,13 +60,22 @@ class FakeLM:
                                np.asarray(hidden, np.float32))
 
     def generate(self, prompt, max_new_tokens=64, stop=(), temperature=0.0, n=1, seed=None):
+        """Scripted replies; like a greedy LM, a repeated greedy prompt gets the same reply again
+        (no script entry consumed), cut to ``max_new_tokens`` words when that is below 8."""
         self.prompts.append(prompt)
         if callable(self.replies):
-            return list(self.replies(prompt, temperature, n))
-        out = []
-        for _ in range(n):
-            out.append(self.replies[min(self._i, len(self.replies) - 1)])
-            self._i += 1
+            out = list(self.replies(prompt, temperature, n))
+        elif temperature == 0 and self._last is not None and self._last[0] == prompt:
+            out = [self._last[1]] * n
+        else:
+            out = []
+            for _ in range(n):
+                out.append(self.replies[min(self._i, len(self.replies) - 1)])
+                self._i += 1
+            if temperature == 0:
+                self._last = (prompt, out[0])
+        if max_new_tokens < 8:
+            out = [" ".join(r.split(" ")[:max_new_tokens + 1]) for r in out]  # a leading space is no word
         return out
 
 

@@ -44,8 +44,8 @@ def test_react_prompt_layout():
 
 
 def test_unknown_rendering_is_named():
-    with pytest.raises(ValueError, match="'causal'"):
-        ctx.render_history(STEPS, rendering="causal")
+    with pytest.raises(ValueError, match="'sideways'"):
+        ctx.render_history(STEPS, rendering="sideways")
 
 
 @pytest.mark.parametrize("reply, expected", [

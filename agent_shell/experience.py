@@ -1,0 +1,167 @@
+"""Experience review: after each non-terminal transition the LM may keep one experience.
+
+The Experience rendering (:mod:`agent_shell.history`) shows, beside a transition, an
+*experience*: one concise statement of a general implication of the observation (not a plan,
+not a concrete next action). A separate review call of the LM gets the task, the raw history,
+the latest action and its observation, and replies either ``NO UPDATE`` or such a statement.
+An invalid reply counts as ``NO UPDATE`` (:func:`parse_review` says why it is invalid).
+
+Reviews are greedy (deterministic for a given backbone and dtype). Reviews of expert
+trajectories (used for demonstrations and concept fitting under the Experience rendering) are
+cached per trajectory in ``<cache>/experiences/<key>.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from agent_shell.context import render_history, render_task
+
+#: The reply that keeps nothing.
+NO_UPDATE = "NO UPDATE"
+#: Bumped when the review prompt or the validity rules change (part of the cache key).
+REVIEW_VERSION = 1
+
+REVIEW_INSTRUCTION = (
+    "Review the latest action and its observation. If the observation shows something general "
+    "that is worth remembering for the rest of this task (for example, that an action has no "
+    "effect here, or what a place contains), state it as one short experience sentence. Do not "
+    f"write a plan or the next action. If there is nothing new, reply exactly {NO_UPDATE}."
+)
+#: Longest experience kept, in words.
+MAX_WORDS = 40
+_PLAN_START = re.compile(r"^(next|then|now|i will|i'll|i should|i need|i must|let's|let me|plan|step \d|you should|"
+                         r"you need|try|go to|take|put|move|open|close|use|examine|think:|>)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Review:
+    """One review call's outcome.
+
+    Attributes:
+        step: index of the reviewed transition in the trajectory.
+        reply: the LM's raw reply.
+        experience: the kept experience, or None (``NO UPDATE`` or invalid).
+        invalid: why the reply was rejected ("" when valid).
+    """
+
+    step: int
+    reply: str
+    experience: str | None
+    invalid: str = ""
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "reply": self.reply, "experience": self.experience, "invalid": self.invalid}
+
+
+def review_prompt(instruction: str, observation: str, steps: Sequence[Any], index: int) -> str:
+    """The review prompt of transition ``index``: task, raw history before it, the transition.
+
+    The text is ordered so that consecutive reviews of one episode share their longest prefix
+    (task + history), which the backend's KV cache reuses.
+    """
+    step = steps[index]
+    history = render_history(steps[:index], "raw")
+    parts = [render_task(instruction, observation)] + ([history] if history else [])
+    return ("\n".join(parts) + f"\n\nLatest action: {step.action.strip()}\nObservation: "
+            f"{step.observation.strip()}\n\n{REVIEW_INSTRUCTION}\nExperience:")
+
+
+def parse_review(reply: str, actions: Sequence[str] = ()) -> tuple[str | None, str]:
+    """(experience or None, reason it is invalid or "").
+
+    ``NO UPDATE`` (any case, any trailing text) keeps nothing and is valid. Invalid, hence kept as
+    nothing: an empty reply; no letters; more than :data:`MAX_WORDS` words; a plan or a concrete
+    next action (starts like one, e.g. "next", "I will", "go to", "> ", or contains one of
+    ``actions`` verbatim, e.g. the episode's candidate commands).
+    """
+    text = " ".join(reply.split()).strip().strip('"').strip()
+    if text.upper().startswith(NO_UPDATE):
+        return None, ""
+    if not text:
+        return None, "empty"
+    if not re.search(r"[A-Za-z]", text):
+        return None, "no letters"
+    if len(text.split()) > MAX_WORDS:
+        return None, f"longer than {MAX_WORDS} words"
+    if _PLAN_START.match(text):
+        return None, "plan or next action"
+    low = text.lower()
+    for a in actions:
+        if a and len(a.split()) > 1 and a.lower() in low:
+            return None, f"names the action {a!r}"
+    return text, ""
+
+
+def review_transition(lm: Any, instruction: str, observation: str, steps: Sequence[Any], index: int,
+                      candidates: Sequence[str] = (), max_new_tokens: int = 48) -> Review:
+    """Run one review call of ``lm`` on transition ``index`` (greedy, one line)."""
+    reply = lm.generate(review_prompt(instruction, observation, steps, index), max_new_tokens=max_new_tokens,
+                        stop=("\n",), temperature=0.0, n=1)[0]
+    experience, invalid = parse_review(reply, candidates)
+    return Review(index, reply, experience, invalid)
+
+
+@dataclass
+class ReviewStats:
+    """Counts over review calls: reviews, kept experiences, NO UPDATE replies, invalid replies."""
+
+    reviews: int = 0
+    kept: int = 0
+    no_update: int = 0
+    invalid: int = 0
+    reasons: dict = field(default_factory=dict)
+
+    def add(self, review: Review) -> None:
+        self.reviews += 1
+        if review.experience is not None:
+            self.kept += 1
+        elif review.invalid:
+            self.invalid += 1
+            self.reasons[review.invalid.split(" ")[0]] = self.reasons.get(review.invalid.split(" ")[0], 0) + 1
+        else:
+            self.no_update += 1
+
+    @property
+    def rate(self) -> float:
+        """Kept experiences per review (0 when there was no review)."""
+        return self.kept / self.reviews if self.reviews else 0.0
+
+
+def reviewable(steps: Sequence[Any]) -> list[int]:
+    """Indices of non-terminal environment transitions (the ones that get a review)."""
+    return [i for i, s in enumerate(steps) if s.kind == "env" and not s.done]
+
+
+def review_trajectory(lm: Any, trajectory: Any, cache_dir: str | os.PathLike | None = None) -> dict[int, str]:
+    """Experiences of every non-terminal transition of an expert ``trajectory`` (step -> text).
+
+    Cached in ``<cache_dir>/experiences/<key>.json``; the key hashes the backbone, its dtype and
+    formatting, :data:`REVIEW_VERSION` and the trajectory's text.
+    """
+    steps = trajectory.steps
+    payload = json.dumps([REVIEW_VERSION, lm.name, getattr(lm, "formatting", ""), str(getattr(lm, "dtype", "")),
+                          trajectory.instruction, trajectory.observation,
+                          [(s.kind, s.action, s.observation, s.done) for s in steps]], ensure_ascii=False)
+    key = hashlib.sha256(payload.encode()).hexdigest()[:32]
+    path = Path(cache_dir) / "experiences" / f"{key}.json" if cache_dir is not None else None
+    if path is not None and path.exists():
+        return {int(k): v for k, v in json.loads(path.read_text())["experiences"].items()}
+    out: dict[int, str] = {}
+    reviews = []
+    for i in reviewable(steps):
+        r = review_transition(lm, trajectory.instruction, trajectory.observation, steps, i, steps[i].candidates or ())
+        reviews.append(r.to_dict())
+        if r.experience is not None:
+            out[i] = r.experience
+    if path is not None:
+        from agent_shell.runner import write_json_atomic
+
+        write_json_atomic(path, {"task_id": trajectory.task_id, "experiences": out, "reviews": reviews})
+    return out
