@@ -58,12 +58,21 @@ class Row:
         return self.won / self.n if self.n else 0.0
 
 
+def agent_label(record: dict) -> str:
+    """The agent's name, with its history rendering and layout when they are not the default
+    (``react [causal]``, ``cb-agent [experience, chat]``), so one table compares renderings."""
+    extras = [x for x in (record.get("rendering", "raw"), record.get("layout", "text")) if x not in ("raw", "text")]
+    return f"{record['agent']} [{', '.join(extras)}]" if extras else record["agent"]
+
+
 def summarize(records: Iterable[dict]) -> list[Row]:
-    """Rows per (agent, task type), then each agent's ``all`` row; agents in first-seen order."""
+    """Rows per (agent, task type), then each agent's ``all`` row; agents (labelled by
+    :func:`agent_label`) in first-seen order."""
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in records:
-        groups[(r["agent"], r["task_type"])].append(r)
-        groups[(r["agent"], ALL)].append(r)
+        label = agent_label(r)
+        groups[(label, r["task_type"])].append(r)
+        groups[(label, ALL)].append(r)
     agents = list(dict.fromkeys(a for a, _ in groups))
     rows = []
     for agent in agents:

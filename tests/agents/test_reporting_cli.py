@@ -43,6 +43,15 @@ def test_summarize_and_chart(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_summarize_separates_renderings_and_layouts():
+    recs = [record("react", "open", True), {**record("react", "open", False), "rendering": "causal"},
+            {**record("react", "open", False), "rendering": "experience", "layout": "chat"},
+            {**record("react", "open", True), "rendering": "raw", "layout": "text"}]
+    rows = [r for r in summarize(recs) if r.task_type == "all"]
+    assert [(r.agent, r.won, r.n) for r in rows] == [
+        ("react", 2, 2), ("react [causal]", 0, 1), ("react [experience, chat]", 0, 1)]
+
+
 @pytest.fixture()
 def doubles(monkeypatch, tmp_path):
     monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "cache"))
