@@ -119,25 +119,24 @@ def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
     A malformed or torn line is skipped with a warning naming its line number (its episode is
     not finished and a resumed run redoes it); nothing is dropped silently.
     """
+    from envs.trajectory import iter_jsonl
+
     path = Path(path)
     if not path.exists():
         return []
     out = []
-    with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                if not raw.endswith(b"\n"):
-                    raise ValueError("torn line (no final newline)")
-                record = orjson.loads(raw)
-                if not isinstance(record, dict) or "task_id" not in record or "agent" not in record:
-                    raise ValueError("not an episode record")
-            except (orjson.JSONDecodeError, ValueError) as err:
-                warnings.warn(f"{path}:{number}: skipped malformed results line: {err}", stacklevel=2)
-                continue
-            out.append(record)
+    for number, record, err in iter_jsonl(path, _episode_record):
+        if err is not None:
+            warnings.warn(f"{path}:{number}: skipped malformed results line: {err}", stacklevel=2)
+            continue
+        out.append(record)
     return out
+
+
+def _episode_record(record: Any) -> dict[str, Any]:
+    if not isinstance(record, dict) or "task_id" not in record or "agent" not in record:
+        raise ValueError("not an episode record")
+    return record
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:

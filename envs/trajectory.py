@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 
 import orjson
 
@@ -216,6 +216,32 @@ class MalformedLine:
     error: str
 
 
+def iter_jsonl(path: str | os.PathLike,
+               parse: Callable[[Any], Any] = lambda record: record) -> Iterator[tuple[int, Any, str | None]]:
+    """Yield ``(line number, parse(record), None)`` per good line of a JSONL file, or
+    ``(line number, None, why)`` for a malformed one; blank lines are ignored.
+
+    A line without its final newline is torn (an interrupted write) and reported as malformed.
+    ``parse`` may raise ValueError to reject a well-formed JSON value. Each reader chooses its own
+    policy for bad lines (raise, or skip and report); none drops one silently.
+
+    Raises:
+        FileNotFoundError: no such file.
+    """
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                if not raw.endswith(b"\n"):
+                    raise ValueError("truncated line (no final newline; an interrupted write?)")
+                value = parse(orjson.loads(raw))
+            except (orjson.JSONDecodeError, ValueError) as err:
+                yield number, None, str(err)
+                continue
+            yield number, value, None
+
+
 def read_trajectories(
     path: str | os.PathLike,
     on_error: Literal["raise", "skip"] = "raise",
@@ -235,24 +261,18 @@ def read_trajectories(
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     out: list[Trajectory] = []
-    with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                if not raw.endswith(b"\n"):
-                    raise ValueError("truncated line (no final newline; an interrupted write?)")
-                out.append(Trajectory.from_record(orjson.loads(raw)))
-            except (orjson.JSONDecodeError, ValueError) as err:
-                bad = MalformedLine(number, str(err))
-                if on_error == "raise":
-                    raise ValueError(f"{path}:{number}: malformed trajectory line: {err}") from None
-                if report is None:
-                    import warnings
+    for number, traj, err in iter_jsonl(path, Trajectory.from_record):
+        if err is None:
+            out.append(traj)
+            continue
+        if on_error == "raise":
+            raise ValueError(f"{path}:{number}: malformed trajectory line: {err}")
+        if report is None:
+            import warnings
 
-                    warnings.warn(f"{path}:{number}: skipped malformed trajectory line: {err}", stacklevel=2)
-                else:
-                    report(bad)
+            warnings.warn(f"{path}:{number}: skipped malformed trajectory line: {err}", stacklevel=2)
+        else:
+            report(MalformedLine(number, err))
     return out
 
 
