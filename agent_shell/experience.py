@@ -26,7 +26,7 @@ from agent_shell.context import render_history, render_task
 #: The reply that keeps nothing.
 NO_UPDATE = "NO UPDATE"
 #: Bumped when the review prompt or the validity rules change (part of the cache key).
-REVIEW_VERSION = 1
+REVIEW_VERSION = 2
 
 REVIEW_INSTRUCTION = (
     "Review the latest action and its observation. If the observation shows something general "
@@ -36,8 +36,12 @@ REVIEW_INSTRUCTION = (
 )
 #: Longest experience kept, in words.
 MAX_WORDS = 40
-_PLAN_START = re.compile(r"^(next|then|now|i will|i'll|i should|i need|i must|let's|let me|plan|step \d|you should|"
-                         r"you need|try|go to|take|put|move|open|close|use|examine|think:|>)", re.IGNORECASE)
+# whole words only: "Closed drawers ...", "Opening ...", "Plants ..." are no plans
+_PLAN_START = re.compile(r"^(?:(?:next|then|now|i will|i'll|i should|i need|i must|let's|let me|plan|step \d+|"
+                         r"you should|you need|try|go to|take|put|move|open|close|use|examine)\b|think:|>)",
+                         re.IGNORECASE)
+#: Wrapping an LM may put around a reply (quotes, markdown emphasis or code marks).
+_WRAPPING = "\"'*`_ "
 
 
 @dataclass(frozen=True)
@@ -76,12 +80,15 @@ def review_prompt(instruction: str, observation: str, steps: Sequence[Any], inde
 def parse_review(reply: str, actions: Sequence[str] = ()) -> tuple[str | None, str]:
     """(experience or None, reason it is invalid or "").
 
+    The reply's whitespace is collapsed and surrounding quotes / markdown marks are removed.
     ``NO UPDATE`` (any case, any trailing text) keeps nothing and is valid. Invalid, hence kept as
     nothing: an empty reply; no letters; more than :data:`MAX_WORDS` words; a plan or a concrete
-    next action (starts like one, e.g. "next", "I will", "go to", "> ", or contains one of
-    ``actions`` verbatim, e.g. the episode's candidate commands).
+    next action (its first word(s) are those of one, e.g. "next", "I will", "go to", "open",
+    or it starts with "> " or "think:"; "Opening ..." or "Closed ..." do not count), or it
+    contains one of ``actions`` (of two or more words) verbatim, ignoring case: the candidate
+    commands of the state after the reviewed step.
     """
-    text = " ".join(reply.split()).strip().strip('"').strip()
+    text = " ".join(reply.split()).strip(_WRAPPING)
     if text.upper().startswith(NO_UPDATE):
         return None, ""
     if not text:
@@ -101,7 +108,11 @@ def parse_review(reply: str, actions: Sequence[str] = ()) -> tuple[str | None, s
 
 def review_transition(lm: Any, instruction: str, observation: str, steps: Sequence[Any], index: int,
                       candidates: Sequence[str] = (), max_new_tokens: int = 48) -> Review:
-    """Run one review call of ``lm`` on transition ``index`` (greedy, one line)."""
+    """Run one review call of ``lm`` on transition ``index`` (greedy, one line).
+
+    ``candidates``: the candidate commands of the state *after* the transition (the next
+    action's options; an acting agent's ``episode.candidates()`` right after the step).
+    """
     reply = lm.generate(review_prompt(instruction, observation, steps, index), max_new_tokens=max_new_tokens,
                         stop=("\n",), temperature=0.0, n=1)[0]
     experience, invalid = parse_review(reply, candidates)
@@ -139,6 +150,19 @@ def reviewable(steps: Sequence[Any]) -> list[int]:
     return [i for i, s in enumerate(steps) if s.kind == "env" and not s.done]
 
 
+def candidates_after(steps: Sequence[Any], index: int) -> list[str]:
+    """The candidate set of the state after step ``index`` of a recorded trajectory: that of the
+    next environment step (an acting agent sees the same set right after the step), without a
+    gold action a collector appended to it (``info["expert_appended"]``); [] if none."""
+    for s in steps[index + 1:]:
+        if s.kind == "env":
+            candidates = list(s.candidates or ())
+            if (s.info or {}).get("expert_appended") and candidates and candidates[-1] == s.action:
+                candidates.pop()
+            return candidates
+    return []
+
+
 def review_trajectory(lm: Any, trajectory: Any, cache_dir: str | os.PathLike | None = None) -> dict[int, str]:
     """Experiences of every non-terminal transition of an expert ``trajectory`` (step -> text).
 
@@ -156,12 +180,14 @@ def review_trajectory(lm: Any, trajectory: Any, cache_dir: str | os.PathLike | N
     out: dict[int, str] = {}
     reviews = []
     for i in reviewable(steps):
-        r = review_transition(lm, trajectory.instruction, trajectory.observation, steps, i, steps[i].candidates or ())
+        r = review_transition(lm, trajectory.instruction, trajectory.observation, steps, i,
+                              candidates_after(steps, i))
         reviews.append(r.to_dict())
         if r.experience is not None:
             out[i] = r.experience
     if path is not None:
         from agent_shell.runner import write_json_atomic
 
-        write_json_atomic(path, {"task_id": trajectory.task_id, "experiences": out, "reviews": reviews})
+        write_json_atomic(path, {"task_id": trajectory.task_id, "experiences": {str(k): v for k, v in out.items()},
+                                 "reviews": reviews})
     return out
