@@ -68,7 +68,8 @@ class CBAgent(ReActAgent):
         """
         peek = self.lm.generate(prompt, max_new_tokens=ROUTE_PEEK_TOKENS, stop=("\n",), temperature=0.0,
                                 n=1, seed=self.config.seed)[0]
-        head = peek.strip().lower()
+        # read the peek as parse_reply reads a reply: leading ">" marks are no part of it
+        head = peek.split("\n", 1)[0].strip().lstrip(">").strip().lower()
         if not head or THINK_PREFIX.startswith(head) or head.startswith(THINK_PREFIX.rstrip(":")):
             return super().route(prompt)
         return peek
