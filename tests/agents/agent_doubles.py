@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Callable, Sequence
 
 import numpy as np
@@ -21,6 +22,11 @@ from envs.protocol import StepResult, TaskStart
 
 def _seed(*parts: str) -> int:
     return int.from_bytes(hashlib.sha256("\x00".join(parts).encode()).digest()[:8], "little")
+
+
+def _text(context) -> str:
+    """A context as one string: a text as is, chat messages as JSON (so both layouts score)."""
+    return context if isinstance(context, str) else json.dumps(list(context), sort_keys=True)
 
 
 class FakeLM:
@@ -51,7 +57,7 @@ class FakeLM:
         self.score_calls.append((context, list(candidates)))
         log_q, hidden = [], []
         for c in candidates:
-            rng = np.random.default_rng(_seed(context[-300:], c))
+            rng = np.random.default_rng(_seed(_text(context)[-300:], c))
             boost = 5.0 if self.prefer and self.prefer in c else 0.0
             log_q.append(-rng.uniform(1.0, 6.0) * len(c.split()) + boost)
             hidden.append(rng.normal(size=self.hidden_size))
