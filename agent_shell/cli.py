@@ -18,6 +18,8 @@ COMMANDS: dict[str, str] = {
     "eval-decisions": "agent_shell.commands.eval_decisions:eval_decisions",
     "run": "agent_shell.commands.run:run",
     "report": "agent_shell.commands.report:report",
+    "probe": "agent_shell.commands.probe:probe",
+    "recover": "agent_shell.commands.recover:recover",
 }
 
 

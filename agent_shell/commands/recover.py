@@ -1,0 +1,90 @@
+"""``cb-agent recover``: reference-history recovery of issue 5 (see :mod:`agent_shell.studies`).
+
+Unsuccessful trajectories of ``cb-agent run`` (L steps, at least 6 environment steps) are
+replayed to step floor(L/3) in a fresh episode; the agent then plays at most ``--new-actions``
+new steps with (a) that history, or (b) that history plus the recorded steps
+floor(L/3)..floor(2L/3) shown as a Reference block, under each ``--history`` rendering. One JSON
+line per (item, condition, rendering, agent); ``--resume`` continues an interrupted study.
+"""
+
+from __future__ import annotations
+
+import click
+
+from agent_shell.commands._common import RENDERING_NAMES, make_console
+from agent_shell.commands.probe import ACTORS, AgentFactory, study_options, study_progress
+
+#: = :data:`agent_shell.studies.CONDITIONS`.
+CONDITIONS = ("history", "reference")
+
+
+@click.command()
+@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--condition", "conditions", type=click.Choice(CONDITIONS), multiple=True, default=CONDITIONS,
+              show_default=True, help="history: the replayed history; reference: plus the recorded segment.")
+@click.option("--history", "renderings", type=click.Choice(list(RENDERING_NAMES)), multiple=True,
+              default=("raw",), show_default=True, help="Rendering(s) (repeatable), e.g. raw, causal, experience.")
+@click.option("--agent", "actors", type=click.Choice(ACTORS), multiple=True, default=("react",),
+              show_default=True, help="Agent(s) that continue (repeatable).")
+@click.option("--max-items", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Cap on the failed trajectories, in file order; 0 = all.")
+@click.option("--new-actions", type=click.IntRange(min=1), default=30, show_default=True,
+              help="New steps after the replay (think steps included).")
+@click.option("--out", type=click.Path(dir_okay=False), default="recover/recover.jsonl", show_default=True)
+@click.option("--resume/--no-resume", default=False, show_default=True,
+              help="Skip (item, condition, rendering, agent) keys already in --out.")
+@study_options
+def recover(results, conditions, renderings, actors, max_items, new_actions, out, resume, model, dtype, demo_split,
+            demos_per_type, layout, cache_dir, seed) -> None:
+    """Reference-history recovery on RESULTS (JSONL files of `cb-agent run`): replay failed trajectories
+    to a third of their length, continue, and report how many are won."""
+    from agent_shell import studies
+    from agent_shell.commands._common import resolve_dtype
+    from agent_shell.runner import read_results
+    from envs import make_env
+
+    console = make_console()
+    conditions, renderings, actors = (tuple(dict.fromkeys(x)) for x in (conditions, renderings, actors))
+    trials = studies.recorded_trials(results)
+    items = studies.select_recovery_items(trials, max_items)
+    if not items:
+        raise click.ClickException(f"no unsuccessful trajectory with >= {studies.MIN_ENV_STEPS} environment steps "
+                                   f"among {len(trials)} trials of {', '.join(results)}")
+    env_name = studies.env_name_of([i.recorded for i in items])
+    console.print(f"{len(items)} failed trajectories x {len(conditions)} condition(s) x {len(renderings)} "
+                  f"rendering(s) x {len(actors)} agent(s), {new_actions} new steps each -> {out}")
+    env = make_env(env_name)
+    try:
+        factory = AgentFactory(env_name, env, model, dtype, demo_split, demos_per_type, layout, cache_dir, seed,
+                               "cb-agent" in actors, {i.recorded.trajectory.task_type for i in items}, console.print)
+        meta = {"env": env_name, "model": factory.lm.name, "dtype": resolve_dtype(dtype), "seed": seed,
+                "demos_per_type": demos_per_type, "demo_split": demo_split}
+        progress, bar = study_progress(len(items) * len(conditions) * len(renderings) * len(actors), "recover")
+
+        def on_record(record: dict | None) -> None:
+            last = "" if record is None else (f"{record['condition']}/{record['rendering']}/{record['agent']}: "
+                                              f"{'won' if record['recovered'] else 'lost'} in {record['new_steps']}")
+            progress.update(bar, advance=1, last=last)
+
+        try:
+            with progress:
+                written = studies.run_recovery(env, items, renderings, conditions, actors, factory, out, resume,
+                                               new_actions, meta, on_record)
+        except ValueError as err:
+            raise click.ClickException(str(err)) from None
+    finally:
+        env.close()
+    keys = {(i.key, c, r, a) for i in items for c in conditions for r in renderings for a in actors}
+    records = [r for r in read_results(out) if r.get("study") == "recover"
+               and (r["item"], r["condition"], r["rendering"], r["agent"]) in keys]
+    mismatched = sum(r["replay_mismatch"] for r in records)
+    console.print(f"{len(written)} lines written, {len(keys) - len(written)} already in {out}; "
+                  f"{mismatched} replay(s) did not reproduce the recorded observations")
+    console.print(studies.rate_table(
+        studies.recovery_rows(records), ("condition", "rendering", "agent"), "won", "Reference-history recovery",
+        "history: replayed history only; reference: plus the recorded steps k..2L/3 as a Reference block; "
+        "new steps and cycle (longest repeated block span): means over the new steps; mismatch: replays "
+        "whose observations differed from the recording"))
+
+
+__all__ = ["CONDITIONS", "recover"]

@@ -1,0 +1,332 @@
+"""The repetition probe and reference-history recovery (issue 5) with FakeLM / ScriptedEnv."""
+
+import numpy as np
+import orjson
+import pytest
+from click.testing import CliRunner
+
+import agent_shell.lm
+import cb_core
+import envs
+from agent_doubles import FakeLM, ScriptedEnv
+from agent_shell import studies
+from agent_shell.agents import AgentConfig, CBAgent, ReActAgent
+from agent_shell.cli import main
+from agent_shell.commands import probe as probe_cmd
+from agent_shell.commands import recover as recover_cmd
+from agent_shell.commands._common import RENDERING_NAMES
+from agent_shell.experience import review_prompt
+from agent_shell.runner import read_results
+from envs.episode import Episode
+from envs.trajectory import Step, Trajectory, append_jsonl
+
+DEMOS = {"fetch": ["DEMO-FETCH"], "open": ["DEMO-OPEN"]}
+CANDS = ["look", "inventory", "go to window 1", "go to desk 1", "examine wall 1"]
+
+
+def env_step(action, obs, cands=CANDS, done=False):
+    return Step("env", action, obs, list(cands), done, False, 0.0)
+
+
+def think(text="think: hmm"):
+    return Step("think", text, "OK.", None, False, False, 0.0)
+
+
+def trajectory(steps, task_id="a/1", task_type="fetch", won=False):
+    return Trajectory("scripted", task_id, task_type, f"Your task is to: solve {task_id}.",
+                      "You are in a small room.", list(steps), won, float(won))
+
+
+def results_line(traj, agent="react"):
+    return {"schema": "cb-agent/episode-v1", "agent": agent, "task_id": traj.task_id, "task_type": traj.task_type,
+            "success": traj.won, "trials": [{"won": traj.won, "trajectory": traj.to_record(),
+                                             "log": {"replies": []}}]}
+
+
+def write_results(path, trajs, agent="react"):
+    for t in trajs:
+        append_jsonl(path, results_line(t, agent))
+    return path
+
+
+# hand-made: unsupported repeats at j=1 ("Nothing happens.") and j=5 (same observation), a supported
+# repeat at j=3 (new observation), a repeat at j=7 followed by a think step, one at j=9 that ends it
+MINED = [
+    env_step("go to window 1", "Nothing happens."),
+    env_step("go to window 1", "Nothing happens."),                 # j=1: unsupported
+    env_step("take coin 1", "You take a coin."),
+    env_step("take coin 1", "You take another coin."),              # j=3: supported (new feedback)
+    env_step("examine wall 1", "A plain wall."),
+    env_step("examine wall 1", "A plain wall."),                    # j=5: unsupported (same observation)
+    env_step("go to window 1", "Nothing happens."),
+    env_step("go to window 1", "Nothing happens."),                 # j=7: next step is a thought
+    think(),
+    env_step("go to desk 1", "Nothing happens."),
+    env_step("go to desk 1", "Nothing happens."),                   # j=10: no step after it
+]
+
+
+def test_mining_finds_exactly_the_unsupported_repeats_with_a_following_env_step():
+    assert studies.unsupported_repeats(MINED) == [1, 5]
+    # a thought between two equal actions breaks the pair
+    assert studies.unsupported_repeats([MINED[0], think(), MINED[1], MINED[2]]) == []
+
+
+def test_mining_dedupes_caps_and_goes_round_robin(tmp_path):
+    a = trajectory(MINED, "a/1")
+    b = trajectory(MINED[:3], "b/1", "open")
+    path = write_results(tmp_path / "r.jsonl", [a, b, a])  # a twice: deduplicated by (task, j)
+    items = studies.mine_probe_items(studies.recorded_trials([path]), max_items=0)
+    assert [i.key for i in items] == ["a/1@1", "b/1@1", "a/1@5"]
+    assert [i.key for i in studies.mine_probe_items(studies.recorded_trials([path]), max_items=2)] == ["a/1@1", "b/1@1"]
+    assert items[0].action == "go to window 1" and items[0].next_candidates == CANDS
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        studies.recorded_trials([tmp_path / "missing.jsonl"])
+
+
+class SteeredLM(FakeLM):
+    """FakeLM whose ``prefer`` boost (50 nats instead of 5) always outweighs the hashed prior."""
+
+    def score(self, context, candidates, action_prefix="\n> "):
+        s = super().score(context, candidates, action_prefix)
+        boost = np.asarray([45.0 if self.prefer and self.prefer in c else 0.0 for c in candidates], np.float32)
+        return type(s)(s.log_q + boost, s.n_tokens, s.hidden)
+
+
+def probe_items(tmp_path):
+    path = write_results(tmp_path / "r.jsonl", [trajectory(MINED)])
+    return studies.mine_probe_items(studies.recorded_trials([path]))
+
+
+@pytest.mark.parametrize("reply, kind, repeat", [
+    (" go to window 1", "action", True),
+    (">  go to   window 1", "action", True),
+    (" go to desk 1", "action", False),
+    (" think: the window does nothing", "think", False),
+    (" ...", "malformed", False),
+])
+def test_probe_records_what_react_replies(tmp_path, reply, kind, repeat):
+    item = probe_items(tmp_path)[0]
+    lm = FakeLM([reply])
+    rec = studies.probe_record(item, "causal", "react", ReActAgent(lm, DEMOS, AgentConfig(rendering="causal")))
+    assert (rec["kind"], rec["repeat"], rec["repeat_available"]) == (kind, repeat, True)
+    assert rec["item"] == "a/1@1" and rec["rendering"] == "causal" and rec["repeated_action"] == "go to window 1"
+    prompt = lm.prompts[0]
+    # the fixed history is steps[:2] under the causal rendering, nothing after it
+    assert prompt.endswith('> go to window 1\nResult of "go to window 1": Nothing happens.\n>')
+    assert prompt.count("go to window 1") == 4 and "take coin" not in prompt
+
+
+def test_probe_takes_the_argmax_of_prior_only_and_cb_agent(tmp_path):
+    item = probe_items(tmp_path)[0]
+    rec = studies.probe_record(item, "raw", "prior-only", CBAgent(SteeredLM(prefer="window"), DEMOS, None))
+    assert rec["kind"] == "action" and rec["action"] == "go to window 1" and rec["repeat"]
+    assert rec["n_candidates"] == 3 and 0 < rec["p_chosen"] <= 1  # look/inventory dropped
+    lm = SteeredLM(prefer="desk")
+    rec = studies.probe_record(item, "raw", "prior-only", CBAgent(lm, DEMOS, None))
+    assert rec["action"] == "go to desk 1" and not rec["repeat"]
+    context, candidates = lm.score_calls[0]
+    assert candidates == ["go to window 1", "go to desk 1", "examine wall 1"] and "take coin" not in context
+    # CB-Agent: a strong concept along one hidden coordinate decides against the prior
+    d = lm.hidden_size
+    alpha = np.zeros(d + 1, np.float32)
+    alpha[2] = 80.0
+    meta = dict(backbone="fake-lm", features={}, gamma=0.8, lam=1.0, eps=1e-6, task_type="fetch",
+                trajectories=[], versions={}, hidden_size=d)
+    lm = FakeLM()
+    rec = studies.probe_record(item, "raw", "cb-agent", CBAgent(lm, DEMOS, {"fetch": cb_core.Concept(alpha, meta)}))
+    context, candidates = lm.score_calls[0]
+    assert rec["action"] == candidates[int(np.argmax(lm.score(context, candidates).hidden[:, 2]))]
+
+
+def test_fixed_history_never_executes():
+    ep = studies.FixedHistory(trajectory(MINED), 2, CANDS)
+    assert len(ep.steps) == 2 and ep.candidates() == CANDS and not ep.done and ep.budget_left == 1
+    with pytest.raises(RuntimeError, match="read-only"):
+        ep.act("go to desk 1")
+
+
+def review_replies(prompt, temperature, n):
+    if prompt.rstrip().endswith("Experience:"):
+        return ["The window cannot be reached."]
+    return [" go to window 1"]
+
+
+def test_probe_experience_reviews_each_transition_once_per_trajectory(tmp_path):
+    items = probe_items(tmp_path)  # a/1@1 and a/1@5 share the reviews of steps 0..1
+    lm = FakeLM(review_replies)
+    cache = studies.ReviewCache(lm)
+    agent = ReActAgent(lm, DEMOS, AgentConfig(rendering="experience"))
+    recs = [studies.probe_record(i, "experience", "react", agent, cache) for i in items]
+    assert cache.calls == 6  # steps 0..5 reviewed once each, not 2 + 6
+    assert recs[0]["experiences"] == {"0": "The window cannot be reached.", "1": "The window cannot be reached."}
+    assert recs[0]["experiences_kept"] == "2/2" and recs[1]["experiences_kept"] == "6/6"
+    reviewed = [p for p in lm.prompts if p.rstrip().endswith("Experience:")]
+    assert reviewed[1] == review_prompt(items[0].recorded.trajectory.instruction,
+                                        items[0].recorded.trajectory.observation, MINED, 1)
+    assert "Experience: The window cannot be reached." in lm.prompts[2]  # the routing prompt shows them
+
+
+def react_factory(replies=(" go to window 1",)):
+    made = []
+
+    def make(rendering, actor):
+        lm = FakeLM(replies if callable(replies) else list(replies))
+        agent = (ReActAgent(lm, DEMOS, AgentConfig(rendering=rendering)) if actor == "react"
+                 else CBAgent(lm, DEMOS, None, AgentConfig(rendering=rendering)))
+        made.append((rendering, actor))
+        return agent
+
+    return make, made
+
+
+def test_probe_resume_skips_finished_keys_and_duplicates_nothing(tmp_path):
+    items = probe_items(tmp_path)
+    out = tmp_path / "probe" / "p.jsonl"
+    make, made = react_factory()
+    first = studies.run_probe(items, ["raw"], ["react"], make, out)
+    assert [r["repeat"] for r in first] == [True, False]  # the reply repeats item 1's action only
+    with pytest.raises(ValueError, match="--resume"):
+        studies.run_probe(items, ["raw"], ["react"], make, out)
+    seen = []
+    again = studies.run_probe(items, ["raw", "check"], ["react", "prior-only"], make, out, resume=True,
+                              meta={"model": "fake-lm"}, on_record=seen.append)
+    assert len(again) == 6 and seen.count(None) == 2
+    keys = [(r["item"], r["rendering"], r["agent"]) for r in read_results(out)]
+    assert len(keys) == 8 == len(set(keys))
+    assert ("raw", "react") not in made[1:]  # no agent built when nothing is left to do
+    rows = studies.probe_rows(read_results(out))
+    assert [(r.group, r.k, r.n) for r in rows] == [
+        (("raw", "react"), 1, 2), (("raw", "prior-only"), rows[1].k, 2), (("check", "react"), 1, 2),
+        (("check", "prior-only"), rows[3].k, 2)]
+
+
+# recovery: task b/1 is won by go to door 1, open door 1, go to hall 1
+FAILED_ACTIONS = ["go to window 1", "think: where is the door", "go to door 1", "examine wall 1", "go to window 1",
+                  "examine wall 1", "go to window 1", "examine wall 1", "go to window 1"]
+
+
+def failed_results(tmp_path, actions=FAILED_ACTIONS, name="failed.jsonl"):
+    ep = Episode(ScriptedEnv(), "b/1", len(actions))
+    for a in actions:
+        ep.act(a)
+    assert not ep.won and len(ep.steps) == 9
+    return write_results(tmp_path / name, [ep.trajectory()])
+
+
+def recovery_item(tmp_path):
+    (item,) = studies.select_recovery_items(studies.recorded_trials([failed_results(tmp_path)]))
+    return item
+
+
+def test_recovery_selection_skips_wins_and_short_trajectories(tmp_path):
+    short = trajectory(MINED[:5], "a/2")
+    won = trajectory(MINED, "a/3", won=True)
+    path = write_results(tmp_path / "mixed.jsonl", [short, won, trajectory(MINED, "a/1")])
+    items = studies.select_recovery_items(studies.recorded_trials([path, path]))
+    assert [i.key for i in items] == ["react:a/1#0"]
+    assert (items[0].length, items[0].k, items[0].segment_end, len(items[0].segment)) == (11, 3, 7, 4)
+
+
+@pytest.mark.parametrize("condition", ["history", "reference"])
+def test_recovery_replays_k_steps_then_the_agent_continues(tmp_path, condition):
+    item = recovery_item(tmp_path)
+    assert item.k == 3 and item.segment_end == 6
+    env = ScriptedEnv()
+    lm = FakeLM([" open door 1", " go to hall 1"])
+    rec = studies.recovery_record(env, item, condition, "react", ReActAgent(lm, DEMOS), new_actions=5)
+    # the engine saw exactly the replayed env actions (the thought never reaches it), then the agent's
+    assert env.engine_actions == ["go to window 1", "go to door 1", "open door 1", "go to hall 1"]
+    assert rec["recovered"] and rec["new_steps"] == 2 and not rec["replay_mismatch"] and not rec["replay_ended"]
+    steps = rec["trajectory"]["steps"]
+    assert [s["kind"] for s in steps[:3]] == ["env", "think", "env"]
+    reference_in = ["[Reference: 3 recorded steps follow" in p for p in lm.prompts]
+    assert all(reference_in) if condition == "reference" else not any(reference_in)
+    if condition == "reference":  # the block sits after the replayed steps, before the new ones
+        p = lm.prompts[1]
+        assert p.index("> go to door 1") < p.index("[Reference:") < p.index("[End of reference") < p.index(
+            "> open door 1")
+
+
+def test_recovery_budget_gives_at_most_new_actions_steps(tmp_path):
+    item = recovery_item(tmp_path)
+    env = ScriptedEnv()
+    agent = ReActAgent(FakeLM([" examine wall 1"]), DEMOS)
+    rec = studies.recovery_record(env, item, "reference", "react", agent, new_actions=4)
+    assert rec["new_steps"] == 4 and len(env.engine_actions) == 2 + 4 and not rec["recovered"]
+    assert rec["loop"]["longest_cycle"] == {"period": 1, "repeats": 4, "span": 4}
+    assert rec["reference_actions_reused"] == 4 and agent.reference is None  # reset after the item
+
+
+def test_recovery_flags_a_replay_that_does_not_reproduce_the_recording(tmp_path):
+    path = failed_results(tmp_path)
+    rec = orjson.loads(path.read_bytes())
+    rec["trials"][0]["trajectory"]["steps"][2]["observation"] = "You see a red door."
+    bad = tmp_path / "bad.jsonl"
+    append_jsonl(bad, rec)
+    (item,) = studies.select_recovery_items(studies.recorded_trials([bad]))
+    out = studies.recovery_record(ScriptedEnv(), item, "history", "react", ReActAgent(FakeLM([" look"]), DEMOS), 1)
+    assert out["replay_mismatch"] and out["mismatch_steps"] == [2]
+
+
+def test_recovery_reviews_the_replayed_transitions_under_experience(tmp_path):
+    item = recovery_item(tmp_path)
+    lm = FakeLM(review_replies)
+    agent = ReActAgent(lm, DEMOS, AgentConfig(rendering="experience"))
+    rec = studies.recovery_record(ScriptedEnv(), item, "history", "react", agent, new_actions=1)
+    # replayed env transitions 0 and 2 are reviewed before the agent's first step (1 is a thought)
+    assert [r["step"] for r in rec["log"]["reviews"]][:2] == [0, 2]
+    assert rec["log"]["experiences"]["0"] == "The window cannot be reached."
+    first_route = next(p for p in lm.prompts if p.rstrip().endswith(">"))
+    assert first_route.count("Experience: The window cannot be reached.") == 2
+
+
+def test_run_recovery_resume(tmp_path):
+    item = recovery_item(tmp_path)
+    out = tmp_path / "rec.jsonl"
+    make, _ = react_factory(lambda prompt, t, n: [" go to hall 1" if "You open door 1." in prompt else " open door 1"])
+    recs = studies.run_recovery(ScriptedEnv(), [item], ["raw"], ["history", "reference"], ["react"], make, out,
+                                new_actions=3)
+    assert [r["condition"] for r in recs] == ["history", "reference"] and all(r["recovered"] for r in recs)
+    assert studies.run_recovery(ScriptedEnv(), [item], ["raw"], ["history", "reference"], ["react"], make, out,
+                                resume=True, new_actions=3) == []
+    rows = studies.recovery_rows(read_results(out))
+    assert [(r.group, r.k, r.n) for r in rows] == [(("history", "raw", "react"), 1, 1),
+                                                   (("reference", "raw", "react"), 1, 1)]
+
+
+def test_cli_choices_match_the_study_module():
+    assert probe_cmd.ACTORS == studies.STUDY_ACTORS and recover_cmd.CONDITIONS == studies.CONDITIONS
+    assert tuple(RENDERING_NAMES) == tuple(studies.RENDERINGS)
+
+
+@pytest.fixture()
+def doubles(monkeypatch, tmp_path):
+    monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(envs, "make_env", lambda name, **kw: ScriptedEnv(expert_looks=True))
+    monkeypatch.setattr(agent_shell.lm, "load_language_model",
+                        lambda name=None, dtype="bfloat16", formatting="plain": FakeLM(review_replies))
+
+
+def test_probe_and_recover_commands(tmp_path, doubles):
+    results = write_results(tmp_path / "r.jsonl", [trajectory(MINED)])
+    out = tmp_path / "probe.jsonl"
+    args = ["probe", str(results), "--history", "raw", "--history", "experience", "--actor", "react",
+            "--out", str(out)]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert "4 lines written" in res.output and "Repetition probe" in res.output
+    # a/1@1 repeats "go to window 1" (the scripted reply), a/1@5 repeated "examine wall 1"
+    assert res.output.count("1/2 │ 50.0%") == 2
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code != 0 and "--resume" in again.output
+    assert CliRunner().invoke(main, args + ["--resume"]).exit_code == 0 and len(read_results(out)) == 4
+
+    failed = failed_results(tmp_path)
+    out = tmp_path / "recover.jsonl"
+    res = CliRunner().invoke(main, ["recover", str(failed), "--new-actions", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    recs = read_results(out)
+    assert sorted(r["condition"] for r in recs) == ["history", "reference"]
+    assert all(r["new_steps"] == 2 and r["model"] == "fake-lm" for r in recs)
+    assert "Reference-history recovery" in res.output
