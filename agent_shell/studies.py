@@ -47,7 +47,7 @@ from agent_shell.agents.cb_agent import CBAgent
 from agent_shell.agents.react import AgentLog, AgentStop
 from agent_shell.candidates import FormatError, fixed_action_space, parse_reply
 from agent_shell.context import Reference
-from agent_shell.experience import Review, review_transition, reviewable
+from agent_shell.experience import Review, candidates_after, review_transition, reviewable
 from agent_shell.history import RENDERINGS, action_line
 from agent_shell.reporting import wilson_interval
 from agent_shell.runner import loop_statistics, read_results
@@ -114,15 +114,6 @@ def recorded_trials(paths: Iterable[str | Path]) -> list[RecordedTrial]:
                     raise ValueError(f"{path}: task {record['task_id']!r} trial {i}: bad trajectory: {err}") from None
                 out.append(RecordedTrial(str(path), str(record["agent"]), i, traj))
     return out
-
-
-def state_candidates(steps: Sequence[Any], index: int) -> list[str] | None:
-    """The saved candidate set of the state after step ``index``: that of the first environment
-    step after it (thoughts change no state), or None when no environment step follows."""
-    for s in steps[index + 1:]:
-        if s.kind == "env":
-            return list(s.candidates)
-    return None
 
 
 def env_name_of(trials: Sequence[RecordedTrial]) -> str:
@@ -223,7 +214,7 @@ class ReviewCache:
 
     A review of transition ``i`` reads only steps ``0..i`` (:func:`agent_shell.experience.review_prompt`),
     so all items of one trajectory share them. The candidates checked against the review are the
-    saved candidate set after step ``i`` (:func:`state_candidates`).
+    saved candidate set after step ``i`` (:func:`agent_shell.experience.candidates_after`).
     """
 
     def __init__(self, lm: Any, review_tokens: int = 48):
@@ -240,7 +231,7 @@ class ReviewCache:
             key = (recorded.key, i)
             if key not in self.reviews:
                 self.reviews[key] = review_transition(self.lm, traj.instruction, traj.observation, traj.steps, i,
-                                                      state_candidates(traj.steps, i) or (), self.review_tokens)
+                                                      candidates_after(traj.steps, i), self.review_tokens)
                 self.calls += 1
             r = self.reviews[key]
             reviews.append(r)
@@ -436,9 +427,7 @@ def review_replayed(agent: Any, episode: Any, item: RecoveryItem, log: AgentLog)
     last replayed step when none is recorded."""
     start = episode.start
     for i in reviewable(episode.steps):
-        cands = state_candidates(item.recorded.trajectory.steps, i)
-        if cands is None:
-            cands = episode.candidates()
+        cands = candidates_after(item.recorded.trajectory.steps, i) or episode.candidates()
         r = review_transition(agent.reviewer, start.instruction, start.observation, episode.steps, i, cands,
                               agent.config.review_tokens)
         log.reviews.append(r.to_dict())
@@ -611,5 +600,4 @@ __all__ = ["CONDITIONS", "FixedHistory", "MIN_ENV_STEPS", "NOTHING_HAPPENS", "PR
            "RECOVER_SCHEMA", "RateRow", "RecordedTrial", "RecoveryItem", "ReviewCache", "STUDY_ACTORS",
            "env_name_of", "finished_keys", "mine_probe_items", "next_action", "probe_record", "probe_rows",
            "rate_rows", "rate_table", "recorded_trials", "recovery_record", "recovery_rows", "replay",
-           "review_replayed", "run_probe", "run_recovery", "select_recovery_items", "state_candidates",
-           "unsupported_repeats"]
+           "review_replayed", "run_probe", "run_recovery", "select_recovery_items", "unsupported_repeats"]
