@@ -156,7 +156,7 @@ def shuffled_actions(steps: Sequence[StepLike], seed: int, keep_recent: int = 0)
     kept steps keep their own action. Deterministic in (``seed``, ``len(steps)``).
     """
     actions = [action_line(s) for s in steps]
-    cut = len(steps) - keep_recent if keep_recent else len(steps)
+    cut = max(0, len(steps) - keep_recent)
     movable = [i for i, s in enumerate(steps[:cut]) if s.kind != "think"]
     perm = np.random.default_rng([seed, len(steps)]).permutation(len(movable))
     shuffled = list(actions)
