@@ -26,7 +26,7 @@ from agent_shell.context import render_history, render_task
 #: The reply that keeps nothing.
 NO_UPDATE = "NO UPDATE"
 #: Bumped when the review prompt or the validity rules change (part of the cache key).
-REVIEW_VERSION = 2
+REVIEW_VERSION = 3
 
 REVIEW_INSTRUCTION = (
     "Review the latest action and its observation. If the observation shows something general "
@@ -34,6 +34,8 @@ REVIEW_INSTRUCTION = (
     "effect here, or what a place contains), state it as one short experience sentence. Do not "
     f"write a plan or the next action. If there is nothing new, reply exactly {NO_UPDATE}."
 )
+#: An experience whose first this-many words occur verbatim in an observation copies it.
+COPY_WORDS = 6
 #: Longest experience kept, in words.
 MAX_WORDS = 40
 # whole words only: "Closed drawers ...", "Opening ...", "Plants ..." are no plans
@@ -77,7 +79,8 @@ def review_prompt(instruction: str, observation: str, steps: Sequence[Any], inde
             f"{step.observation.strip()}\n\n{REVIEW_INSTRUCTION}\nExperience:")
 
 
-def parse_review(reply: str, actions: Sequence[str] = ()) -> tuple[str | None, str]:
+def parse_review(reply: str, actions: Sequence[str] = (),
+                 observations: Sequence[str] = ()) -> tuple[str | None, str]:
     """(experience or None, reason it is invalid or "").
 
     The reply's whitespace is collapsed and surrounding quotes / markdown marks are removed.
@@ -86,7 +89,9 @@ def parse_review(reply: str, actions: Sequence[str] = ()) -> tuple[str | None, s
     next action (its first word(s) are those of one, e.g. "next", "I will", "go to", "open",
     or it starts with "> " or "think:"; "Opening ..." or "Closed ..." do not count), or it
     contains one of ``actions`` (of two or more words) verbatim, ignoring case: the candidate
-    commands of the state after the reviewed step.
+    commands of the state after the reviewed step; or it copies an observation instead of stating
+    an implication: its first :data:`COPY_WORDS` words (or all, if fewer) occur verbatim, ignoring
+    case and punctuation, in one of ``observations`` (the initial and every shown observation).
     """
     text = " ".join(reply.split()).strip(_WRAPPING)
     if text.upper().startswith(NO_UPDATE):
@@ -103,7 +108,16 @@ def parse_review(reply: str, actions: Sequence[str] = ()) -> tuple[str | None, s
     for a in actions:
         if a and len(a.split()) > 1 and a.lower() in low:
             return None, f"names the action {a!r}"
+    head = _words(text)[:COPY_WORDS]
+    if head:
+        needle = f" {' '.join(head)} "
+        if any(needle in f" {' '.join(_words(o))} " for o in observations):
+            return None, "copies an observation"
     return text, ""
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
 
 
 def review_transition(lm: Any, instruction: str, observation: str, steps: Sequence[Any], index: int,
@@ -115,7 +129,8 @@ def review_transition(lm: Any, instruction: str, observation: str, steps: Sequen
     """
     reply = lm.generate(review_prompt(instruction, observation, steps, index), max_new_tokens=max_new_tokens,
                         stop=("\n",), temperature=0.0, n=1)[0]
-    experience, invalid = parse_review(reply, candidates)
+    shown = [observation] + [s.observation for s in steps[:index + 1]]
+    experience, invalid = parse_review(reply, candidates, shown)
     return Review(index, reply, experience, invalid)
 
 

@@ -221,3 +221,20 @@ def test_fitting_and_acting_judge_a_review_against_the_same_candidates():
     assert [s.action for s in ep.steps] == [s.action for s in traj.steps]
     assert log.reviews[0]["invalid"] == "names the action 'take key 1 from desk 1'"
     assert fitted == log.experiences == {}
+
+
+@pytest.mark.parametrize("reply", [
+    " You are in the middle of a room. Looking quickly around you, you see nothing.",
+    " you pick up the AlarmClock 1 from the desk 1!",
+    " You pick up",
+])
+def test_a_review_that_copies_an_observation_is_invalid(reply):
+    shown = ["You are in the middle of a room. Looking quickly around you, you see a bed 1.",
+             "You pick up the alarmclock 1 from the desk 1."]
+    assert parse_review(reply, (), shown) == (None, "copies an observation")
+
+
+def test_an_implication_that_quotes_a_few_observation_words_is_kept():
+    shown = ["On the desk 1, you see a pen 1."]
+    text = "The desk 1 holds only a pen, so the key is elsewhere."
+    assert parse_review(text, (), shown) == (text, "")
