@@ -134,8 +134,9 @@ def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def _episode_record(record: Any) -> dict[str, Any]:
-    if not isinstance(record, dict) or "task_id" not in record or "agent" not in record:
-        raise ValueError("not an episode record")
+    if not isinstance(record, dict) or not {"task_id", "agent", "success"} <= record.keys():
+        study = f" (a {record['study']} study line?)" if isinstance(record, dict) and "study" in record else ""
+        raise ValueError(f"not an episode record of cb-agent run{study}")
     return record
 
 
@@ -199,11 +200,8 @@ def run_episodes(env: Any, agent: Any, task_ids: Sequence[str], results_path: st
     from envs.trajectory import append_jsonl
 
     results_path = Path(results_path)
-    finished = {r["task_id"] for r in read_results(results_path) if r["agent"] == agent.name}
     todo = list(dict.fromkeys(task_ids))
-    if finished and not resume and finished & set(todo):
-        raise ValueError(f"{results_path} already holds {agent.name} episodes; pass --resume to "
-                         "continue it, or choose another output directory")
+    finished = check_results_file(results_path, [agent.name], todo, resume, {**(meta or {}), "budget": max_steps})
     summary = RunSummary(skipped=[t for t in todo if t in finished])
     todo = [t for t in todo if t not in finished]
     bar = None
@@ -231,6 +229,39 @@ def run_episodes(env: Any, agent: Any, task_ids: Sequence[str], results_path: st
         if on_episode is not None:
             on_episode(record)
     return summary
+
+
+#: Record fields that must agree between a results file and a run that resumes it.
+RUN_SETTINGS = ("env", "split", "model", "dtype", "seed", "rendering", "layout", "action_space",
+                "demos_per_type", "budget")
+
+
+def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[str], task_ids: Sequence[str],
+                       resume: bool, settings: dict[str, Any]) -> set[str]:
+    """The task ids ``agent_names`` already finished in ``results_path``, after checking that the
+    file may be continued.
+
+    Raises:
+        ValueError: without ``resume``, the file already holds an episode of one of the agents on
+            one of ``task_ids`` (never duplicated); with ``resume``, one of the agents' records
+            was run with other settings (:data:`RUN_SETTINGS`: rendering, layout, budget, model,
+            seed, ...; fields missing from a record are not compared), naming the field.
+    """
+    finished: set[str] = set()
+    wanted = set(task_ids)
+    for r in read_results(results_path):
+        if r["agent"] not in agent_names:
+            continue
+        if not resume and r["task_id"] in wanted:
+            raise ValueError(f"{results_path} already holds {r['agent']} episodes; pass --resume to "
+                             "continue it, or choose another output directory")
+        for key in RUN_SETTINGS:
+            if key in r and key in settings and r[key] != settings[key]:
+                raise ValueError(f"{results_path} holds {r['agent']} episodes run with {key}={r[key]!r}, "
+                                 f"but this run uses {key}={settings[key]!r}; resuming would mix them: "
+                                 "choose another output directory")
+        finished.add(r["task_id"])
+    return finished
 
 
 def make_progress() -> Any:

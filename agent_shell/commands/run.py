@@ -49,7 +49,7 @@ def run(env_name, model, dtype, demo_split, demos_per_type, rendering, layout, l
     """Run agents on evaluation games; print the success table and write a chart."""
     from agent_shell.agents import AgentConfig, build_agent, needs_concepts
     from agent_shell.reporting import bar_chart, rich_table, summarize
-    from agent_shell.runner import make_progress, read_results, run_episodes
+    from agent_shell.runner import check_results_file, make_progress, read_results, run_episodes
     from envs import make_env
     from envs.collect import select_tasks
 
@@ -63,6 +63,13 @@ def run(env_name, model, dtype, demo_split, demos_per_type, rendering, layout, l
             task_ids = select_tasks(env, split, None if (all_games or per_type == 0) else per_type)
             task_ids = task_ids[:n_games] if n_games and not all_games else task_ids
         type_of = getattr(env, "task_type_of", None)
+        settings = {"env": env_name, "split": split, "dtype": resolve_dtype(dtype), "seed": seed,
+                    "rendering": rendering, "layout": layout, "action_space": action_space,
+                    "demos_per_type": demos_per_type, "budget": max_steps}
+        try:  # refuse a results file that cannot be continued before loading anything heavy
+            check_results_file(results_path, agents, task_ids, resume, settings)
+        except ValueError as err:
+            raise click.ClickException(str(err)) from None
         setup = prepare(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamma, cache_dir,
                         need_concepts=any(needs_concepts(a) for a in agents), echo=console.print, env=env,
                         task_types=None if type_of is None else {type_of(t) for t in task_ids}, layout=layout)

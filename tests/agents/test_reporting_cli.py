@@ -78,8 +78,12 @@ def test_run_report_and_resume_through_the_cli(tmp_path, doubles):
     assert all(r["budget"] == 4 and r["model"] == "fake-lm" for r in records)
     assert "expert steps" not in res.output  # no concepts were needed
     assert (out / "results.png").exists()
+    n_loads = len(doubles)
     again = CliRunner().invoke(main, args)
-    assert again.exit_code != 0 and "--resume" in str(again.exception)
+    assert again.exit_code == 1 and "Error:" in again.output and "--resume" in again.output
+    assert len(doubles) == n_loads  # refused before loading the backbone
+    mixed = CliRunner().invoke(main, args + ["--resume", "--history", "causal"])
+    assert mixed.exit_code == 1 and "rendering='raw'" in mixed.output and "rendering='causal'" in mixed.output
     resumed = CliRunner().invoke(main, args + ["--resume"])
     assert resumed.exit_code == 0 and len(read_results(out / "results.jsonl")) == 4
     rep = CliRunner().invoke(main, ["report", str(out / "results.jsonl"), "--chart", str(tmp_path / "c.png")])

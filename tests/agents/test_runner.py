@@ -76,6 +76,28 @@ def test_no_resume_refuses_to_duplicate(tmp_path):
     assert [r["agent"] for r in read_results(out)] == ["react", "prior-only"]
 
 
+def test_resume_refuses_to_mix_renderings_or_budgets(tmp_path):
+    out = tmp_path / "r.jsonl"
+    run_episodes(ScriptedEnv(), build_agent("react", FakeLM(), DEMOS), ["a/1"], out, max_steps=2,
+                 meta={"rendering": "causal", "layout": "text"})
+    with pytest.raises(ValueError, match="rendering='causal'.*rendering='raw'"):
+        run_episodes(ScriptedEnv(), build_agent("react", FakeLM(), DEMOS), ["a/1", "b/2"], out, max_steps=2,
+                     meta={"rendering": "raw", "layout": "text"})
+    with pytest.raises(ValueError, match="budget=2.*budget=3"):
+        run_episodes(ScriptedEnv(), build_agent("react", FakeLM(), DEMOS), ["a/1"], out, max_steps=3,
+                     meta={"rendering": "causal"})
+    summary = run_episodes(ScriptedEnv(), build_agent("react", FakeLM(), DEMOS), ["a/1"], out, max_steps=2,
+                           meta={"rendering": "causal", "layout": "text"})
+    assert summary.skipped == ["a/1"] and len(read_results(out)) == 1
+
+
+def test_read_results_skips_lines_that_are_no_episode_records(tmp_path):
+    out = tmp_path / "probe.jsonl"
+    out.write_bytes(orjson.dumps({"study": "probe", "agent": "react", "task_id": "a/1", "repeat": True}) + b"\n")
+    with pytest.warns(UserWarning, match="probe.jsonl:1: .*not an episode record.*probe study"):
+        assert read_results(out) == []
+
+
 class InterruptingLM(FakeLM):
     """Raises KeyboardInterrupt on its n-th generate call (a Ctrl-C mid-episode)."""
 
