@@ -1,0 +1,101 @@
+"""Routing speed: ReAct's whole-line routing reply vs. CB-Agent's 2-token peek, side by side.
+
+CB-Agent and prior-only never execute the routing reply's text; they only need to know whether
+the step is a think step. :meth:`agent_shell.agents.CBAgent.route` therefore stops after
+:data:`agent_shell.agents.cb_agent.ROUTE_PEEK_TOKENS` tokens unless those could still begin
+``think:``. This script replays the ReAct routing prompts of recorded episodes (a results file
+of ``cb-agent run``) step by step through two views of one backbone, each with its own prefix
+KV cache (as in a real episode), alternating the two methods step by step so that they share the
+load of a busy machine, and reports the seconds per routing call, their ratio, and whether both
+methods agree on the step kind (think vs. action) at every step.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/routing_speed.py /work/eval/cb-agent/results.jsonl \\
+        --episodes 3 --steps 10 --out /tmp/routing_speed.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("results", help="results JSONL of cb-agent run (ALFWorld)")
+    parser.add_argument("--episodes", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10, help="routing calls per episode")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--out", default=None, help="write the figures here as JSON")
+    args = parser.parse_args(argv)
+
+    from agent_shell.agents import AgentConfig, CBAgent, ReActAgent
+    from agent_shell.candidates import FormatError, parse_reply
+    from agent_shell.commands._common import resolve_dtype, scoring_view
+    from agent_shell.demos import expert_demos, rendered_demos
+    from agent_shell.lm import load_language_model
+    from agent_shell.runner import read_results
+    from envs import make_env
+    from envs.trajectory import Trajectory
+
+    records = read_results(args.results)[: args.episodes]
+    if not records:
+        raise SystemExit(f"no episode records in {args.results}")
+    env = make_env(records[0]["env"])
+    try:
+        demos = rendered_demos(expert_demos(env, int(records[0].get("demos_per_type", 2)), split="train"))
+    finally:
+        env.close()
+    lm = load_language_model(None, dtype=resolve_dtype(args.dtype))
+    config = AgentConfig.for_env(records[0]["env"])
+    full = ReActAgent(lm, demos, config)
+    peek = CBAgent(scoring_view(lm), demos, None, config)
+
+    def kind(reply: str) -> str:
+        try:
+            return parse_reply(reply)[0]
+        except FormatError:
+            return "malformed"
+
+    times = {"full": [], "peek": []}
+    agree = 0
+    calls = 0
+    for rec in records:
+        traj = Trajectory.from_record(rec["trials"][0]["trajectory"])
+        for k in range(min(args.steps, len(traj.steps))):
+            episode = type("Prefix", (), {"start": _start(traj), "steps": traj.steps[:k]})()
+            replies = {}
+            for name, agent in (("full", full), ("peek", peek)) if k % 2 == 0 else (("peek", peek), ("full", full)):
+                prompt = agent.prompt(episode)
+                t = time.perf_counter()
+                replies[name] = agent.route(prompt)
+                times[name].append(time.perf_counter() - t)
+            calls += 1
+            # the peek's kind: think iff the full reply is a think step; malformed/action both act
+            agree += (kind(replies["full"]) == "think") == (kind(replies["peek"]) == "think")
+    result = {
+        "calls": calls,
+        "full_s_per_call": statistics.mean(times["full"]),
+        "peek_s_per_call": statistics.mean(times["peek"]),
+        "speedup": statistics.mean(times["full"]) / statistics.mean(times["peek"]),
+        "same_step_kind": f"{agree}/{calls}",
+    }
+    print(json.dumps(result, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def _start(traj):
+    from envs.protocol import TaskStart
+
+    return TaskStart(traj.task_id, traj.task_type, traj.instruction, traj.observation)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
