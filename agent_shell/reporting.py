@@ -52,6 +52,8 @@ class Row:
     cycle_span: float
     format_errors: int
     budgets: tuple[int, ...] = ()  # distinct step budgets of the episodes (think steps included)
+    reviews: int = 0  # experience review calls (rendering "experience")
+    experiences: int = 0  # of which kept an experience
 
     @property
     def rate(self) -> float:
@@ -90,6 +92,8 @@ def summarize(records: Iterable[dict]) -> list[Row]:
                 cycle_span=mean(r["longest_cycle"]["span"] for r in rs),
                 format_errors=sum(r.get("format_errors", 0) for r in rs),
                 budgets=tuple(sorted({int(r["budget"]) for r in rs if r.get("budget") is not None})),
+                reviews=sum(r.get("reviews", 0) for r in rs),
+                experiences=sum(r.get("experiences", 0) for r in rs),
             ))
     return rows
 
@@ -103,15 +107,20 @@ def rich_table(rows: Sequence[Row], title: str = "Success per task type"):
                           ("95% CI", "right"), ("steps", "right"), ("think", "right"), ("s/step", "right"),
                           ("distinct", "right"), ("cycle", "right"), ("fmt err", "right"), ("budget", "right")):
         table.add_column(name, justify=justify)
+    with_reviews = any(r.reviews for r in rows)
+    if with_reviews:
+        table.add_column("exp/reviews", justify="right")
     for r in rows:
         style = "bold" if r.task_type == ALL else None
         table.add_row(r.agent, r.task_type, f"{r.won}/{r.n}", f"{100 * r.rate:.1f}%",
                       f"[{100 * r.low:.1f}, {100 * r.high:.1f}]", f"{r.mean_steps:.1f}",
                       f"{r.mean_think_steps:.1f}", f"{r.s_per_step:.2f}", f"{r.distinct_actions:.1f}",
-                      f"{r.cycle_span:.1f}", str(r.format_errors), ",".join(map(str, r.budgets)), style=style)
+                      f"{r.cycle_span:.1f}", str(r.format_errors), ",".join(map(str, r.budgets)),
+                      *([f"{r.experiences}/{r.reviews}"] if with_reviews else []), style=style)
     table.caption = ("steps/think: mean per episode; distinct: distinct actions per episode; cycle: mean span "
                      "of the longest back-to-back repeated block of actions; budget: step budget (think steps "
-                     "included)")
+                     "included)" + ("; exp/reviews: experience review calls that kept an experience"
+                                    if with_reviews else ""))
     return table
 
 

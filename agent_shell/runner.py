@@ -103,6 +103,8 @@ def episode_record(agent_name: str, task_id: str, trials: Sequence[Any], wall_s:
         "n_trials": len(records),
         "n_candidates": n_candidates,
         "format_errors": sum(len(r["log"]["format_errors"]) for r in records),
+        "reviews": sum(len(r["log"].get("reviews", ())) for r in records),
+        "experiences": sum(1 for r in records for rv in r["log"].get("reviews", ()) if rv.get("experience")),
         "seconds": {k: round(sum(r["log"]["seconds"][k] for r in records), 3) for k in records[0]["log"]["seconds"]},
         "distinct_actions": last["distinct_actions"],
         "longest_cycle": last["longest_cycle"],

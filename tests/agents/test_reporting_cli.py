@@ -9,7 +9,7 @@ import agent_shell.lm
 import envs
 from agent_doubles import FakeLM, ScriptedEnv
 from agent_shell.cli import main
-from agent_shell.reporting import bar_chart, summarize, wilson_interval
+from agent_shell.reporting import bar_chart, rich_table, summarize, wilson_interval
 from agent_shell.runner import read_results
 
 
@@ -50,6 +50,22 @@ def test_summarize_separates_renderings_and_layouts():
     rows = [r for r in summarize(recs) if r.task_type == "all"]
     assert [(r.agent, r.won, r.n) for r in rows] == [
         ("react", 2, 2), ("react [causal]", 0, 1), ("react [experience, chat]", 0, 1)]
+
+
+def test_table_shows_the_experience_rate_only_when_there_were_reviews():
+    plain = summarize([record("react", "open", True)])
+    reviewed = summarize([{**record("react", "open", True), "rendering": "experience", "reviews": 8,
+                           "experiences": 2}])
+    assert reviewed[-1].reviews == 8 and reviewed[-1].experiences == 2
+    assert "exp/reviews" not in _text(plain) and "2/8" in _text(reviewed)
+
+
+def _text(rows):
+    from rich.console import Console
+
+    console = Console(width=220, record=True)
+    console.print(rich_table(rows))
+    return console.export_text()
 
 
 @pytest.fixture()
