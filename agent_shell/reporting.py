@@ -92,10 +92,19 @@ def summarize(records: Iterable[dict]) -> list[Row]:
                 cycle_span=mean(r["longest_cycle"]["span"] for r in rs),
                 format_errors=sum(r.get("format_errors", 0) for r in rs),
                 budgets=tuple(sorted({int(r["budget"]) for r in rs if r.get("budget") is not None})),
-                reviews=sum(r.get("reviews", 0) for r in rs),
-                experiences=sum(r.get("experiences", 0) for r in rs),
+                reviews=sum(_review_counts(r)[0] for r in rs),
+                experiences=sum(_review_counts(r)[1] for r in rs),
             ))
     return rows
+
+
+def _review_counts(record: dict) -> tuple[int, int]:
+    """(review calls, kept experiences) of an episode record; counted from the trials' logs for
+    records written before the totals were stored."""
+    if "reviews" in record:
+        return int(record["reviews"]), int(record.get("experiences", 0))
+    reviews = [rv for t in record.get("trials", ()) for rv in t.get("log", {}).get("reviews", ())]
+    return len(reviews), sum(1 for rv in reviews if rv.get("experience"))
 
 
 def rich_table(rows: Sequence[Row], title: str = "Success per task type"):
