@@ -293,10 +293,34 @@ def probe_record(item: ProbeItem, rendering: str, actor: str, agent: Any,
 # resume
 
 
+def read_study(path: str | Path, study: str) -> list[dict]:
+    """Every line of ``study`` ("probe" or "recover") in ``path`` ([] when it does not exist).
+
+    A malformed or torn line is skipped with a warning naming its line number (its key is not
+    finished and a resumed study redoes it); lines of another study are left out.
+    """
+    import warnings
+
+    from envs.trajectory import iter_jsonl
+
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for number, record, err in iter_jsonl(path):
+        if err is None and not (isinstance(record, dict) and {"item", "rendering", "agent"} <= record.keys()):
+            err = "not a study line"
+        if err is not None:
+            warnings.warn(f"{path}:{number}: skipped malformed study line: {err}", stacklevel=2)
+            continue
+        if record.get("study") == study:
+            out.append(record)
+    return out
+
+
 def finished_keys(path: str | Path, study: str) -> set[tuple[str, str, str, str]]:
     """(item, condition, rendering, actor) of every finished line of ``study`` in ``path``."""
-    return {(r["item"], r.get("condition", ""), r["rendering"], r["agent"]) for r in read_results(path)
-            if r.get("study") == study}
+    return {(r["item"], r.get("condition", ""), r["rendering"], r["agent"]) for r in read_study(path, study)}
 
 
 def _check_resume(path: Path, done: set, todo: set, resume: bool) -> None:
@@ -599,5 +623,5 @@ def rate_table(rows: Sequence[RateRow], columns: Sequence[str], rate_name: str, 
 __all__ = ["CONDITIONS", "FixedHistory", "MIN_ENV_STEPS", "NOTHING_HAPPENS", "PROBE_SCHEMA", "ProbeItem",
            "RECOVER_SCHEMA", "RateRow", "RecordedTrial", "RecoveryItem", "ReviewCache", "STUDY_ACTORS",
            "env_name_of", "finished_keys", "mine_probe_items", "next_action", "probe_record", "probe_rows",
-           "rate_rows", "rate_table", "recorded_trials", "recovery_record", "recovery_rows", "replay",
+           "rate_rows", "rate_table", "read_study", "recorded_trials", "recovery_record", "recovery_rows", "replay",
            "review_replayed", "run_probe", "run_recovery", "select_recovery_items", "unsupported_repeats"]

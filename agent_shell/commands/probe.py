@@ -111,7 +111,6 @@ def probe(results, renderings, actors, max_items, out, resume, model, dtype, dem
     action that just did nothing, under each history rendering?"""
     from agent_shell import studies
     from agent_shell.commands._common import resolve_dtype
-    from agent_shell.runner import read_results
     from envs import make_env
 
     console = make_console()
@@ -147,8 +146,7 @@ def probe(results, renderings, actors, max_items, out, resume, model, dtype, dem
     finally:
         env.close()
     keys = {(i.key, r, a) for i in items for r in renderings for a in actors}
-    records = [r for r in read_results(out) if r.get("study") == "probe"
-               and (r["item"], r["rendering"], r["agent"]) in keys]
+    records = [r for r in studies.read_study(out, "probe") if (r["item"], r["rendering"], r["agent"]) in keys]
     console.print(f"{len(written)} lines written, {len(keys) - len(written)} already in {out}; "
                   f"{reviews.calls} experience review calls")
     console.print(studies.rate_table(

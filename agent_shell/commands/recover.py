@@ -40,7 +40,6 @@ def recover(results, conditions, renderings, actors, max_items, new_actions, out
     to a third of their length, continue, and report how many are won."""
     from agent_shell import studies
     from agent_shell.commands._common import resolve_dtype
-    from agent_shell.runner import read_results
     from envs import make_env
 
     console = make_console()
@@ -75,8 +74,7 @@ def recover(results, conditions, renderings, actors, max_items, new_actions, out
     finally:
         env.close()
     keys = {(i.key, c, r, a) for i in items for c in conditions for r in renderings for a in actors}
-    records = [r for r in read_results(out) if r.get("study") == "recover"
-               and (r["item"], r["condition"], r["rendering"], r["agent"]) in keys]
+    records = [r for r in studies.read_study(out, "recover") if (r["item"], r["condition"], r["rendering"], r["agent"]) in keys]
     mismatched = sum(r["replay_mismatch"] for r in records)
     console.print(f"{len(written)} lines written, {len(keys) - len(written)} already in {out}; "
                   f"{mismatched} replay(s) did not reproduce the recorded observations")

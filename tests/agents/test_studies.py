@@ -16,7 +16,6 @@ from agent_shell.commands import probe as probe_cmd
 from agent_shell.commands import recover as recover_cmd
 from agent_shell.commands._common import RENDERING_NAMES
 from agent_shell.experience import review_prompt
-from agent_shell.runner import read_results
 from envs.episode import Episode
 from envs.trajectory import Step, Trajectory, append_jsonl
 
@@ -192,10 +191,10 @@ def test_probe_resume_skips_finished_keys_and_duplicates_nothing(tmp_path):
     again = studies.run_probe(items, ["raw", "check"], ["react", "prior-only"], make, out, resume=True,
                               meta={"model": "fake-lm"}, on_record=seen.append)
     assert len(again) == 6 and seen.count(None) == 2
-    keys = [(r["item"], r["rendering"], r["agent"]) for r in read_results(out)]
+    keys = [(r["item"], r["rendering"], r["agent"]) for r in studies.read_study(out, "probe")]
     assert len(keys) == 8 == len(set(keys))
     assert ("raw", "react") not in made[1:]  # no agent built when nothing is left to do
-    rows = studies.probe_rows(read_results(out))
+    rows = studies.probe_rows(studies.read_study(out, "probe"))
     assert [(r.group, r.k, r.n) for r in rows] == [
         (("raw", "react"), 1, 2), (("raw", "prior-only"), rows[1].k, 2), (("check", "react"), 1, 2),
         (("check", "prior-only"), rows[3].k, 2)]
@@ -290,9 +289,19 @@ def test_run_recovery_resume(tmp_path):
     assert [r["condition"] for r in recs] == ["history", "reference"] and all(r["recovered"] for r in recs)
     assert studies.run_recovery(ScriptedEnv(), [item], ["raw"], ["history", "reference"], ["react"], make, out,
                                 resume=True, new_actions=3) == []
-    rows = studies.recovery_rows(read_results(out))
+    rows = studies.recovery_rows(studies.read_study(out, "recover"))
     assert [(r.group, r.k, r.n) for r in rows] == [(("history", "raw", "react"), 1, 1),
                                                    (("reference", "raw", "react"), 1, 1)]
+
+
+def test_read_study_keeps_its_own_lines_and_names_bad_ones(tmp_path):
+    out = tmp_path / "s.jsonl"
+    line = {"study": "probe", "item": "a/1@1", "rendering": "raw", "agent": "react", "repeat": True}
+    out.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in (line, {**line, "study": "recover"}, {"x": 1}))
+                    + b'{"study": "probe"')
+    with pytest.warns(UserWarning) as caught:
+        assert studies.read_study(out, "probe") == [line]
+    assert [str(w.message).split(": ")[0] for w in caught] == [f"{out}:3", f"{out}:4"]
 
 
 def test_cli_choices_match_the_study_module():
@@ -320,13 +329,13 @@ def test_probe_and_recover_commands(tmp_path, doubles):
     assert res.output.count("1/2 │ 50.0%") == 2
     again = CliRunner().invoke(main, args)
     assert again.exit_code != 0 and "--resume" in again.output
-    assert CliRunner().invoke(main, args + ["--resume"]).exit_code == 0 and len(read_results(out)) == 4
+    assert CliRunner().invoke(main, args + ["--resume"]).exit_code == 0 and len(studies.read_study(out, "probe")) == 4
 
     failed = failed_results(tmp_path)
     out = tmp_path / "recover.jsonl"
     res = CliRunner().invoke(main, ["recover", str(failed), "--new-actions", "2", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    recs = read_results(out)
+    recs = studies.read_study(out, "recover")
     assert sorted(r["condition"] for r in recs) == ["history", "reference"]
     assert all(r["new_steps"] == 2 and r["model"] == "fake-lm" for r in recs)
     assert "Reference-history recovery" in res.output
