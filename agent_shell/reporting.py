@@ -62,9 +62,9 @@ class Row:
 
 def agent_label(record: dict) -> str:
     """The agent's name, with its history rendering and layout when they are not the default
-    (``react [causal]``, ``cb-agent [experience, chat]``), so one table compares renderings."""
+    (``react (causal)``, ``cb-agent (experience, chat)``), so one table compares renderings."""
     extras = [x for x in (record.get("rendering", "raw"), record.get("layout", "text")) if x not in ("raw", "text")]
-    return f"{record['agent']} [{', '.join(extras)}]" if extras else record["agent"]
+    return f"{record['agent']} ({', '.join(extras)})" if extras else record["agent"]
 
 
 def summarize(records: Iterable[dict]) -> list[Row]:
@@ -109,19 +109,20 @@ def _review_counts(record: dict) -> tuple[int, int]:
 
 def rich_table(rows: Sequence[Row], title: str = "Success per task type"):
     """A :class:`rich.table.Table` of the rows."""
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title)
     for name, justify in (("agent", "left"), ("task type", "left"), ("won/n", "right"), ("rate", "right"),
                           ("95% CI", "right"), ("steps", "right"), ("think", "right"), ("s/step", "right"),
                           ("distinct", "right"), ("cycle", "right"), ("fmt err", "right"), ("budget", "right")):
-        table.add_column(name, justify=justify)
+        table.add_column(name, justify=justify, no_wrap=name == "agent")
     with_reviews = any(r.reviews for r in rows)
     if with_reviews:
         table.add_column("exp/reviews", justify="right")
     for r in rows:
         style = "bold" if r.task_type == ALL else None
-        table.add_row(r.agent, r.task_type, f"{r.won}/{r.n}", f"{100 * r.rate:.1f}%",
+        table.add_row(escape(r.agent), r.task_type, f"{r.won}/{r.n}", f"{100 * r.rate:.1f}%",
                       f"[{100 * r.low:.1f}, {100 * r.high:.1f}]", f"{r.mean_steps:.1f}",
                       f"{r.mean_think_steps:.1f}", f"{r.s_per_step:.2f}", f"{r.distinct_actions:.1f}",
                       f"{r.cycle_span:.1f}", str(r.format_errors), ",".join(map(str, r.budgets)),

@@ -49,7 +49,7 @@ def test_summarize_separates_renderings_and_layouts():
             {**record("react", "open", True), "rendering": "raw", "layout": "text"}]
     rows = [r for r in summarize(recs) if r.task_type == "all"]
     assert [(r.agent, r.won, r.n) for r in rows] == [
-        ("react", 2, 2), ("react [causal]", 0, 1), ("react [experience, chat]", 0, 1)]
+        ("react", 2, 2), ("react (causal)", 0, 1), ("react (experience, chat)", 0, 1)]
 
 
 def test_table_shows_the_experience_rate_only_when_there_were_reviews():
@@ -58,6 +58,7 @@ def test_table_shows_the_experience_rate_only_when_there_were_reviews():
                            "experiences": 2}])
     assert reviewed[-1].reviews == 8 and reviewed[-1].experiences == 2
     assert "exp/reviews" not in _text(plain) and "2/8" in _text(reviewed)
+    assert "react (experience)" in _text(reviewed)
 
 
 def _text(rows):
