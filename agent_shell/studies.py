@@ -355,24 +355,34 @@ def run_probe(items: Sequence[ProbeItem], renderings: Sequence[str], actors: Seq
     for a in actors:
         if a not in STUDY_ACTORS:
             raise ValueError(f"unknown probe actor {a!r}; known: {list(STUDY_ACTORS)}")
-    done = finished_keys(out, "probe")
-    todo = {(i.key, "", r, a) for i in items for r in renderings for a in actors}
-    _check_resume(out, done, todo, resume)
+    cells = [(item, "", rendering, actor) for rendering in renderings for actor in actors for item in items]
+    return _run_cells(out, "probe", cells, resume, make_agent, meta, on_record,
+                      lambda item, _, rendering, actor, agent: probe_record(item, rendering, actor, agent, reviews))
+
+
+def _run_cells(out: Path, study: str, cells: Sequence[tuple[Any, str, str, str]], resume: bool,
+               make_agent: Callable[[str, str], Any], meta: Mapping[str, Any] | None,
+               on_record: Callable[[dict | None], None] | None,
+               line: Callable[[Any, str, str, str, Any], dict]) -> list[dict]:
+    """Play the (item, condition, rendering, actor) ``cells`` in order, appending one line each to
+    ``out``; finished keys are skipped (``on_record(None)``), agents are built once per
+    (rendering, actor) and only when needed."""
+    done = finished_keys(out, study)
+    _check_resume(out, done, {(i.key, c, r, a) for i, c, r, a in cells}, resume)
+    agents: dict[tuple[str, str], Any] = {}
     written = []
-    for rendering in renderings:
-        for actor in actors:
-            agent = None
-            for item in items:
-                if (item.key, "", rendering, actor) in done:
-                    if on_record is not None:
-                        on_record(None)
-                    continue
-                agent = agent or make_agent(rendering, actor)
-                record = {**(meta or {}), **probe_record(item, rendering, actor, agent, reviews)}
-                append_jsonl(out, record)
-                written.append(record)
-                if on_record is not None:
-                    on_record(record)
+    for item, condition, rendering, actor in cells:
+        if (item.key, condition, rendering, actor) in done:
+            if on_record is not None:
+                on_record(None)
+            continue
+        if (rendering, actor) not in agents:
+            agents[rendering, actor] = make_agent(rendering, actor)
+        record = {**(meta or {}), **line(item, condition, rendering, actor, agents[rendering, actor])}
+        append_jsonl(out, record)
+        written.append(record)
+        if on_record is not None:
+            on_record(record)
     return written
 
 
@@ -517,26 +527,11 @@ def run_recovery(env: Any, items: Sequence[RecoveryItem], renderings: Sequence[s
     for c in conditions:
         if c not in CONDITIONS:
             raise ValueError(f"unknown recovery condition {c!r}; known: {list(CONDITIONS)}")
-    done = finished_keys(out, "recover")
-    todo = {(i.key, c, r, a) for i in items for c in conditions for r in renderings for a in actors}
-    _check_resume(out, done, todo, resume)
-    written = []
-    for rendering in renderings:
-        for actor in actors:
-            agent = None
-            for condition in conditions:
-                for item in items:
-                    if (item.key, condition, rendering, actor) in done:
-                        if on_record is not None:
-                            on_record(None)
-                        continue
-                    agent = agent or make_agent(rendering, actor)
-                    record = {**(meta or {}), **recovery_record(env, item, condition, actor, agent, new_actions)}
-                    append_jsonl(out, record)
-                    written.append(record)
-                    if on_record is not None:
-                        on_record(record)
-    return written
+    cells = [(item, condition, rendering, actor) for rendering in renderings for actor in actors
+             for condition in conditions for item in items]
+    return _run_cells(out, "recover", cells, resume, make_agent, meta, on_record,
+                      lambda item, condition, _, actor, agent: recovery_record(env, item, condition, actor, agent,
+                                                                               new_actions))
 
 
 # ---------------------------------------------------------------------------------------------
