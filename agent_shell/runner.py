@@ -223,6 +223,11 @@ def run_episodes(env: Any, agent: Any, task_ids: Sequence[str], results_path: st
         record = episode_record(agent.name, task_id, result.trials, time.perf_counter() - start, meta or {})
         append_jsonl(results_path, record)
         partial.unlink(missing_ok=True)
+        for folder in (partial.parent, partial.parent.parent):  # <agent>/, then <results>.partial/
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: other agents' or tasks' episodes are still running
+                break
         summary.records.append(record)
         if bar is not None:
             done = len(summary.records)
