@@ -80,12 +80,13 @@ class Reference:
     footer = "[End of reference. Actions below are executed.]"
 
 
-def _entry_text(action: str | None, observation: str, experience: str | None) -> str:
-    lines = [] if action is None else [f"> {action}"]
-    lines.append(observation)
-    if experience:
-        lines.append(f"{EXPERIENCE_LABEL} {experience.strip()}")
-    return "\n".join(lines)
+def _entry_text(action: str | None, observation: str) -> str:
+    return observation if action is None else f"> {action}\n{observation}"
+
+
+def _text_lines(pieces: Sequence[tuple[str, str | None, str]]) -> list[str]:
+    """The text layout of :func:`_segments`' pieces: notes as they are, entries as transcript lines."""
+    return [text if kind == "note" else _entry_text(action, text) for kind, action, text in pieces]
 
 
 def _hidden_note(n: int) -> str:
@@ -115,7 +116,7 @@ def _segments(steps: Sequence[StepLike], rendering: str, experiences: Mapping[in
 
 def _reference_pieces(reference: Reference, rendering: str, seed: int) -> list[tuple[str, str | None, str]]:
     body = render(reference.steps, "raw" if rendering == "experience" else rendering, None, seed)
-    text = "\n".join([reference.header()] + [_entry_text(e.action, e.observation, None) for e in body.entries]
+    text = "\n".join([reference.header()] + [_entry_text(e.action, e.observation) for e in body.entries]
                      + [Reference.footer])
     return [("note", None, text)]
 
@@ -124,7 +125,7 @@ def render_history(steps: Sequence[StepLike], rendering: str = "raw", experience
                    seed: int = 0, reference: Reference | None = None) -> str:
     """The interaction history (thoughts included) as text in the text layout; "" for none."""
     _, pieces = _segments(steps, rendering, experiences, seed, reference)
-    return "\n".join(text if kind == "note" else _entry_text(action, text, None) for kind, action, text in pieces)
+    return "\n".join(_text_lines(pieces))
 
 
 def render_memory(reflections: Sequence[str]) -> str:
@@ -179,8 +180,7 @@ def scoring_context(
     head = "\n".join(b for b in (render_memory(memory), render_task(instruction, observation)) if b)
     _, pieces = _segments(steps, rendering, experiences, seed, reference)
     if layout == "text":
-        body = [text if kind == "note" else _entry_text(action, text, None) for kind, action, text in pieces]
-        return "\n".join([head] + body)
+        return "\n".join([head] + _text_lines(pieces))
     messages = [{"role": "user", "content": head}]
     for kind, action, text in pieces:
         if kind == "entry" and action is not None:
