@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -143,18 +142,12 @@ def _episode_record(record: Any) -> dict[str, Any]:
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
-    """Write ``payload`` as JSON (orjson) to ``path`` atomically: a temporary file, then one rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would make shared result folders unreadable
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(orjson.dumps(payload))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write ``payload`` as JSON (orjson) to ``path`` atomically: a temporary file beside it, then one
+    rename (:func:`cb_core.atomic_path`; a new file's ordinary permissions, not mkstemp's 0600)."""
+    from cb_core import atomic_path  # here: `report` reads results without importing JAX
+
+    with atomic_path(path) as tmp:
+        Path(tmp).write_bytes(orjson.dumps(payload))
 
 
 def partial_path(results_path: Path, agent_name: str, task_id: str) -> Path:

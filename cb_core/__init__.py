@@ -8,11 +8,13 @@ Public API (seed paper notation; see each docstring for shapes and the equation 
   :func:`objective` (Eq. 6), :func:`gradient`, :func:`hessian`.
 * fitting: :func:`fit` -> :class:`FitResult` with its :class:`Certificate`.
 * acting: :func:`candidate_log_probs`, :func:`choose` (Eq. 7).
-* the concept file: :class:`Concept`.
+* the concept file: :class:`Concept`; :func:`atomic_path`, the one-rename file replacement
+  its writers (and the agent shell's result files) use.
 
 Imports nothing else of this project.
 """
 
+from cb_core._atomic import atomic_path
 from cb_core.act import candidate_log_probs, choose
 from cb_core.cache import cache_dir, enable_persistent_cache
 from cb_core.concept import Concept, library_versions
@@ -24,7 +26,7 @@ from cb_core.model import (features, gradient, hessian, log_probs, objective, pa
                            padded_log_probs, padded_objective, prior_log_probs)
 
 __all__ = [
-    "Certificate", "Concept", "Decisions", "FitResult", "PaddedDecisions", "bucket_size",
+    "Certificate", "Concept", "atomic_path", "Decisions", "FitResult", "PaddedDecisions", "bucket_size",
     "cache_dir", "candidate_log_probs", "choose", "decisions_from_lists",
     "enable_persistent_cache", "features", "fit", "gradient", "hessian", "library_versions",
     "load_decisions", "load_decisions_metadata", "log_probs", "objective", "padded_features",

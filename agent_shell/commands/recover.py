@@ -12,7 +12,7 @@ from __future__ import annotations
 import click
 
 from agent_shell.commands._common import RENDERING_NAMES, make_console
-from agent_shell.commands.probe import ACTORS, AgentFactory, study_options, study_progress
+from agent_shell.commands._study import ACTORS, StudyBackbone, play_study, study_options
 
 #: = :data:`agent_shell.studies.CONDITIONS`.
 CONDITIONS = ("history", "reference")
@@ -34,13 +34,11 @@ CONDITIONS = ("history", "reference")
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip (item, condition, rendering, agent) keys already in --out.")
 @study_options
-def recover(results, conditions, renderings, actors, max_items, new_actions, out, resume, model, dtype, demo_split,
-            demos_per_type, layout, cache_dir, seed) -> None:
+def recover(results, conditions, renderings, actors, max_items, new_actions, out, resume,
+            backbone: StudyBackbone) -> None:
     """Reference-history recovery on RESULTS (JSONL files of `cb-agent run`): replay failed trajectories
     to a third of their length, continue, and report how many are won."""
     from agent_shell import studies
-    from agent_shell.commands._common import resolve_dtype
-    from envs import make_env
 
     console = make_console()
     conditions, renderings, actors = (tuple(dict.fromkeys(x)) for x in (conditions, renderings, actors))
@@ -49,32 +47,21 @@ def recover(results, conditions, renderings, actors, max_items, new_actions, out
     if not items:
         raise click.ClickException(f"no unsuccessful trajectory with >= {studies.MIN_ENV_STEPS} environment steps "
                                    f"among {len(trials)} trials of {', '.join(results)}")
-    env_name = studies.env_name_of([i.recorded for i in items])
     console.print(f"{len(items)} failed trajectories x {len(conditions)} condition(s) x {len(renderings)} "
                   f"rendering(s) x {len(actors)} agent(s), {new_actions} new steps each -> {out}")
-    env = make_env(env_name)
-    try:
-        factory = AgentFactory(env_name, env, model, dtype, demo_split, demos_per_type, layout, cache_dir, seed,
-                               "cb-agent" in actors, {i.recorded.trajectory.task_type for i in items}, console.print)
-        meta = {"env": env_name, "model": factory.lm.name, "dtype": resolve_dtype(dtype), "seed": seed,
-                "demos_per_type": demos_per_type, "demo_split": demo_split}
-        progress, bar = study_progress(len(items) * len(conditions) * len(renderings) * len(actors), "recover")
 
-        def on_record(record: dict | None) -> None:
-            last = "" if record is None else (f"{record['condition']}/{record['rendering']}/{record['agent']}: "
-                                              f"{'won' if record['recovered'] else 'lost'} in {record['new_steps']}")
-            progress.update(bar, advance=1, last=last)
+    def play(env, factory, meta, on_record) -> list[dict]:
+        return studies.run_recovery(env, items, renderings, conditions, actors, factory, out, resume,
+                                    new_actions, meta, on_record)
 
-        try:
-            with progress:
-                written = studies.run_recovery(env, items, renderings, conditions, actors, factory, out, resume,
-                                               new_actions, meta, on_record)
-        except ValueError as err:
-            raise click.ClickException(str(err)) from None
-    finally:
-        env.close()
+    written = play_study(
+        "recover", studies.env_name_of([i.recorded for i in items]), {i.recorded.trajectory.task_type for i in items},
+        actors, backbone, len(items) * len(conditions) * len(renderings) * len(actors),
+        lambda r: (f"{r['condition']}/{r['rendering']}/{r['agent']}: "
+                   f"{'won' if r['recovered'] else 'lost'} in {r['new_steps']}"), console.print, play)
     keys = {(i.key, c, r, a) for i in items for c in conditions for r in renderings for a in actors}
-    records = [r for r in studies.read_study(out, "recover") if (r["item"], r["condition"], r["rendering"], r["agent"]) in keys]
+    records = [r for r in studies.read_study(out, "recover")
+               if (r["item"], r["condition"], r["rendering"], r["agent"]) in keys]
     mismatched = sum(r["replay_mismatch"] for r in records)
     console.print(f"{len(written)} lines written, {len(keys) - len(written)} already in {out}; "
                   f"{mismatched} replay(s) did not reproduce the recorded observations")
