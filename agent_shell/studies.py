@@ -329,6 +329,19 @@ def _check_resume(path: Path, done: set, todo: set, resume: bool) -> None:
                          "continue it, or choose another --out")
 
 
+def pending_keys(path: str | Path, study: str, todo: set[tuple[str, str, str, str]],
+                 resume: bool) -> set[tuple[str, str, str, str]]:
+    """The (item, condition, rendering, actor) keys of ``todo`` not yet in ``path`` (condition ""
+    for the probe), checked before anything heavy loads.
+
+    Raises:
+        ValueError: without ``resume``, ``path`` already holds one of ``todo`` (never a duplicate).
+    """
+    done = finished_keys(path, study)
+    _check_resume(Path(path), done, todo, resume)
+    return todo - done
+
+
 def run_probe(items: Sequence[ProbeItem], renderings: Sequence[str], actors: Sequence[str],
               make_agent: Callable[[str, str], Any], out: str | Path, resume: bool = False,
               reviews: ReviewCache | None = None, meta: Mapping[str, Any] | None = None,
@@ -617,6 +630,7 @@ def rate_table(rows: Sequence[RateRow], columns: Sequence[str], rate_name: str, 
 
 __all__ = ["CONDITIONS", "FixedHistory", "MIN_ENV_STEPS", "NOTHING_HAPPENS", "PROBE_SCHEMA", "ProbeItem",
            "RECOVER_SCHEMA", "RateRow", "RecordedTrial", "RecoveryItem", "ReviewCache", "STUDY_ACTORS",
-           "env_name_of", "finished_keys", "mine_probe_items", "next_action", "probe_record", "probe_rows",
-           "rate_rows", "rate_table", "read_study", "recorded_trials", "recovery_record", "recovery_rows", "replay",
-           "review_replayed", "run_probe", "run_recovery", "select_recovery_items", "unsupported_repeats"]
+           "env_name_of", "finished_keys", "mine_probe_items", "next_action", "pending_keys", "probe_record",
+           "probe_rows", "rate_rows", "rate_table", "read_study", "recorded_trials", "recovery_record",
+           "recovery_rows", "replay", "review_replayed", "run_probe", "run_recovery", "select_recovery_items",
+           "unsupported_repeats"]

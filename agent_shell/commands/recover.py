@@ -49,17 +49,21 @@ def recover(results, conditions, renderings, actors, max_items, new_actions, out
                                    f"among {len(trials)} trials of {', '.join(results)}")
     console.print(f"{len(items)} failed trajectories x {len(conditions)} condition(s) x {len(renderings)} "
                   f"rendering(s) x {len(actors)} agent(s), {new_actions} new steps each -> {out}")
+    keys = {(i.key, c, r, a) for i in items for c in conditions for r in renderings for a in actors}
+    try:
+        pending = studies.pending_keys(out, "recover", keys, resume)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
 
     def play(env, factory, meta, on_record) -> list[dict]:
         return studies.run_recovery(env, items, renderings, conditions, actors, factory, out, resume,
                                     new_actions, meta, on_record)
 
-    written = play_study(
+    written = [] if not pending else play_study(
         "recover", studies.env_name_of([i.recorded for i in items]), {i.recorded.trajectory.task_type for i in items},
         actors, backbone, len(items) * len(conditions) * len(renderings) * len(actors),
         lambda r: (f"{r['condition']}/{r['rendering']}/{r['agent']}: "
                    f"{'won' if r['recovered'] else 'lost'} in {r['new_steps']}"), console.print, play)
-    keys = {(i.key, c, r, a) for i in items for c in conditions for r in renderings for a in actors}
     records = [r for r in studies.read_study(out, "recover")
                if (r["item"], r["condition"], r["rendering"], r["agent"]) in keys]
     mismatched = sum(r["replay_mismatch"] for r in records)

@@ -317,7 +317,7 @@ def doubles(monkeypatch, tmp_path):
                         lambda name=None, dtype="bfloat16", formatting="plain": FakeLM(review_replies))
 
 
-def test_probe_and_recover_commands(tmp_path, doubles):
+def test_probe_and_recover_commands(tmp_path, doubles, monkeypatch):
     results = write_results(tmp_path / "r.jsonl", [trajectory(MINED)])
     out = tmp_path / "probe.jsonl"
     args = ["probe", str(results), "--history", "raw", "--history", "experience", "--actor", "react",
@@ -327,15 +327,32 @@ def test_probe_and_recover_commands(tmp_path, doubles):
     assert "4 lines written" in res.output and "Repetition probe" in res.output
     # a/1@1 repeats "go to window 1" (the scripted reply), a/1@5 repeated "examine wall 1"
     assert res.output.count("1/2 │ 50.0%") == 2
+
+    def no_backbone(*args, **kwargs):
+        raise AssertionError("the backbone was loaded")
+
+    # a refused rerun and a resume with nothing left never load the backbone
+    monkeypatch.setattr(agent_shell.lm, "load_language_model", no_backbone)
     again = CliRunner().invoke(main, args)
-    assert again.exit_code != 0 and "--resume" in again.output
-    assert CliRunner().invoke(main, args + ["--resume"]).exit_code == 0 and len(studies.read_study(out, "probe")) == 4
+    assert again.exit_code == 1 and "--resume" in again.output, again.output
+    resumed = CliRunner().invoke(main, args + ["--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert "0 lines written, 4 already" in resumed.output and resumed.output.count("1/2 │ 50.0%") == 2
+    assert len(studies.read_study(out, "probe")) == 4
+    monkeypatch.setattr(agent_shell.lm, "load_language_model",
+                        lambda name=None, dtype="bfloat16", formatting="plain": FakeLM(review_replies))
 
     failed = failed_results(tmp_path)
     out = tmp_path / "recover.jsonl"
-    res = CliRunner().invoke(main, ["recover", str(failed), "--new-actions", "2", "--out", str(out)])
+    args = ["recover", str(failed), "--new-actions", "2", "--out", str(out)]
+    res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     recs = studies.read_study(out, "recover")
     assert sorted(r["condition"] for r in recs) == ["history", "reference"]
     assert all(r["new_steps"] == 2 and r["model"] == "fake-lm" for r in recs)
     assert "Reference-history recovery" in res.output
+    monkeypatch.setattr(agent_shell.lm, "load_language_model", no_backbone)
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 1 and "--resume" in again.output, again.output
+    resumed = CliRunner().invoke(main, args + ["--resume"])
+    assert resumed.exit_code == 0 and "0 lines written, 2 already" in resumed.output, resumed.output
