@@ -99,21 +99,32 @@ class AgentFactory:
         return CBAgent(setup.lm, setup.demos, concepts, config, self.scorer, self.reviewer)
 
 
-def play_study(study: str, env_name: str, task_types: set[str], actors: tuple[str, ...], backbone: StudyBackbone,
-               total: int, last: Callable[[dict], str], echo: Callable[[str], None],
+def play_study(study: str, out: str, keys: set[tuple[str, str, str, str]], resume: bool, env_name: str,
+               task_types: set[str], actors: tuple[str, ...], backbone: StudyBackbone, last: Callable[[dict], str],
+               echo: Callable[[str], None],
                play: Callable[[Any, AgentFactory, dict, Callable[[dict | None], None]], list[dict]]) -> list[dict]:
-    """Open ``env_name``, build an :class:`AgentFactory` (concepts only when ``cb-agent`` is an
-    actor), and call ``play(env, factory, meta, on_record)`` under a progress bar of ``total`` cells
-    whose last column is ``last(record)``. Returns what ``play`` returns (the records written).
+    """Play the (item, condition, rendering, actor) ``keys`` of ``study`` into ``out``.
+
+    First checks ``out`` (:func:`agent_shell.studies.pending_keys`): a rerun without ``resume`` is
+    refused, and with nothing pending nothing loads. Otherwise opens ``env_name``, builds an
+    :class:`AgentFactory` (concepts only when ``cb-agent`` is an actor), and calls
+    ``play(env, factory, meta, on_record)`` under a progress bar over ``keys`` whose last column
+    is ``last(record)``. Returns what ``play`` returns (the records written; [] when none pending).
 
     Raises:
-        click.ClickException: ``play`` raised ValueError (a resume conflict, an unknown condition).
+        click.ClickException: a resume conflict, or ``play`` raised ValueError (e.g. an unknown condition).
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from agent_shell import studies
     from agent_shell.commands._common import resolve_dtype
     from envs import make_env
 
+    try:
+        if not studies.pending_keys(out, study, keys, resume):
+            return []
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
     env = make_env(env_name)
     try:
         factory = AgentFactory(env_name, env, backbone, "cb-agent" in actors, task_types, echo)
@@ -121,7 +132,7 @@ def play_study(study: str, env_name: str, task_types: set[str], actors: tuple[st
                 "seed": backbone.seed, "demos_per_type": backbone.demos_per_type, "demo_split": backbone.demo_split}
         progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), TextColumn("{task.fields[last]}"))
-        bar = progress.add_task(study, total=total, last="")
+        bar = progress.add_task(study, total=len(keys), last="")
 
         def on_record(record: dict | None) -> None:
             progress.update(bar, advance=1, last="" if record is None else last(record))

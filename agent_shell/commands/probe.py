@@ -42,10 +42,6 @@ def probe(results, renderings, actors, max_items, out, resume, backbone: StudyBa
     console.print(f"{len(items)} probe items from {n_traj} of {len(trials)} trials x {len(renderings)} rendering(s) "
                   f"x {len(actors)} actor(s) -> {out}")
     keys = {(i.key, "", r, a) for i in items for r in renderings for a in actors}
-    try:
-        pending = studies.pending_keys(out, "probe", keys, resume)
-    except ValueError as err:
-        raise click.ClickException(str(err)) from None
     review_calls = []
 
     def play(env, factory, meta, on_record) -> list[dict]:
@@ -55,9 +51,9 @@ def probe(results, renderings, actors, max_items, out, resume, backbone: StudyBa
         finally:
             review_calls.append(reviews.calls)
 
-    written = [] if not pending else play_study(
-        "probe", studies.env_name_of([i.recorded for i in items]), {i.recorded.trajectory.task_type for i in items},
-        actors, backbone, len(items) * len(renderings) * len(actors),
+    written = play_study(
+        "probe", out, keys, resume, studies.env_name_of([i.recorded for i in items]),
+        {i.recorded.trajectory.task_type for i in items}, actors, backbone,
         lambda r: f"{r['rendering']}/{r['agent']}: {'repeat' if r['repeat'] else r['kind']}", console.print, play)
     records = [r for r in studies.read_study(out, "probe") if (r["item"], "", r["rendering"], r["agent"]) in keys]
     console.print(f"{len(written)} lines written, {len(keys) - len(written)} already in {out}; "

@@ -50,18 +50,14 @@ def recover(results, conditions, renderings, actors, max_items, new_actions, out
     console.print(f"{len(items)} failed trajectories x {len(conditions)} condition(s) x {len(renderings)} "
                   f"rendering(s) x {len(actors)} agent(s), {new_actions} new steps each -> {out}")
     keys = {(i.key, c, r, a) for i in items for c in conditions for r in renderings for a in actors}
-    try:
-        pending = studies.pending_keys(out, "recover", keys, resume)
-    except ValueError as err:
-        raise click.ClickException(str(err)) from None
 
     def play(env, factory, meta, on_record) -> list[dict]:
         return studies.run_recovery(env, items, renderings, conditions, actors, factory, out, resume,
                                     new_actions, meta, on_record)
 
-    written = [] if not pending else play_study(
-        "recover", studies.env_name_of([i.recorded for i in items]), {i.recorded.trajectory.task_type for i in items},
-        actors, backbone, len(items) * len(conditions) * len(renderings) * len(actors),
+    written = play_study(
+        "recover", out, keys, resume, studies.env_name_of([i.recorded for i in items]),
+        {i.recorded.trajectory.task_type for i in items}, actors, backbone,
         lambda r: (f"{r['condition']}/{r['rendering']}/{r['agent']}: "
                    f"{'won' if r['recovered'] else 'lost'} in {r['new_steps']}"), console.print, play)
     records = [r for r in studies.read_study(out, "recover")
