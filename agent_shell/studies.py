@@ -323,12 +323,6 @@ def finished_keys(path: str | Path, study: str) -> set[tuple[str, str, str, str]
     return {(r["item"], r.get("condition", ""), r["rendering"], r["agent"]) for r in read_study(path, study)}
 
 
-def _check_resume(path: Path, done: set, todo: set, resume: bool) -> None:
-    if done & todo and not resume:
-        raise ValueError(f"{path} already holds {len(done & todo)} of these results; pass --resume to "
-                         "continue it, or choose another --out")
-
-
 def pending_keys(path: str | Path, study: str, todo: set[tuple[str, str, str, str]],
                  resume: bool) -> set[tuple[str, str, str, str]]:
     """The (item, condition, rendering, actor) keys of ``todo`` not yet in ``path`` (condition ""
@@ -337,8 +331,10 @@ def pending_keys(path: str | Path, study: str, todo: set[tuple[str, str, str, st
     Raises:
         ValueError: without ``resume``, ``path`` already holds one of ``todo`` (never a duplicate).
     """
-    done = finished_keys(path, study)
-    _check_resume(Path(path), done, todo, resume)
+    done = finished_keys(path, study) & todo
+    if done and not resume:
+        raise ValueError(f"{path} already holds {len(done)} of these results; pass --resume to "
+                         "continue it, or choose another --out")
     return todo - done
 
 
@@ -380,12 +376,11 @@ def _run_cells(out: Path, study: str, cells: Sequence[tuple[Any, str, str, str]]
     """Play the (item, condition, rendering, actor) ``cells`` in order, appending one line each to
     ``out``; finished keys are skipped (``on_record(None)``), agents are built once per
     (rendering, actor) and only when needed."""
-    done = finished_keys(out, study)
-    _check_resume(out, done, {(i.key, c, r, a) for i, c, r, a in cells}, resume)
+    pending = pending_keys(out, study, {(i.key, c, r, a) for i, c, r, a in cells}, resume)
     agents: dict[tuple[str, str], Any] = {}
     written = []
     for item, condition, rendering, actor in cells:
-        if (item.key, condition, rendering, actor) in done:
+        if (item.key, condition, rendering, actor) not in pending:
             if on_record is not None:
                 on_record(None)
             continue

@@ -26,7 +26,7 @@ from cb_core.model import (features, gradient, hessian, log_probs, objective, pa
                            padded_log_probs, padded_objective, prior_log_probs)
 
 __all__ = [
-    "Certificate", "Concept", "atomic_path", "Decisions", "FitResult", "PaddedDecisions", "bucket_size",
+    "Certificate", "Concept", "Decisions", "FitResult", "PaddedDecisions", "atomic_path", "bucket_size",
     "cache_dir", "candidate_log_probs", "choose", "decisions_from_lists",
     "enable_persistent_cache", "features", "fit", "gradient", "hessian", "library_versions",
     "load_decisions", "load_decisions_metadata", "log_probs", "objective", "padded_features",
