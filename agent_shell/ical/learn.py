@@ -1,0 +1,395 @@
+"""ICAL's two phases for one noisy trajectory: abstraction, then refinement with feedback.
+
+1. **Abstraction** F_abstract(noisy trajectory, I, k examples) -> (optimized trajectory, L): the
+   LM reads the noisy record and writes a program (:mod:`agent_shell.ical.program`) with the
+   actions corrected and the four kinds of annotation; the prompt shows ``k`` retrieved examples
+   from the memory (or, while the memory is empty, one built-in worked example of the format).
+2. **Refinement** Xi_update(optimized trajectory, H(a_t, o_t), L, I, examples): the program is
+   executed in the real game (:func:`execute`), annotations as think steps. Where it fails -
+   an action outside the state's candidate set, an action the engine answers with its invalid
+   feedback (ALFWorld ``Nothing happens.``), or a finished program that did not reach the goal -
+   feedback H (the failed action, what the game answered, the valid actions there, whether the
+   goal was reached) goes back to the LM, which writes the whole program again. With a person in
+   the loop (:class:`HumanFeedback`) every executed step is shown and a typed line becomes
+   feedback (Enter accepts the step).
+
+:func:`learn_example` runs both phases for up to ``max_rounds`` revisions and records every round;
+only a program whose execution wins yields an :class:`agent_shell.ical.memory.Example`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+from agent_shell.ical.memory import Example
+from agent_shell.ical.program import ABSTRACTIONS_HEADER, Parsed, Program, parse_program
+from envs.trajectory import Trajectory
+
+#: Observations that mean the engine did not execute an action (ALFWorld, TextWorld, ScienceWorld).
+INVALID_FEEDBACK = ("Nothing happens.", "I don't understand that", "No known action matches that input.")
+#: Valid actions listed in feedback at most (the rest is counted).
+FEEDBACK_CANDIDATES = 40
+
+HEADER = (
+    "You turn a noisy record of a task in a text game into a clean example for later use. Remove "
+    "detours, repeated and useless actions, and fix wrong objects, so that the actions solve the task. "
+    "Explain the solution with annotations of four kinds: causal (a principle of the task, cause and "
+    "effect), state (the objects and receptacles that matter), subgoal (the next step, in short) and "
+    "effect (what an action changes). Actions start with '> ' and must be game commands. Write:\n"
+    "Abstractions:\n<causal and state lines>\nProgram:\n<subgoal, '> action' and effect lines>\nEnd"
+)
+
+#: The built-in worked example shown while the memory holds none (written for this project).
+BUILTIN_EXAMPLE = """Task: Your task is to: put a hot apple in fridge.
+Noisy record:
+> go to drawer 2
+The drawer 2 is closed.
+> go to countertop 1
+On the countertop 1, you see a apple 1, and a knife 1.
+> take apple 1 from countertop 1
+You pick up the apple 1 from the countertop 1.
+> take apple 1 from countertop 1
+Nothing happens.
+> go to microwave 1
+The microwave 1 is closed.
+> heat apple 1 with microwave 1
+You heat the apple 1 using the microwave 1.
+> go to fridge 1
+The fridge 1 is closed.
+> open fridge 1
+You open the fridge 1. The fridge 1 is open. In it, you see nothing.
+> move apple 1 to fridge 1
+You move the apple 1 to the fridge 1.
+Clean example:
+Abstractions:
+causal: To heat something, hold it and use a microwave; then put it where the task says.
+state: apple 1, countertop 1, microwave 1, fridge 1
+Program:
+subgoal: find and take an apple
+> go to countertop 1
+> take apple 1 from countertop 1
+effect: I hold the apple 1.
+subgoal: heat the apple
+> go to microwave 1
+> heat apple 1 with microwave 1
+effect: the apple 1 is hot.
+subgoal: put the apple in the fridge
+> go to fridge 1
+> open fridge 1
+> move apple 1 to fridge 1
+End"""
+
+
+def render_record(traj: Trajectory, max_steps: int | None = None) -> str:
+    """The noisy trajectory as a transcript (initial observation, then ``> action`` / observation)."""
+    from agent_shell.context import render_history
+
+    steps = traj.steps if max_steps is None else traj.steps[:max_steps]
+    lines = [traj.observation.strip(), render_history(steps)]
+    outcome = "The task was completed." if traj.won else "The task was NOT completed."
+    return "\n".join(line for line in lines if line) + f"\n({outcome})"
+
+
+def example_text(example: Example) -> str:
+    """A memory example as shown in abstraction prompts (no noisy record: only its clean form)."""
+    return f"Task: {example.instruction}\nClean example:\n{example.program.text()}"
+
+
+def abstraction_prompt(noisy: Trajectory, examples: Sequence[Example] = ()) -> str:
+    """F_abstract's prompt: header, examples, the noisy record; ends with ``Abstractions:\\n`` so
+    the reply continues the clean example (the caller puts the header back before parsing)."""
+    shown = [example_text(e) for e in examples] or [BUILTIN_EXAMPLE]
+    return (f"{HEADER}\n\n" + "\n\n".join(shown) + f"\n\nTask: {noisy.instruction}\nNoisy record:\n"
+            f"{render_record(noisy)}\nClean example:\n{ABSTRACTIONS_HEADER}\n")
+
+
+def revision_prompt(noisy: Trajectory, program_text: str, executed: Trajectory | None, feedback: str,
+                    examples: Sequence[Example] = ()) -> str:
+    """Xi_update's prompt: as :func:`abstraction_prompt`, then the last program, the steps of its
+    execution and the feedback H; the reply is the whole corrected program."""
+    shown = [example_text(e) for e in examples] or [BUILTIN_EXAMPLE]
+    ran = ""
+    if executed is not None and executed.steps:
+        from agent_shell.context import render_history
+
+        ran = f"It was executed in the game:\n{render_history(executed.steps)}\n"
+    return (f"{HEADER}\n\n" + "\n\n".join(shown) + f"\n\nTask: {noisy.instruction}\nNoisy record:\n"
+            f"{render_record(noisy)}\nYour last clean example:\n{program_text.strip()}\n{ran}"
+            f"Feedback: {feedback.strip()}\nWrite the corrected clean example.\n{ABSTRACTIONS_HEADER}\n")
+
+
+# ------------------------------------------------------------------------------------------------
+# execution and feedback
+
+
+class Feedback(Protocol):
+    """Who comments on an execution besides the environment (a person at a terminal, or nobody)."""
+
+    def on_step(self, index: int, action: str, observation: str) -> str | None:
+        """After an executed action: None accepts it, a text is feedback (execution stops)."""
+        ...
+
+    def on_end(self, won: bool, last_observation: str) -> str | None:
+        """After the last action: None accepts the outcome, a text is feedback (not kept)."""
+        ...
+
+
+class EnvFeedback:
+    """Feedback from the environment only (the default): accepts every step and outcome."""
+
+    def on_step(self, index: int, action: str, observation: str) -> str | None:
+        return None
+
+    def on_end(self, won: bool, last_observation: str) -> str | None:
+        return None
+
+
+class HumanFeedback:
+    """A person at a terminal: each executed step is shown; Enter accepts, a typed line is feedback.
+
+    Args:
+        ask: reads one line after showing a prompt (default :func:`input`).
+        show: prints a line (default :func:`print`).
+    """
+
+    def __init__(self, ask: Callable[[str], str] = input, show: Callable[[str], None] = print):
+        self.ask = ask
+        self.show = show
+
+    def on_step(self, index: int, action: str, observation: str) -> str | None:
+        self.show(f"step {index + 1}: > {action}\n  {observation.strip()}")
+        line = self.ask("feedback (Enter = accept)> ").strip()
+        return line or None
+
+    def on_end(self, won: bool, last_observation: str) -> str | None:
+        self.show("goal reached" if won else "goal NOT reached")
+        line = self.ask("feedback on the whole example (Enter = accept)> ").strip()
+        return line or None
+
+
+@dataclass
+class Execution:
+    """A program run in the real game.
+
+    Attributes:
+        trajectory: what was executed (annotations as think steps), up to the failure.
+        won: the goal was reached.
+        failure: None when won and accepted, else ``{"reason", "step", "action", "observation"}``;
+            reasons: "not a candidate", "invalid action", "goal not reached", "human feedback".
+        feedback: H, the text given to the LM for revision ("" when none).
+    """
+
+    trajectory: Trajectory
+    won: bool
+    failure: dict | None
+    feedback: str = ""
+
+
+def _valid_list(candidates: Sequence[str]) -> str:
+    shown = list(candidates)[:FEEDBACK_CANDIDATES]
+    more = len(candidates) - len(shown)
+    return ", ".join(shown) + (f" (and {more} more)" if more > 0 else "")
+
+
+def execute(env: Any, task_id: str, program: Program, feedback: Feedback | None = None) -> Execution:
+    """Run ``program`` in a fresh game of ``task_id`` (think steps for annotations; budget = its length).
+
+    An action not in the state's candidate set is not sent to the engine: the execution stops
+    there with feedback naming the valid actions. Stops early, won, when the engine reports
+    success before the program ends (the rest is dropped from the trajectory).
+    """
+    from envs.episode import Episode
+
+    feedback = feedback or EnvFeedback()
+    items = program.items()
+    episode = Episode(env, task_id, max_steps=max(1, len(items)))
+    n_actions = 0
+    last_obs = episode.start.observation
+    for kind, text in items:
+        if episode.done:
+            break
+        if kind == "think":
+            episode.act(text)
+            continue
+        candidates = episode.candidates()
+        if candidates and text not in candidates:
+            h = (f"Action {n_actions + 1} '{text}' is not possible in that state. Valid actions there: "
+                 f"{_valid_list(candidates)}. The goal was not reached.")
+            return Execution(episode.trajectory(), False,
+                             {"reason": "not a candidate", "step": n_actions, "action": text,
+                              "observation": last_obs}, h)
+        result = episode.act(text)
+        last_obs = result.observation
+        n_actions += 1
+        if result.observation.strip() in INVALID_FEEDBACK or (result.info or {}).get("invalid"):
+            h = (f"Action {n_actions} '{text}' failed: the game answered '{result.observation.strip()}'. "
+                 f"Valid actions there: {_valid_list(candidates)}. The goal was not reached.")
+            return Execution(episode.trajectory(), False,
+                             {"reason": "invalid action", "step": n_actions - 1, "action": text,
+                              "observation": result.observation}, h)
+        said = feedback.on_step(n_actions - 1, text, result.observation)
+        if said is not None:
+            return Execution(episode.trajectory(), False,
+                             {"reason": "human feedback", "step": n_actions - 1, "action": text,
+                              "observation": result.observation},
+                             f"After action {n_actions} '{text}' a person said: {said}")
+    won = episode.won
+    said = feedback.on_end(won, last_obs)
+    if won and said is None:
+        return Execution(episode.trajectory(), True, None)
+    if not won:
+        h = (f"All {n_actions} actions ran, but the goal was not reached. The last observation was: "
+             f"'{last_obs.strip()}'. Valid actions then: {_valid_list(episode.candidates())}.")
+        if said:
+            h += f" A person said: {said}"
+        return Execution(episode.trajectory(), False,
+                         {"reason": "goal not reached", "step": n_actions, "action": None, "observation": last_obs}, h)
+    return Execution(episode.trajectory(), False,
+                     {"reason": "human feedback", "step": n_actions, "action": None, "observation": last_obs},
+                     f"The goal was reached, but a person said: {said}")
+
+
+# ------------------------------------------------------------------------------------------------
+# the loop
+
+
+@dataclass(frozen=True)
+class LearnConfig:
+    """Settings of :func:`learn_example`.
+
+    Attributes:
+        max_rounds: revisions after the first abstraction (0: abstraction only, executed once).
+        max_new_tokens: length cap of one program.
+        k: retrieved examples shown in each prompt.
+        seed: generation seed (greedy decoding ignores it).
+    """
+
+    max_rounds: int = 2
+    max_new_tokens: int = 400
+    k: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_rounds < 0:
+            raise ValueError(f"max_rounds must be >= 0, got {self.max_rounds}")
+        if self.max_new_tokens < 1 or self.k < 0:
+            raise ValueError("max_new_tokens must be >= 1 and k >= 0")
+
+
+@dataclass
+class Outcome:
+    """What :func:`learn_example` did with one noisy trajectory.
+
+    Attributes:
+        noisy_id: the input's id.
+        rounds: one dict per round (``round``, ``kind`` abstract/revise, ``output``, ``parse_issues``,
+            ``program``, ``executed_steps``, ``won``, ``failure``, ``feedback``, ``seconds``).
+        example: the kept example, or None.
+        reason: why it was not kept (the last round's parse reasons or failure reason), or None.
+    """
+
+    noisy_id: str
+    task_type: str
+    rounds: list[dict] = field(default_factory=list)
+    example: Example | None = None
+    reason: str | None = None
+
+    @property
+    def abstracted(self) -> bool:
+        """The first abstraction parsed."""
+        return bool(self.rounds) and self.rounds[0]["program"] is not None
+
+    def to_record(self) -> dict:
+        return {"noisy_id": self.noisy_id, "task_type": self.task_type, "kept": self.example is not None,
+                "n_rounds": len(self.rounds), "reason": self.reason, "rounds": self.rounds,
+                "example_id": None if self.example is None else self.example.example_id}
+
+
+def allowed_actions(*trajectories: Trajectory) -> set[str]:
+    """The union of the environment's candidate sets seen in ``trajectories`` (env steps)."""
+    return {c for t in trajectories for s in t.steps if s.candidates for c in s.candidates}
+
+
+def generate_program(lm: Any, prompt: str, config: LearnConfig) -> str:
+    """One program from the LM (greedy), with the section header the prompt ended with put back."""
+    reply = lm.generate(prompt, max_new_tokens=config.max_new_tokens, stop=("\nEnd", "\n\n\n"), temperature=0.0,
+                        n=1, seed=config.seed)[0]
+    return f"{ABSTRACTIONS_HEADER}\n{reply}"
+
+
+def run_round(outcome: Outcome, kind: str, output: str, parsed: Parsed, env: Any, noisy: Trajectory,
+              feedback: Feedback | None, seconds: float) -> Execution | None:
+    """Record one round: a parsed program is executed; an unparsable one is not."""
+    execution = None
+    if parsed.ok:
+        execution = execute(env, noisy.task_id, parsed.program, feedback)
+    outcome.rounds.append({
+        "round": len(outcome.rounds), "kind": kind, "output": output,
+        "parse_issues": [str(i) for i in parsed.issues], "parse_reasons": parsed.reasons,
+        "program": None if parsed.program is None else parsed.program.to_record(),
+        "executed_steps": None if execution is None else len(execution.trajectory.steps),
+        "won": bool(execution and execution.won), "failure": None if execution is None else execution.failure,
+        "feedback": None if execution is None else execution.feedback,
+        "trajectory": None if execution is None else execution.trajectory.to_record(),
+        "seconds": round(seconds, 3)})
+    return execution
+
+
+def learn_example(lm: Any, env: Any, noisy: Trajectory, examples: Sequence[Example] = (),
+                  config: LearnConfig = LearnConfig(), feedback: Feedback | None = None,
+                  first_output: str | None = None) -> Outcome:
+    """Abstraction, then up to ``config.max_rounds`` revisions, for one noisy trajectory.
+
+    Args:
+        lm: the backbone (``generate``).
+        env: the environment adapter the program is executed in.
+        noisy: the noisy trajectory (:mod:`agent_shell.ical.noisy`).
+        examples: retrieved examples for the prompts (at most ``config.k`` are shown).
+        feedback: :class:`HumanFeedback` for a person in the loop; default environment only.
+        first_output: an abstraction already written (``cb-agent ical abstract``); the LM is
+            then called for revisions only.
+
+    Returns:
+        :class:`Outcome` with every round and, when an execution won, the kept example.
+    """
+    from agent_shell.ical.noisy import noisy_id
+
+    nid = noisy_id(noisy)
+    outcome = Outcome(nid, noisy.task_type)
+    shown = list(examples)[:config.k]
+    allowed = allowed_actions(noisy)
+    t = time.perf_counter()
+    output = first_output if first_output is not None else generate_program(lm, abstraction_prompt(noisy, shown),
+                                                                             config)
+    parsed = parse_program(output, allowed)
+    execution = run_round(outcome, "abstract", output, parsed, env, noisy, feedback, time.perf_counter() - t)
+    for _ in range(config.max_rounds):
+        if execution is not None and execution.won:
+            break
+        t = time.perf_counter()
+        if execution is None:
+            h = "Your clean example could not be read: " + "; ".join(str(i) for i in parsed.issues[:5])
+            executed, program_text = None, output
+        else:
+            h, executed = execution.feedback, execution.trajectory
+            program_text = parsed.program.text()
+            allowed |= allowed_actions(executed)
+        output = generate_program(lm, revision_prompt(noisy, program_text, executed, h, shown), config)
+        parsed = parse_program(output, allowed)
+        execution = run_round(outcome, "revise", output, parsed, env, noisy, feedback, time.perf_counter() - t)
+    if execution is not None and execution.won:
+        outcome.example = Example(example_id=nid, program=parsed.program, trajectory=execution.trajectory,
+                                  source={"noisy_id": nid, **noisy.meta.get("noisy_source", {}),
+                                          "corruptions": noisy.meta.get("corruptions")},
+                                  rounds=len(outcome.rounds) - 1, backbone=str(getattr(lm, "name", "")))
+    else:
+        last = outcome.rounds[-1]
+        outcome.reason = ("parse: " + ", ".join(last["parse_reasons"])) if last["program"] is None \
+            else f"execution: {last['failure']['reason']}"
+    return outcome
+
+
+__all__ = ["BUILTIN_EXAMPLE", "EnvFeedback", "Execution", "Feedback", "HumanFeedback", "LearnConfig", "Outcome",
+           "abstraction_prompt", "allowed_actions", "execute", "learn_example", "revision_prompt"]
