@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "report": "agent_shell.commands.report:report",
     "probe": "agent_shell.commands.probe:probe",
     "recover": "agent_shell.commands.recover:recover",
+    "ical": "agent_shell.commands.ical:ical",
 }
 
 

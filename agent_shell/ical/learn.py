@@ -312,6 +312,23 @@ def allowed_actions(*trajectories: Trajectory) -> set[str]:
     return {c for t in trajectories for s in t.steps if s.candidates for c in s.candidates}
 
 
+def final_candidates(env: Any, noisy: Trajectory) -> list[str]:
+    """The candidate set after the noisy trajectory's last step (a trajectory stores the sets
+    *before* each action only), found by replaying its environment actions in a fresh game;
+    [] when the replay wins."""
+    from envs.episode import Episode
+
+    actions = [s.action for s in noisy.steps if s.kind == "env"]
+    if not actions:
+        return []
+    episode = Episode(env, noisy.task_id, len(actions))
+    for action in actions:
+        if episode.done:
+            break
+        episode.act(action)
+    return [] if episode.won else list(env.candidates())
+
+
 def generate_program(lm: Any, prompt: str, config: LearnConfig) -> str:
     """One program from the LM (greedy), with the section header the prompt ended with put back."""
     reply = lm.generate(prompt, max_new_tokens=config.max_new_tokens, stop=("\nEnd", "\n\n\n"), temperature=0.0,
@@ -359,7 +376,7 @@ def learn_example(lm: Any, env: Any, noisy: Trajectory, examples: Sequence[Examp
     nid = noisy_id(noisy)
     outcome = Outcome(nid, noisy.task_type)
     shown = list(examples)[:config.k]
-    allowed = allowed_actions(noisy)
+    allowed = allowed_actions(noisy) | set(final_candidates(env, noisy))
     t = time.perf_counter()
     output = first_output if first_output is not None else generate_program(lm, abstraction_prompt(noisy, shown),
                                                                              config)

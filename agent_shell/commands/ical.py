@@ -1,0 +1,429 @@
+"""``cb-agent ical``: In-Context Abstraction Learning (noisy inputs, abstraction, refinement, memory, retrieval).
+
+Every output is a JSONL file keyed by the noisy input's id and appended one line per input
+(atomic appends), so an interrupted command continues with ``--resume``; without it a file that
+already holds some of the keys is refused (never duplicated). Bad inputs (a torn or foreign line,
+a missing file) are one-line errors naming the file and line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import click
+
+ENV_NAMES = ["alfworld", "scienceworld", "textworld"]
+
+
+def _fail(fn: Callable) -> Callable:
+    """Run ``fn`` turning bad-input errors into one-line click errors."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, FileNotFoundError) as err:
+            raise click.ClickException(" ".join(str(err).split("\n")[0].split())) from None
+
+    return wrapper
+
+
+def _done_keys(path: Path, resume: bool, wanted: Iterable[str]) -> set[str]:
+    """Noisy ids already in the JSONL output ``path``; refuses an existing key without --resume."""
+    from envs.trajectory import iter_jsonl
+
+    if not path.exists():
+        return set()
+    done = set()
+    for number, record, err in iter_jsonl(path):
+        if err is not None or not isinstance(record, dict) or "noisy_id" not in record:
+            click.echo(f"{path}:{number}: skipped unreadable line ({err or 'no noisy_id'}); redone", err=True)
+            continue
+        done.add(record["noisy_id"])
+    overlap = done & set(wanted)
+    if overlap and not resume:
+        raise ValueError(f"{path} already holds {len(overlap)} of these inputs; pass --resume to continue it, "
+                         "or choose another --out")
+    return done
+
+
+def _progress():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[note]}"), TimeElapsedColumn())
+
+
+def _read_noisy(path: str) -> list:
+    from envs.trajectory import read_trajectories
+
+    trajs = read_trajectories(path)
+    if not trajs:
+        raise ValueError(f"{path}: no noisy trajectories")
+    return trajs
+
+
+def _load_lm(model: str | None, dtype: str) -> Any:
+    from agent_shell.commands._common import resolve_dtype
+    from agent_shell.lm import load_language_model
+
+    return load_language_model(model, dtype=resolve_dtype(dtype))
+
+
+def _memory(folder: str | None, need_embedder: bool = True) -> Any:
+    if folder is None:
+        return None
+    from agent_shell.embeddings import SentenceEmbedder
+    from agent_shell.ical import Memory
+
+    return Memory(folder, SentenceEmbedder() if need_embedder else None,
+                  on_malformed=lambda msg: click.echo(msg, err=True))
+
+
+def _retrieved(memory: Any, noisy: Any, k: int) -> list:
+    if memory is None or k == 0 or not len(memory):
+        return []
+    return [e for e, _ in memory.retrieve(noisy.instruction, noisy.observation, k=k,
+                                          exclude_task_ids=[noisy.task_id])]
+
+
+model_options = [
+    click.option("--model", default=None, help="Backbone name or folder (default: the offline SmolLM2-135M-Instruct)."),
+    click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto", show_default=True),
+]
+
+
+def _with(options: list) -> Callable:
+    def deco(fn: Callable) -> Callable:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return deco
+
+
+@click.group()
+def ical() -> None:
+    """In-Context Abstraction Learning: noisy trajectories -> abstracted, refined examples -> memory."""
+
+
+@ical.command()
+@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True)
+@click.option("--from-run", "runs", multiple=True, type=click.Path(dir_okay=False),
+              help="cb-agent run results file(s) whose trials become noisy inputs (repeatable).")
+@click.option("--which", type=click.Choice(["failed", "won", "all"]), default="failed", show_default=True,
+              help="Which trials of --from-run.")
+@click.option("--expert-per-type", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Won expert trajectories per task type to corrupt (0: none).")
+@click.option("--expert-split", default="train", show_default=True)
+@click.option("--corruptions", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Corruptions per expert trajectory (insert, repeat, drop, swap; seeded).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/noisy.jsonl", show_default=True)
+@click.option("--resume/--no-resume", default=False, show_default=True)
+@_fail
+def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, seed, out_path, resume) -> None:
+    """Collect noisy trajectories: agent trials from results files and corrupted expert trajectories."""
+    from agent_shell.ical.noisy import corrupted_expert, from_results, noisy_id
+    from envs.trajectory import append_jsonl, read_trajectories
+
+    if not runs and not expert_per_type:
+        raise click.UsageError("give --from-run FILE and/or --expert-per-type N")
+    out = Path(out_path)
+    done = {noisy_id(t) for t in read_trajectories(out, on_error="skip")} if out.exists() else set()
+    if done and not resume:
+        raise ValueError(f"{out} already exists; pass --resume to add what is missing, or choose another --out")
+    written = 0
+    for run in runs:
+        for traj in from_results(run, which):
+            if noisy_id(traj) not in done:
+                append_jsonl(out, traj)
+                done.add(noisy_id(traj))
+                written += 1
+    if expert_per_type:
+        from agent_shell.demos import expert_demos
+        from envs import make_env
+
+        env = make_env(env_name)
+        try:
+            experts = expert_demos(env, expert_per_type, split=expert_split,
+                                   on_task=lambda tid: click.echo(f"collecting expert trajectory {tid}"))
+            todo = [e for e in experts if f"corrupted:seed{seed}:{e.task_id}" not in done]
+            with _progress() as progress:
+                bar = progress.add_task("corrupt + replay", total=len(todo), note="")
+
+                def save(traj: Any) -> None:
+                    nonlocal written
+                    append_jsonl(out, traj)
+                    written += 1
+                    progress.update(bar, advance=1, note=traj.task_type)
+
+                corrupted_expert(env, todo, seed=seed, n_corruptions=corruptions, on_trajectory=save)
+        finally:
+            env.close()
+    click.echo(f"{written} noisy trajectories written to {out}")
+
+
+@ical.command()
+@click.argument("noisy_path", type=click.Path(dir_okay=False))
+@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True,
+              help="The game the noisy trajectories were played in (their final candidate sets are replayed).")
+@_with(model_options)
+@click.option("--memory", "memory_dir", type=click.Path(file_okay=False), default=None,
+              help="Memory whose retrieved examples are shown (default: the built-in example only).")
+@click.option("--k", type=click.IntRange(min=0), default=2, show_default=True, help="Retrieved examples per prompt.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=400, show_default=True)
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/abstract.jsonl", show_default=True)
+@click.option("--resume/--no-resume", default=False, show_default=True)
+@_fail
+def abstract(noisy_path, env_name, model, dtype, memory_dir, k, max_new_tokens, out_path, resume) -> None:
+    """Phase 1 only: the LM abstracts each noisy trajectory; outputs are parsed strictly (not executed)."""
+    from collections import Counter
+
+    from agent_shell.ical.learn import (LearnConfig, abstraction_prompt, allowed_actions, final_candidates,
+                                        generate_program)
+    from envs import make_env
+    from agent_shell.ical.noisy import noisy_id
+    from agent_shell.ical.program import parse_program
+    from envs.trajectory import append_jsonl
+
+    trajs = _read_noisy(noisy_path)
+    out = Path(out_path)
+    done = _done_keys(out, resume, [noisy_id(t) for t in trajs])
+    todo = [t for t in trajs if noisy_id(t) not in done]
+    config = LearnConfig(max_new_tokens=max_new_tokens, k=k)
+    reasons: Counter = Counter()
+    n_ok = 0
+    if todo:
+        lm = _load_lm(model, dtype)
+        memory = _memory(memory_dir)
+        env = make_env(env_name)
+        with _progress() as progress:
+            bar = progress.add_task("abstract", total=len(todo), note="")
+            for traj in todo:
+                shown = _retrieved(memory, traj, k)
+                output = generate_program(lm, abstraction_prompt(traj, shown), config)
+                parsed = parse_program(output, allowed_actions(traj) | set(final_candidates(env, traj)))
+                n_ok += parsed.ok
+                reasons.update(parsed.reasons)
+                append_jsonl(out, {"noisy_id": noisy_id(traj), "task_type": traj.task_type, "output": output,
+                                   "parsed": parsed.ok, "parse_issues": [str(i) for i in parsed.issues],
+                                   "parse_reasons": parsed.reasons, "examples": [e.example_id for e in shown],
+                                   "program": None if parsed.program is None else parsed.program.to_record(),
+                                   "backbone": lm.name})
+                progress.update(bar, advance=1, note=f"parsed {n_ok}")
+        env.close()
+    click.echo(f"{len(todo)} abstracted now ({len(done)} already in {out}); parsed {n_ok}/{len(todo)}"
+               + ("; rejected: " + ", ".join(f"{r} x{c}" for r, c in reasons.most_common()) if reasons else ""))
+
+
+def _learn_all(trajs: list, out: Path, lm: Any, env: Any, memory: Any, config: Any, human: bool,
+               first_outputs: dict[str, str] | None = None) -> None:
+    from agent_shell.ical.learn import HumanFeedback, learn_example
+    from agent_shell.ical.noisy import noisy_id
+    from envs.trajectory import append_jsonl
+
+    feedback = HumanFeedback(ask=lambda p: click.prompt(p, default="", show_default=False, prompt_suffix=""),
+                             show=click.echo) if human else None
+    with _progress() as progress:
+        bar = progress.add_task("ical", total=len(trajs), note="")
+        kept = 0
+        for i, traj in enumerate(trajs, 1):
+            shown = _retrieved(memory, traj, config.k)
+            first = None if first_outputs is None else first_outputs.get(noisy_id(traj))
+            outcome = learn_example(lm, env, traj, shown, config, feedback, first_output=first)
+            if outcome.example is not None and memory is not None:
+                memory.add(outcome.example)
+            kept += outcome.example is not None
+            append_jsonl(out, {**outcome.to_record(), "examples": [e.example_id for e in shown],
+                               "backbone": lm.name if lm is not None else None})
+            progress.update(bar, advance=1, note=f"kept {kept}/{i}")
+
+
+def _summarize(out: Path, title: str) -> None:
+    from agent_shell.commands._common import make_console
+    from agent_shell.ical.summary import outcome_rows, outcome_table
+    from envs.trajectory import iter_jsonl
+
+    records = [r for _, r, err in iter_jsonl(out) if err is None and isinstance(r, dict) and "rounds" in r]
+    if records:
+        make_console().print(outcome_table(outcome_rows(records), title))
+
+
+def _check_human(human: bool) -> None:
+    import sys
+
+    if human and not sys.stdin.isatty():
+        raise click.UsageError("--human needs a terminal (standard input is not one)")
+
+
+@ical.command()
+@click.argument("abstract_path", type=click.Path(dir_okay=False))
+@click.option("--noisy", "noisy_path", type=click.Path(dir_okay=False), required=True,
+              help="The noisy trajectories the abstractions were written from.")
+@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True)
+@_with(model_options)
+@click.option("--memory", "memory_dir", type=click.Path(file_okay=False), default=None,
+              help="Memory for retrieved examples; kept examples are added to it.")
+@click.option("--k", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--max-rounds", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Revisions after the first execution.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=400, show_default=True)
+@click.option("--human", is_flag=True, help="A person gives feedback at the terminal (Enter accepts a step).")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/refine.jsonl", show_default=True)
+@click.option("--resume/--no-resume", default=False, show_default=True)
+@_fail
+def refine(abstract_path, noisy_path, env_name, model, dtype, memory_dir, k, max_rounds, max_new_tokens, human,
+           out_path, resume) -> None:
+    """Phase 2: execute each abstraction in the real game and revise it on feedback (every round recorded)."""
+    from agent_shell.ical.learn import LearnConfig
+    from agent_shell.ical.noisy import noisy_id
+    from envs import make_env
+    from envs.trajectory import iter_jsonl
+
+    _check_human(human)
+    firsts: dict[str, str] = {}
+    for number, record, err in iter_jsonl(abstract_path):
+        if err is None and not (isinstance(record, dict) and {"noisy_id", "output"} <= record.keys()):
+            err = "not a line of cb-agent ical abstract"
+        if err is not None:
+            raise ValueError(f"{abstract_path}:{number}: {err}")
+        firsts[record["noisy_id"]] = record["output"]
+    trajs = [t for t in _read_noisy(noisy_path) if noisy_id(t) in firsts]
+    out = Path(out_path)
+    done = _done_keys(out, resume, [noisy_id(t) for t in trajs])
+    todo = [t for t in trajs if noisy_id(t) not in done]
+    if todo:
+        lm = _load_lm(model, dtype) if max_rounds else None
+        env = make_env(env_name)
+        try:
+            _learn_all(todo, out, lm, env, _memory(memory_dir),
+                       LearnConfig(max_rounds=max_rounds, max_new_tokens=max_new_tokens, k=k), human, firsts)
+        finally:
+            env.close()
+    _summarize(out, f"ICAL refinement ({out})")
+
+
+@ical.command("build-memory")
+@click.argument("noisy_path", type=click.Path(dir_okay=False))
+@click.option("--memory", "memory_dir", type=click.Path(file_okay=False), required=True)
+@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True)
+@_with(model_options)
+@click.option("--k", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Retrieved examples per prompt (the built-in example while the memory is empty).")
+@click.option("--max-rounds", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Revisions after the first execution.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=400, show_default=True)
+@click.option("--human", is_flag=True, help="A person gives feedback at the terminal (Enter accepts a step).")
+@click.option("--resume/--no-resume", default=False, show_default=True)
+@_fail
+def build_memory(noisy_path, memory_dir, env_name, model, dtype, k, max_rounds, max_new_tokens, human,
+                 resume) -> None:
+    """Both phases for every noisy trajectory; won examples enter MEMORY (log: MEMORY/log.jsonl)."""
+    from agent_shell.ical.learn import LearnConfig
+    from agent_shell.ical.noisy import noisy_id
+    from envs import make_env
+
+    _check_human(human)
+    trajs = _read_noisy(noisy_path)
+    out = Path(memory_dir) / "log.jsonl"
+    done = _done_keys(out, resume, [noisy_id(t) for t in trajs])
+    todo = [t for t in trajs if noisy_id(t) not in done]
+    if todo:
+        memory = _memory(memory_dir)
+        lm = _load_lm(model, dtype)
+        env = make_env(env_name)
+        try:
+            _learn_all(todo, out, lm, env, memory,
+                       LearnConfig(max_rounds=max_rounds, max_new_tokens=max_new_tokens, k=k), human)
+        finally:
+            env.close()
+    _summarize(out, f"ICAL memory {memory_dir}")
+
+
+@ical.command()
+@click.argument("memory_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--instruction", default=None, help="Query instruction (one query).")
+@click.option("--state", default=None, help="Query textual state (initial observation).")
+@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True)
+@click.option("--split", default=None, help="Evaluate retrieval precision on every task of this split instead.")
+@click.option("--k", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--lambda-instruction", type=click.FloatRange(min=0), default=0.8, show_default=True)
+@click.option("--lambda-text", type=click.FloatRange(min=0), default=0.2, show_default=True)
+@click.option("--lambda-visual", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Kept for the source's formula; must be 0 (no visual embeddings in text games).")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="With --split: one JSON line per query (resumable with --resume).")
+@click.option("--resume/--no-resume", default=False, show_default=True)
+@_fail
+def retrieve(memory_dir, instruction, state, env_name, split, k, lambda_instruction, lambda_text, lambda_visual,
+             out_path, resume) -> None:
+    """Top-K examples for an instruction, or retrieval precision (share of top-K of the query's type) on a split."""
+    from agent_shell.commands._common import make_console
+    from agent_shell.ical import Lambdas
+    from rich.table import Table
+
+    if (instruction is None) == (split is None):
+        raise click.UsageError("give either --instruction or --split")
+    lambdas = Lambdas(lambda_instruction, lambda_text, lambda_visual)
+    console = make_console()
+    memory = _memory(memory_dir)
+    if not len(memory):
+        raise ValueError(f"the memory at {memory_dir} holds no examples")
+    if instruction is not None:
+        table = Table(title=f"top {k} of {len(memory)} examples")
+        for col in ("rank", "score", "task type", "instruction", "example"):
+            table.add_column(col)
+        for rank, (e, s) in enumerate(memory.retrieve(instruction, state, k, lambdas), 1):
+            table.add_row(str(rank), f"{s:.3f}", e.task_type, e.instruction, e.example_id)
+        console.print(table)
+        return
+    _precision(memory, env_name, split, k, lambdas, out_path, resume, console)
+
+
+def _precision(memory: Any, env_name: str, split: str, k: int, lambdas: Any, out_path: str | None, resume: bool,
+               console: Any) -> None:
+    from agent_shell.ical.summary import precision_rows
+    from envs import make_env
+    from envs.trajectory import append_jsonl, iter_jsonl
+    from rich.table import Table
+
+    env = make_env(env_name)
+    out = Path(out_path) if out_path else None
+    queries: list[dict] = []
+    try:
+        task_ids = list(env.tasks(split))
+        if out is not None:
+            _done_keys(out, resume, [f"{split}:{t}" for t in task_ids])
+            if out.exists():
+                queries = [r for _, r, err in iter_jsonl(out) if err is None and isinstance(r, dict) and "noisy_id" in r]
+        done = {q["noisy_id"] for q in queries}
+        with _progress() as progress:
+            bar = progress.add_task("queries", total=len(task_ids), note="", completed=len(done))
+            for tid in task_ids:
+                if f"{split}:{tid}" in done:
+                    continue
+                start = env.reset(tid)
+                got = memory.retrieve(start.instruction, start.observation, k, lambdas)
+                q = {"noisy_id": f"{split}:{tid}", "task_type": start.task_type, "instruction": start.instruction,
+                     "retrieved": [e.example_id for e, _ in got], "retrieved_types": [e.task_type for e, _ in got],
+                     "scores": [round(s, 5) for _, s in got], "k": k, "lambdas": vars(lambdas)}
+                queries.append(q)
+                if out is not None:
+                    append_jsonl(out, q)
+                progress.update(bar, advance=1)
+    finally:
+        env.close()
+    table = Table(title=f"retrieval precision@{k} on {split} ({len(memory)} examples; lambda_I={lambdas.instruction}, "
+                        f"lambda_text={lambdas.text})")
+    for col in ("task type", "queries", "precision", "examples of the type in memory"):
+        table.add_column(col)
+    have: dict[str, int] = {}
+    for e in memory.examples:
+        have[e.task_type] = have.get(e.task_type, 0) + 1
+    for r in precision_rows(queries):
+        table.add_row(r["task_type"], str(r["queries"]), f"{r['precision']:.3f}",
+                      str(have.get(r["task_type"], len(memory)) if r["task_type"] != "all" else len(memory)))
+    console.print(table)

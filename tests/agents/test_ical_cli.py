@@ -1,0 +1,114 @@
+"""`cb-agent ical ...` end to end with doubles: outputs, resume, summary table, one-line errors."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+import envs
+from agent_doubles import TASKS, FakeLM, ScriptedEnv
+from agent_shell.cli import main
+from agent_shell.commands import ical as ical_cmd
+from agent_shell.ical.noisy import replay
+from envs.trajectory import append_jsonl
+from test_ical_memory import TableEmbedder
+
+
+def fixed_program(prompt, temperature, n):
+    """Writes the solution of the task named in the prompt's last 'Task:' line."""
+    task = prompt.rsplit("Task: Your task is to: solve ", 1)[1].split(".", 1)[0]
+    body = "\n".join(f"> {a}" for a in TASKS[task][1])
+    return [f"causal: do it in order.\nstate: the room\nProgram:\nsubgoal: solve it\n{body}"] * n
+
+
+@pytest.fixture()
+def doubles(monkeypatch):
+    lm = FakeLM(replies=fixed_program)
+    monkeypatch.setattr(ical_cmd, "_load_lm", lambda model, dtype: lm)
+    monkeypatch.setattr(envs, "make_env", lambda name: ScriptedEnv())
+    import agent_shell.embeddings
+
+    monkeypatch.setattr(agent_shell.embeddings, "SentenceEmbedder", lambda: TableEmbedder({}))
+    return lm
+
+
+def noisy_file(tmp_path):
+    env = ScriptedEnv()
+    path = tmp_path / "noisy.jsonl"
+    for tid in ("a/1", "b/1", "b/2"):
+        actions = ["go to window 1"] + TASKS[tid][1][:-1]  # a detour, and the last step dropped
+        traj = replay(env, tid, actions)
+        append_jsonl(path, traj)
+    return path
+
+
+def test_build_memory_keeps_winners_resumes_and_prints_the_summary(tmp_path, doubles):
+    noisy = noisy_file(tmp_path)
+    mem = tmp_path / "mem"
+    result = CliRunner().invoke(main, ["ical", "build-memory", str(noisy), "--memory", str(mem), "--max-rounds", "1"])
+    assert result.exit_code == 0, result.output
+    assert "tried" in result.output and "kept" in result.output
+    lines = [orjson.loads(x) for x in (mem / "log.jsonl").read_bytes().splitlines()]
+    assert [r["kept"] for r in lines] == [True, True, True] and all(r["n_rounds"] == 1 for r in lines)
+    assert len((mem / "examples.jsonl").read_bytes().splitlines()) == 3
+    calls = len(doubles.prompts)
+    again = CliRunner().invoke(main, ["ical", "build-memory", str(noisy), "--memory", str(mem)])
+    assert again.exit_code == 1 and "pass --resume" in again.output and "\n" not in again.output.strip()
+    again = CliRunner().invoke(main, ["ical", "build-memory", str(noisy), "--memory", str(mem), "--resume"])
+    assert again.exit_code == 0 and len(doubles.prompts) == calls  # nothing left to do
+    # the second input's prompt showed a retrieved example from the memory, not the built-in one
+    assert "Task: Your task is to: solve a/1.\nClean example:" in doubles.prompts[1]
+
+
+def test_abstract_then_refine(tmp_path, doubles):
+    noisy = noisy_file(tmp_path)
+    abstract = tmp_path / "abstract.jsonl"
+    result = CliRunner().invoke(main, ["ical", "abstract", str(noisy), "--out", str(abstract)])
+    assert result.exit_code == 0, result.output
+    assert "parsed 3/3" in result.output
+    refined = tmp_path / "refine.jsonl"
+    result = CliRunner().invoke(main, ["ical", "refine", str(abstract), "--noisy", str(noisy), "--out", str(refined),
+                                       "--max-rounds", "0"])
+    assert result.exit_code == 0, result.output
+    assert len(doubles.prompts) == 3  # refinement with 0 rounds executes the written abstraction only
+    assert all(orjson.loads(x)["kept"] for x in refined.read_bytes().splitlines())
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"schema_version": 1, "env": "x"', "noisy.jsonl:1: malformed trajectory line: truncated line"),
+    (b'{"schema_version": 1, "env": "x"}\n', "noisy.jsonl:1: malformed trajectory line: trajectory record lacks field"),
+    (b'{"schema_version": 99}\n', "unsupported trajectory schema_version 99"),
+    (b"", "noisy.jsonl: no noisy trajectories"),
+])
+def test_corrupted_inputs_give_one_line_errors(tmp_path, doubles, content, message):
+    bad = tmp_path / "noisy.jsonl"
+    bad.write_bytes(content)
+    result = CliRunner().invoke(main, ["ical", "build-memory", str(bad), "--memory", str(tmp_path / "m")])
+    assert result.exit_code == 1 and message in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_missing_files_and_foreign_lines_are_one_line_errors(tmp_path, doubles):
+    result = CliRunner().invoke(main, ["ical", "abstract", str(tmp_path / "none.jsonl")])
+    assert result.exit_code == 1 and "none.jsonl" in result.output and len(result.output.strip().splitlines()) == 1
+    foreign = tmp_path / "abstract.jsonl"
+    foreign.write_text('{"agent": "react"}\n')
+    result = CliRunner().invoke(main, ["ical", "refine", str(foreign), "--noisy", str(noisy_file(tmp_path))])
+    assert result.exit_code == 1 and "abstract.jsonl:1: not a line of cb-agent ical abstract" in result.output
+    result = CliRunner().invoke(main, ["ical", "noisy", "--from-run", str(foreign), "--out", str(tmp_path / "n.jsonl")])
+    assert result.exit_code == 1 and "abstract.jsonl:1: not an episode record" in result.output
+
+
+def test_retrieve_lists_the_top_k(tmp_path, doubles):
+    noisy = noisy_file(tmp_path)
+    mem = tmp_path / "mem"
+    CliRunner().invoke(main, ["ical", "build-memory", str(noisy), "--memory", str(mem), "--max-rounds", "0"])
+    result = CliRunner().invoke(main, ["ical", "retrieve", str(mem), "--instruction", "solve b/1", "--k", "2"])
+    assert result.exit_code == 0, result.output
+    assert "top 2 of 3 examples" in result.output
+    result = CliRunner().invoke(main, ["ical", "retrieve", str(mem), "--split", "test", "--k", "2",
+                                       "--lambda-visual", "0.1"])
+    assert result.exit_code == 1 and "lambda_visual must be 0" in result.output
+    result = CliRunner().invoke(main, ["ical", "retrieve", str(mem), "--split", "test", "--k", "1"])
+    assert result.exit_code == 0 and "precision@1" in result.output
