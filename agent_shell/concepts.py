@@ -13,7 +13,7 @@ the acting agent can never choose them), stay in later contexts' histories but a
 target; they are counted per task type and action (:attr:`TypeFeatures.skipped_actions`).
 
 Features are cached per trajectory under ``<cache>/features/<key>.npz``, the key hashing the
-backbone name, its formatting, the rendering, the action prefix and every decision's context,
+backbone name, its dtype, the rendering, the layout, the action prefix and every decision's context,
 candidates and expert index, so a refit (new lam, gamma) costs no LM time and any change of the
 text invalidates the cache.
 """
@@ -32,6 +32,7 @@ import numpy as np
 
 from agent_shell.candidates import drop_excluded
 from agent_shell.context import action_prefix, check_layout, check_rendering, scoring_context
+from agent_shell.lm.formatting import PLAIN
 
 #: Bumped when the cached feature layout or the context construction changes.
 FEATURE_VERSION = 2
@@ -109,7 +110,7 @@ def backbone_dtype(lm: Any) -> str:
 
 def feature_key(lm: Any, rendering: str, texts: Sequence[tuple[Any, list[str], int]], layout: str = "text") -> str:
     """Content hash of everything the features of one trajectory depend on."""
-    payload = json.dumps([FEATURE_VERSION, lm.name, lm.formatting, backbone_dtype(lm), rendering, layout,
+    payload = json.dumps([FEATURE_VERSION, lm.name, PLAIN, backbone_dtype(lm), rendering, layout,
                           action_prefix(layout), list(texts)], ensure_ascii=False)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
@@ -142,7 +143,7 @@ def trajectory_features(lm: Any, texts: Sequence[tuple[Any, list[str], int]], re
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         cb_core.save_decisions(path, cb_core.decisions_from_lists(*map(list, zip(*rows))),
-                               metadata={"backbone": lm.name, "formatting": lm.formatting,
+                               metadata={"backbone": lm.name, "formatting": PLAIN,
                                          "rendering": rendering, "layout": layout})
     return rows, seconds
 
@@ -213,7 +214,7 @@ def fit_concepts(features: dict[str, TypeFeatures], lm: Any, rendering: str = "r
 
 def feature_spec(lm: Any, rendering: str, layout: str = "text") -> dict[str, str]:
     """How features and contexts were built; acting must use the same (concept ``features``)."""
-    return {"formatting": lm.formatting, "dtype": backbone_dtype(lm), "rendering": rendering,
+    return {"formatting": PLAIN, "dtype": backbone_dtype(lm), "rendering": rendering,
             "layout": layout, "action_prefix": action_prefix(layout),
             "context": "task + history, no demonstrations", "candidate_filter": "drop look/inventory/help"}
 
@@ -221,7 +222,7 @@ def feature_spec(lm: Any, rendering: str, layout: str = "text") -> dict[str, str
 def concepts_dir_key(features: dict[str, TypeFeatures], lm: Any, rendering: str, lam: float, gamma: float,
                      eps: float, layout: str = "text") -> str:
     """Hash naming a cached set of concepts (the data and every fit setting)."""
-    payload = json.dumps([FEATURE_VERSION, lm.name, lm.formatting, backbone_dtype(lm), rendering, layout, lam,
+    payload = json.dumps([FEATURE_VERSION, lm.name, PLAIN, backbone_dtype(lm), rendering, layout, lam,
                           gamma, eps,
                           {t: f.task_ids for t, f in sorted(features.items())}])
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

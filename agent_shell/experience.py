@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from agent_shell.context import render_history, render_task
+from agent_shell.lm.formatting import PLAIN
 
 #: The reply that keeps nothing.
 NO_UPDATE = "NO UPDATE"
@@ -181,11 +182,11 @@ def candidates_after(steps: Sequence[Any], index: int) -> list[str]:
 def review_trajectory(lm: Any, trajectory: Any, cache_dir: str | os.PathLike | None = None) -> dict[int, str]:
     """Experiences of every non-terminal transition of an expert ``trajectory`` (step -> text).
 
-    Cached in ``<cache_dir>/experiences/<key>.json``; the key hashes the backbone, its dtype and
-    formatting, :data:`REVIEW_VERSION` and the trajectory's text.
+    Cached in ``<cache_dir>/experiences/<key>.json``; the key hashes the backbone, its dtype,
+    :data:`REVIEW_VERSION` and the trajectory's text.
     """
     steps = trajectory.steps
-    payload = json.dumps([REVIEW_VERSION, lm.name, getattr(lm, "formatting", ""), str(getattr(lm, "dtype", "")),
+    payload = json.dumps([REVIEW_VERSION, lm.name, PLAIN, str(getattr(lm, "dtype", "")),
                           trajectory.instruction, trajectory.observation,
                           [(s.kind, s.action, s.observation, s.done) for s in steps]], ensure_ascii=False)
     key = hashlib.sha256(payload.encode()).hexdigest()[:32]

@@ -36,7 +36,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from agent_shell.agents import AgentConfig, CBAgent, ReActAgent
     from agent_shell.candidates import FormatError, parse_reply
-    from agent_shell.commands._common import resolve_dtype, scoring_view
     from agent_shell.demos import expert_demos, rendered_demos
     from agent_shell.lm import load_language_model
     from agent_shell.runner import read_results
@@ -51,10 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         demos = rendered_demos(expert_demos(env, int(records[0].get("demos_per_type", 2)), split="train"))
     finally:
         env.close()
-    lm = load_language_model(None, dtype=resolve_dtype(args.dtype))
+    lm = load_language_model(None, dtype=args.dtype)
     config = AgentConfig.for_env(records[0]["env"])
     full = ReActAgent(lm, demos, config)
-    peek = CBAgent(scoring_view(lm), demos, None, config)
+    peek = CBAgent(lm.fork(), demos, None, config)
 
     def kind(reply: str) -> str:
         try:

@@ -46,8 +46,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_shell.lm import DEFAULT_ACTION_PREFIX, load_language_model  # noqa: E402
+from agent_shell.context import action_prefix  # noqa: E402
+from agent_shell.lm import load_language_model  # noqa: E402
 from agent_shell.lm.hf import HFLanguageModel  # noqa: E402
+
+PREFIX = action_prefix("text")  # the transcript's "\n> "
 
 ACTIONS = [
     "go to countertop 1", "go to cabinet 3", "go to fridge 1", "go to microwave 1", "go to sinkbasin 1",
@@ -128,7 +131,7 @@ class PeakMemory:
 
 
 def _tokens(lm: HFLanguageModel, context: str, candidates: list[str]):
-    return lm.tokenize_continuations(lm.render(context, DEFAULT_ACTION_PREFIX), candidates)
+    return lm.tokenize_continuations(lm.render(context, PREFIX), candidates)
 
 
 @torch.inference_mode()
@@ -175,7 +178,7 @@ def floor(lm: HFLanguageModel, context: str, candidates: list[str]) -> np.ndarra
 
 def backend_fn(lm: HFLanguageModel, layout: str) -> Callable:
     scorer = HFLanguageModel(lm.model, lm.tokenizer, name=lm.name, candidate_layout=layout, reuse_cache=False)
-    return lambda context, candidates: scorer.score(context, candidates).log_q
+    return lambda context, candidates: scorer.score(context, candidates, PREFIX).log_q
 
 
 def _timed(fn: Callable, lm, context, candidates, setup: Callable | None = None) -> tuple[float, float, np.ndarray]:
@@ -214,16 +217,16 @@ def measure_rounds(methods: dict, lm, context, candidates, repeats: int, warm_up
 def warm_step_method(lm: HFLanguageModel, context: str) -> tuple[Callable, Callable]:
     """The next step of an episode: the previous context (up to the last action) is cached
     untimed in ``setup``, then the full context is scored."""
-    scorer = HFLanguageModel(lm.model, lm.tokenizer, name=lm.name)
+    scorer = lm.fork()  # its own prefix cache
     head = context[: context.rindex("\n> ")]
     state = {}
 
     def setup() -> None:
         scorer.reset_cache()
-        scorer.score(head, state["candidates"])
+        scorer.score(head, state["candidates"], PREFIX)
 
     def run(ctx: str, candidates: list[str]) -> np.ndarray:
-        return scorer.score(ctx, candidates).log_q
+        return scorer.score(ctx, candidates, PREFIX).log_q
 
     def setup_for(candidates: list[str]) -> Callable:
         state["candidates"] = candidates

@@ -144,7 +144,7 @@ class ReActAgent:
         demos: task type -> rendered demonstrations (:func:`agent_shell.context.render_demo`).
         config: :class:`AgentConfig`.
         reviewer: the LM view that writes experience reviews (default ``lm``); a separate view
-            keeps its own prefix KV cache (see :func:`agent_shell.commands._common.scoring_view`).
+            keeps its own prefix KV cache (:meth:`LanguageModel.fork`).
 
     Attributes:
         reference: a :class:`agent_shell.context.Reference` shown in every context (reference-

@@ -72,38 +72,6 @@ class Setup:
     timings: dict = field(default_factory=dict)
 
 
-def resolve_dtype(dtype: str) -> str:
-    """``"auto"`` -> "bfloat16" where bf16 matmuls are native (CUDA, avx512_bf16, amx), else
-    "float32"; other values pass through."""
-    if dtype != "auto":
-        return dtype
-    import torch
-
-    if torch.cuda.is_available():
-        return "bfloat16"
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        flags = ""
-    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
-
-
-def scoring_view(lm: Any) -> Any:
-    """A second view of ``lm``'s backbone (same weights) with its own prefix KV cache, for scoring.
-
-    The HF backend keeps one prefix cache; CB-Agent alternates routing prompts (demonstrations
-    first) and scoring contexts (task first), which share no prefix, so one cache would be
-    re-encoded from scratch at every call. Backends without ``model``/``tokenizer`` attributes
-    are returned as they are.
-    """
-    if not all(hasattr(lm, a) for a in ("model", "tokenizer", "max_context_tokens")):
-        return lm
-    return type(lm)(lm.model, lm.tokenizer, name=lm.name, formatting=lm.formatting,
-                    max_context_tokens=lm.max_context_tokens,
-                    candidate_layout=getattr(lm, "candidate_layout", "packed"),
-                    reuse_cache=getattr(lm, "reuse_cache", True))
-
-
 def resolve_cache(cache_dir: str | None) -> Path:
     if cache_dir is not None:
         path = Path(cache_dir)
@@ -136,7 +104,7 @@ def prepare(env_name: str, model: str | None, dtype: str, demo_split: str, demos
     if lm is None:
         from agent_shell.lm import load_language_model
 
-        lm = load_language_model(model, dtype=resolve_dtype(dtype))
+        lm = load_language_model(model, dtype=dtype)
     setup.lm = lm
     setup.timings["load_lm_s"] = time.perf_counter() - t
     experiences_of = None

@@ -64,14 +64,13 @@ class AgentFactory:
 
     def __init__(self, env_name: str, env: Any, backbone: StudyBackbone, need_concepts: bool,
                  task_types: set[str], echo: Callable[[str], None]):
-        from agent_shell.commands._common import resolve_dtype, scoring_view
         from agent_shell.lm import load_language_model
 
         self.env_name, self.env, self.backbone = env_name, env, backbone
         self.need_concepts, self.task_types, self.echo = need_concepts, task_types, echo
-        self.lm = load_language_model(backbone.model, dtype=resolve_dtype(backbone.dtype))
-        self.scorer = scoring_view(self.lm)
-        self.reviewer = scoring_view(self.lm)  # its own KV cache
+        self.lm = load_language_model(backbone.model, dtype=backbone.dtype)
+        self.scorer = self.lm.fork()  # each stream of contexts keeps its own KV cache
+        self.reviewer = self.lm.fork()
         self.setups: dict[str, Any] = {}
 
     def setup(self, rendering: str) -> Any:
@@ -117,7 +116,7 @@ def play_study(study: str, out: str, keys: set[tuple[str, str, str, str]], resum
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agent_shell import studies
-    from agent_shell.commands._common import resolve_dtype
+    from agent_shell.lm.dtypes import dtype_name
     from envs import make_env
 
     try:
@@ -128,7 +127,7 @@ def play_study(study: str, out: str, keys: set[tuple[str, str, str, str]], resum
     env = make_env(env_name)
     try:
         factory = AgentFactory(env_name, env, backbone, "cb-agent" in actors, task_types, echo)
-        meta = {"env": env_name, "model": factory.lm.name, "dtype": resolve_dtype(backbone.dtype),
+        meta = {"env": env_name, "model": factory.lm.name, "dtype": dtype_name(backbone.dtype),
                 "seed": backbone.seed, "demos_per_type": backbone.demos_per_type, "demo_split": backbone.demo_split}
         progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), TextColumn("{task.fields[last]}"))

@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from agent_shell.agents import AGENT_NAMES
-from agent_shell.commands._common import common_options, make_console, prepare, resolve_dtype, scoring_view
+from agent_shell.commands._common import common_options, make_console, prepare
 
 
 @click.command()
@@ -48,6 +48,7 @@ def run(env_name, model, dtype, demo_split, demos_per_type, rendering, layout, l
         resume) -> None:
     """Run agents on evaluation games; print the success table and write a chart."""
     from agent_shell.agents import AgentConfig, build_agent, needs_concepts
+    from agent_shell.lm.dtypes import dtype_name
     from agent_shell.reporting import bar_chart, rich_table, summarize
     from agent_shell.runner import check_results_file, make_progress, read_results, run_episodes
     from envs import make_env
@@ -63,7 +64,7 @@ def run(env_name, model, dtype, demo_split, demos_per_type, rendering, layout, l
             task_ids = select_tasks(env, split, None if (all_games or per_type == 0) else per_type)
             task_ids = task_ids[:n_games] if n_games and not all_games else task_ids
         type_of = getattr(env, "task_type_of", None)
-        settings = {"env": env_name, "split": split, "dtype": resolve_dtype(dtype), "seed": seed,
+        settings = {"env": env_name, "split": split, "dtype": dtype_name(dtype), "seed": seed,
                     "rendering": rendering, "layout": layout, "action_space": action_space,
                     "demos_per_type": demos_per_type, "budget": max_steps}
         try:  # refuse a results file that cannot be continued before loading anything heavy
@@ -75,13 +76,13 @@ def run(env_name, model, dtype, demo_split, demos_per_type, rendering, layout, l
                         task_types=None if type_of is None else {type_of(t) for t in task_ids}, layout=layout)
         config = AgentConfig.for_env(env_name, rendering=rendering, layout=layout, action_space=action_space,
                                      seed=seed)
-        meta = {"env": env_name, "split": split, "model": setup.lm.name, "dtype": resolve_dtype(dtype), "seed": seed,
+        meta = {"env": env_name, "split": split, "model": setup.lm.name, "dtype": dtype_name(dtype), "seed": seed,
                 "rendering": rendering, "layout": layout, "action_space": action_space, "demos_per_type": demos_per_type,
                 "concepts_dir": str(setup.concepts_dir) if setup.concepts_dir else None}
         console.print(f"{len(task_ids)} {split} games x {len(agents)} agent(s), budget {max_steps} steps "
                       f"(think steps included) -> {results_path}")
-        scorer = scoring_view(setup.lm)
-        reviewer = scoring_view(setup.lm) if rendering == "experience" else None  # its own KV cache
+        scorer = setup.lm.fork()  # scoring contexts and routing prompts keep separate KV caches
+        reviewer = setup.lm.fork() if rendering == "experience" else None
         start = time.perf_counter()
         with make_progress() as progress:
             for name in agents:

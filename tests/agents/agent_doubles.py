@@ -43,7 +43,6 @@ class FakeLM:
                  prefer: str | None = None, name: str = "fake-lm"):
         self.name = name
         self.hidden_size = hidden_size
-        self.formatting = "plain"
         self.replies = replies
         self.prefer = prefer
         self.prompts: list[str] = []
@@ -51,7 +50,11 @@ class FakeLM:
         self._i = 0
         self._last = None
 
-    def score(self, context, candidates, action_prefix="\n> "):
+    def fork(self):
+        """No KV cache to keep apart: the double is its own view."""
+        return self
+
+    def score(self, context, candidates, action_prefix):
         if not candidates or any(not c for c in candidates):
             raise ValueError("empty candidate list or candidate")
         self.score_calls.append((context, list(candidates)))

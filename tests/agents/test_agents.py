@@ -81,7 +81,7 @@ def test_cb_agent_uses_the_concept_of_the_task_type():
     agent = CBAgent(lm, DEMOS, {"fetch": cb_core.Concept(alpha, meta)})
     env, ep, log, _ = play(agent, max_steps=1)
     context, candidates = lm.score_calls[0]
-    s = lm.score(context, candidates)
+    s = lm.score(context, candidates, "\n> ")
     expected = int(np.argmax(s.hidden[:, 3]))
     assert env.engine_actions == [candidates[expected]]
     with pytest.raises(ValueError, match="no concept for task type 'open'"):

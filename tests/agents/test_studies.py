@@ -135,7 +135,7 @@ def test_probe_takes_the_argmax_of_prior_only_and_cb_agent(tmp_path):
     lm = FakeLM()
     rec = studies.probe_record(item, "raw", "cb-agent", CBAgent(lm, DEMOS, {"fetch": cb_core.Concept(alpha, meta)}))
     context, candidates = lm.score_calls[0]
-    assert rec["action"] == candidates[int(np.argmax(lm.score(context, candidates).hidden[:, 2]))]
+    assert rec["action"] == candidates[int(np.argmax(lm.score(context, candidates, "\n> ").hidden[:, 2]))]
 
 
 def test_fixed_history_never_executes():
@@ -314,7 +314,7 @@ def doubles(monkeypatch, tmp_path):
     monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(envs, "make_env", lambda name, **kw: ScriptedEnv(expert_looks=True))
     monkeypatch.setattr(agent_shell.lm, "load_language_model",
-                        lambda name=None, dtype="bfloat16", formatting="plain": FakeLM(review_replies))
+                        lambda name=None, dtype="bfloat16", **_: FakeLM(review_replies))
 
 
 def test_probe_and_recover_commands(tmp_path, doubles, monkeypatch):
@@ -340,7 +340,7 @@ def test_probe_and_recover_commands(tmp_path, doubles, monkeypatch):
     assert "0 lines written, 4 already" in resumed.output and resumed.output.count("1/2 │ 50.0%") == 2
     assert len(studies.read_study(out, "probe")) == 4
     monkeypatch.setattr(agent_shell.lm, "load_language_model",
-                        lambda name=None, dtype="bfloat16", formatting="plain": FakeLM(review_replies))
+                        lambda name=None, dtype="bfloat16", **_: FakeLM(review_replies))
 
     failed = failed_results(tmp_path)
     out = tmp_path / "recover.jsonl"

@@ -11,8 +11,8 @@ from agent_shell.lm.hf import HFLanguageModel
 
 @pytest.fixture(scope="session")
 def lm32() -> HFLanguageModel:
-    """Float32 on CPU (exactness tests); the plain ``"\\n> "`` formatting."""
-    return load_language_model(None, dtype="float32", formatting="plain", device="cpu")
+    """Float32 on CPU (exactness tests)."""
+    return load_language_model(None, dtype="float32", device="cpu")
 
 
 @pytest.fixture()

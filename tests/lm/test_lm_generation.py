@@ -53,16 +53,16 @@ def test_prompt_cache_reuse_is_exact(fresh, lm32):
     (first,) = lm.generate(PROMPT, max_new_tokens=8)
     longer = PROMPT + first + "\nOK.\n> go to fridge 1\nThe fridge 1 is closed.\n> think: Now I"
     (reused,) = lm.generate(longer, max_new_tokens=8)
-    assert len(lm._cache_ids) == len(lm.encode(longer))
+    assert len(lm.cache.ids) == len(lm.encode(longer))
     assert reused == hf_greedy(lm32, longer, 8)
     # scoring after generation shares the same cache and stays exact
-    after = lm.score(longer, ["open fridge 1", "go to countertop 1"])
-    ref = fresh(reuse_cache=False).score(longer, ["open fridge 1", "go to countertop 1"])
+    after = lm.score(longer, ["open fridge 1", "go to countertop 1"], "\n> ")
+    ref = fresh(reuse_cache=False).score(longer, ["open fridge 1", "go to countertop 1"], "\n> ")
     assert abs(after.log_q - ref.log_q).max() < 1e-4
 
 
 def test_chat_generation_stops_at_end_of_turn(fresh):
-    lm = fresh(formatting="chat")
-    (reply,) = lm.generate("Say hello.", max_new_tokens=40)
+    lm = fresh()
+    (reply,) = lm.generate([{"role": "user", "content": "Say hello."}], max_new_tokens=40)
     assert "<|im_end|>" not in reply and "<|im_start|>" not in reply
     assert reply.strip()

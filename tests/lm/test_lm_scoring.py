@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from agent_shell.lm import DEFAULT_ACTION_PREFIX, LanguageModel
+from agent_shell.context import action_prefix
+from agent_shell.lm import LanguageModel
 from agent_shell.lm.hf import HFLanguageModel
+
+PREFIX = action_prefix("text")  # the transcript's "\n> "
 
 ALFWORLD_CANDIDATES = [
     "go to countertop 1",
@@ -38,7 +41,7 @@ def make_context(n_steps: int) -> str:
     return header + "".join(OBSERVATION.format(i=i, j=i + 1, k=i + 2) for i in range(n_steps)) + "On it, you see"
 
 
-def naive_score(lm: HFLanguageModel, context: str, action: str, prefix: str = DEFAULT_ACTION_PREFIX):
+def naive_score(lm: HFLanguageModel, context: str, action: str, prefix: str = PREFIX):
     """(log_q, n_tokens, hidden at final token) by one full forward over context+prefix+action."""
     tok = lm.tokenizer
     base = context + prefix
@@ -57,7 +60,7 @@ def test_cached_scoring_equals_naive(lm32, fresh, n_steps):
     layouts = ["packed", "batched"] if n_steps == 5 else ["packed"]
     refs = [naive_score(lm32, context, a) for a in candidates]
     for layout in layouts:
-        got = fresh(candidate_layout=layout).score(context, candidates)
+        got = fresh(candidate_layout=layout).score(context, candidates, PREFIX)
         assert got.log_q.shape == (len(candidates),) and got.log_q.dtype == np.float32
         assert got.hidden.shape == (len(candidates), lm32.hidden_size) and got.hidden.dtype == np.float32
         assert got.n_tokens.dtype == np.int32
@@ -76,8 +79,8 @@ def test_context_lengths_span_the_claim(lm32):
 
 def test_hidden_is_the_lm_head_input_of_a_full_forward(lm32, fresh):
     context, action = make_context(2), "take mug 2 from cabinet 3"
-    got = fresh().score(context, [action, "look"])
-    ids = torch.tensor([lm32.encode(context + DEFAULT_ACTION_PREFIX + action)])
+    got = fresh().score(context, [action, "look"], PREFIX)
+    ids = torch.tensor([lm32.encode(context + PREFIX + action)])
     out = lm32.model(ids, output_hidden_states=True)  # hidden_states[-1]: after the final norm
     np.testing.assert_allclose(got.hidden[0], out.hidden_states[-1][0, -1].numpy(), rtol=0, atol=1e-4)
     # it is what the LM head reads: the head applied to it gives the full pass's logits there
@@ -115,21 +118,21 @@ def test_token_accounting_at_the_boundary(lm32, fresh, context, prefix, action, 
     assert ref_count == count and abs(got.log_q[0] - ref_log_q) < 1e-4
 
 
-def test_chat_formatting_has_one_bos_and_counts_only_action_tokens(fresh, lm32):
-    lm = fresh(formatting="chat")
-    base = lm.render("You see a mug.", "")
+def test_one_user_message_has_one_bos_and_counts_only_action_tokens(fresh, lm32):
+    lm = fresh()
+    message = [{"role": "user", "content": "You see a mug."}]
+    base = lm.render(message, "")
     assert base.startswith("<|im_start|>") and base.endswith("<|im_start|>assistant\n")
-    (t,) = lm.tokenize_continuations(base, ["take mug 1"])
+    (t,) = lm.tokenize_continuations(base, ["take mug 1"], templated=True)
     bos = lm32.tokenizer.bos_token_id
     assert t.ids[0] == bos and t.ids[1] != bos
     assert t.ids.count(bos) == base.count("<|im_start|>")
     assert lm32.tokenizer.decode(list(t.ids[t.first :])) == "take mug 1"
-    got = lm.score("You see a mug.", ["take mug 1", "look"], action_prefix="")
+    got = lm.score(message, ["take mug 1", "look"], action_prefix="")
     ids = lm32.tokenizer(base + "take mug 1", add_special_tokens=False)["input_ids"]
     logp = torch.log_softmax(lm32.model(torch.tensor([ids])).logits[0].double(), -1)
     ref = sum(logp[j - 1, ids[j]].item() for j in range(t.first, len(ids)))
     assert got.n_tokens[0] == t.n_action and abs(got.log_q[0] - ref) < 1e-4
-    assert lm.metadata["formatting"] == "chat"
 
 
 def test_cache_reuse_over_an_extended_context_equals_a_fresh_call(fresh):
@@ -144,51 +147,66 @@ def test_cache_reuse_over_an_extended_context_equals_a_fresh_call(fresh):
     lm._forward = counting_forward
     step1 = make_context(4)
     step2 = step1 + " a mug 3.\n> take mug 3 from countertop 2\nYou pick up the mug 3."
-    lm.score(step1, ALFWORLD_CANDIDATES)
+    lm.score(step1, ALFWORLD_CANDIDATES, PREFIX)
     counted.clear()
-    reused = lm.score(step2, ALFWORLD_CANDIDATES)
+    reused = lm.score(step2, ALFWORLD_CANDIDATES, PREFIX)
     n_context = len(lm.encode(step2))
     assert sum(counted) < n_context // 2, (counted, n_context)  # the old prefix was not re-encoded
-    reference = fresh(reuse_cache=False).score(step2, ALFWORLD_CANDIDATES)
+    reference = fresh(reuse_cache=False).score(step2, ALFWORLD_CANDIDATES, PREFIX)
     np.testing.assert_allclose(reused.log_q, reference.log_q, atol=1e-4)
     np.testing.assert_allclose(reused.hidden, reference.hidden, atol=1e-4)
     # a context that is NOT an extension (earlier step, then an unrelated one) is still exact
     for ctx in (make_context(3), "A different game entirely.\n> look\nYou see nothing."):
-        again = lm.score(ctx, ALFWORLD_CANDIDATES)
-        ref = fresh(reuse_cache=False).score(ctx, ALFWORLD_CANDIDATES)
+        again = lm.score(ctx, ALFWORLD_CANDIDATES, PREFIX)
+        ref = fresh(reuse_cache=False).score(ctx, ALFWORLD_CANDIDATES, PREFIX)
         np.testing.assert_allclose(again.log_q, ref.log_q, atol=1e-4)
 
 
 def test_bad_inputs_raise_clear_errors(lm32):
     with pytest.raises(ValueError, match="empty candidate list"):
-        lm32.score("ctx", [])
+        lm32.score("ctx", [], PREFIX)
     with pytest.raises(ValueError, match="candidate 1 is ''"):
-        lm32.score("ctx", ["look", ""])
+        lm32.score("ctx", ["look", ""], PREFIX)
     with pytest.raises(ValueError, match="sequence of strings"):
-        lm32.score("ctx", "look")
+        lm32.score("ctx", "look", PREFIX)
     too_long = "take mug 1 from cabinet 2. " * 1400  # > 8,192 tokens
     assert len(lm32.encode(too_long)) > lm32.max_context_tokens
     with pytest.raises(ValueError, match="context is too long.*window of 8192"):
-        lm32.score(too_long, ["look"])
+        lm32.score(too_long, ["look"], PREFIX)
     with pytest.raises(ValueError, match="nothing to condition on"):
         lm32.score("", ["look"], action_prefix="")
     with pytest.raises(ValueError, match="prompt is too long"):
         lm32.generate(too_long)
-    with pytest.raises(ValueError, match="formatting"):
-        HFLanguageModel(lm32.model, lm32.tokenizer, name="x", formatting="markdown")
+    with pytest.raises(ValueError, match="candidate_layout='diagonal'"):
+        HFLanguageModel(lm32.model, lm32.tokenizer, name="x", candidate_layout="diagonal")
 
 
 def test_backend_satisfies_the_protocol(lm32):
     assert isinstance(lm32, LanguageModel)
-    assert lm32.hidden_size == 576 and lm32.formatting == "plain"
+    assert lm32.hidden_size == 576 and lm32.metadata["formatting"] == "plain"
     assert lm32.metadata["name"] == lm32.name and lm32.metadata["dtype"] == "float32"
 
 
-def test_auto_dtype_follows_the_cpu():
-    from agent_shell.lm.hf import cpu_has_fast_bfloat16, resolve_dtype
+def test_fork_shares_the_weights_and_keeps_its_own_cache(fresh):
+    lm = fresh()
+    routing, scoring = make_context(3), "A different game entirely.\n> look\nYou see nothing."
+    lm.score(routing, ALFWORLD_CANDIDATES, PREFIX)
+    kept = lm.cache.ids
+    twin = lm.fork()
+    assert twin.model is lm.model and twin.tokenizer is lm.tokenizer and twin.cache is not lm.cache
+    assert twin.cache.ids == () and len(kept) > 50
+    got = twin.score(scoring, ALFWORLD_CANDIDATES, PREFIX)
+    assert lm.cache.ids == kept and twin.cache.ids and twin.cache.ids != kept  # neither evicts the other
+    ref = fresh(reuse_cache=False).score(scoring, ALFWORLD_CANDIDATES, PREFIX)
+    np.testing.assert_allclose(got.log_q, ref.log_q, atol=1e-4)
 
-    expected = torch.bfloat16 if cpu_has_fast_bfloat16() else torch.float32
+
+def test_auto_dtype_follows_the_cpu():
+    from agent_shell.lm.dtypes import dtype_name, native_bfloat16, resolve_dtype
+
+    expected = torch.bfloat16 if native_bfloat16("cpu") else torch.float32
     assert resolve_dtype("auto", "cpu") == expected
+    assert dtype_name("auto", "cpu") == str(expected).removeprefix("torch.")
     assert resolve_dtype("bf16") == torch.bfloat16 and resolve_dtype("float32") == torch.float32
     with pytest.raises(ValueError, match="dtype='int8'"):
         resolve_dtype("int8")
@@ -200,8 +218,8 @@ def test_bfloat16_is_close_to_float32(lm32):
     lm16 = load_language_model(dtype="bfloat16", device="cpu")
     assert lm16.dtype == torch.bfloat16 and lm16.metadata["dtype"] == "bfloat16"
     context = make_context(2)
-    a = lm16.score(context, ALFWORLD_CANDIDATES[:4])
-    b = lm32.score(context, ALFWORLD_CANDIDATES[:4])
+    a = lm16.score(context, ALFWORLD_CANDIDATES[:4], PREFIX)
+    b = lm32.score(context, ALFWORLD_CANDIDATES[:4], PREFIX)
     np.testing.assert_array_equal(a.n_tokens, b.n_tokens)
     assert np.all(np.abs(a.log_q - b.log_q) < 0.5 + 0.05 * np.abs(b.log_q)), (a.log_q, b.log_q)
     cos = (a.hidden * b.hidden).sum(1) / np.linalg.norm(a.hidden, axis=1) / np.linalg.norm(b.hidden, axis=1)
