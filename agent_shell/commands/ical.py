@@ -66,10 +66,9 @@ def _read_noisy(path: str) -> list:
 
 
 def _load_lm(model: str | None, dtype: str) -> Any:
-    from agent_shell.commands._common import resolve_dtype
     from agent_shell.lm import load_language_model
 
-    return load_language_model(model, dtype=resolve_dtype(dtype))
+    return load_language_model(model, dtype=dtype)
 
 
 def _memory(folder: str | None, need_embedder: bool = True) -> Any:
