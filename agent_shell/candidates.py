@@ -82,17 +82,18 @@ def parse_reply(reply: str) -> tuple[Literal["think", "action"], str]:
     return "action", line
 
 
+def read_reply(reply: str) -> tuple[Literal["think", "action", "malformed"], str, str | None]:
+    """:func:`parse_reply` without raising: (kind, text, None), or ("malformed", "", reason)."""
+    try:
+        kind, text = parse_reply(reply)
+    except FormatError as err:
+        return "malformed", "", err.reason
+    return kind, text, None
+
+
 def parse_actions(replies: Iterable[str]) -> list[str]:
     """Open action space: the action strings among sampled replies, duplicates kept, order kept.
 
     Thoughts and malformed replies are dropped; the caller falls back when none remain.
     """
-    actions = []
-    for reply in replies:
-        try:
-            kind, text = parse_reply(reply)
-        except FormatError:
-            continue
-        if kind == "action":
-            actions.append(text)
-    return actions
+    return [text for kind, text, _ in map(read_reply, replies) if kind == "action"]

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from agent_shell.context import render_history, render_task
 from agent_shell.lm.formatting import PLAIN
+from envs.storage import write_json_atomic
 
 #: The reply that keeps nothing.
 NO_UPDATE = "NO UPDATE"
@@ -202,8 +203,6 @@ def review_trajectory(lm: Any, trajectory: Any, cache_dir: str | os.PathLike | N
         if r.experience is not None:
             out[i] = r.experience
     if path is not None:
-        from agent_shell.runner import write_json_atomic
-
         write_json_atomic(path, {"task_id": trajectory.task_id, "experiences": {str(k): v for k, v in out.items()},
                                  "reviews": reviews})
     return out

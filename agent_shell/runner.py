@@ -1,7 +1,7 @@
 """Episodes of an agent on a list of tasks, with durable results, resume and a progress bar.
 
 Results are JSON Lines, one *finished* episode per line (all Reflexion trials together),
-appended atomically with :func:`envs.trajectory.append_jsonl`. While an episode runs, its state
+appended atomically with :func:`envs.storage.append_jsonl`. While an episode runs, its state
 is rewritten after every step to ``<results>.partial/<agent>/<task>.json`` (temp file + rename),
 so a crash never loses what happened; that file is removed once the episode's line is stored.
 ``resume=True`` skips every (agent, task) already in the results file, so an interrupted run
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-import orjson
+from envs.storage import append_jsonl, iter_jsonl, write_json_atomic
 
 #: Version of the episode record layout (``record["schema"]``).
 RESULT_SCHEMA = "cb-agent/episode-v1"
@@ -120,8 +120,6 @@ def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
     A malformed or torn line is skipped with a warning naming its line number (its episode is
     not finished and a resumed run redoes it); nothing is dropped silently.
     """
-    from envs.trajectory import iter_jsonl
-
     path = Path(path)
     if not path.exists():
         return []
@@ -139,15 +137,6 @@ def _episode_record(record: Any) -> dict[str, Any]:
         study = f" (a {record['study']} study line?)" if isinstance(record, dict) and "study" in record else ""
         raise ValueError(f"not an episode record of cb-agent run{study}")
     return record
-
-
-def write_json_atomic(path: Path, payload: dict) -> None:
-    """Write ``payload`` as JSON (orjson) to ``path`` atomically: a temporary file beside it, then one
-    rename (:func:`cb_core.atomic_path`; a new file's ordinary permissions, not mkstemp's 0600)."""
-    from cb_core import atomic_path  # here: `report` reads results without importing JAX
-
-    with atomic_path(path) as tmp:
-        Path(tmp).write_bytes(orjson.dumps(payload))
 
 
 def partial_path(results_path: Path, agent_name: str, task_id: str) -> Path:
@@ -192,7 +181,6 @@ def run_episodes(env: Any, agent: Any, task_ids: Sequence[str], results_path: st
         on_episode: called with each finished record.
     """
     from envs.episode import Episode
-    from envs.trajectory import append_jsonl
 
     results_path = Path(results_path)
     todo = list(dict.fromkeys(task_ids))

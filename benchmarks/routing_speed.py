@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="write the figures here as JSON")
     args = parser.parse_args(argv)
 
-    from agent_shell.agents import AgentConfig, CBAgent, ReActAgent
+    from agent_shell.agents import AgentConfig, CBAgent, ReActAgent, View
     from agent_shell.candidates import FormatError, parse_reply
     from agent_shell.demos import expert_demos, rendered_demos
     from agent_shell.lm import load_language_model
@@ -67,10 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     for rec in records:
         traj = Trajectory.from_record(rec["trials"][0]["trajectory"])
         for k in range(min(args.steps, len(traj.steps))):
-            episode = type("Prefix", (), {"start": _start(traj), "steps": traj.steps[:k]})()
+            view = View(_start(traj), tuple(traj.steps[:k]))
             replies = {}
             for name, agent in (("full", full), ("peek", peek)) if k % 2 == 0 else (("peek", peek), ("full", full)):
-                prompt = agent.prompt(episode)
+                prompt = agent.prompt(view)
                 t = time.perf_counter()
                 replies[name] = agent.route(prompt)
                 times[name].append(time.perf_counter() - t)

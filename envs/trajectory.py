@@ -5,9 +5,9 @@ step in order. A :class:`Step` is either a think step (``kind="think"``, feedbac
 candidates) or an environment step (``kind="env"``) that carries the *full* environment-supplied
 candidate set the action was chosen from, saved with the step (seed Sec. 3.2).
 
-Storage is JSON Lines, one trajectory per line, written with orjson. :func:`append_jsonl` makes a
-record durable before it returns, and a crash can leave at most one torn *final* line, which the
-reader reports by line number (see :func:`append_jsonl` for the approach).
+Storage is JSON Lines, one trajectory per line (:mod:`envs.storage`): :func:`~envs.storage.append_jsonl`
+makes a record durable before it returns, and a crash can leave at most one torn *final* line,
+which the reader reports by line number.
 
 :func:`decision_examples` turns a trajectory into the decisions of seed Eq. (5): one example per
 environment step, whose context is built only from what precedes the action.
@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
-import orjson
+from envs.storage import MalformedLine, append_jsonl, iter_jsonl  # noqa: F401 (append_jsonl: re-exported by envs)
 
 #: Bumped whenever a field changes meaning or is removed; readers reject newer versions.
 SCHEMA_VERSION = 1
@@ -169,77 +169,7 @@ def _str(value: Any, what: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# JSONL storage
-
-
-def append_jsonl(path: str | os.PathLike, record: dict[str, Any] | Trajectory) -> None:
-    """Append one record as one line, durably.
-
-    Approach: the whole line (JSON + ``\\n``) is encoded first and handed to a single
-    ``os.write`` on a descriptor opened with ``O_APPEND``, then ``fsync``-ed before returning.
-    A line therefore becomes complete in one write call; a crash or kill mid-write can leave at
-    most a torn *final* line without its newline. Before appending, a file whose last byte is not
-    a newline (a torn line from an earlier crash) gets a newline first, so the torn bytes stay an
-    isolated malformed line that :func:`read_trajectories` reports by line number and the new
-    record is never glued onto them. Writers must not run concurrently on one file.
-
-    Raises:
-        OSError: the write or fsync failed (the caller's record is then not durable).
-    """
-    if isinstance(record, Trajectory):
-        record = record.to_record()
-    line = orjson.dumps(record) + b"\n"
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        size = os.fstat(fd).st_size
-        if size > 0:
-            with open(path, "rb") as fh:
-                fh.seek(size - 1)
-                if fh.read(1) != b"\n":
-                    line = b"\n" + line
-        view = memoryview(line)
-        while view:  # os.write may write fewer bytes (signals, pipes); finish the line
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@dataclass(frozen=True)
-class MalformedLine:
-    """A line that could not be read: its 1-based number and why."""
-
-    line_number: int
-    error: str
-
-
-def iter_jsonl(path: str | os.PathLike,
-               parse: Callable[[Any], Any] = lambda record: record) -> Iterator[tuple[int, Any, str | None]]:
-    """Yield ``(line number, parse(record), None)`` per good line of a JSONL file, or
-    ``(line number, None, why)`` for a malformed one; blank lines are ignored.
-
-    A line without its final newline is torn (an interrupted write) and reported as malformed.
-    ``parse`` may raise ValueError to reject a well-formed JSON value. Each reader chooses its own
-    policy for bad lines (raise, or skip and report); none drops one silently.
-
-    Raises:
-        FileNotFoundError: no such file.
-    """
-    with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                if not raw.endswith(b"\n"):
-                    raise ValueError("truncated line (no final newline; an interrupted write?)")
-                value = parse(orjson.loads(raw))
-            except (orjson.JSONDecodeError, ValueError) as err:
-                yield number, None, str(err)
-                continue
-            yield number, value, None
+# JSONL storage (:mod:`envs.storage`)
 
 
 def read_trajectories(

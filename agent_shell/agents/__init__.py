@@ -1,17 +1,21 @@
 """The agents: ReAct, CB-Agent, prior-only, and their Reflexion variants, built by name.
 
-Every agent is run through :class:`Reflexion` (one trial for the plain agents), so the runner
-handles all of them alike.
+Every agent answers ``next_action(view) -> Decision`` (:mod:`agent_shell.agents.step`) and is
+run through :class:`Reflexion` (one trial for the plain agents), so the runner handles all of
+them alike.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from agent_shell.agents.cb_agent import CBAgent
-from agent_shell.agents.react import AgentConfig, AgentLog, AgentStop, EpisodeDone, LimitReached, ReActAgent
+from agent_shell.agents.config import AgentConfig
+from agent_shell.agents.react import ReActAgent
 from agent_shell.agents.reflexion import Reflexion, ReflexionResult, Trial
+from agent_shell.agents.step import AgentLog, AgentStop, Decision, EpisodeDone, LimitReached, View
 from agent_shell.candidates import FormatError
+from agent_shell.lm.protocol import LanguageModel
 
 #: Agent names accepted by :func:`build_agent` and ``cb-agent run --agent``.
 AGENT_NAMES = ("cb-agent", "prior-only", "react", "reflexion-cb-agent", "reflexion-prior-only",
@@ -23,9 +27,10 @@ def needs_concepts(name: str) -> bool:
     return name.removeprefix("reflexion-") == "cb-agent"
 
 
-def build_agent(name: str, lm: Any, demos: Mapping[str, Sequence[str]],
-                concepts: Mapping[str, Any] | None = None, config: AgentConfig = AgentConfig(),
-                reflexion_trials: int = 2, scorer: Any = None, reviewer: Any = None) -> Reflexion:
+def build_agent(name: str, lm: LanguageModel, demos: Mapping[str, Sequence[str]],
+                concepts: Mapping[str, object] | None = None, config: AgentConfig = AgentConfig(),
+                reflexion_trials: int = 2, scorer: LanguageModel | None = None,
+                reviewer: LanguageModel | None = None) -> Reflexion:
     """The agent called ``name`` (see :data:`AGENT_NAMES`), wrapped in its trial loop.
 
     ``scorer`` (CB-Agent and prior-only): the LM view that scores candidates (default ``lm``);
@@ -47,6 +52,6 @@ def build_agent(name: str, lm: Any, demos: Mapping[str, Sequence[str]],
     return Reflexion(agent, trials=reflexion_trials if name.startswith("reflexion-") else 1)
 
 
-__all__ = ["AGENT_NAMES", "AgentConfig", "AgentLog", "AgentStop", "CBAgent", "EpisodeDone",
-           "FormatError", "LimitReached", "ReActAgent", "Reflexion", "ReflexionResult", "Trial",
+__all__ = ["AGENT_NAMES", "AgentConfig", "AgentLog", "AgentStop", "CBAgent", "Decision", "EpisodeDone",
+           "FormatError", "LimitReached", "ReActAgent", "Reflexion", "ReflexionResult", "Trial", "View",
            "build_agent", "needs_concepts"]

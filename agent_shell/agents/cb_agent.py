@@ -23,13 +23,18 @@ chosen in the fixed action space.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+import time
+from dataclasses import replace
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from agent_shell.agents.react import AgentConfig, AgentLog, ReActAgent
-from agent_shell.candidates import FALLBACK_ACTION, fixed_action_space, parse_actions
-from agent_shell.context import THINK_PREFIX, action_prefix
+from agent_shell import context as ctx
+from agent_shell.agents.config import AgentConfig
+from agent_shell.agents.react import ReActAgent
+from agent_shell.agents.step import Decision, View
+from agent_shell.candidates import FALLBACK_ACTION, fixed_action_space, parse_actions, read_reply
+from agent_shell.lm.protocol import CandidateScores, LanguageModel
 
 #: Tokens of a routing reply CB-Agent reads before it knows the step is no think step.
 ROUTE_PEEK_TOKENS = 2
@@ -39,27 +44,49 @@ class CBAgent(ReActAgent):
     """CB-Agent: ReAct routing, concept-guided choice among candidates.
 
     Args:
-        lm: an :class:`agent_shell.lm.protocol.LanguageModel`.
+        lm: the backbone (routing and open-action-space sampling).
         demos: task type -> rendered demonstrations for the routing prompt.
         concepts: task type -> :class:`cb_core.Concept`, or None for the prior-only control.
             A task type without a concept raises ValueError at its first decision.
         config: :class:`AgentConfig`.
-        scorer: the LM that scores candidate sets (default ``lm``). Passing a second view of the
-            same backbone with its own prefix cache keeps routing prompts (with demonstrations)
-            and scoring contexts (without) from evicting each other's KV cache every step.
+        scorer: the LM that scores candidate sets (default ``lm``). Passing ``lm.fork()``, a
+            second view of the same backbone with its own prefix cache, keeps routing prompts
+            (with demonstrations) and scoring contexts (without) from evicting each other's KV
+            cache every step.
+        reviewer: see :class:`ReActAgent`.
     """
 
     name = "cb-agent"
 
-    def __init__(self, lm: Any, demos: Mapping[str, Sequence[str]], concepts: Mapping[str, Any] | None,
-                 config: AgentConfig = AgentConfig(), scorer: Any = None, reviewer: Any = None):
+    def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], concepts: Mapping[str, object] | None,
+                 config: AgentConfig = AgentConfig(), scorer: LanguageModel | None = None,
+                 reviewer: LanguageModel | None = None):
         super().__init__(lm, demos, config, reviewer)
         self.scorer = lm if scorer is None else scorer
         self.concepts = None if concepts is None else dict(concepts)
         if concepts is None:
             self.name = "prior-only"
 
-    def route(self, prompt: Any) -> str:
+    def next_action(self, view: View) -> Decision:
+        """Route (unless ``view.route`` is False); a thought is a think step, anything else an
+        environment step whose action is the argmax of log P over the candidate set (Eq. 3).
+        The scoring context is built once and serves the routing prompt, the open action
+        space's samples and the scores."""
+        t0 = time.perf_counter()
+        context = self.scoring_context(view)
+        prompt, reply, error = None, None, None
+        if view.route:
+            prompt = self.prompt(view, context)
+            reply = self.route(prompt)
+            kind, text, error = read_reply(reply)
+            if kind == "think":
+                return Decision("think", f"{ctx.THINK_PREFIX} {text}", reply, seconds={"route": time.perf_counter() - t0})
+        t1 = time.perf_counter()
+        decision = self.choose(view.start.task_type, context, self.candidate_set(view, context, prompt))
+        return replace(decision, reply=reply, format_error=error,
+                       seconds={"route": t1 - t0, "choose": time.perf_counter() - t1})
+
+    def route(self, prompt: ctx.Context) -> str:
         """The routing reply, read only as far as needed: CB-Agent never executes the reply's
         action text, so generation stops after :data:`ROUTE_PEEK_TOKENS` tokens unless they can
         still begin ``think:`` (then the whole line is generated, as ReAct does). The step's kind
@@ -70,19 +97,41 @@ class CBAgent(ReActAgent):
                                 n=1, seed=self.config.seed)[0]
         # read the peek as parse_reply reads a reply: leading ">" marks are no part of it
         head = peek.split("\n", 1)[0].strip().lstrip(">").strip().lower()
-        if not head or THINK_PREFIX.startswith(head) or head.startswith(THINK_PREFIX.rstrip(":")):
+        if not head or ctx.THINK_PREFIX.startswith(head) or head.startswith(ctx.THINK_PREFIX.rstrip(":")):
             return super().route(prompt)
         return peek
 
-    def candidate_set(self, episode: Any, log: AgentLog) -> list[str]:
-        """The decision's candidate set A (fixed or open action space)."""
+    def candidate_set(self, view: View, context: ctx.Context, prompt: ctx.Context | None = None) -> list[str]:
+        """The decision's candidate set A: the fixed action space of ``view.candidates``, or
+        ``n_samples`` replies sampled under the routing prompt (built from ``context`` unless
+        given), parsed into actions."""
         if self.config.action_space == "fixed":
-            return fixed_action_space(episode.candidates())
-        samples = self.lm.generate(self.prompt(episode, log.memory, log.experiences),
-                                   max_new_tokens=self.config.reply_tokens,
-                                   stop=("\n",), temperature=self.config.sample_temperature,
-                                   n=self.config.n_samples, seed=self.config.seed + len(episode.steps))
+            return fixed_action_space(view.candidates)
+        prompt = self.prompt(view, context) if prompt is None else prompt
+        samples = self.lm.generate(prompt, max_new_tokens=self.config.reply_tokens, stop=("\n",),
+                                   temperature=self.config.sample_temperature, n=self.config.n_samples,
+                                   seed=self.config.seed + len(view.steps))
         return parse_actions(samples) or [FALLBACK_ACTION]
+
+    def choose(self, task_type: str, context: ctx.Context, candidates: Sequence[str]) -> Decision:
+        """The environment step that takes argmax_a log P(a | x) among ``candidates`` scored on
+        ``context`` (a single candidate is taken without scoring)."""
+        candidates = tuple(candidates)
+        if len(candidates) == 1:
+            return Decision("env", candidates[0], candidates=candidates, chosen=0, p_chosen=1.0)
+        scores = self.scorer.score(context, candidates, ctx.action_prefix(self.config.layout))
+        logp = self.log_probs(task_type, scores)
+        chosen = int(np.argmax(logp))
+        return Decision("env", candidates[chosen], candidates=candidates, chosen=chosen,
+                        log_probs=tuple(float(x) for x in logp), p_chosen=float(np.exp(logp[chosen])))
+
+    def log_probs(self, task_type: str, scores: CandidateScores) -> np.ndarray:
+        """log P(a | x) over one candidate set (seed Eq. 3) with the concept of ``task_type``
+        (prior-only: alpha = None), as float32 [M]."""
+        import cb_core  # JAX is imported only when an agent actually scores
+
+        alpha, gamma, eps = self.concept_of(task_type)
+        return np.asarray(cb_core.candidate_log_probs(scores.hidden, scores.log_q, scores.n_tokens, alpha, gamma, eps))
 
     def concept_of(self, task_type: str) -> tuple[np.ndarray | None, float, float]:
         """(alpha, gamma, eps) for a task type; the concept's fit settings win over the config."""
@@ -95,19 +144,5 @@ class CBAgent(ReActAgent):
         return (np.asarray(concept.alpha), float(meta.get("gamma", self.config.gamma)),
                 float(meta.get("eps", self.config.eps)))
 
-    def choose_action(self, episode: Any, kind: str, text: str, log: AgentLog, decision: dict) -> str:
-        import cb_core  # JAX is imported only when an agent actually scores
 
-        candidates = self.candidate_set(episode, log)
-        decision.update(n_candidates=len(candidates))
-        if len(candidates) == 1:
-            decision.update(chosen=0, p_chosen=1.0)
-            return candidates[0]
-        alpha, gamma, eps = self.concept_of(episode.start.task_type)
-        scores = self.scorer.score(self.scoring_context(episode, log.memory, log.experiences), candidates,
-                                   action_prefix(self.config.layout))
-        logp = np.asarray(cb_core.candidate_log_probs(scores.hidden, scores.log_q, scores.n_tokens,
-                                                      alpha, gamma, eps))
-        chosen = int(np.argmax(logp))
-        decision.update(chosen=chosen, p_chosen=float(np.exp(logp[chosen])))
-        return candidates[chosen]
+__all__ = ["CBAgent", "ROUTE_PEEK_TOKENS"]

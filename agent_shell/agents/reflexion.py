@@ -10,17 +10,19 @@ Success is a won trial. An empty reflection is recorded but adds nothing to the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
-from agent_shell.agents.react import AgentLog, ReActAgent
+from agent_shell.agents.react import ReActAgent
+from agent_shell.agents.step import AgentLog, View
 from agent_shell.context import context_text
+from envs.episode import Episode
 
 
 @dataclass
 class Trial:
     """One trial: the finished episode, the agent's log, and the reflection written after it."""
 
-    episode: Any
+    episode: Episode
     log: AgentLog
     reflection: str | None = None
 
@@ -51,18 +53,19 @@ class Reflexion:
         self.trials = trials
         self.name = agent.name if trials == 1 else f"reflexion-{agent.name}"
 
-    def reflect(self, episode: Any, memory: list[str], log: AgentLog | None = None) -> str:
+    def reflect(self, episode: Episode, memory: list[str], log: AgentLog | None = None) -> str:
         """The LM's reflection on a failed trial (its transcript under the agent's rendering,
         then the instruction; always one text, also in the chat layout)."""
         log = log if log is not None else AgentLog()
         cfg = self.agent.config
-        transcript = context_text(self.agent.scoring_context(episode, memory, log.experiences))
+        view = View(episode.start, tuple(episode.steps), memory=tuple(memory), experiences=log.experiences)
+        transcript = context_text(self.agent.scoring_context(view))
         prompt = f"{transcript}\n\n{cfg.reflection_instruction.strip()}\nReflection:"
         reply = self.agent.lm.generate(prompt, max_new_tokens=cfg.reflection_tokens, stop=("\n\n",),
                                        temperature=0.0, n=1, seed=cfg.seed)[0]
         return " ".join(reply.split())
 
-    def run(self, new_episode: Callable[[], Any],
+    def run(self, new_episode: Callable[[], Episode],
             on_step: Callable[[list[Trial]], None] | None = None) -> ReflexionResult:
         """Play trials on fresh episodes from ``new_episode()`` until one is won.
 
@@ -74,7 +77,7 @@ class Reflexion:
             trial = Trial(episode=new_episode(), log=AgentLog(memory=list(memory)))
             result.trials.append(trial)
 
-            def save(_episode: Any, log: AgentLog, trial: Trial = trial) -> None:
+            def save(_episode: Episode, log: AgentLog, trial: Trial = trial) -> None:
                 trial.log = log
                 if on_step is not None:
                     on_step(result.trials)

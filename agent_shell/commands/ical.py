@@ -32,7 +32,7 @@ def _fail(fn: Callable) -> Callable:
 
 def _done_keys(path: Path, resume: bool, wanted: Iterable[str]) -> set[str]:
     """Noisy ids already in the JSONL output ``path``; refuses an existing key without --resume."""
-    from envs.trajectory import iter_jsonl
+    from envs.storage import iter_jsonl
 
     if not path.exists():
         return set()
@@ -126,7 +126,8 @@ def ical() -> None:
 def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, seed, out_path, resume) -> None:
     """Collect noisy trajectories: agent trials from results files and corrupted expert trajectories."""
     from agent_shell.ical.noisy import corrupted_expert, from_results, noisy_id
-    from envs.trajectory import append_jsonl, read_trajectories
+    from envs.storage import append_jsonl
+    from envs.trajectory import read_trajectories
 
     if not runs and not expert_per_type:
         raise click.UsageError("give --from-run FILE and/or --expert-per-type N")
@@ -186,7 +187,7 @@ def abstract(noisy_path, env_name, model, dtype, memory_dir, k, max_new_tokens, 
     from envs import make_env
     from agent_shell.ical.noisy import noisy_id
     from agent_shell.ical.program import parse_program
-    from envs.trajectory import append_jsonl
+    from envs.storage import append_jsonl
 
     trajs = _read_noisy(noisy_path)
     out = Path(out_path)
@@ -222,7 +223,7 @@ def _learn_all(trajs: list, out: Path, lm: Any, env: Any, memory: Any, config: A
                first_outputs: dict[str, str] | None = None) -> None:
     from agent_shell.ical.learn import HumanFeedback, learn_example
     from agent_shell.ical.noisy import noisy_id
-    from envs.trajectory import append_jsonl
+    from envs.storage import append_jsonl
 
     feedback = HumanFeedback(ask=lambda p: click.prompt(p, default="", show_default=False, prompt_suffix=""),
                              show=click.echo) if human else None
@@ -244,7 +245,7 @@ def _learn_all(trajs: list, out: Path, lm: Any, env: Any, memory: Any, config: A
 def _summarize(out: Path, title: str) -> None:
     from agent_shell.commands._common import make_console
     from agent_shell.ical.summary import outcome_rows, outcome_table
-    from envs.trajectory import iter_jsonl
+    from envs.storage import iter_jsonl
 
     records = [r for _, r, err in iter_jsonl(out) if err is None and isinstance(r, dict) and "rounds" in r]
     if records:
@@ -280,7 +281,7 @@ def refine(abstract_path, noisy_path, env_name, model, dtype, memory_dir, k, max
     from agent_shell.ical.learn import LearnConfig
     from agent_shell.ical.noisy import noisy_id
     from envs import make_env
-    from envs.trajectory import iter_jsonl
+    from envs.storage import iter_jsonl
 
     _check_human(human)
     firsts: dict[str, str] = {}
@@ -386,7 +387,7 @@ def _precision(memory: Any, env_name: str, split: str, k: int, lambdas: Any, out
                console: Any) -> None:
     from agent_shell.ical.summary import precision_rows
     from envs import make_env
-    from envs.trajectory import append_jsonl, iter_jsonl
+    from envs.storage import append_jsonl, iter_jsonl
     from rich.table import Table
 
     env = make_env(env_name)

@@ -45,7 +45,7 @@ def from_results(path: str | os.PathLike, which: str = "failed", min_env_steps: 
         ValueError: ``"path:LINE: why"`` for a line that is not an episode record with trials
             (a torn or foreign line, a trajectory of a newer schema), or an unknown ``which``.
     """
-    from envs.trajectory import iter_jsonl
+    from envs.storage import iter_jsonl
 
     if which not in WHICH:
         raise ValueError(f"which must be one of {list(WHICH)}, got {which!r}")

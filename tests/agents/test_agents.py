@@ -5,7 +5,7 @@ import pytest
 
 import cb_core
 from agent_doubles import FakeLM, ScriptedEnv
-from agent_shell.agents import AgentConfig, CBAgent, ReActAgent, Reflexion, build_agent
+from agent_shell.agents import AgentConfig, CBAgent, ReActAgent, Reflexion, View, build_agent
 from envs.episode import Episode
 
 DEMOS = {"fetch": ["DEMO-FETCH"], "open": ["DEMO-OPEN"]}
@@ -150,3 +150,37 @@ def test_a_separate_scorer_scores_and_the_router_only_generates():
     env, ep, log, _ = play(CBAgent(router, DEMOS, None, scorer=scorer), max_steps=2)
     assert router.score_calls == [] and len(scorer.score_calls) == 2 and len(router.prompts) == 2
     assert env.engine_actions[0] == "go to desk 1"
+
+
+def test_next_action_decides_without_executing_and_returns_the_scores():
+    env = ScriptedEnv()
+    episode = Episode(env, "a/1", 5)
+    view = View.of(episode)
+    lm = FakeLM([" go to desk 1"], prefer="desk")
+    decision = CBAgent(lm, DEMOS, None).next_action(view)
+    assert env.engine_actions == [] and episode.steps == []  # nothing was executed
+    assert decision.kind == "env" and decision.reply == " go to" and decision.format_error is None  # the peek
+    assert decision.candidates == ("go to window 1", "go to desk 1", "examine wall 1")
+    assert decision.action == decision.candidates[decision.chosen] == "go to desk 1"
+    probs = np.exp(decision.log_probs)
+    assert abs(probs.sum() - 1) < 1e-5 and decision.p_chosen == pytest.approx(probs[decision.chosen], rel=1e-6)
+    assert decision.record(0) == {"step": 0, "n_candidates": 3, "chosen": 1, "p_chosen": decision.p_chosen,
+                                  "action": "go to desk 1"}
+    thought = ReActAgent(FakeLM([" think: the desk first"]), DEMOS).next_action(view)
+    assert (thought.kind, thought.action, thought.thought, thought.candidates) == (
+        "think", "think: the desk first", "the desk first", None)
+    skipped = CBAgent(lm, DEMOS, None).next_action(View(view.start, candidates=view.candidates, route=False))
+    assert skipped.reply is None and skipped.action == "go to desk 1" and len(lm.prompts) == 1  # no routing
+
+
+@pytest.mark.parametrize("action_space", ["fixed", "open"])
+def test_the_scoring_context_is_built_once_per_step(monkeypatch, action_space):
+    import agent_shell.context as ctx
+
+    built = []
+    real = ctx.scoring_context
+    monkeypatch.setattr(ctx, "scoring_context", lambda *a, **k: built.append(1) or real(*a, **k))
+    lm = FakeLM(lambda p, t, n: [" act"] if n == 1 else [" go to desk 1"] * n, prefer="desk")
+    config = AgentConfig(action_space=action_space, n_samples=3)
+    env, ep, log, _ = play(CBAgent(lm, DEMOS, None, config), max_steps=2)
+    assert len(ep.steps) == 2 and len(built) == 2  # one per step: routing, sampling and scoring share it

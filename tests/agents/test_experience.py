@@ -6,7 +6,7 @@ import json
 import pytest
 
 from agent_doubles import FakeLM, ScriptedEnv
-from agent_shell.agents import AgentConfig, CBAgent, ReActAgent
+from agent_shell.agents import AgentConfig, CBAgent, ReActAgent, View
 from agent_shell.experience import (MAX_WORDS, NO_UPDATE, Review, ReviewStats, parse_review, review_prompt,
                                     review_trajectory, reviewable)
 from envs.episode import Episode
@@ -168,7 +168,7 @@ def test_cb_agent_scores_on_a_context_with_the_experience():
     second_context = lm.score_calls[1][0]
     assert second_context.endswith("> go to desk 1\nYou go to desk 1.\nExperience: Desks can hold keys.")
     assert second_context == ReActAgent(lm, DEMOS, AgentConfig(rendering="experience")).scoring_context(
-        scripted_episode(["go to desk 1"]), (), log.experiences)
+        View.of(scripted_episode(["go to desk 1"]), experiences=log.experiences))
     routing = [p for p in lm.prompts if not is_review(p)]
     assert routing[-1].endswith("You go to desk 1.\nExperience: Desks can hold keys.\n>")
 

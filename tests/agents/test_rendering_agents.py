@@ -7,7 +7,7 @@ import pytest
 from agent_doubles import FakeLM, ScriptedEnv
 from agent_shell.agents import AgentConfig, CBAgent, ReActAgent
 from agent_shell.agents.cb_agent import ROUTE_PEEK_TOKENS
-from agent_shell.agents.react import AgentLog
+from agent_shell.agents import AgentLog, View
 from agent_shell.concepts import (check_concept_matches, collect_features, decision_texts, feature_spec,
                                   fit_concepts)
 from agent_shell.context import scoring_context
@@ -32,7 +32,7 @@ class CountingLM(FakeLM):
 class SteeredLM(FakeLM):
     """FakeLM whose prior strongly prefers candidates containing ``prefer`` (+100 nats)."""
 
-    def score(self, context, candidates, action_prefix="\n> "):
+    def score(self, context, candidates, action_prefix):
         s = super().score(context, candidates, action_prefix)
         boost = np.array([100.0 if self.prefer in c else 0.0 for c in candidates], np.float32)
         return s.__class__(s.log_q + boost, s.n_tokens, s.hidden)
@@ -143,7 +143,7 @@ def test_experience_fitting_uses_the_reviewed_experiences(trajectories, tmp_path
     ep = Episode(ScriptedEnv(), "b/1", 10)
     log = AgentLog()  # follow the expert path step by hand, reviewing as the agent's loop does
     for k, step in enumerate(trajectories[2].steps):
-        assert agent.scoring_context(ep, (), log.experiences) == contexts[k]
+        assert agent.scoring_context(View.of(ep, experiences=log.experiences)) == contexts[k]
         ep.act(step.action)
         if not ep.done:
-            agent.review(ep, log)
+            log.add_review(agent.review(View.of(ep)))

@@ -86,7 +86,7 @@ def test_mining_dedupes_caps_and_goes_round_robin(tmp_path):
 class SteeredLM(FakeLM):
     """FakeLM whose ``prefer`` boost (50 nats instead of 5) always outweighs the hashed prior."""
 
-    def score(self, context, candidates, action_prefix="\n> "):
+    def score(self, context, candidates, action_prefix):
         s = super().score(context, candidates, action_prefix)
         boost = np.asarray([45.0 if self.prefer and self.prefer in c else 0.0 for c in candidates], np.float32)
         return type(s)(s.log_q + boost, s.n_tokens, s.hidden)
@@ -138,11 +138,13 @@ def test_probe_takes_the_argmax_of_prior_only_and_cb_agent(tmp_path):
     assert rec["action"] == candidates[int(np.argmax(lm.score(context, candidates, "\n> ").hidden[:, 2]))]
 
 
-def test_fixed_history_never_executes():
-    ep = studies.FixedHistory(trajectory(MINED), 2, CANDS)
-    assert len(ep.steps) == 2 and ep.candidates() == CANDS and not ep.done and ep.budget_left == 1
-    with pytest.raises(RuntimeError, match="read-only"):
-        ep.act("go to desk 1")
+def test_probe_view_is_the_fixed_history_with_the_next_candidate_set(tmp_path):
+    item = probe_items(tmp_path)[0]
+    view = item.view({0: "Windows do nothing."})
+    assert view.steps == tuple(MINED[:2]) and view.candidates == tuple(CANDS) and not view.route
+    assert view.start.task_id == "a/1" and view.experiences == {0: "Windows do nothing."}
+    with pytest.raises(TypeError):
+        view.experiences[1] = "read-only"
 
 
 def review_replies(prompt, temperature, n):
@@ -254,7 +256,10 @@ def test_recovery_budget_gives_at_most_new_actions_steps(tmp_path):
     rec = studies.recovery_record(env, item, "reference", "react", agent, new_actions=4)
     assert rec["new_steps"] == 4 and len(env.engine_actions) == 2 + 4 and not rec["recovered"]
     assert rec["loop"]["longest_cycle"] == {"period": 1, "repeats": 4, "span": 4}
-    assert rec["reference_actions_reused"] == 4 and agent.reference is None  # reset after the item
+    assert rec["reference_actions_reused"] == 4
+    seen = len(agent.lm.prompts)  # the reference entered this item's contexts only, not the agent
+    studies.recovery_record(ScriptedEnv(), item, "history", "react", agent, new_actions=1)
+    assert "[Reference:" in agent.lm.prompts[seen - 1] and "[Reference:" not in agent.lm.prompts[-1]
 
 
 def test_recovery_flags_a_replay_that_does_not_reproduce_the_recording(tmp_path):

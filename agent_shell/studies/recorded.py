@@ -1,0 +1,169 @@
+"""What the studies share: recorded trials read from results files, and study lines on disk.
+
+Both studies read results files written by ``cb-agent run`` (:func:`agent_shell.runner.episode_record`:
+``trials[i]["trajectory"]`` is an :class:`envs.trajectory.Trajectory` record) and write one JSON
+line per (item, condition, rendering, actor) cell, appended atomically with
+:func:`envs.storage.append_jsonl`; a rerun with ``resume=True`` skips every finished key, so an
+interrupted study loses and duplicates nothing (:func:`run_cells`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+
+from agent_shell.agents import ReActAgent
+from agent_shell.runner import read_results
+from envs.protocol import TaskStart
+from envs.storage import append_jsonl, iter_jsonl
+from envs.trajectory import Trajectory
+
+#: A cell of a study: (item key, condition ("" for the probe), rendering, actor).
+Key = tuple[str, str, str, str]
+
+
+def norm(text: str) -> str:
+    """An action compared across recordings: whitespace collapsed, case ignored."""
+    return " ".join(text.split()).lower()
+
+
+@dataclass(frozen=True)
+class RecordedTrial:
+    """One recorded trial of a results file.
+
+    Attributes:
+        source: the results file it came from.
+        agent: the agent that played it (the record's ``agent``).
+        trial: its index in the record's ``trials``.
+        trajectory: the played :class:`envs.trajectory.Trajectory`.
+    """
+
+    source: str
+    agent: str
+    trial: int
+    trajectory: Trajectory
+
+    @property
+    def key(self) -> tuple[str, str, str, int]:
+        return self.source, self.agent, self.trajectory.task_id, self.trial
+
+    @property
+    def start(self) -> TaskStart:
+        """The task as the agent saw it when the recording began."""
+        t = self.trajectory
+        return TaskStart(t.task_id, t.task_type, t.instruction, t.observation)
+
+
+def recorded_trials(paths: Iterable[str | Path]) -> list[RecordedTrial]:
+    """Every trial of every episode record in ``paths``, in file, line and trial order.
+
+    Raises:
+        FileNotFoundError: a path does not exist.
+        ValueError: a record's trajectory is malformed (naming the file and task).
+    """
+    out = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"no results file {str(path)!r}")
+        for record in read_results(path):
+            for i, trial in enumerate(record.get("trials") or []):
+                try:
+                    traj = Trajectory.from_record(trial["trajectory"])
+                except (KeyError, ValueError) as err:
+                    raise ValueError(f"{path}: task {record['task_id']!r} trial {i}: bad trajectory: {err}") from None
+                out.append(RecordedTrial(str(path), str(record["agent"]), i, traj))
+    return out
+
+
+def env_name_of(trials: Sequence[RecordedTrial]) -> str:
+    """The one environment name of ``trials`` (ValueError when none or several)."""
+    names = sorted({t.trajectory.env for t in trials})
+    if len(names) != 1:
+        raise ValueError(f"the results must come from exactly one environment, got {names or 'none'}")
+    return names[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# study lines on disk
+
+
+def read_study(path: str | Path, study: str) -> list[dict]:
+    """Every line of ``study`` ("probe" or "recover") in ``path`` ([] when it does not exist).
+
+    A malformed or torn line is skipped with a warning naming its line number (its key is not
+    finished and a resumed study redoes it); lines of another study are left out.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for number, record, err in iter_jsonl(path):
+        if err is None and not (isinstance(record, dict) and {"item", "rendering", "agent"} <= record.keys()):
+            err = "not a study line"
+        if err is not None:
+            warnings.warn(f"{path}:{number}: skipped malformed study line: {err}", stacklevel=2)
+            continue
+        if record.get("study") == study:
+            out.append(record)
+    return out
+
+
+def finished_keys(path: str | Path, study: str) -> set[Key]:
+    """(item, condition, rendering, actor) of every finished line of ``study`` in ``path``."""
+    return {(r["item"], r.get("condition", ""), r["rendering"], r["agent"]) for r in read_study(path, study)}
+
+
+def pending_keys(path: str | Path, study: str, todo: set[Key], resume: bool) -> set[Key]:
+    """The (item, condition, rendering, actor) keys of ``todo`` not yet in ``path`` (condition ""
+    for the probe), checked before anything heavy loads.
+
+    Raises:
+        ValueError: without ``resume``, ``path`` already holds one of ``todo`` (never a duplicate).
+    """
+    done = finished_keys(path, study) & todo
+    if done and not resume:
+        raise ValueError(f"{path} already holds {len(done)} of these results; pass --resume to "
+                         "continue it, or choose another --out")
+    return todo - done
+
+
+class Item(Protocol):
+    """A study item: anything with a stable ``key``."""
+
+    @property
+    def key(self) -> str: ...
+
+
+#: ``make_agent(rendering, actor)``: the agent of one (rendering, actor) pair.
+AgentFactory = Callable[[str, str], ReActAgent]
+
+
+def run_cells(out: Path, study: str, cells: Sequence[tuple[Item, str, str, str]], resume: bool,
+              make_agent: AgentFactory, meta: Mapping[str, Any] | None,
+              on_record: Callable[[dict | None], None] | None,
+              line: Callable[[Item, str, str, str, ReActAgent], dict]) -> list[dict]:
+    """Play the (item, condition, rendering, actor) ``cells`` in order, appending one line each to
+    ``out``; finished keys are skipped (``on_record(None)``), agents are built once per
+    (rendering, actor) and only when needed. Returns the records written."""
+    pending = pending_keys(out, study, {(i.key, c, r, a) for i, c, r, a in cells}, resume)
+    agents: dict[tuple[str, str], ReActAgent] = {}
+    written = []
+    for item, condition, rendering, actor in cells:
+        if (item.key, condition, rendering, actor) not in pending:
+            if on_record is not None:
+                on_record(None)
+            continue
+        if (rendering, actor) not in agents:
+            agents[rendering, actor] = make_agent(rendering, actor)
+        record = {**(meta or {}), **line(item, condition, rendering, actor, agents[rendering, actor])}
+        append_jsonl(out, record)
+        written.append(record)
+        if on_record is not None:
+            on_record(record)
+    return written
+
+
+__all__ = ["AgentFactory", "Item", "Key", "RecordedTrial", "env_name_of", "finished_keys", "norm", "pending_keys",
+           "read_study", "recorded_trials", "run_cells"]

@@ -1,0 +1,130 @@
+"""JSON files of the project, one owner: durable JSONL appends and reads, atomic replacement.
+
+Every JSONL file the project writes (expert trajectories, episode results, study lines, ICAL
+outputs) is appended with :func:`append_jsonl` and read with :func:`iter_jsonl`; every file that
+is rewritten as a whole (an episode's partial state, cached reviews, indexes) is replaced with
+:func:`atomic_path` / :func:`write_json_atomic`. (cb_core keeps its own private atomic writer for
+its file formats: it imports nothing of this project.)
+
+Imports no game engine and nothing of the agent shell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import orjson
+
+
+
+def append_jsonl(path: str | os.PathLike, record: Mapping[str, Any] | Any) -> None:
+    """Append one record (a JSON object, or anything with ``to_record()``) as one line, durably.
+
+    Approach: the whole line (JSON + ``\\n``) is encoded first and handed to a single
+    ``os.write`` on a descriptor opened with ``O_APPEND``, then ``fsync``-ed before returning.
+    A line therefore becomes complete in one write call; a crash or kill mid-write can leave at
+    most a torn *final* line without its newline. Before appending, a file whose last byte is not
+    a newline (a torn line from an earlier crash) gets a newline first, so the torn bytes stay an
+    isolated malformed line that :func:`iter_jsonl` reports by line number and the new
+    record is never glued onto them. Writers must not run concurrently on one file.
+
+    Raises:
+        OSError: the write or fsync failed (the caller's record is then not durable).
+    """
+    if hasattr(record, "to_record"):
+        record = record.to_record()
+    line = orjson.dumps(record) + b"\n"
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size > 0:
+            with open(path, "rb") as fh:
+                fh.seek(size - 1)
+                if fh.read(1) != b"\n":
+                    line = b"\n" + line
+        view = memoryview(line)
+        while view:  # os.write may write fewer bytes (signals, pipes); finish the line
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class MalformedLine:
+    """A line that could not be read: its 1-based number and why."""
+
+    line_number: int
+    error: str
+
+
+def iter_jsonl(path: str | os.PathLike,
+               parse: Callable[[Any], Any] = lambda record: record) -> Iterator[tuple[int, Any, str | None]]:
+    """Yield ``(line number, parse(record), None)`` per good line of a JSONL file, or
+    ``(line number, None, why)`` for a malformed one; blank lines are ignored.
+
+    A line without its final newline is torn (an interrupted write) and reported as malformed.
+    ``parse`` may raise ValueError to reject a well-formed JSON value. Each reader chooses its own
+    policy for bad lines (raise, or skip and report); none drops one silently.
+
+    Raises:
+        FileNotFoundError: no such file.
+    """
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                if not raw.endswith(b"\n"):
+                    raise ValueError("truncated line (no final newline; an interrupted write?)")
+                value = parse(orjson.loads(raw))
+            except (orjson.JSONDecodeError, ValueError) as err:
+                yield number, None, str(err)
+                continue
+            yield number, value, None
+
+
+def _default_mode() -> int:
+    """0o666 minus the process umask: the mode ``open()`` would give a new file."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str]:
+    """Yield a temporary path beside ``path``; on success it replaces ``path`` in one rename.
+
+    The new file gets the ordinary permissions of a newly created file (not mkstemp's 0600). On
+    any exception the temporary file is removed and ``path`` is left untouched.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix=suffix)
+    os.close(fd)
+    try:
+        yield tmp
+        os.chmod(tmp, _default_mode())  # after writing: some writers recreate the file
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path: str | os.PathLike, payload: Any) -> None:
+    """Write ``payload`` as JSON (orjson) to ``path`` atomically (:func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        Path(tmp).write_bytes(orjson.dumps(payload))
+
+
+__all__ = ["MalformedLine", "append_jsonl", "atomic_path", "iter_jsonl", "write_json_atomic"]
