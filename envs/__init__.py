@@ -7,8 +7,8 @@ turns them into decision examples; :mod:`envs.collect` collects expert trajector
 Imports nothing else of this project.
 """
 
-from envs.episode import Episode, EpisodeOver, is_think
-from envs.protocol import Environment, StepResult, TaskStart
+from envs.episode import Episode, EpisodeOver, check_tasks, is_think
+from envs.protocol import EngineError, Environment, StepResult, TaskStart, one_line
 from envs.registry import ENVIRONMENTS, make_env
 from envs.trajectory import (
     SCHEMA_VERSION,
@@ -26,6 +26,7 @@ __all__ = [
     "ENVIRONMENTS",
     "SCHEMA_VERSION",
     "DecisionExample",
+    "EngineError",
     "Environment",
     "Episode",
     "EpisodeOver",
@@ -34,10 +35,12 @@ __all__ = [
     "TaskStart",
     "Trajectory",
     "append_jsonl",
+    "check_tasks",
     "completed_task_ids",
     "decision_examples",
     "drop_actions",
     "is_think",
     "make_env",
+    "one_line",
     "read_trajectories",
 ]

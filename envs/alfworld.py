@@ -24,10 +24,18 @@ Quirks handled (ALFWorld 0.4.2):
 - The handcoded expert answers ``look`` whenever its own choice is not admissible, and draws from
   Python's global ``random``; the adapter runs the engine under a private RNG state seeded from the
   task id so expert trajectories are reproducible and the caller's ``random`` is untouched.
+- The handcoded expert runs inside every engine step of an episode reset with ``expert=True`` only
+  (expert collection); an agent's episode never runs it. It gives up by raising (``Timeout`` after
+  200 steps, ``HandCodedAgentFailed`` when its subgoals run out): the adapter turns that into "no
+  expert action" (:attr:`AlfworldEnv.expert_gave_up` says why) instead of a failed engine step.
+- Chained commands: the engine matches an input against its admissible commands as a whole, so
+  ``go to desk 1 then go to bed 1`` (or with ``.``, ``,``, ``;``, `` and ``, a line break) is an
+  invalid command (``Nothing happens.``) that changes nothing; no adapter guard is needed.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import random
@@ -37,7 +45,7 @@ import zlib
 from pathlib import Path
 
 from envs._paths import cache_dir, shared_dir
-from envs.protocol import StepResult, TaskStart
+from envs.protocol import StepResult, TaskStart, one_line
 
 #: The six ALFWorld task types (the prefix of a game folder's name).
 TASK_TYPES = (
@@ -156,14 +164,20 @@ class AlfworldEnv:
         self._rng_state = None
         self._won = False
         self._done = False
+        self._expert_wrapper = None
+        self._expert_on = False
 
     # ---------------------------------------------------------------- tasks
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The splits present under :attr:`data_dir` (of train, valid_seen, valid_unseen)."""
+        return tuple(s for s in SPLITS if (self.data_dir / s).is_dir())
+
     def _split_index(self, split: str) -> dict[str, Path]:
         if split not in self._index:
             root = self.data_dir / split
             if split not in SPLITS or not root.is_dir():
-                known = [s for s in SPLITS if (self.data_dir / s).is_dir()]
-                raise ValueError(f"unknown ALFWorld split {split!r}; available under {self.data_dir}: {known}")
+                raise ValueError(f"unknown ALFWorld split {split!r}; available under {self.data_dir}: {list(self.splits)}")
             games = {p.parent.relative_to(root).as_posix(): p for p in root.glob("*/*/game.tw-pddl")}
             self._index[split] = dict(sorted(games.items()))
         return self._index[split]
@@ -176,16 +190,31 @@ class AlfworldEnv:
         """The task type (folder-name prefix) of ``task_id``, without loading the game."""
         task_type = task_id.split("/", 1)[0].split("-", 1)[0]
         if task_type not in TASK_TYPES:
-            raise ValueError(f"ALFWorld task {task_id!r} has unknown task type {task_type!r}")
+            raise ValueError(f"ALFWorld task {task_id!r} has unknown task type {task_type!r}; "
+                             f"known: {', '.join(TASK_TYPES)}")
         return task_type
 
+    def split_of(self, task_id: str) -> str:
+        """The split whose folder holds game ``task_id`` (no engine is started).
+
+        Raises:
+            ValueError: no split holds it; one line with the id, the splits' sizes, the id pattern and
+                the closest existing id when one is close.
+        """
+        return self._locate(task_id)[0]
+
     def _locate(self, task_id: str) -> tuple[str, Path]:
-        for split in SPLITS:
-            if (self.data_dir / split).is_dir():
-                path = self._split_index(split).get(task_id)
-                if path is not None:
-                    return split, path
-        raise ValueError(f"unknown ALFWorld task {task_id!r} (not under any split of {self.data_dir})")
+        splits = self.splits
+        for split in splits:
+            path = self._split_index(split).get(task_id)
+            if path is not None:
+                return split, path
+        known = [t for s in splits for t in self._split_index(s)]
+        close = difflib.get_close_matches(task_id, known, n=1, cutoff=0.8)
+        sizes = ", ".join(f"{s} {len(self._split_index(s))}" for s in splits)
+        raise ValueError(f"unknown ALFWorld task {task_id!r}: no such game under {self.data_dir} ({sizes} games, "
+                         "ids '<type>-<Object>-<MRecep|None>-<Receptacle>-<scene>/trial_*')"
+                         + (f"; closest: {close[0]!r}" if close else ""))
 
     # ---------------------------------------------------------------- engine
     def _engine(self, call, *args):
@@ -198,7 +227,13 @@ class AlfworldEnv:
             self._rng_state = random.getstate()
             random.setstate(outer)
 
-    def reset(self, task_id: str) -> TaskStart:
+    @property
+    def expert_gave_up(self) -> str | None:
+        """Why the handcoded expert stopped in this episode (its exception, one line), else None."""
+        return None if self._expert_wrapper is None else self._expert_wrapper.gave_up
+
+    def reset(self, task_id: str, expert: bool = False) -> TaskStart:
+        """Start game ``task_id``; ``expert=True`` runs the handcoded expert along (see module doc)."""
         import textworld
         import textworld.gym
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredExpert, AlfredInfos
@@ -210,13 +245,18 @@ class AlfworldEnv:
             extras = ["gamefile"] + (["expert_plan"] if self.expert else [])
             infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=extras)
             wrappers = [AlfredDemangler(shuffle=False), AlfredInfos]
+            self._expert_wrapper = None
             if self.expert:
-                wrappers.append(_expert_wrapper(AlfredExpert)(expert_type=self.expert))
+                self._expert_wrapper = _expert_wrapper(AlfredExpert)(expert_type=self.expert)
+                wrappers.append(self._expert_wrapper)
             env_id = textworld.gym.register_game(str(cached), infos, max_episode_steps=1_000_000, wrappers=wrappers)
             self._gym = textworld.gym.make(env_id)
             self._task_id = task_id
         rng = random.Random(zlib.crc32(task_id.encode()))
         self._rng_state = rng.getstate()
+        self._expert_on = bool(expert and self._expert_wrapper is not None)
+        if self._expert_wrapper is not None:
+            self._expert_wrapper.active = self._expert_on
         obs, self._infos = self._engine(self._gym.reset)
         self._won = self._done = False
         instruction, observation = self._split_intro(obs)
@@ -248,7 +288,8 @@ class AlfworldEnv:
         return list(self._infos.get("admissible_commands") or [])
 
     def expert_action(self) -> str | None:
-        plan = self._infos.get("extra.expert_plan") if self.expert else None
+        """The handcoded expert's next command (None: reset without expert, episode over, or it gave up)."""
+        plan = self._infos.get("extra.expert_plan") if self._expert_on else None
         return plan[0] if plan and not self._done else None
 
     def config(self) -> dict:
@@ -265,12 +306,28 @@ class AlfworldEnv:
 
 
 def _expert_wrapper(base):
-    """ALFWorld's ``AlfredExpert`` whose handcoded tracker sees ``put X in/on Y`` for ``move X to Y``."""
+    """ALFWorld's ``AlfredExpert`` that runs only while ``active`` (episodes reset with ``expert=True``),
+    whose handcoded tracker sees ``put X in/on Y`` for ``move X to Y``, and that gives up instead of
+    raising (``gave_up`` holds the reason)."""
 
     class _Expert04(base):
+        active = False
+        gave_up: str | None = None
+
+        def reset(self):
+            self.gave_up = None
+            return super().reset()
+
         def _gather_infos(self):
+            if not self.active or self.gave_up is not None:
+                self.state["extra.expert_plan"] = []
+                return
             self.prev_command = legacy_put(self.prev_command)
-            super()._gather_infos()
+            try:
+                super()._gather_infos()
+            except Exception as err:  # its Timeout after 200 steps, HandCodedAgentFailed, ...
+                self.gave_up = one_line(err)
+                self.state["extra.expert_plan"] = []
 
     return _Expert04
 

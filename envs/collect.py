@@ -3,7 +3,9 @@
 Each finished task becomes one :class:`~envs.trajectory.Trajectory` line, appended atomically
 (:func:`~envs.trajectory.append_jsonl`) as soon as the task ends, so an interrupted collection
 loses at most the task in flight; with ``resume=True`` the tasks already stored are skipped.
-Every environment step keeps the full candidate set the expert chose from (seed Sec. 3.2).
+Every environment step keeps the full candidate set the expert chose from (seed Sec. 3.2), and every
+trajectory's ``meta`` records its split. Only collection runs an adapter's expert (``Episode(...,
+expert=True)``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from envs.episode import Episode
-from envs.protocol import Environment
+from envs.protocol import Environment, one_line
 from envs.trajectory import Trajectory, append_jsonl, completed_task_ids
 
 
@@ -27,8 +29,8 @@ class CollectSummary:
     Attributes:
         collected: trajectories appended in this run; won: how many of them the expert won.
         skipped: task ids skipped because ``out_path`` already held them (resume).
-        failed: task id -> error message for tasks whose engine raised (nothing appended; a
-            resumed run retries them).
+        failed: task id -> one-line error message for tasks whose engine raised (nothing appended;
+            a resumed run retries them).
         n_env_steps: environment steps played; seconds: wall time of the run.
         candidate_set_sizes: size of every saved candidate set (for reporting).
     """
@@ -65,8 +67,11 @@ def select_tasks(env: Environment, split: str, n_per_type: int | None = None) ->
     return [tid for tid in ids if tid in chosen]
 
 
-def play_expert(env: Environment, task_id: str, max_steps: int | None = None) -> Trajectory:
+def play_expert(env: Environment, task_id: str, max_steps: int | None = None, split: str | None = None,
+                ) -> Trajectory:
     """Play ``task_id`` with the adapter's expert until done, the budget, or the expert stops.
+
+    ``split``: the split the task must belong to (ValueError otherwise, see :class:`Episode`).
 
     The expert's action must be in the candidate set of its state (seed Sec. 3.2). When it is not:
     for an adapter whose sets are complete (ALFWorld, TextWorld) the episode stops there and
@@ -74,12 +79,13 @@ def play_expert(env: Environment, task_id: str, max_steps: int | None = None) ->
     whose valid-combination list misses many valid actions) the expert action is appended to the
     saved set and the step is flagged ``info["expert_appended"] = True``.
     """
-    episode = Episode(env, task_id, max_steps)
+    episode = Episode(env, task_id, max_steps, split=split, expert=True)
     stopped = None
     while not episode.done:
         action = episode.expert_action()
         if action is None:
-            stopped = "expert has no action"
+            gave_up = getattr(env, "expert_gave_up", None)
+            stopped = f"expert gave up: {gave_up}" if gave_up else "expert has no action"
             break
         appended = action not in episode.candidates()
         if appended and getattr(env, "complete_candidates", True):
@@ -107,25 +113,28 @@ def collect_expert_trajectories(
     resume: bool = True,
     max_steps: int | None = None,
     on_task: Callable[[str, Trajectory | None, CollectSummary], None] | None = None,
+    split: str | None = None,
 ) -> CollectSummary:
     """Collect one expert trajectory per task into ``out_path`` (JSONL, appended atomically).
 
     Args:
         task_ids: tasks to play, in order (duplicates are played once).
-        resume: skip tasks already stored in ``out_path``; ``False`` starts ``out_path`` afresh
-            (an existing file is removed first).
+        resume: skip tasks already stored in ``out_path``; with ``False`` a file that already holds
+            one of ``task_ids`` is refused (ValueError; nothing is removed or duplicated).
         max_steps: the step budget per task (default: the adapter's ``default_max_steps``).
         on_task: called after each task with (task_id, trajectory or None if skipped/failed,
             summary so far), e.g. to advance a progress bar.
+        split: the split every task must belong to (checked per task; recorded in ``meta``).
 
     Returns:
         A :class:`CollectSummary`. Engine errors on one task are recorded in ``failed`` and the
         run goes on; ``KeyboardInterrupt`` stops it with everything finished so far on disk.
     """
     out_path = Path(out_path)
-    if not resume and out_path.exists():
-        out_path.unlink()
-    stored = completed_task_ids(out_path) if resume else set()
+    stored = completed_task_ids(out_path)
+    if not resume and stored & set(task_ids):
+        raise ValueError(f"{out_path} already holds {len(stored & set(task_ids))} of these tasks; pass --resume "
+                         "to continue it, or choose another output file")
     summary = CollectSummary()
     start = time.perf_counter()
     for task_id in dict.fromkeys(task_ids):
@@ -135,11 +144,11 @@ def collect_expert_trajectories(
                 on_task(task_id, None, summary)
             continue
         try:
-            traj = play_expert(env, task_id, max_steps)
+            traj = play_expert(env, task_id, max_steps, split)
         except (KeyboardInterrupt, ValueError):
             raise
         except Exception as err:  # an engine crash on one task must not end the collection
-            summary.failed[task_id] = f"{type(err).__name__}: {err}"
+            summary.failed[task_id] = one_line(err)
             if on_task:
                 on_task(task_id, None, summary)
             continue

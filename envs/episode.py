@@ -5,11 +5,17 @@ with ``think:``) never reaches the engine: its feedback is ``OK.``, but it is st
 step and uses one unit of the step budget. Every step is recorded as a
 :class:`~envs.trajectory.Step`; environment steps carry the full candidate set of the state they
 were taken from, so a finished episode converts losslessly into a :class:`~envs.trajectory.Trajectory`.
+
+Every engine call (reset, step, candidates, expert) that raises anything but ValueError (bad input)
+is re-raised as :class:`~envs.protocol.EngineError` with a one-line message naming the step, so a
+caller that plays many episodes can record the fault and go on.
 """
 
 from __future__ import annotations
 
-from envs.protocol import Environment, StepResult, TaskStart
+from typing import Iterable
+
+from envs.protocol import EngineError, Environment, StepResult, TaskStart, one_line
 from envs.trajectory import Step, Trajectory
 
 THINK_PREFIX = "think:"
@@ -19,6 +25,32 @@ THINK_FEEDBACK = "OK."
 def is_think(text: str) -> bool:
     """True when ``text`` is a think step (``think:`` prefix, case-insensitive, leading blanks ignored)."""
     return text.lstrip().lower().startswith(THINK_PREFIX)
+
+
+def check_tasks(env: Environment, split: str, task_ids: Iterable[str]) -> list[str]:
+    """``task_ids`` (duplicates dropped, order kept) after checking, without starting the engine, that
+    ``split`` exists and each id is a task of that split.
+
+    Raises:
+        ValueError: one line: an unknown split (the adapter lists the known ones), an unknown id
+            (what ids look like, the closest one), or an id of another split (data leakage: a test
+            variation collected as train, a valid_unseen game played under ``train``).
+    """
+    env.tasks(split)
+    ids = list(dict.fromkeys(task_ids))
+    for task_id in ids:
+        _check_split(env, task_id, split)
+    return ids
+
+
+def _check_split(env: Environment, task_id: str, split: str | None) -> str | None:
+    """The split of ``task_id`` (None when the adapter cannot tell); ValueError when it is not ``split``."""
+    split_of = getattr(env, "split_of", None)
+    actual = split_of(task_id) if callable(split_of) else None
+    if split is not None and actual is not None and actual != split:
+        raise ValueError(f"{env.name} task {task_id!r} belongs to split {actual!r}, not {split!r}: "
+                         "refusing to mix splits")
+    return actual
 
 
 class EpisodeOver(RuntimeError):
@@ -33,31 +65,53 @@ class Episode:
         task_id: one of ``env.tasks(split)``.
         max_steps: the step budget (think and env steps together); defaults to the adapter's
             ``default_max_steps`` (ALFWorld 50). Must be >= 1.
+        split: the split the caller means to play; the task must belong to it (a task of another
+            split is refused: no train game in an evaluation, no test variation in a collection).
+        expert: compute the adapter's expert for this episode (expert collection); agents' episodes
+            leave it off, so the expert costs nothing and its faults cannot end them.
 
     Attributes:
         start: the :class:`TaskStart` of the task.
         steps: the recorded steps, in order.
+        split: the task's split (from the adapter's ``split_of``, else ``split``; None if neither);
+            recorded in the trajectory's ``meta``.
 
     Raises:
-        ValueError: ``max_steps < 1`` or an unknown task (from the adapter).
+        ValueError: ``max_steps < 1``, an unknown task, or a task of another split than ``split``.
+        EngineError: the engine failed while starting the task.
     """
 
-    def __init__(self, env: Environment, task_id: str, max_steps: int | None = None):
+    def __init__(self, env: Environment, task_id: str, max_steps: int | None = None, split: str | None = None,
+                 expert: bool = False):
         if max_steps is None:
             max_steps = getattr(env, "default_max_steps", None)
             if max_steps is None:
                 raise ValueError(f"{type(env).__name__} has no default_max_steps: pass max_steps")
         if int(max_steps) < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        actual = _check_split(env, task_id, split)
         self.env = env
         self.task_id = task_id
+        self.split = actual if actual is not None else split
+        self.expert = bool(expert)
         self.max_steps = int(max_steps)
         self.steps: list[Step] = []
         self._engine_done = False
         self.won = False
         self.score = 0.0
         self._candidates: list[str] | None = None
-        self.start: TaskStart = env.reset(task_id)
+        self.start: TaskStart = self._engine(
+            "reset", lambda: env.reset(task_id, expert=True) if expert else env.reset(task_id), ValueError)
+
+    def _engine(self, what: str, call, bad_input: type[Exception] | tuple = ()):
+        """``call()``; any exception but ``bad_input`` is re-raised as a one-line :class:`EngineError`."""
+        try:
+            return call()
+        except bad_input:
+            raise
+        except Exception as err:
+            raise EngineError(f"{self.env.name} engine failed in {what} at step {len(self.steps) + 1} of "
+                              f"{self.task_id!r}: {one_line(err)}") from err
 
     @property
     def budget_left(self) -> int:
@@ -71,12 +125,19 @@ class Episode:
     def candidates(self) -> list[str]:
         """The environment-supplied candidate set in the current state (cached until the next env step)."""
         if self._candidates is None:
-            self._candidates = list(self.env.candidates())
+            self._candidates = list(self._engine("candidates", self.env.candidates))
         return list(self._candidates)
 
     def expert_action(self) -> str | None:
-        """The adapter's expert action in the current state (None when it has none)."""
-        return self.env.expert_action()
+        """The adapter's expert action in the current state (None when it has none or gave up).
+
+        Raises:
+            RuntimeError: the episode was started without ``expert=True``.
+        """
+        if not self.expert:
+            raise RuntimeError(f"the episode of {self.task_id!r} was started without its expert: "
+                               "Episode(..., expert=True)")
+        return self._engine("expert", self.env.expert_action)
 
     def act(self, text: str) -> StepResult:
         """Take one step: a think step (``think: ...``) or an environment action.
@@ -88,6 +149,7 @@ class Episode:
         Raises:
             EpisodeOver: the episode is already done.
             ValueError: ``text`` is empty.
+            EngineError: the engine failed on this step (nothing is recorded for it).
         """
         if self.done:
             raise EpisodeOver(f"episode of {self.task_id!r} is over ({len(self.steps)} steps, won={self.won})")
@@ -97,7 +159,7 @@ class Episode:
             self.steps.append(Step("think", text, THINK_FEEDBACK, None, False, self.won, self.score))
             return StepResult(THINK_FEEDBACK, done=self.done, won=self.won, score=self.score)
         candidates = self.candidates()
-        result = self.env.step(text)
+        result = self._engine(f"step {text!r}", lambda: self.env.step(text))
         self._candidates = None
         self._engine_done = bool(result.done)
         self.won = bool(result.won)
@@ -110,7 +172,7 @@ class Episode:
         return result
 
     def trajectory(self, meta: dict | None = None) -> Trajectory:
-        """The episode so far as a :class:`Trajectory` (``meta`` gets ``max_steps`` added)."""
+        """The episode so far as a :class:`Trajectory` (``meta`` gets ``max_steps`` and ``split`` added)."""
         return Trajectory(
             env=self.env.name,
             task_id=self.start.task_id,
@@ -120,5 +182,5 @@ class Episode:
             steps=list(self.steps),
             won=self.won,
             score=self.score,
-            meta={"max_steps": self.max_steps, **(meta or {})},
+            meta={"max_steps": self.max_steps, **({"split": self.split} if self.split else {}), **(meta or {})},
         )

@@ -8,6 +8,19 @@ and never reach an adapter (seed Sec. 2.3).
 
 Success is the benchmark's own definition (``won`` for ALFWorld and TextWorld, score 100 for
 ScienceWorld), never ``done``.
+
+The expert is computed only where it is used: ``reset(task_id, expert=True)`` (expert collection)
+turns it on for that episode; an agent's episode (``expert=False``) never runs it, so an expert's
+own faults (ALFWorld's handcoded expert gives up after 200 steps) cannot end an agent's episode.
+
+One input is one command: an input that the engine would split into several commands (TextWorld's
+``go south then go east``) is answered as an invalid command and never reaches the engine, so one
+step never spends one unit of budget on two engine commands and the candidate set stays the
+engine's (see each adapter's docstring for its grammar).
+
+Task ids, splits and task types can be checked without starting the engine (``tasks``,
+``split_of``, ``task_type_of``); bad ones raise ValueError with a one-line message naming the id and
+what is valid. Engine failures inside an episode surface as :class:`EngineError`.
 """
 
 from __future__ import annotations
@@ -53,22 +66,56 @@ class StepResult:
     info: dict = field(default_factory=dict)
 
 
+class EngineError(RuntimeError):
+    """A third-party engine (simulator, interpreter, JVM) failed inside an episode.
+
+    The message is one line (the engine's own first line, e.g. a Java exception's class and
+    message, never its stack trace); the original exception is ``__cause__``. Callers that play many
+    episodes record it and go on (``cb-agent run`` writes an error episode, ``collect`` a failed task).
+    """
+
+
+def one_line(err: BaseException, limit: int = 300) -> str:
+    """``"<Type>: <message>"`` of ``err`` on one line: stack-trace lines (``at ...``, ``File ...``) and
+    blank lines dropped, the rest joined, cut at ``limit`` characters."""
+    kept = []
+    for raw in str(err).splitlines():
+        line = raw.strip(" \t:")
+        if line and not line.startswith(("at ", "File ", "Traceback", "^")):
+            kept.append(line)
+    text = " ".join(kept) or "(no message)"
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return text if isinstance(err, EngineError) else f"{type(err).__name__}: {text}"
+
+
 @runtime_checkable
 class Environment(Protocol):
     """A text benchmark, one task at a time. Adapters are not thread-safe."""
 
     name: str  # "alfworld", "scienceworld", "textworld"
+    splits: tuple[str, ...]  # the split names the adapter knows (ALFWorld: those present on disk)
 
     def tasks(self, split: str) -> list[str]:
         """Task ids of a split (e.g. "train", "valid_unseen"); raises ValueError for an unknown split."""
         ...
 
-    def reset(self, task_id: str) -> TaskStart:
-        """Start ``task_id``; raises ValueError for an unknown task."""
+    def split_of(self, task_id: str) -> str:
+        """The split that holds ``task_id``, without starting the engine; raises ValueError (one line:
+        the id and what is valid) for an id of no split."""
+        ...
+
+    def task_type_of(self, task_id: str) -> str:
+        """The task type of ``task_id``, without starting the engine; raises ValueError like ``split_of``."""
+        ...
+
+    def reset(self, task_id: str, expert: bool = False) -> TaskStart:
+        """Start ``task_id``; raises ValueError for an unknown task. ``expert=True`` computes the
+        adapter's expert for this episode (else ``expert_action()`` is None and the expert costs nothing)."""
         ...
 
     def step(self, action: str) -> StepResult:
-        """Execute one environment action (never a think step)."""
+        """Execute one environment action (never a think step): exactly one engine command, or none
+        when ``action`` chains several (answered as an invalid command, ``info["chained"]``)."""
         ...
 
     def candidates(self) -> list[str]:
@@ -76,7 +123,8 @@ class Environment(Protocol):
         ...
 
     def expert_action(self) -> str | None:
-        """The expert's next action in the current state, or None when the adapter has no expert."""
+        """The expert's next action in the current state, or None when the adapter has no expert,
+        the episode was reset without it, or the expert gave up."""
         ...
 
     def close(self) -> None:

@@ -1,8 +1,12 @@
 """ScienceWorld adapter: the 30 tasks of ``scienceworld==1.2.3`` with their train/dev/test variations.
 
 A task id is ``<task name>/<variation>`` (``boil/3``); the task type is the task name. Splits are
-the simulator's own variation splits (``train``, ``dev``, ``test``), computed once by loading
-each task and cached in ``$CB_AGENT_CACHE/scienceworld/``.
+the simulator's own variation splits (``train``, ``dev``, ``test``): for scienceworld 1.2.3 they are
+the table :data:`VARIATION_SPLITS` (read from the simulator once and checked against it in the
+tests), so task ids and splits are validated without starting the JVM; for another version they
+are computed once by loading each task and cached in ``$CB_AGENT_CACHE/scienceworld/``. A variation
+outside its task's range is refused before the simulator sees it (the simulator would load some
+other variation without a word, or fail with a Java stack trace while making the gold path).
 
 - Candidates: the simulator's valid action-object combinations in the current state (deduplicated,
   engine order). They are *incomplete*: many gold-path actions (``focus on thermometer in
@@ -11,8 +15,9 @@ each task and cached in ``$CB_AGENT_CACHE/scienceworld/``.
   :func:`candidate_spelling`); otherwise it keeps the gold spelling and :attr:`complete_candidates`
   is False, which tells :func:`envs.collect.play_expert` to append the expert action to the saved
   set and flag the step (``info["expert_appended"] = True``).
-- Expert: the gold action sequence (``load(..., generateGoldPath=True)``), followed while the
-  agent follows it; ``expert_action()`` is None once the agent deviates.
+- Expert: the gold action sequence (``load(..., generateGoldPath=True)``, only for episodes reset
+  with ``expert=True``: it costs several seconds a load and its generation can fail), followed while
+  the agent follows it; ``expert_action()`` is None once the agent deviates.
 - Ambiguity: an action matching several objects gets a numbered prompt ("Ambiguous request ...").
   :meth:`ScienceWorldEnv.step` answers it explicitly (with the gold path's number when the expert
   is being followed, else ``0`` = the first option) and records the prompt and the answer in
@@ -22,21 +27,61 @@ each task and cached in ``$CB_AGENT_CACHE/scienceworld/``.
   py4j error or exceeds its timeout (a hang): the task is reloaded and the actions sent so far
   are replayed (``info["jvm_restarts"]`` counts them). The episode log lives in Python
   (:class:`envs.episode.Episode`) and is never lost. The simulator is stochastic: a replay may
-  differ from the original run (``info["replay_diverged"]`` says so).
+  differ from the original run (``info["replay_diverged"]`` says so). Errors raised by the simulator
+  reach the caller as one-line :class:`~envs.protocol.EngineError` (the Java exception's class and
+  message, not its stack trace).
+- Chained commands: the simulator's parser matches the whole input against its action templates, so
+  ``open door to kitchen then go to kitchen`` (or with ``.``, ``,``, ``;``, `` and ``, a line break) is
+  answered ``No known action matches that input.`` and changes nothing; no adapter guard is needed.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as futures
+import difflib
 import gc
 import json
 import os
 import re
 
 from envs._paths import cache_dir
-from envs.protocol import StepResult, TaskStart
+from envs.protocol import EngineError, StepResult, TaskStart, one_line
 
 SPLITS = ("train", "dev", "test")
+#: scienceworld version -> task name -> (train, dev, test) variation counts; each split is a
+#: contiguous range (train 0.., then dev, then test), as ``get_variations_train/dev/test`` return them.
+VARIATION_SPLITS: dict[str, dict[str, tuple[int, int, int]]] = {"1.2.3": {
+    "boil": (14, 7, 9),
+    "change-the-state-of-matter-of": (14, 7, 9),
+    "chemistry-mix": (16, 8, 8),
+    "chemistry-mix-paint-secondary-color": (18, 9, 9),
+    "chemistry-mix-paint-tertiary-color": (18, 9, 9),
+    "find-animal": (150, 75, 75),
+    "find-living-thing": (150, 75, 75),
+    "find-non-living-thing": (150, 75, 75),
+    "find-plant": (150, 75, 75),
+    "freeze": (14, 7, 9),
+    "grow-fruit": (62, 31, 33),
+    "grow-plant": (62, 31, 33),
+    "identify-life-stages-1": (6, 3, 5),
+    "identify-life-stages-2": (4, 2, 4),
+    "inclined-plane-determine-angle": (84, 42, 42),
+    "inclined-plane-friction-named-surfaces": (692, 346, 348),
+    "inclined-plane-friction-unnamed-surfaces": (80, 40, 42),
+    "lifespan-longest-lived": (62, 31, 32),
+    "lifespan-longest-lived-then-shortest-lived": (62, 31, 32),
+    "lifespan-shortest-lived": (62, 31, 32),
+    "measure-melting-point-known-substance": (218, 109, 109),
+    "measure-melting-point-unknown-substance": (150, 75, 75),
+    "melt": (14, 7, 9),
+    "mendelian-genetics-known-plant": (60, 30, 30),
+    "mendelian-genetics-unknown-plant": (240, 120, 120),
+    "power-component": (10, 5, 5),
+    "power-component-renewable-vs-nonrenewable-energy": (10, 5, 5),
+    "test-conductivity": (450, 225, 225),
+    "test-conductivity-of-unknown-substances": (300, 150, 150),
+    "use-thermometer": (270, 135, 135),
+}}
 AMBIGUOUS_PREFIX = "Ambiguous request"
 _IN_INVENTORY = re.compile(r"\s+in inventory\b")
 _OPEN_DOOR = re.compile(r"^(open|close) door to (.+)$")
@@ -61,10 +106,6 @@ def candidate_spelling(action: str, candidates: set[str]) -> str:
     return action
 
 
-class EngineError(RuntimeError):
-    """The simulator failed again after a JVM restart."""
-
-
 class ScienceWorldEnv:
     """ScienceWorld behind :class:`envs.protocol.Environment`.
 
@@ -73,10 +114,10 @@ class ScienceWorldEnv:
             ``""`` for none; default ``"easy"``, recorded in trajectory metadata).
         step_timeout_s: a step (or candidate query) taking longer is a hang: the JVM restarts.
         load_timeout_s: the same for loading a task (gold-path generation can take a minute).
-        gold_path: generate gold paths (needed for the expert; costs load time).
     """
 
     name = "scienceworld"
+    splits = SPLITS
     default_max_steps = 100
     expert_name = "scienceworld-gold-path"
     complete_candidates = False
@@ -86,15 +127,15 @@ class ScienceWorldEnv:
         simplification: str = "easy",
         step_timeout_s: float = 60.0,
         load_timeout_s: float = 600.0,
-        gold_path: bool = True,
     ):
         self.simplification = simplification
         self.step_timeout_s = step_timeout_s
         self.load_timeout_s = load_timeout_s
-        self.gold_path = gold_path
+        self.gold_path = False  # the current episode's: reset(..., expert=True)
         self._sw = None
         self._pool = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="scienceworld")
         self._splits: dict[str, list[str]] | None = None
+        self._range_cache: dict[str, dict[str, tuple[int, int]]] | None = None
         self._task: tuple[str, int] | None = None
         self._sent: list[str] = []  # every string sent to the engine since reset (for replay)
         self._observations: list[str] = []
@@ -153,10 +194,11 @@ class ScienceWorldEnv:
             return self._call(fn, timeout)
         except futures.TimeoutError:
             self._kill()
-            raise EngineError(f"ScienceWorld hung twice (>{timeout}s) on task {self._task}; first error: {first!r}") from None
+            raise EngineError(f"ScienceWorld hung twice (>{timeout}s) on task {self._task}; first error: "
+                              f"{one_line(first)}") from None
         except Exception as err:
             self._kill()
-            raise EngineError(f"ScienceWorld failed twice on task {self._task}: {err!r} (first: {first!r})") from err
+            raise EngineError(f"ScienceWorld failed twice on task {self._task}: {one_line(err)}") from err
 
     def _restart(self) -> None:
         self._kill()
@@ -177,10 +219,20 @@ class ScienceWorldEnv:
     # ---------------------------------------------------------------- tasks
     def _split_index(self) -> dict[str, list[str]]:
         if self._splits is None:
-            from scienceworld.version import __version__
+            from importlib.metadata import version
 
-            path = cache_dir("scienceworld") / f"variations-{__version__}.json"
-            if path.exists():
+            installed = version("scienceworld")
+            path = cache_dir("scienceworld") / f"variations-{installed}.json"
+            table = VARIATION_SPLITS.get(installed)
+            if table is not None:
+                index = {s: [] for s in SPLITS}
+                for name, counts in sorted(table.items()):
+                    start = 0
+                    for split, count in zip(SPLITS, counts):
+                        index[split].extend(f"{name}/{v}" for v in range(start, start + count))
+                        start += count
+                self._splits = index
+            elif path.exists():
                 self._splits = json.loads(path.read_text())
             else:
                 index: dict[str, list[str]] = {s: [] for s in SPLITS}
@@ -207,20 +259,51 @@ class ScienceWorldEnv:
     def task_type_of(self, task_id: str) -> str:
         return self._parse(task_id)[0]
 
+    def _ranges(self) -> dict[str, dict[str, tuple[int, int]]]:
+        """Task name -> split -> (first, last) variation, from the split index."""
+        if self._range_cache is None:
+            ranges: dict[str, dict[str, tuple[int, int]]] = {}
+            for split, ids in self._split_index().items():
+                for tid in ids:
+                    name, var = self._parse(tid)
+                    lo, hi = ranges.setdefault(name, {}).get(split, (var, var))
+                    ranges[name][split] = (min(lo, var), max(hi, var))
+            self._range_cache = ranges
+        return self._range_cache
+
+    def split_of(self, task_id: str) -> str:
+        """The simulator split of variation ``task_id`` (no JVM for scienceworld 1.2.3).
+
+        Raises:
+            ValueError: a malformed id, an unknown task (the closest name), or a variation outside
+                the task's range (the ranges of its splits), in one line.
+        """
+        name, variation = self._parse(task_id)
+        ranges = self._ranges().get(name)
+        if ranges is None:
+            close = difflib.get_close_matches(name, list(self._ranges()), n=1, cutoff=0.6)
+            raise ValueError(f"unknown ScienceWorld task {name!r} in {task_id!r} ({len(self._ranges())} tasks"
+                             + (f"; closest: {close[0]!r})" if close else ")"))
+        for split, (lo, hi) in ranges.items():
+            if lo <= variation <= hi:
+                return split
+        spans = ", ".join(f"{split} {lo}-{hi}" for split, (lo, hi) in ranges.items())
+        first, last = min(lo for lo, _ in ranges.values()), max(hi for _, hi in ranges.values())
+        raise ValueError(f"ScienceWorld task {task_id!r}: {name} has variations {first}-{last} ({spans})")
+
     @staticmethod
     def _parse(task_id: str) -> tuple[str, int]:
         name, _, var = task_id.rpartition("/")
         if not name or not var.isdigit():
-            raise ValueError(f"ScienceWorld task id {task_id!r} is not '<task name>/<variation>'")
+            raise ValueError(f"ScienceWorld task id {task_id!r} is not '<task name>/<variation>' (e.g. 'boil/3')")
         return name, int(var)
 
     # ---------------------------------------------------------------- episode
-    def reset(self, task_id: str) -> TaskStart:
+    def reset(self, task_id: str, expert: bool = False) -> TaskStart:
+        """Load variation ``task_id``; ``expert=True`` also generates its gold path (the expert)."""
+        self.split_of(task_id)  # a bad id never reaches the simulator
         name, variation = self._parse(task_id)
-        if self._sw is None:
-            self._start()
-        if name not in self._call(lambda sw: list(sw.get_task_names()), self.step_timeout_s):
-            raise ValueError(f"unknown ScienceWorld task {name!r} in {task_id!r}")
+        self.gold_path = bool(expert)
         self._task = (name, variation)
         self._sent, self._observations = [], []
         self.replay_diverged = False

@@ -13,12 +13,24 @@ so an interrupted generation never leaves a half game) and reused afterwards. Ge
 no network (about 3 to 10 s of CPU a game).
 
 Candidates are TextWorld's admissible commands; the expert is the game's walkthrough, followed
-while the agent follows it (``expert_action()`` is None after a deviation).
+while the agent follows it (``expert_action()`` is None after a deviation, and in episodes reset
+without ``expert=True``).
+
+One input is one command. The games' Inform 7 parser runs several commands from one input when they
+are separated by ``then``, a full stop or a line break (``go south then go east``), but TextWorld's
+state tracker sees only the first one's events, so its admissible commands (our candidate set) would
+describe a room the player has left for the rest of the episode. :func:`split_commands` finds such
+inputs and :meth:`TextWorldEnv.step` answers them as the parser answers an input it cannot read
+(:data:`CHAINED_FEEDBACK`, ``info["invalid"]``, ``info["chained"]`` = the commands) without sending
+anything to the engine: one step is never two engine commands. ``,``/`` and `` joins objects, not
+commands, in this parser (``take glass and fly larva`` is one tracked command), and ``;`` is no
+separator (the parser answers both itself).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +44,16 @@ SPLITS = ("train", "test")
 KINDS = ("cooking", "custom")
 COOKING_FLAGS = ("--recipe", "3", "--take", "2", "--go", "6", "--open", "--cook", "--cut", "--drop")
 CUSTOM_FLAGS = ("--world-size", "5", "--nb-objects", "10", "--quest-length", "5")
+#: The parser's own answer to an input it cannot read; given to an input that chains commands.
+CHAINED_FEEDBACK = "I didn't understand that sentence."
+_SEPARATOR = re.compile(r"\bthen\b|\.|\n|\r", re.IGNORECASE)
+
+
+def split_commands(text: str) -> list[str]:
+    """The commands Inform 7 would run for ``text``: split at ``then``, full stops and line breaks,
+    blanks trimmed, empty pieces dropped (``"go south."`` is one command, ``"go south then go east"``
+    two)."""
+    return [part.strip() for part in _SEPARATOR.split(text) if part.strip()]
 
 
 def tw_make_command(kind: str, split: str, seed: int, output: Path) -> list[str]:
@@ -90,6 +112,7 @@ class TextWorldEnv:
     """
 
     name = "textworld"
+    splits = SPLITS
     default_max_steps = 100
     expert_name = "textworld-walkthrough"
 
@@ -127,16 +150,25 @@ class TextWorldEnv:
     def task_type_of(self, task_id: str) -> str:
         return self._parse(task_id)[0]
 
+    def split_of(self, task_id: str) -> str:
+        """The split named in ``task_id`` (``cooking/train/3`` -> train), checked against its seed range."""
+        return self._parse(task_id)[1]
+
     def _parse(self, task_id: str) -> tuple[str, str, int]:
         parts = task_id.split("/")
         if len(parts) != 3 or parts[0] not in KINDS or parts[1] not in SPLITS or not parts[2].isdigit():
-            raise ValueError(f"TextWorld task id {task_id!r} is not '<kind>/<train|test>/<seed>'")
+            raise ValueError(f"TextWorld task id {task_id!r} is not '<kind>/<split>/<seed>' with kind in "
+                             f"{'/'.join(self.kinds)} and split in {'/'.join(SPLITS)}")
         kind, split, seed = parts[0], parts[1], int(parts[2])
         if seed not in self._seeds[split]:
-            raise ValueError(f"TextWorld task {task_id!r}: seed {seed} is outside the {split} seeds {self._seeds[split]}")
+            seeds = self._seeds[split]
+            raise ValueError(f"TextWorld task {task_id!r}: seed {seed} is outside the {split} seeds "
+                             f"{seeds.start}..{seeds.stop - 1}")
+        if kind not in self.kinds:
+            raise ValueError(f"TextWorld task {task_id!r}: kind {kind!r} is not offered (kinds: {', '.join(self.kinds)})")
         return kind, split, seed
 
-    def reset(self, task_id: str) -> TaskStart:
+    def reset(self, task_id: str, expert: bool = False) -> TaskStart:
         import textworld
         import textworld.gym
 
@@ -152,13 +184,18 @@ class TextWorldEnv:
             self._game = game
         obs, self._infos = self._gym.reset()
         self._walkthrough = list(self._infos.get("extra.walkthrough") or [])
-        self._pos, self._on_path, self._done = 0, bool(self._walkthrough), False
+        self._pos, self._on_path, self._done = 0, bool(expert and self._walkthrough), False
         objective = (self._infos.get("objective") or "").strip()
         return TaskStart(task_id, kind, objective, _strip_banner(obs, objective))
 
     def step(self, action: str) -> StepResult:
         if self._gym is None:
             raise RuntimeError("TextWorldEnv.step before reset")
+        commands = split_commands(action)
+        if len(commands) > 1:  # the engine would run them all; its tracker would see only the first
+            self._on_path = False
+            return StepResult(CHAINED_FEEDBACK, done=self._done, won=bool(self._infos.get("won")),
+                              score=float(self._infos.get("score") or 0), info={"invalid": True, "chained": commands})
         if self._on_path:
             if self._pos < len(self._walkthrough) and action == self._walkthrough[self._pos]:
                 self._pos += 1

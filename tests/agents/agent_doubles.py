@@ -122,7 +122,7 @@ class ScriptedEnv:
     def task_type_of(self, task_id):
         return self._tasks[task_id][0]
 
-    def reset(self, task_id):
+    def reset(self, task_id, expert=False):
         if task_id not in self._tasks:
             raise ValueError(f"unknown task {task_id!r}")
         self._task, self._pos, self._looked = task_id, 0, False

@@ -188,7 +188,7 @@ def test_chat_layout_carries_the_experience_in_the_user_message():
 def expert_trajectory(task="a/1"):
     from envs.trajectory import Step
 
-    ep = Episode(ScriptedEnv(), task, 10)
+    ep = Episode(ScriptedEnv(), task, 10, expert=True)
     ep.act("think: find the key")
     while not ep.done:
         ep.act(ep.expert_action())

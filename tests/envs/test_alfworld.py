@@ -45,7 +45,7 @@ def test_splits_and_task_types(env):
 @pytest.mark.parametrize("task_type", TASK_TYPES)
 def test_handcoded_expert_wins_one_game_of_each_type(env, task_type):
     task_id = WON_BY_EXPERT[task_type]
-    ep = Episode(env, task_id, max_steps=50)
+    ep = Episode(env, task_id, max_steps=50, expert=True)
     assert ep.start.task_type == task_type
     assert ep.start.instruction.startswith("Your task is to:")
     assert "Your task is to" not in ep.start.observation and "Welcome" not in ep.start.observation
@@ -67,7 +67,7 @@ def test_think_steps_never_reach_the_engine(env):
 
     env.step = counting_step
     try:
-        ep = Episode(env, WON_BY_EXPERT["pick_and_place_simple"], max_steps=50)
+        ep = Episode(env, WON_BY_EXPERT["pick_and_place_simple"], max_steps=50, expert=True)
         while not ep.done:
             ep.act("think: where could the mug be?")
             ep.act(ep.expert_action())
@@ -113,7 +113,90 @@ def test_missing_data_dir_is_a_clear_error(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_patched_expert_wins_a_pick_two_game_the_unpatched_one_loses(env):
     # With alfworld 0.4.2 unpatched this game ends at 50 steps (measured); the tracker fix wins it.
-    ep = Episode(env, "pick_two_obj_and_place-SoapBar-None-Cabinet-424/trial_T20190909_081720_491733", 50)
+    ep = Episode(env, "pick_two_obj_and_place-SoapBar-None-Cabinet-424/trial_T20190909_081720_491733", 50, expert=True)
     while not ep.done:
         ep.act(ep.expert_action())
     assert ep.won
+
+
+# -- issue 12: the expert only where it is used; chained commands; task ids and splits ---------------
+
+def test_the_expert_runs_only_in_expert_episodes_and_gives_up_without_raising(monkeypatch):
+    """ALFWorld 0.4.2's handcoded expert raises Exception("Timeout") after its step limit (200), inside
+    every engine step. Here its limit is 3 (the same code path, 197 steps sooner): an agent's episode
+    never runs it; an expert episode sees "no expert action" and the reason, never an exception."""
+    import alfworld.agents.environment.alfred_tw_env as tw_env
+
+    real = tw_env.HandCodedTWAgent
+    monkeypatch.setattr(tw_env, "HandCodedTWAgent", lambda max_steps=200: real(max_steps=3))
+    env = make_env("alfworld")  # a fresh engine: the expert is built when a game is loaded
+    try:
+        task_id = WON_BY_EXPERT["pick_two_obj_and_place"]
+        agent = Episode(env, task_id, max_steps=5)
+        while not agent.done:
+            agent.act("look")
+        assert len(agent.steps) == 5 and not agent.won and env.expert_gave_up is None
+        with pytest.raises(RuntimeError, match="without its expert"):
+            agent.expert_action()
+
+        expert = Episode(env, task_id, max_steps=8, expert=True)
+        actions = []
+        while not expert.done and expert.expert_action() is not None:
+            actions.append(expert.expert_action())
+            expert.act(actions[-1])
+        assert len(actions) == 4 and "Timeout" in env.expert_gave_up  # its opening `look`, then 3 steps
+        expert.act("look")  # the episode itself goes on
+        assert len(expert.steps) == 5
+    finally:
+        env.close()
+
+
+@pytest.mark.slow
+def test_a_250_step_agent_episode_ends_at_its_budget(env):
+    """Issue 12's input: valid_unseen[0], 250 steps of `look` used to crash at step 201 (the expert's Timeout)."""
+    ep = Episode(env, env.tasks("valid_unseen")[0], max_steps=250)
+    while not ep.done:
+        ep.act("look")
+    assert len(ep.steps) == 250 and not ep.won
+
+
+def test_chained_commands_are_one_invalid_command(env):
+    """The engine matches the whole input against its admissible commands: a chained input is
+    `Nothing happens.` and changes nothing, whatever the separator."""
+    task_id = WON_BY_EXPERT["pick_and_place_simple"]
+    env.reset(task_id)
+    fresh = env.candidates()
+    first, second = [c for c in fresh if c.startswith("go to")][:2]
+    for joined in (f"{first} then {second}", f"{first}. {second}", f"{first}, {second}", f"{first}; {second}",
+                   f"{first} and {second}", f"{first}\n{second}"):
+        result = env.step(joined)
+        assert result.observation == "Nothing happens." and result.info["invalid"], joined
+        assert env.candidates() == fresh, joined
+    arrived = env.step(first).observation
+    assert arrived.startswith("You arrive at") and env.candidates() != fresh
+
+
+def test_task_ids_and_splits_are_checked_without_the_engine(env):
+    from envs import check_tasks
+
+    game = env.tasks("valid_unseen")[0]
+    assert env.split_of(game) == "valid_unseen" and env.split_of(SHORT_TRAIN_GAME) == "train"
+    for bad in ("nosuch/x", "pick_and_place_simple-Foo-None-Bar-999/trial_X"):
+        with pytest.raises(ValueError, match="unknown ALFWorld task") as err:
+            env.split_of(bad)
+        assert bad in str(err.value) and "\n" not in str(err.value) and "valid_unseen 134" in str(err.value)
+    with pytest.raises(ValueError, match="closest: 'pick_and_place_simple-Mug-None-Desk-308/"):
+        env.split_of(WON_BY_EXPERT["pick_and_place_simple"][:-1])  # one character short
+    with pytest.raises(ValueError, match="belongs to split 'valid_unseen', not 'train'"):
+        check_tasks(env, "train", [SHORT_TRAIN_GAME, game])
+    with pytest.raises(ValueError, match="belongs to split 'valid_unseen', not 'train'"):
+        Episode(env, game, 5, split="train")
+    with pytest.raises(ValueError, match="unknown ALFWorld split 'valid'"):
+        check_tasks(env, "valid", [game])
+    assert check_tasks(env, "valid_unseen", [game, game]) == [game]
+    ep = Episode(env, game, 1, split="valid_unseen")
+    ep.act("look")
+    assert ep.trajectory().meta["split"] == "valid_unseen"
+
+
+SHORT_TRAIN_GAME = "pick_and_place_simple-AlarmClock-None-Desk-307/trial_T20190907_072303_146844"

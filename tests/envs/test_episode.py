@@ -19,7 +19,7 @@ class ScriptedEnv:
     def tasks(self, split):
         return ["t"]
 
-    def reset(self, task_id):
+    def reset(self, task_id, expert=False):
         self.calls.append("reset")
         return TaskStart(task_id, "type", "Do it.", "o0")
 
@@ -82,3 +82,61 @@ def test_is_think_and_bad_inputs():
         Episode(ScriptedEnv(), "t", max_steps=0)
     with pytest.raises(ValueError):
         Episode(ScriptedEnv(), "t").act("  ")
+
+
+# -- issue 12: engine faults, the expert only on request, the split ---------------------------------
+
+class FaultyEnv(ScriptedEnv):
+    """Raises like a third-party engine on the action "crash"; knows its tasks' splits."""
+
+    def __init__(self):
+        super().__init__()
+        self.expert_calls = 0
+
+    def split_of(self, task_id):
+        if task_id not in ("t", "u"):
+            raise ValueError(f"unknown task {task_id!r}")
+        return {"t": "train", "u": "test"}[task_id]
+
+    def step(self, action):
+        if action == "crash":
+            raise Exception("Timeout\n  at the engine's line 1\n  at line 2")
+        return super().step(action)
+
+    def expert_action(self):
+        self.expert_calls += 1
+        return super().expert_action()
+
+
+def test_an_engine_fault_is_one_engine_error_and_records_nothing():
+    from envs import EngineError
+
+    ep = Episode(FaultyEnv(), "t", max_steps=4)
+    ep.act("noop")
+    with pytest.raises(EngineError) as err:
+        ep.act("crash")
+    assert str(err.value) == "scripted engine failed in step 'crash' at step 2 of 't': Exception: Timeout"
+    assert isinstance(err.value.__cause__, Exception) and len(ep.steps) == 1
+    with pytest.raises(ValueError, match="unknown task"):  # bad input stays a ValueError
+        Episode(FaultyEnv(), "v")
+
+
+def test_the_expert_runs_only_when_asked_for():
+    env = FaultyEnv()
+    agent = Episode(env, "t")
+    with pytest.raises(RuntimeError, match="without its expert"):
+        agent.expert_action()
+    assert env.expert_calls == 0
+    assert Episode(env, "t", expert=True).expert_action() == "win" and env.expert_calls == 1
+
+
+def test_the_split_is_checked_and_recorded():
+    from envs import check_tasks
+
+    env = FaultyEnv()
+    with pytest.raises(ValueError, match="task 'u' belongs to split 'test', not 'train': refusing to mix splits"):
+        Episode(env, "u", split="train")
+    with pytest.raises(ValueError, match="'u' belongs to split 'test'"):
+        check_tasks(env, "train", ["t", "u"])
+    assert Episode(env, "u").trajectory().meta == {"max_steps": 4, "split": "test"}
+    assert Episode(env, "t", split="train").trajectory().meta["split"] == "train"

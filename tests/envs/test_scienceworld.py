@@ -32,7 +32,7 @@ def test_gold_path_reaches_score_100(env):
 
 
 def test_jvm_restart_keeps_the_episode(env):
-    ep = Episode(env, TASK)
+    ep = Episode(env, TASK, expert=True)
     ep.act(ep.expert_action())
     ep.act("think: the animals are outside")
     env._sw._gateway.java_process.kill()  # a crashed simulator
@@ -69,3 +69,65 @@ def test_ambiguity_prompt_is_answered_and_recorded(env):
     answered = [s.info["ambiguity"] for s in traj.steps if "ambiguity" in s.info]
     assert answered and all(a["prompt"].startswith("Ambiguous request") and a["answer"].isdigit() for a in answered)
     assert traj.won
+
+
+# -- issue 12: ids checked without the JVM, the gold path only for the expert, one-line errors -------
+
+def test_a_bad_variation_is_one_line_before_the_simulator_starts():
+    fresh = make_env("scienceworld")
+    try:
+        with pytest.raises(ValueError) as err:
+            fresh.reset("boil/9999")  # the simulator would fail in its gold path with a Java stack trace
+        assert str(err.value) == ("ScienceWorld task 'boil/9999': boil has variations 0-29 "
+                                  "(train 0-13, dev 14-20, test 21-29)")
+        assert fresh.split_of("boil/25") == "test" and fresh.split_of("use-thermometer/269") == "train"
+        with pytest.raises(ValueError, match="belongs to split 'test', not 'train'"):
+            Episode(fresh, "boil/25", split="train")  # a test variation collected as train
+        with pytest.raises(ValueError, match="closest: 'boil'"):
+            fresh.split_of("boill/1")
+        assert fresh._sw is None  # no JVM was started
+    finally:
+        fresh.close()
+
+
+@pytest.mark.parametrize("names", [("boil", "identify-life-stages-2", "lifespan-longest-lived"),
+                                   pytest.param(None, marks=pytest.mark.slow)])
+def test_the_variation_table_is_the_simulators(env, names):
+    from envs.scienceworld import VARIATION_SPLITS
+
+    table = VARIATION_SPLITS["1.2.3"]
+    names = names or env._call(lambda sw: list(sw.get_task_names()), 60)
+    assert set(names) <= set(table) and len(table) == 30
+    for name in names:
+        def variations(sw, name=name):
+            sw.load(name, 0, "")
+            return [sorted(vs) for vs in (sw.get_variations_train(), sw.get_variations_dev(), sw.get_variations_test())]
+
+        train, dev, test = env._call(variations, env.load_timeout_s)
+        n_train, n_dev, n_test = table[name]
+        assert (train, dev, test) == (list(range(n_train)), list(range(n_train, n_train + n_dev)),
+                                      list(range(n_train + n_dev, n_train + n_dev + n_test)))
+
+
+def test_agent_episodes_load_no_gold_path_and_chained_inputs_are_invalid(env):
+    ep = Episode(env, TASK)
+    assert env.gold_path is False and env.expert_action() is None
+    fresh = ep.candidates()
+    result = ep.act("look around then inventory")
+    assert result.observation == "No known action matches that input."
+    assert ep.candidates() == fresh
+    assert ep.trajectory().meta["split"] == "train"
+
+
+def test_java_errors_become_one_line():
+    from envs import EngineError, one_line
+
+    class Py4JJavaError(Exception):
+        pass
+
+    java = Py4JJavaError("An error occurred while calling o2.load.\n: java.lang.IndexOutOfBoundsException: 9999\n"
+                         "\tat scala.collection.mutable.ResizableArray.apply(ResizableArray.scala:46)\n"
+                         "\tat py4j.GatewayConnection.run(GatewayConnection.java:240)\n")
+    assert one_line(java) == ("Py4JJavaError: An error occurred while calling o2.load. "
+                              "java.lang.IndexOutOfBoundsException: 9999")
+    assert one_line(EngineError("already one line")) == "already one line"

@@ -17,7 +17,7 @@ def env():
 
 def test_generated_cooking_game_is_won_by_its_walkthrough(env, isolated_cache):
     task_id = env.tasks("train")[0]
-    ep = Episode(env, task_id)
+    ep = Episode(env, task_id, expert=True)
     assert ep.start.task_type == "cooking"
     assert "cook" in ep.start.instruction.lower() and "$$" not in ep.start.observation
     while not ep.done and ep.expert_action() is not None:
@@ -42,3 +42,68 @@ def test_train_and_test_seeds_are_disjoint():
         env.reset("cooking/train/100001")
     with pytest.raises(ValueError, match="unknown TextWorld split"):
         env.tasks("valid")
+
+
+# -- issue 12: one input is one command ------------------------------------------------------------
+
+def test_split_commands_follows_the_inform_parser():
+    from envs.textworld import split_commands
+
+    assert split_commands("go south then go east") == ["go south", "go east"]
+    assert split_commands("GO SOUTH THEN GO EAST") == ["GO SOUTH", "GO EAST"]
+    assert split_commands("go south. go east.") == ["go south", "go east"]
+    assert split_commands("go south\ngo east") == ["go south", "go east"]
+    assert split_commands("take glass. take fly larva") == ["take glass", "take fly larva"]
+    # one command each: a trailing stop or `then`; objects joined by `and`/`,` (one tracked action);
+    # `;` is no separator (the parser rejects the whole input itself)
+    for one in ("go south.", "go south then", "take glass and fly larva", "go south, go east", "go south; go east"):
+        assert len(split_commands(one)) == 1, one
+
+
+@pytest.fixture(scope="module")
+def custom():
+    e = make_env("textworld", kinds=("custom",), n_train=1, n_test=1)
+    yield e
+    e.close()
+
+
+def test_a_chained_input_never_reaches_the_engine_and_the_candidates_stay_true(custom):
+    """Issue 12's input on custom/train/1 (walkthrough: go south, go east, go north, open type D
+    locker, take keyboard from type D locker). The engine would run both commands of `go south then
+    go east` but its tracker would see only the first, leaving an earlier room's candidates for the
+    rest of the episode (no `take keyboard from type D locker` after opening the locker)."""
+    from envs.textworld import CHAINED_FEEDBACK
+
+    start = custom.reset("custom/train/1")
+    fresh = custom.candidates()
+    for chained in ("go south then go east", "go south. go east", "go south\ngo east"):
+        result = custom.step(chained)
+        assert result.observation == CHAINED_FEEDBACK and result.info == {
+            "invalid": True, "chained": ["go south", "go east"]}
+        assert custom.candidates() == fresh
+    # inputs the parser itself refuses (multiple objects for `go`, `;`) change nothing either
+    for refused in ("go south, go east", "go south and go east", "go south; go east"):
+        custom.step(refused)
+        assert custom.candidates() == fresh, refused
+    assert custom.step("look").observation.startswith(start.observation.split("\n", 1)[0])  # still in the first room
+    ep = Episode(custom, "custom/train/1")
+    ep.act("go south then go east")
+    for action in ("go south", "go east", "go north", "open type D locker"):
+        ep.act(action)
+    assert "take keyboard from type D locker" in ep.candidates()
+    assert ep.act("take keyboard from type D locker").won
+    assert [s.kind for s in ep.steps] == ["env"] * 6 and ep.trajectory().meta["split"] == "train"
+
+
+def test_task_ids_and_splits_without_the_engine():
+    from envs import check_tasks
+
+    env = TextWorldEnv(n_train=2, n_test=2)
+    assert env.split_of("cooking/test/100001") == "test"
+    with pytest.raises(ValueError, match="belongs to split 'test', not 'train'"):
+        check_tasks(env, "train", ["cooking/train/1", "cooking/test/100001"])
+    with pytest.raises(ValueError, match="is not '<kind>/<split>/<seed>'"):
+        env.split_of("nosuch/x")
+    with pytest.raises(ValueError, match=r"outside the train seeds 1\.\.2"):
+        env.split_of("custom/train/3")
+    assert env._gym is None  # nothing was started

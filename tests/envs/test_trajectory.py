@@ -109,3 +109,24 @@ def test_step_kind_and_candidates_are_validated():
         Step("think", "think: x", "OK.", ["look"], False, False, 0.0)
     with pytest.raises(ValueError):
         Step("act", "look", "", [], False, False, 0.0)
+
+
+def test_repair_moves_unreadable_lines_aside_and_keeps_the_rest_byte_for_byte(tmp_path):
+    from envs.trajectory import repair_jsonl
+
+    path = tmp_path / "t.jsonl"
+    append_jsonl(path, make_trajectory("a"))
+    with open(path, "ab") as fh:
+        fh.write(b'{"schema_version": 1, "env": "alf')  # torn by a crash, then closed by the next append
+    append_jsonl(path, make_trajectory("b"))
+    with open(path, "ab") as fh:
+        fh.write(b'{"other": "kind of record"}\n')  # JSON of another kind: not ours to move
+    good = path.read_bytes()
+    with open(path, "ab") as fh:
+        fh.write(b'{"schema_version": 1, "env": "te')  # torn last line
+    moved = repair_jsonl(path)
+    assert [(m.line_number, m.error.split(" ")[0]) for m in moved] == [(2, "not"), (5, "truncated")]
+    lines = good.splitlines(keepends=True)
+    assert path.read_bytes() == lines[0] + lines[2] + lines[3]
+    assert (tmp_path / "t.jsonl.torn").read_bytes() == b'{"schema_version": 1, "env": "alf\n{"schema_version": 1, "env": "te\n'
+    assert repair_jsonl(path) == [] and repair_jsonl(tmp_path / "missing.jsonl") == []
