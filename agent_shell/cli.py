@@ -7,6 +7,7 @@ invoked, so ``cb-agent --help`` stays fast (no torch, JAX or game engine import)
 from __future__ import annotations
 
 import importlib
+import warnings
 
 import click
 
@@ -21,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "probe": "agent_shell.commands.probe:probe",
     "recover": "agent_shell.commands.recover:recover",
     "ical": "agent_shell.commands.ical:ical",
+    "tasks": "agent_shell.commands.tasks:tasks",
 }
 
 
@@ -48,6 +50,14 @@ class LazyGroup(click.Group):
 @click.version_option(package_name="cb-agent")
 def main() -> None:
     """CB-Agent: language-model agents that learn concepts from expert demonstrations."""
+    warnings.showwarning = plain_warning
+
+
+def plain_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one plain line on stderr (``warning: ...``), not Python's file:line + source form,
+    which reads like a crash (e.g. a skipped torn line in a results file)."""
+    kind = "" if category is UserWarning else f" ({category.__name__})"
+    click.echo(f"warning{kind}: {message}", err=True)
 
 
 if __name__ == "__main__":

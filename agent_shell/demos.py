@@ -11,6 +11,7 @@ can lose pick_two games), storing every played trajectory in
 from __future__ import annotations
 
 import os
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Collection, Sequence
@@ -46,11 +47,13 @@ def expert_demos(env: Any, per_type: int, split: str = "train", path: str | os.P
     ``per_type < 1``.
     """
     from envs.collect import collect_expert_trajectories
-    from envs.trajectory import read_trajectories
+    from envs.trajectory import read_trajectories, repair_jsonl
 
     if per_type < 1:
         raise ValueError(f"per_type must be >= 1, got {per_type}")
     path = Path(path) if path is not None else cache_dir("expert", env.name) / f"{split}.jsonl"
+    for line in repair_jsonl(path):  # an interrupted collection's torn line: aside, not warned about forever
+        warnings.warn(f"{path}: line {line.line_number} ({line.error}) moved to {path}.torn", stacklevel=2)
     stored = {t.task_id: t for t in read_trajectories(path, on_error="skip")} if path.exists() else {}
     chosen: list[Any] = []
     for task_type, ids in tasks_by_type(env, split).items():
@@ -64,7 +67,7 @@ def expert_demos(env: Any, per_type: int, split: str = "train", path: str | os.P
                 if on_task is not None:
                     on_task(tid)
                 collect_expert_trajectories(
-                    env, [tid], path, resume=True, max_steps=max_steps,
+                    env, [tid], path, resume=True, max_steps=max_steps, split=split,
                     on_task=lambda t_id, traj, _summary: traj is not None and stored.update({t_id: traj}))
             traj = stored.get(tid)
             if traj is not None and traj.won:

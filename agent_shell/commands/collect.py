@@ -1,27 +1,38 @@
-"""``cb-agent collect``: expert trajectories of a benchmark split into a JSONL file (resumable)."""
+"""``cb-agent collect``: expert trajectories of a benchmark split into a JSONL file (resumable).
+
+The split and every task id are checked before any engine starts (an id of another split is
+refused: no test variation collected as train). Without ``--resume`` a file that already holds one
+of the tasks is refused, as ``run``, ``probe`` and ``recover`` do; ``--resume`` first moves a torn
+last line aside, then skips the stored tasks.
+"""
 
 from __future__ import annotations
 
+import time
 from statistics import mean
 
 import click
 
+from agent_shell.commands.tasks import ENV_NAMES, validated_tasks
+
 
 @click.command()
-@click.option("--env", "env_name", type=click.Choice(["alfworld", "scienceworld", "textworld"]), required=True)
+@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), required=True)
 @click.option("--split", default="train", show_default=True, help="Task split (alfworld: train/valid_unseen; "
-              "scienceworld: train/dev/test; textworld: train/test).")
+              "scienceworld: train/dev/test; textworld: train/test); every --tasks id must belong to it.")
 @click.option("--n-per-type", type=click.IntRange(min=1), default=None, help="First K tasks of each task type.")
-@click.option("--tasks", "task_list", multiple=True, help="Explicit task ids (repeatable or comma-separated).")
+@click.option("--tasks", "task_list", multiple=True, help="Explicit task ids (repeatable or comma-separated; "
+              "list them with `cb-agent tasks --env ENV --split SPLIT`).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True, help="JSONL output file.")
-@click.option("--resume/--no-resume", default=True, show_default=True,
-              help="Skip tasks already in --out; --no-resume starts the file afresh.")
+@click.option("--resume/--no-resume", default=False, show_default=True,
+              help="Skip tasks already in --out (after moving a torn last line aside); without it a file "
+                   "that already holds one of the tasks is refused.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=None,
               help="Step budget per task (default: the environment's, ALFWorld 50).")
 def collect(env_name, split, n_per_type, task_list, out_path, resume, max_steps) -> None:
     """Collect expert trajectories (every candidate set saved) into OUT, one JSON line per task."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from agent_shell.commands._resume import repair_for_resume
+    from agent_shell.progress import episode_line, interactive
     from envs import make_env
     from envs.collect import collect_expert_trajectories, select_tasks
 
@@ -30,21 +41,45 @@ def collect(env_name, split, n_per_type, task_list, out_path, resume, max_steps)
     env = make_env(env_name)
     try:
         if task_list:
-            task_ids = [t.strip() for item in task_list for t in item.split(",") if t.strip()]
+            task_ids = validated_tasks(env, split, [t.strip() for item in task_list for t in item.split(",")
+                                                    if t.strip()])
         else:
+            validated_tasks(env, split, [])
             task_ids = select_tasks(env, split, n_per_type)
-        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("won {task.fields[won]}"), TimeElapsedColumn())
-        with Progress(*columns) as progress:
+        if resume:
+            repair_for_resume(out_path)
+        if interactive():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("won {task.fields[won]}"), TimeElapsedColumn())
             bar = progress.add_task(f"{env_name}/{split}", total=len(task_ids), won=0)
+        else:
+            progress = bar = None
 
-            def on_task(task_id, traj, summary):
+        started = [time.perf_counter()]  # when the current task began
+
+        def on_task(task_id, traj, summary):
+            now = time.perf_counter()
+            if progress is not None:
                 progress.update(bar, advance=1, won=summary.won)
+            elif traj is not None:
+                steps = len(traj.steps)
+                click.echo(episode_line("expert", task_id, traj.won, steps, (now - started[0]) / steps if steps else None))
+            elif task_id in summary.failed:
+                click.echo(f"expert {task_id} FAILED: {summary.failed[task_id]}")
+            started[0] = now
 
-            summary = collect_expert_trajectories(env, task_ids, out_path, resume=resume,
-                                                  max_steps=max_steps, on_task=on_task)
-    except ValueError as err:  # bad input (unknown split or task id): one line, not a traceback
-        raise click.ClickException(str(err)) from err
+        try:
+            if progress is not None:
+                progress.start()
+            summary = collect_expert_trajectories(env, task_ids, out_path, resume=resume, max_steps=max_steps,
+                                                  on_task=on_task, split=split)
+        finally:
+            if progress is not None:
+                progress.stop()
+    except ValueError as err:  # e.g. a file that already holds these tasks: one line, not a traceback
+        raise click.ClickException(str(err)) from None
     finally:
         env.close()
     sizes = summary.candidate_set_sizes

@@ -62,8 +62,44 @@ def test_cli_collect_and_resume(tmp_path):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert "collected 1 (won 1)" in result.output
-    result = CliRunner().invoke(main, args)
+    # not a terminal: one plain line per finished task
+    assert f"expert {SHORT_TRAIN_GAMES[0]} won steps=" in result.output and " s/step=" in result.output
+    whole = out.read_bytes()
+    # without --resume (the default, as for run/probe/recover) the file is refused, never emptied
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 1 and "already holds 1 of these tasks" in again.output and out.read_bytes() == whole
+    # a torn last line (an interrupted write): --resume moves it aside, the rest stays byte for byte
+    with open(out, "ab") as fh:
+        fh.write(b'{"schema_version": 1, "env": "alfw')
+    result = CliRunner().invoke(main, [*args, "--resume"])
     assert result.exit_code == 0 and "collected 0" in result.output and "skipped 1" in result.output
-    assert len(read_trajectories(out)) == 1
+    assert f"repaired {out}: line 2 (truncated line" in result.output and "Warning" not in result.output
+    assert out.read_bytes() == whole and (tmp_path / "cli.jsonl.torn").read_bytes() == b'{"schema_version": 1, "env": "alfw\n'
+    assert len(read_trajectories(out)) == 1 and read_trajectories(out)[0].meta["split"] == "train"
     bad = CliRunner().invoke(main, [*args, "--n-per-type", "1"])
     assert bad.exit_code != 0 and "mutually exclusive" in bad.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--env", "alfworld", "--split", "train", "--tasks", "nosuch/x"],
+     "Error: unknown ALFWorld task 'nosuch/x': no such game under "),
+    (["--env", "alfworld", "--split", "train", "--tasks", "pick_and_place_simple-Foo-None-Bar-999/trial_X"],
+     "Error: unknown ALFWorld task 'pick_and_place_simple-Foo-None-Bar-999/trial_X'"),
+    (["--env", "alfworld", "--split", "train",  # a valid_unseen game collected as train: data leakage
+      "--tasks", "pick_and_place_simple-Mug-None-Desk-308/trial_T20190909_203041_433487"],
+     "belongs to split 'valid_unseen', not 'train': refusing to mix splits"),
+    (["--env", "scienceworld", "--tasks", "boil/9999"],
+     "Error: ScienceWorld task 'boil/9999': boil has variations 0-29 (train 0-13, dev 14-20, test 21-29) "
+     "(list the valid ids: cb-agent tasks --env scienceworld --split train)"),
+    (["--env", "scienceworld", "--split", "train", "--tasks", "boil/25"],  # a test variation as train
+     "Error: scienceworld task 'boil/25' belongs to split 'test', not 'train': refusing to mix splits"),
+    (["--env", "textworld", "--split", "train", "--tasks", "cooking/test/100001"],
+     "belongs to split 'test', not 'train'"),
+    (["--env", "scienceworld", "--split", "valid"], "Error: unknown ScienceWorld split 'valid'"),
+])
+def test_cli_collect_refuses_bad_ids_and_other_splits_in_one_line(tmp_path, args, message):
+    from agent_shell.cli import main
+
+    result = CliRunner().invoke(main, ["collect", *args, "--out", str(tmp_path / "x.jsonl")])
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "x.jsonl").exists()

@@ -1,0 +1,65 @@
+"""``cb-agent tasks``: the task ids of a benchmark split (or the splits and their sizes), and the
+up-front check every command runs on the task ids, splits and variations it is given.
+
+Nothing here starts an engine: ALFWorld ids come from the game folders, ScienceWorld's from the
+variation table of the pinned simulator, TextWorld's from the seed ranges.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Iterable
+
+import click
+
+ENV_NAMES = ("alfworld", "scienceworld", "textworld")
+
+
+def validated_tasks(env: Any, split: str, task_ids: Iterable[str]) -> list[str]:
+    """:func:`envs.check_tasks` as a one-line click error that also says how to list the valid ids.
+
+    Raises:
+        click.ClickException: an unknown split, an unknown id, or an id of another split.
+    """
+    from envs import check_tasks
+
+    try:
+        return check_tasks(env, split, task_ids)
+    except ValueError as err:
+        listing = f"cb-agent tasks --env {env.name}" + (f" --split {split}" if split in env.splits else "")
+        raise click.ClickException(f"{err} (list the valid ids: {listing})") from None
+
+
+@click.command("tasks")
+@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), required=True)
+@click.option("--split", default=None, help="Print this split's task ids, one per line (default: print the "
+              "splits with their numbers of tasks and task types).")
+@click.option("--type", "task_type", default=None, help="Only ids of this task type.")
+def tasks(env_name, split, task_type) -> None:
+    """List the task ids of a split (or the splits); no engine is started."""
+    from envs import make_env
+
+    env = make_env(env_name)
+    try:
+        if split is None:
+            for name in env.splits:
+                ids = env.tasks(name)
+                types = Counter(env.task_type_of(t) for t in ids)
+                click.echo(f"{name}: {len(ids)} tasks, {len(types)} task types")
+            return
+        try:
+            ids = env.tasks(split)
+        except ValueError as err:
+            raise click.ClickException(str(err)) from None
+        if task_type is not None:
+            ids = [t for t in ids if env.task_type_of(t) == task_type]
+            if not ids:
+                known = sorted({env.task_type_of(t) for t in env.tasks(split)})
+                raise click.ClickException(f"no {split} task of type {task_type!r}; types: {', '.join(known)}")
+        for task_id in ids:
+            click.echo(task_id)
+    finally:
+        env.close()
+
+
+__all__ = ["tasks", "validated_tasks"]
