@@ -47,7 +47,8 @@ def expert_demos(env: Any, per_type: int, split: str = "train", path: str | os.P
     ``per_type < 1``.
     """
     from envs.collect import collect_expert_trajectories
-    from envs.trajectory import read_trajectories, repair_jsonl
+    from envs.storage import repair_jsonl
+    from envs.trajectory import read_trajectories
 
     if per_type < 1:
         raise ValueError(f"per_type must be >= 1, got {per_type}")

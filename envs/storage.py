@@ -3,7 +3,8 @@
 Every JSONL file the project writes (expert trajectories, episode results, study lines, ICAL
 outputs) is appended with :func:`append_jsonl` and read with :func:`iter_jsonl`; every file that
 is rewritten as a whole (an episode's partial state, cached reviews, indexes) is replaced with
-:func:`atomic_path` / :func:`write_json_atomic`. (cb_core keeps its own private atomic writer for
+:func:`atomic_path` / :func:`write_json_atomic`; :func:`repair_jsonl` moves a torn line aside
+(what every ``--resume`` runs first). (cb_core keeps its own private atomic writer for
 its file formats: it imports nothing of this project.)
 
 Imports no game engine and nothing of the agent shell.
@@ -127,4 +128,58 @@ def write_json_atomic(path: str | os.PathLike, payload: Any) -> None:
         Path(tmp).write_bytes(orjson.dumps(payload))
 
 
-__all__ = ["MalformedLine", "append_jsonl", "atomic_path", "iter_jsonl", "write_json_atomic"]
+def repair_jsonl(path: str | os.PathLike, aside: str | os.PathLike | None = None) -> list[MalformedLine]:
+    """Move the unreadable lines of a JSONL file aside, keeping every other byte as it is.
+
+    Unreadable: a torn line (no final newline: an interrupted write) or a line that is not JSON (a
+    torn line that a later :func:`append_jsonl` closed with a newline). Lines that are JSON stay,
+    whatever their content, so records of another kind are never moved. The unreadable lines are
+    appended to ``aside`` (default ``<path>.torn``) and fsync-ed first; then the readable lines, byte
+    for byte in their order, replace ``path`` atomically (a temporary file beside it, fsync, one
+    rename). An interruption leaves either the old file or the repaired one (and at worst the moved
+    lines twice in ``aside``). Run it only while no writer appends to ``path``.
+
+    Returns:
+        The moved lines (number in the old file, why); [] when nothing was unreadable (the file is
+        then not touched) or the file does not exist.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    keep: list[bytes] = []
+    moved: list[tuple[MalformedLine, bytes]] = []
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                keep.append(raw)
+                continue
+            why = None
+            if not raw.endswith(b"\n"):
+                why = "truncated line (no final newline; an interrupted write?)"
+            else:
+                try:
+                    orjson.loads(raw)
+                except orjson.JSONDecodeError as err:
+                    why = f"not JSON: {err}"
+            if why is None:
+                keep.append(raw)
+            else:
+                moved.append((MalformedLine(number, why), raw if raw.endswith(b"\n") else raw + b"\n"))
+    if not moved:
+        return []
+    aside = Path(aside) if aside is not None else path.with_name(path.name + ".torn")
+    fd = os.open(aside, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"".join(raw for _, raw in moved))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            fh.write(b"".join(keep))
+            fh.flush()
+            os.fsync(fh.fileno())
+    return [line for line, _ in moved]
+
+
+__all__ = ["MalformedLine", "append_jsonl", "atomic_path", "iter_jsonl", "repair_jsonl", "write_json_atomic"]

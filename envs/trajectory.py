@@ -18,7 +18,6 @@ This module imports no game engine.
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Sequence
@@ -171,62 +170,6 @@ def _str(value: Any, what: str) -> str:
 
 # --------------------------------------------------------------------------------------------
 # JSONL storage (:mod:`envs.storage`)
-
-
-def repair_jsonl(path: str | os.PathLike, aside: str | os.PathLike | None = None) -> list[MalformedLine]:
-    """Move the unreadable lines of a JSONL file aside, keeping every other byte as it is.
-
-    Unreadable: a torn line (no final newline: an interrupted write) or a line that is not JSON (a
-    torn line that a later :func:`append_jsonl` closed with a newline). Lines that are JSON stay,
-    whatever their content, so records of another kind are never moved. The unreadable lines are
-    appended to ``aside`` (default ``<path>.torn``) and fsync-ed first; then the readable lines, byte
-    for byte in their order, replace ``path`` atomically (a temporary file beside it, fsync, one
-    rename). An interruption leaves either the old file or the repaired one (and at worst the moved
-    lines twice in ``aside``). Run it only while no writer appends to ``path``.
-
-    Returns:
-        The moved lines (number in the old file, why); [] when nothing was unreadable (the file is
-        then not touched) or the file does not exist.
-    """
-    path = Path(path)
-    if not path.exists():
-        return []
-    keep: list[bytes] = []
-    moved: list[tuple[MalformedLine, bytes]] = []
-    with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                keep.append(raw)
-                continue
-            why = None
-            if not raw.endswith(b"\n"):
-                why = "truncated line (no final newline; an interrupted write?)"
-            else:
-                try:
-                    orjson.loads(raw)
-                except orjson.JSONDecodeError as err:
-                    why = f"not JSON: {err}"
-            if why is None:
-                keep.append(raw)
-            else:
-                moved.append((MalformedLine(number, why), raw if raw.endswith(b"\n") else raw + b"\n"))
-    if not moved:
-        return []
-    aside = Path(aside) if aside is not None else path.with_name(path.name + ".torn")
-    fd = os.open(aside, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, b"".join(raw for _, raw in moved))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.repair")
-    with open(tmp, "wb") as fh:
-        fh.write(b"".join(keep))
-        fh.flush()
-        os.fsync(fh.fileno())
-    shutil.copymode(path, tmp)
-    os.replace(tmp, path)
-    return [line for line, _ in moved]
 
 
 def read_trajectories(

@@ -112,7 +112,7 @@ def test_step_kind_and_candidates_are_validated():
 
 
 def test_repair_moves_unreadable_lines_aside_and_keeps_the_rest_byte_for_byte(tmp_path):
-    from envs.trajectory import repair_jsonl
+    from envs.storage import repair_jsonl
 
     path = tmp_path / "t.jsonl"
     append_jsonl(path, make_trajectory("a"))
