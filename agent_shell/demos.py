@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Sequence
 
 from agent_shell.context import render_demo
-from envs._paths import cache_dir
+from envs.paths import cache_dir
 
 
 def tasks_by_type(env: Any, split: str) -> dict[str, list[str]]:

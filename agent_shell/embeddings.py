@@ -56,7 +56,7 @@ class EmbeddingModelNotFoundError(FileNotFoundError):
 
 
 def _cache_root() -> Path:
-    from agent_shell.lm.default_model import cache_root
+    from envs.paths import cache_root
 
     return cache_root()
 

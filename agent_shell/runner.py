@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from agent_shell.run_config import RunConfig
 from envs.storage import append_jsonl, iter_jsonl, write_json_atomic
 
 #: Version of the episode record layout (``record["schema"]``).
@@ -219,9 +220,9 @@ def run_episodes(env: Any, agent: Any, task_ids: Sequence[str], results_path: st
     return summary
 
 
-#: Record fields that must agree between a results file and a run that resumes it.
-RUN_SETTINGS = ("env", "split", "model", "dtype", "seed", "rendering", "layout", "action_space",
-                "demos_per_type", "budget")
+#: Record fields that must agree between a results file and a run that resumes it: the
+#: :class:`agent_shell.run_config.RunConfig` settings and the backbone's name.
+RUN_SETTINGS = ("model", *RunConfig.SETTINGS)
 
 
 def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[str], task_ids: Sequence[str],
@@ -233,7 +234,8 @@ def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[st
         ValueError: without ``resume``, the file already holds an episode of one of the agents on
             one of ``task_ids`` (never duplicated); with ``resume``, one of the agents' records
             was run with other settings (:data:`RUN_SETTINGS`: rendering, layout, budget, model,
-            seed, ...; fields missing from a record are not compared), naming the field.
+            seed, lam, ...; fields missing from a record, as in files of older versions, are not
+            compared), naming the field.
     """
     finished: set[str] = set()
     wanted = set(task_ids)

@@ -44,7 +44,7 @@ import shutil
 import zlib
 from pathlib import Path
 
-from envs._paths import cache_dir, shared_dir
+from envs.paths import cache_dir, shared_dir
 from envs.protocol import StepResult, TaskStart, one_line
 
 #: The six ALFWorld task types (the prefix of a game folder's name).

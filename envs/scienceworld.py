@@ -44,7 +44,7 @@ import json
 import os
 import re
 
-from envs._paths import cache_dir
+from envs.paths import cache_dir
 from envs.protocol import EngineError, StepResult, TaskStart, one_line
 
 SPLITS = ("train", "dev", "test")

@@ -37,7 +37,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from envs._paths import cache_dir
+from envs.paths import cache_dir
 from envs.protocol import StepResult, TaskStart
 
 SPLITS = ("train", "test")

@@ -1,51 +1,111 @@
-"""What ``run``, ``fit-concepts`` and ``eval-decisions`` share: options and the set-up of the
-environment, the backbone, expert demonstrations and concepts (all cached)."""
+"""What the commands that load a backbone share: their options, gathered into one validated
+:class:`agent_shell.run_config.RunConfig`, and the set-up of the environment, the backbone, expert
+demonstrations and concepts (all cached)."""
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import click
 
-ENV_NAMES = ["alfworld", "scienceworld", "textworld"]
-#: ``--history`` choices (kept here so ``--help`` imports nothing heavy; checked in tests).
-RENDERING_NAMES = ("raw", "causal", "check", "experience", "recent3", "obs-only", "shuffle-all", "shuffle-old")
+from agent_shell.agents import AGENT_NAMES
+from agent_shell.history import RENDERINGS
+from agent_shell.lm.protocol import LanguageModel
+from agent_shell.run_config import ACTION_SPACES, RunConfig
+from envs.protocol import Environment
+from envs.registry import ENVIRONMENTS
+
+ENV_NAMES = sorted(ENVIRONMENTS)
+#: ``--history`` choices.
+RENDERING_NAMES = tuple(RENDERINGS)
+
+#: The options of every command that loads a backbone (``config`` field -> click option).
+COMMON_OPTIONS = {
+    "env": click.option("--env", "env", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True),
+    "model": click.option("--model", default=None, help="Backbone name or local path (default: the offline "
+                          "SmolLM2-135M-Instruct)."),
+    "dtype": click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto",
+                          show_default=True, help="Backbone dtype; auto = bfloat16 on a GPU or a CPU with native "
+                          "bf16 (avx512_bf16/amx), else float32 (emulated bf16 is several times slower)."),
+    "demo_split": click.option("--demo-split", default="train", show_default=True,
+                               help="Split the expert demonstrations come from."),
+    "demos_per_type": click.option("--demos-per-type", type=click.IntRange(min=1), default=2, show_default=True,
+                                   help="Won expert trajectories per task type (ReAct demos and concept data)."),
+    "rendering": click.option("--history", "--rendering", "rendering", type=click.Choice(list(RENDERING_NAMES)),
+                              default="raw", show_default=True,
+                              help="History rendering, the same for demonstrations, fitting and acting: raw, "
+                                   "causal (outcome labels), check (re-check reminder), experience (LM review "
+                                   "calls, NO UPDATE), and the interventions recent3, obs-only, shuffle-all, "
+                                   "shuffle-old."),
+    "layout": click.option("--layout", type=click.Choice(["text", "chat"]), default="text", show_default=True,
+                           help="One text prompt, or user/assistant chat messages (chat template)."),
+    "lam": click.option("--lam", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+                        help="L2 strength of the concept fit (Eq. 6)."),
+    "gamma": click.option("--gamma", type=float, default=0.8, show_default=True,
+                          help="Prior length-normalisation exponent (App. B)."),
+    "cache_dir": click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+                              help="Cache for expert trajectories, features and concepts "
+                                   "(default: $CB_AGENT_CACHE or ~/.cache/cb-agent)."),
+}
+#: The options of ``cb-agent run`` besides :data:`COMMON_OPTIONS`.
+RUN_OPTIONS = {
+    "agents": click.option("--agent", "agents", type=click.Choice(AGENT_NAMES), multiple=True, default=("cb-agent",),
+                           show_default=True, help="Agent(s) to run (repeatable; all share one backbone load)."),
+    "split": click.option("--split", default="valid_unseen", show_default=True, help="Evaluation split."),
+    "per_type": click.option("--per-type", type=click.IntRange(min=0), default=1, show_default=True,
+                             help="Evaluation games per task type (first in sorted order); 0 = all."),
+    "all_games": click.option("--all-games", is_flag=True, help="Evaluate the whole split (--per-type 0 --games 0)."),
+    "games": click.option("--games", type=click.IntRange(min=0), default=2, show_default=True,
+                          help="Cap on the number of games after --per-type (the default slice: the first game "
+                               "of the first two task types); 0 = no cap."),
+    "game_ids": click.option("--game", "game_ids", multiple=True, help="Explicit game/task id(s) (repeatable; "
+                             "overrides --per-type/--games)."),
+    "budget": click.option("--max-steps", "budget", type=click.IntRange(min=1), default=50, show_default=True,
+                           help="Step budget per episode (trial), think steps included."),
+    "action_space": click.option("--action-space", type=click.Choice(ACTION_SPACES), default="fixed",
+                                 show_default=True, help="CB-Agent candidates: environment set, or 20 sampled replies."),
+    "reflexion_trials": click.option("--reflexion-trials", type=click.IntRange(min=2), default=2, show_default=True),
+    "seed": click.option("--seed", type=int, default=0, show_default=True, help="Seed of sampled generations."),
+    "out_dir": click.option("--out-dir", type=click.Path(file_okay=False), default=None,
+                            help="Results folder (default: runs/<env>-<split>)."),
+    "resume": click.option("--resume/--no-resume", default=False, show_default=True,
+                           help="Skip episodes already in the results file (after an interruption)."),
+}
 
 
-def common_options(fn: Callable) -> Callable:
-    """Options of every command that loads a backbone and fits concepts."""
-    options = [
-        click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True),
-        click.option("--model", default=None, help="Backbone name or local path (default: the offline "
-                     "SmolLM2-135M-Instruct)."),
-        click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto", show_default=True,
-                     help="Backbone dtype; auto = bfloat16 on a GPU or a CPU with native bf16 "
-                          "(avx512_bf16/amx), else float32 (emulated bf16 is several times slower)."),
-        click.option("--demo-split", default="train", show_default=True,
-                     help="Split the expert demonstrations come from."),
-        click.option("--demos-per-type", type=click.IntRange(min=1), default=2, show_default=True,
-                     help="Won expert trajectories per task type (ReAct demos and concept data)."),
-        click.option("--history", "--rendering", "rendering", type=click.Choice(list(RENDERING_NAMES)),
-                     default="raw", show_default=True,
-                     help="History rendering, the same for demonstrations, fitting and acting: raw, causal "
-                          "(outcome labels), check (re-check reminder), experience (LM review calls, NO "
-                          "UPDATE), and the interventions recent3, obs-only, shuffle-all, shuffle-old."),
-        click.option("--layout", type=click.Choice(["text", "chat"]), default="text", show_default=True,
-                     help="One text prompt, or user/assistant chat messages (chat template)."),
-        click.option("--lam", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
-                     help="L2 strength of the concept fit (Eq. 6)."),
-        click.option("--gamma", type=float, default=0.8, show_default=True,
-                     help="Prior length-normalisation exponent (App. B)."),
-        click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
-                     help="Cache for expert trajectories, features and concepts "
-                          "(default: $CB_AGENT_CACHE or ~/.cache/cb-agent)."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+def config_options(*names: str, **overrides: Callable) -> Callable[[Callable], Callable]:
+    """Add the options ``names`` (keys of :data:`COMMON_OPTIONS` / :data:`RUN_OPTIONS`, or
+    ``overrides`` given as name -> click option) to a command; it receives them as one validated
+    ``config:`` :class:`RunConfig` (other fields keep their defaults). ``--all-games`` sets
+    ``per_type`` and ``games`` to 0. An invalid value is a usage error naming the field."""
+    options = {**COMMON_OPTIONS, **RUN_OPTIONS, **overrides}
+    fields = set(RunConfig.field_names())
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> Any:
+            values = {name: kwargs.pop(name) for name in names if name in fields}
+            if kwargs.pop("all_games", False):
+                values.update(per_type=0, games=0)
+            try:
+                config = RunConfig(**values)
+            except ValueError as err:
+                raise click.UsageError(str(err)) from None
+            return fn(config=config, **kwargs)
+
+        for name in reversed(names):
+            command = options[name](command)
+        return command
+
+    return decorate
+
+
+#: The options of ``fit-concepts`` and ``eval-decisions``.
+common_options = config_options(*COMMON_OPTIONS)
 
 
 def make_console():
@@ -61,8 +121,8 @@ def make_console():
 class Setup:
     """Everything a command built: env, backbone, demonstrations, features and concepts."""
 
-    env: Any
-    lm: Any = None
+    env: Environment
+    lm: LanguageModel | None = None
     demo_trajectories: list = field(default_factory=list)
     demos: dict = field(default_factory=dict)
     features: dict = field(default_factory=dict)
@@ -73,42 +133,42 @@ class Setup:
 
 
 def resolve_cache(cache_dir: str | None) -> Path:
+    """``cache_dir`` (created), else the project's cache root (:func:`envs.paths.cache_dir`)."""
     if cache_dir is not None:
         path = Path(cache_dir)
         path.mkdir(parents=True, exist_ok=True)
         return path
-    from envs._paths import cache_dir as default_cache
+    from envs.paths import cache_dir as default_cache
 
     return default_cache()
 
 
-def prepare(env_name: str, model: str | None, dtype: str, demo_split: str, demos_per_type: int,
-            rendering: str, lam: float, gamma: float, cache_dir: str | None, need_concepts: bool,
-            echo: Callable[[str], None] = click.echo, env: Any = None, lm: Any = None,
-            task_types: Any = None, layout: str = "text") -> Setup:
+def prepare(config: RunConfig, need_concepts: bool, echo: Callable[[str], None] = click.echo,
+            env: Environment | None = None, lm: LanguageModel | None = None,
+            task_types: Collection[str] | None = None) -> Setup:
     """Make the env (unless given), collect (or read) demonstrations (of ``task_types`` only, when
     given), load the backbone (unless given), render the demonstrations (rendering "experience":
-    after reviewing them, cached), fit (or read) concepts."""
+    after reviewing them, cached), fit (or read) concepts when ``need_concepts``."""
     from agent_shell.demos import expert_demos, rendered_demos
     from envs import make_env
 
-    cache = resolve_cache(cache_dir)
-    setup = Setup(env=env if env is not None else make_env(env_name), cache=cache)
+    cache = resolve_cache(config.cache_dir)
+    setup = Setup(env=env if env is not None else make_env(config.env), cache=cache)
     t = time.perf_counter()
     setup.demo_trajectories = expert_demos(
-        setup.env, demos_per_type, split=demo_split,
-        path=cache / "expert" / env_name / f"{demo_split}.jsonl", task_types=task_types,
+        setup.env, config.demos_per_type, split=config.demo_split,
+        path=cache / "expert" / config.env / f"{config.demo_split}.jsonl", task_types=task_types,
         on_task=lambda tid: echo(f"collecting expert trajectory {tid}"))
     setup.timings["demos_s"] = time.perf_counter() - t
     t = time.perf_counter()
     if lm is None:
         from agent_shell.lm import load_language_model
 
-        lm = load_language_model(model, dtype=dtype)
+        lm = load_language_model(config.model, dtype=config.dtype)
     setup.lm = lm
     setup.timings["load_lm_s"] = time.perf_counter() - t
     experiences_of = None
-    if rendering == "experience":
+    if config.rendering == "experience":
         from agent_shell.experience import review_trajectory
 
         t = time.perf_counter()
@@ -118,20 +178,20 @@ def prepare(env_name: str, model: str | None, dtype: str, demo_split: str, demos
             reviewed[traj.task_id] = review_trajectory(lm, traj, cache)
         experiences_of = lambda traj: reviewed.get(traj.task_id)  # noqa: E731
         setup.timings["reviews_s"] = time.perf_counter() - t
-    setup.demos = rendered_demos(setup.demo_trajectories, rendering, experiences_of)
-    echo(f"expert demonstrations: {len(setup.demo_trajectories)} won trajectories over "
-         f"{len(setup.demos)} task types ({demo_split}, {demos_per_type} per type), history {rendering}")
+    setup.demos = rendered_demos(setup.demo_trajectories, config.rendering, experiences_of)
+    echo(f"expert demonstrations: {len(setup.demo_trajectories)} won trajectories over {len(setup.demos)} task "
+         f"types ({config.demo_split}, {config.demos_per_type} per type), history {config.rendering}")
     if need_concepts:
         setup.features, setup.concepts, setup.concepts_dir = fit_from_trajectories(
-            setup.lm, setup.demo_trajectories, rendering, lam, gamma, cache, env_name, echo, setup.timings,
-            layout)
+            config, setup.lm, setup.demo_trajectories, cache, echo, setup.timings)
     return setup
 
 
-def fit_from_trajectories(lm: Any, trajectories: list, rendering: str, lam: float, gamma: float,
-                          cache: Path, env_name: str, echo: Callable[[str], None] = click.echo,
-                          timings: dict | None = None, layout: str = "text") -> tuple[dict, dict, Path | None]:
-    """Features (cached) and concepts (cached) of ``trajectories``; reports skipped expert steps."""
+def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: list, cache: Path,
+                          echo: Callable[[str], None] = click.echo,
+                          timings: dict | None = None) -> tuple[dict, dict, Path | None]:
+    """Features (cached) and concepts (cached) of ``trajectories`` under ``config``'s rendering,
+    layout, lam and gamma; reports skipped expert steps."""
     import cb_core
     from agent_shell.concepts import cached_concepts, check_concept_matches, collect_features, skipped_summary
 
@@ -144,17 +204,17 @@ def fit_from_trajectories(lm: Any, trajectories: list, rendering: str, lam: floa
         done.append(traj.task_id)
         echo(f"features {len(done)}/{len(trajectories)}: {traj.task_id}")
 
-    features = collect_features(lm, trajectories, rendering, cache_dir=cache, on_trajectory=on_trajectory,
-                                layout=layout)
+    features = collect_features(lm, trajectories, config.rendering, cache_dir=cache, on_trajectory=on_trajectory,
+                                layout=config.layout)
     timings["features_s"] = time.perf_counter() - t
     timings["features_lm_s"] = sum(f.lm_seconds for f in features.values())
     echo(f"features: {sum(f.n_decisions for f in features.values())} decisions "
          f"({timings['features_lm_s']:.1f} s of LM time; 0 when cached); {skipped_summary(features)}")
     t = time.perf_counter()
-    concepts, folder = cached_concepts(features, lm, rendering, lam, gamma, env_name=env_name, cache_dir=cache,
-                                       layout=layout)
+    concepts, folder = cached_concepts(features, lm, config.rendering, config.lam, config.gamma, env_name=config.env,
+                                       cache_dir=cache, layout=config.layout)
     for concept in concepts.values():
-        check_concept_matches(concept, lm, rendering, layout)
+        check_concept_matches(concept, lm, config.rendering, config.layout)
     timings["fit_s"] = time.perf_counter() - t
     echo(f"concepts: {len(concepts)} task types -> {folder}")
     return features, concepts, folder

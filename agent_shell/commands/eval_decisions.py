@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from agent_shell.commands._common import common_options, make_console, prepare
+from agent_shell.run_config import RunConfig
 
 
 def decision_accuracy(features: dict, concepts: dict) -> list[dict]:
@@ -54,8 +55,7 @@ def decision_accuracy(features: dict, concepts: dict) -> list[dict]:
 @click.option("--heldout-per-type", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the rows as JSON here.")
-def eval_decisions(env_name, model, dtype, demo_split, demos_per_type, rendering, layout, lam, gamma, cache_dir,
-                   heldout_split, heldout_per_type, out_path) -> None:
+def eval_decisions(config: RunConfig, heldout_split: str, heldout_per_type: int, out_path: str | None) -> None:
     """Top-1 accuracy on held-out expert decisions for alpha = 0 and the fitted concepts."""
     import orjson
     from rich.table import Table
@@ -64,18 +64,17 @@ def eval_decisions(env_name, model, dtype, demo_split, demos_per_type, rendering
     from agent_shell.demos import expert_demos
 
     console = make_console()
-    setup = prepare(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamma, cache_dir,
-                    need_concepts=True, echo=console.print, layout=layout)
+    setup = prepare(config, need_concepts=True, echo=console.print)
     try:
-        same_split = heldout_split == demo_split
-        trajs = expert_demos(setup.env, demos_per_type + heldout_per_type if same_split else heldout_per_type,
+        same_split = heldout_split == config.demo_split
+        trajs = expert_demos(setup.env, config.demos_per_type + heldout_per_type if same_split else heldout_per_type,
                              split=heldout_split,
-                             path=setup.cache / "expert" / env_name / f"{heldout_split}.jsonl",
+                             path=setup.cache / "expert" / config.env / f"{heldout_split}.jsonl",
                              on_task=lambda tid: console.print(f"collecting expert trajectory {tid}"))
         used = {t.task_id for t in setup.demo_trajectories}
         heldout = [t for t in trajs if t.task_id not in used]
         console.print(f"held out: {len(heldout)} won expert trajectories from {heldout_split}")
-        features = collect_features(setup.lm, heldout, rendering, cache_dir=setup.cache, layout=layout)
+        features = collect_features(setup.lm, heldout, config.rendering, cache_dir=setup.cache, layout=config.layout)
         console.print(f"held-out decisions: {sum(f.n_decisions for f in features.values())}; "
                       f"{skipped_summary(features)}")
     finally:

@@ -8,21 +8,21 @@ from pathlib import Path
 import click
 
 from agent_shell.commands._common import common_options, make_console, prepare
+from agent_shell.run_config import RunConfig
 
 
 @click.command("fit-concepts")
 @common_options
 @click.option("--out-dir", type=click.Path(file_okay=False), default=None,
               help="Also copy the concept files here (they always stay in the cache).")
-def fit_concepts(env_name, model, dtype, demo_split, demos_per_type, rendering, layout, lam, gamma, cache_dir,
-                 out_dir) -> None:
+def fit_concepts(config: RunConfig, out_dir: str | None) -> None:
     """Collect expert demonstrations, compute features with the backbone, fit and save concepts."""
     from rich.table import Table
 
-    setup = prepare(env_name, model, dtype, demo_split, demos_per_type, rendering, lam, gamma, cache_dir,
-                    need_concepts=True, layout=layout)
+    setup = prepare(config, need_concepts=True)
     try:
-        table = Table(title=f"Concepts ({setup.lm.name}, rendering {rendering}, lam {lam}, gamma {gamma})")
+        table = Table(title=f"Concepts ({setup.lm.name}, rendering {config.rendering}, lam {config.lam}, "
+                            f"gamma {config.gamma})")
         for col in ("task type", "trajectories", "decisions", "skipped expert steps", "loss", "grad norm",
                     "converged"):
             table.add_column(col)

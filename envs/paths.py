@@ -1,0 +1,35 @@
+"""Where shared data and caches live, for the whole project (never write into ../shared).
+
+The cache root is ``$CB_AGENT_CACHE`` (``~`` expanded), else ``~/.cache/cb-agent``: expert
+trajectories, generated games, converted models, features, concepts, reviews and compiled fits
+all live under it. This is the one place that decides it; the agent shell and the CLI's
+``--cache-dir`` default to it. Imports nothing else of this project.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def cache_root() -> Path:
+    """``$CB_AGENT_CACHE`` if set (``~`` expanded), else ``~/.cache/cb-agent`` (not created)."""
+    env = os.environ.get("CB_AGENT_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "cb-agent"
+
+
+def cache_dir(*parts: str) -> Path:
+    """:func:`cache_root` joined with ``parts``, created if missing."""
+    path = cache_root().joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def shared_dir() -> Path:
+    """The read-only shared folder, ``<repo root>/../shared``."""
+    return REPO_ROOT.parent / "shared"
+
+
+__all__ = ["REPO_ROOT", "cache_dir", "cache_root", "shared_dir"]
