@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, Literal
 
-from agent_shell.context import THINK_PREFIX
+from agent_shell.context import ACTION_MARK, THINK_PREFIX
 
 #: Commands removed from environment candidate sets (compared case-insensitively, stripped).
 EXCLUDED_ACTIONS: frozenset[str] = frozenset({"look", "inventory", "help"})
@@ -68,7 +68,7 @@ def parse_reply(reply: str) -> tuple[Literal["think", "action"], str]:
     whitespace collapsed. Raises :class:`FormatError` for an empty reply, a reply without any
     letter ("no action"), or ``think:`` without a thought.
     """
-    line = reply.split("\n", 1)[0].strip().lstrip(">").strip()
+    line = reply.split("\n", 1)[0].strip().lstrip(ACTION_MARK).strip()
     line = " ".join(line.split())
     if not line:
         raise FormatError(reply, "empty reply")

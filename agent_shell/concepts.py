@@ -26,13 +26,22 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
 
 from agent_shell.candidates import drop_excluded
-from agent_shell.context import action_prefix, check_layout, check_rendering, scoring_context
+from agent_shell.context import Context, action_prefix, check_layout, check_rendering, scoring_context
+from agent_shell.expert_decisions import decision_examples
 from agent_shell.lm.formatting import PLAIN
+from agent_shell.lm.protocol import LanguageModel
+from envs.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from cb_core import Concept
+
+#: One fitting decision as text: (scoring context, candidate set, expert index).
+DecisionText = tuple[Context, list[str], int]
 
 #: Bumped when the cached feature layout or the context construction changes.
 FEATURE_VERSION = 2
@@ -82,18 +91,16 @@ class TypeFeatures:
         return cb_core.decisions_from_lists(self.hidden, self.log_q, self.n_tokens, self.expert)
 
 
-def decision_texts(trajectory: Any, rendering: str = "raw", layout: str = "text",
-                   experiences: dict[int, str] | None = None) -> tuple[list[tuple[Any, list[str], int]], Counter]:
+def decision_texts(trajectory: Trajectory, rendering: str = "raw", layout: str = "text",
+                   experiences: dict[int, str] | None = None) -> tuple[list[DecisionText], Counter]:
     """(context, candidates, expert index) per fitting decision, and the skipped expert actions.
 
     Contexts are :func:`agent_shell.context.scoring_context` under ``rendering`` and ``layout``
     (``experiences``: the expert trajectory's reviewed experiences, rendering "experience").
 
-    Raises ValueError (from :func:`envs.trajectory.decision_examples`) for an expert action
-    outside its saved candidate set.
+    Raises ValueError (from :func:`agent_shell.expert_decisions.decision_examples`) for an expert
+    action outside its saved candidate set.
     """
-    from envs.trajectory import decision_examples
-
     examples, _ = decision_examples(trajectory, candidate_filter=drop_excluded, skip_expert_appended=True)
     kept = {e.step_index for e in examples}
     skipped = Counter(s.action for i, s in enumerate(trajectory.steps)
@@ -103,19 +110,19 @@ def decision_texts(trajectory: Any, rendering: str = "raw", layout: str = "text"
     return texts, skipped
 
 
-def backbone_dtype(lm: Any) -> str:
+def backbone_dtype(lm: LanguageModel) -> str:
     """The backbone's compute dtype as text ("" when the backend does not say)."""
     return str(getattr(lm, "dtype", "")).removeprefix("torch.")
 
 
-def feature_key(lm: Any, rendering: str, texts: Sequence[tuple[Any, list[str], int]], layout: str = "text") -> str:
+def feature_key(lm: LanguageModel, rendering: str, texts: Sequence[DecisionText], layout: str = "text") -> str:
     """Content hash of everything the features of one trajectory depend on."""
     payload = json.dumps([FEATURE_VERSION, lm.name, PLAIN, backbone_dtype(lm), rendering, layout,
                           action_prefix(layout), list(texts)], ensure_ascii=False)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
-def trajectory_features(lm: Any, texts: Sequence[tuple[Any, list[str], int]], rendering: str,
+def trajectory_features(lm: LanguageModel, texts: Sequence[DecisionText], rendering: str,
                         cache_dir: str | os.PathLike | None, layout: str = "text") -> tuple[list[tuple], float]:
     """[(hidden, log_q, n_tokens, expert)] per decision of one trajectory, and LM seconds spent.
 
@@ -148,10 +155,10 @@ def trajectory_features(lm: Any, texts: Sequence[tuple[Any, list[str], int]], re
     return rows, seconds
 
 
-def collect_features(lm: Any, trajectories: Iterable[Any], rendering: str = "raw",
+def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rendering: str = "raw",
                      cache_dir: str | os.PathLike | None = None,
-                     on_trajectory: Callable[[Any], None] | None = None, layout: str = "text",
-                     reviewer: Any = None) -> dict[str, TypeFeatures]:
+                     on_trajectory: Callable[[Trajectory], None] | None = None, layout: str = "text",
+                     reviewer: LanguageModel | None = None) -> dict[str, TypeFeatures]:
     """Features of every won trajectory, grouped by task type (lost ones are only counted).
 
     Rendering "experience": each trajectory's transitions are first reviewed by ``reviewer``
@@ -187,8 +194,8 @@ def collect_features(lm: Any, trajectories: Iterable[Any], rendering: str = "raw
     return by_type
 
 
-def fit_concepts(features: dict[str, TypeFeatures], lm: Any, rendering: str = "raw", lam: float = 1.0,
-                 gamma: float = 0.8, eps: float = 1e-6, env_name: str = "", layout: str = "text") -> dict[str, Any]:
+def fit_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, rendering: str = "raw", lam: float = 1.0,
+                 gamma: float = 0.8, eps: float = 1e-6, env_name: str = "", layout: str = "text") -> dict[str, Concept]:
     """One :class:`cb_core.Concept` per task type with decisions (seed Eq. (6)).
 
     The metadata records everything acting must match (backbone, ``features`` =
@@ -212,14 +219,14 @@ def fit_concepts(features: dict[str, TypeFeatures], lm: Any, rendering: str = "r
     return concepts
 
 
-def feature_spec(lm: Any, rendering: str, layout: str = "text") -> dict[str, str]:
+def feature_spec(lm: LanguageModel, rendering: str, layout: str = "text") -> dict[str, str]:
     """How features and contexts were built; acting must use the same (concept ``features``)."""
     return {"formatting": PLAIN, "dtype": backbone_dtype(lm), "rendering": rendering,
             "layout": layout, "action_prefix": action_prefix(layout),
             "context": "task + history, no demonstrations", "candidate_filter": "drop look/inventory/help"}
 
 
-def concepts_dir_key(features: dict[str, TypeFeatures], lm: Any, rendering: str, lam: float, gamma: float,
+def concepts_dir_key(features: dict[str, TypeFeatures], lm: LanguageModel, rendering: str, lam: float, gamma: float,
                      eps: float, layout: str = "text") -> str:
     """Hash naming a cached set of concepts (the data and every fit setting)."""
     payload = json.dumps([FEATURE_VERSION, lm.name, PLAIN, backbone_dtype(lm), rendering, layout, lam,
@@ -228,7 +235,7 @@ def concepts_dir_key(features: dict[str, TypeFeatures], lm: Any, rendering: str,
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def save_concepts(concepts: dict[str, Any], directory: str | os.PathLike) -> None:
+def save_concepts(concepts: dict[str, Concept], directory: str | os.PathLike) -> None:
     """Write ``<directory>/<task_type>.safetensors`` for each concept (:meth:`cb_core.Concept.save`)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -236,7 +243,7 @@ def save_concepts(concepts: dict[str, Any], directory: str | os.PathLike) -> Non
         concept.save(directory / f"{task_type}.safetensors")
 
 
-def load_concepts(directory: str | os.PathLike) -> dict[str, Any]:
+def load_concepts(directory: str | os.PathLike) -> dict[str, Concept]:
     """Inverse of :func:`save_concepts`: task type -> concept (raises FileNotFoundError if none)."""
     import cb_core
 
@@ -246,7 +253,7 @@ def load_concepts(directory: str | os.PathLike) -> dict[str, Any]:
     return {f.stem: cb_core.Concept.load(f) for f in files}
 
 
-def check_concept_matches(concept: Any, lm: Any, rendering: str, layout: str = "text") -> None:
+def check_concept_matches(concept: Concept, lm: LanguageModel, rendering: str, layout: str = "text") -> None:
     """Raise ValueError when a concept was fitted with another backbone, formatting, rendering
     or layout."""
     meta = concept.metadata
@@ -270,10 +277,10 @@ def skipped_summary(features: dict[str, TypeFeatures]) -> str:
     return f"{n} of {total} expert steps ({share}) were no fitting target" + (f" ({top})" if top else "")
 
 
-def cached_concepts(features: dict[str, TypeFeatures], lm: Any, rendering: str = "raw", lam: float = 1.0,
+def cached_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, rendering: str = "raw", lam: float = 1.0,
                     gamma: float = 0.8, eps: float = 1e-6, env_name: str = "",
                     cache_dir: str | os.PathLike | None = None,
-                    layout: str = "text") -> tuple[dict[str, Any], Path | None]:
+                    layout: str = "text") -> tuple[dict[str, Concept], Path | None]:
     """:func:`fit_concepts`, read from / written to ``<cache_dir>/concepts/<key>/`` when given.
 
     Returns (concepts, the folder they are stored in or None).

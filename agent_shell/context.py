@@ -30,7 +30,8 @@ the next assistant message (action prefix ``""``).
 A *reference* (reference-history recovery) is a recorded stretch of steps shown at a position
 of the history and marked as not executed in the current environment.
 
-This module imports nothing from the LM, the environments or cb_core.
+This module imports nothing from the LM or cb_core, and from the environments only the think-step
+convention (:mod:`envs.episode`).
 """
 
 from __future__ import annotations
@@ -38,14 +39,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence, Union
 
-from agent_shell.history import (CHECK_REMINDER, EXPERIENCE_LABEL, INTERVENTIONS, RENDERINGS, THINK_FEEDBACK,
-                                 THINK_PREFIX, HistoryView, StepLike, action_line, check_rendering,
-                                 demo_rendering, render)
+from agent_shell.history import (CHECK_REMINDER, EXPERIENCE_LABEL, INTERVENTIONS, RENDERINGS, HistoryView, StepLike,
+                                 action_line, check_rendering, demo_rendering, render)
+from envs.episode import THINK_FEEDBACK, THINK_PREFIX
 
 #: A context or prompt: one text (layout "text") or chat messages (layout "chat").
 Context = Union[str, list]
-#: Layout name -> the prefix between a context and a scored candidate.
-ACTION_PREFIX: dict[str, str] = {"text": "\n> ", "chat": ""}
+#: The transcript's mark of an action line (``> go to desk 1``); a routing prompt ends with it, and
+#: a reply's leading marks are no part of the reply (:func:`agent_shell.candidates.parse_reply`).
+ACTION_MARK = ">"
+#: Layout name -> the prefix between a context and a scored candidate: the text layout scores a
+#: candidate as the transcript's next action line, the chat layout as the next assistant message.
+ACTION_PREFIX: dict[str, str] = {"text": f"\n{ACTION_MARK} ", "chat": ""}
 LAYOUTS = tuple(ACTION_PREFIX)
 
 
@@ -81,7 +86,7 @@ class Reference:
 
 
 def _entry_text(action: str | None, observation: str) -> str:
-    return observation if action is None else f"> {action}\n{observation}"
+    return observation if action is None else f"{ACTION_MARK} {action}\n{observation}"
 
 
 def _text_lines(pieces: Sequence[tuple[str, str | None, str]]) -> list[str]:
@@ -220,7 +225,7 @@ def react_prompt(
     demos = [d.strip() for d in demos]
     parts = [header.strip().format(n_demos=len(demos))] + demos + [task_header.strip()]
     if isinstance(context, str):
-        return "\n\n".join(parts) + "\n" + context + "\n>"
+        return "\n\n".join(parts) + "\n" + context + "\n" + ACTION_MARK
     if not context or context[0].get("role") != "user":
         raise ValueError("a chat context must start with a user message")
     first = {"role": "user", "content": "\n\n".join(parts) + "\n" + context[0]["content"]}
@@ -231,10 +236,10 @@ def context_text(context: Context) -> str:
     """A context as plain text (chat messages joined with role tags), for reflection prompts."""
     if isinstance(context, str):
         return context
-    return "\n".join(m["content"] if m["role"] == "user" else f"> {m['content']}" for m in context)
+    return "\n".join(m["content"] if m["role"] == "user" else f"{ACTION_MARK} {m['content']}" for m in context)
 
 
-__all__ = ["ACTION_PREFIX", "CHECK_REMINDER", "Context", "INTERVENTIONS", "LAYOUTS", "RENDERINGS", "Reference",
-           "THINK_FEEDBACK", "THINK_PREFIX", "action_line", "action_prefix", "check_layout", "check_rendering",
-           "context_text", "react_prompt", "render_demo", "render_history", "render_memory", "render_task",
-           "scoring_context"]
+__all__ = ["ACTION_MARK", "ACTION_PREFIX", "CHECK_REMINDER", "Context", "INTERVENTIONS", "LAYOUTS", "RENDERINGS",
+           "Reference", "THINK_FEEDBACK", "THINK_PREFIX", "action_line", "action_prefix", "check_layout",
+           "check_rendering", "context_text", "react_prompt", "render_demo", "render_history", "render_memory",
+           "render_task", "scoring_context"]

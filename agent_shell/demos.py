@@ -14,13 +14,15 @@ import os
 import warnings
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable, Collection, Sequence
+from typing import Callable, Collection, Sequence
 
 from agent_shell.context import render_demo
 from envs.paths import cache_dir
+from envs.protocol import Environment
+from envs.trajectory import Trajectory
 
 
-def tasks_by_type(env: Any, split: str) -> dict[str, list[str]]:
+def tasks_by_type(env: Environment, split: str) -> dict[str, list[str]]:
     """Task ids of ``split`` grouped by task type, each list sorted.
 
     Needs the adapter's ``task_type_of(task_id)``; raises ValueError if it has none.
@@ -35,10 +37,10 @@ def tasks_by_type(env: Any, split: str) -> dict[str, list[str]]:
     return dict(sorted(groups.items()))
 
 
-def expert_demos(env: Any, per_type: int, split: str = "train", path: str | os.PathLike | None = None,
+def expert_demos(env: Environment, per_type: int, split: str = "train", path: str | os.PathLike | None = None,
                  max_steps: int | None = None, max_tries_per_type: int = 10,
                  task_types: Collection[str] | None = None,
-                 on_task: Callable[[str], None] | None = None) -> list[Any]:
+                 on_task: Callable[[str], None] | None = None) -> list[Trajectory]:
     """``per_type`` won expert trajectories of every task type of ``split`` (fewer if the expert
     keeps losing: at most ``max_tries_per_type`` tasks are played per type), or only of
     ``task_types`` when given.
@@ -56,11 +58,11 @@ def expert_demos(env: Any, per_type: int, split: str = "train", path: str | os.P
     for line in repair_jsonl(path):  # an interrupted collection's torn line: aside, not warned about forever
         warnings.warn(f"{path}: line {line.line_number} ({line.error}) moved to {path}.torn", stacklevel=2)
     stored = {t.task_id: t for t in read_trajectories(path, on_error="skip")} if path.exists() else {}
-    chosen: list[Any] = []
+    chosen: list[Trajectory] = []
     for task_type, ids in tasks_by_type(env, split).items():
         if task_types is not None and task_type not in task_types:
             continue
-        won: list[Any] = []
+        won: list[Trajectory] = []
         for tid in ids[:max_tries_per_type]:
             if len(won) == per_type:
                 break
@@ -77,8 +79,8 @@ def expert_demos(env: Any, per_type: int, split: str = "train", path: str | os.P
     return chosen
 
 
-def rendered_demos(trajectories: Sequence[Any], rendering: str = "raw",
-                   experiences_of: Callable[[Any], dict | None] | None = None) -> dict[str, list[str]]:
+def rendered_demos(trajectories: Sequence[Trajectory], rendering: str = "raw",
+                   experiences_of: Callable[[Trajectory], dict | None] | None = None) -> dict[str, list[str]]:
     """Task type -> rendered demonstrations of the won trajectories (for the ReAct prompt).
 
     ``experiences_of(trajectory)``: its reviewed experiences (rendering "experience").

@@ -19,11 +19,14 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from agent_shell.context import render_history, render_task
 from agent_shell.lm.formatting import PLAIN
+from agent_shell.history import StepLike
+from agent_shell.lm.protocol import LanguageModel
 from envs.storage import write_json_atomic
+from envs.trajectory import Step, Trajectory
 
 #: The reply that keeps nothing.
 NO_UPDATE = "NO UPDATE"
@@ -68,7 +71,7 @@ class Review:
         return {"step": self.step, "reply": self.reply, "experience": self.experience, "invalid": self.invalid}
 
 
-def review_prompt(instruction: str, observation: str, steps: Sequence[Any], index: int) -> str:
+def review_prompt(instruction: str, observation: str, steps: Sequence[StepLike], index: int) -> str:
     """The review prompt of transition ``index``: task, raw history before it, the transition.
 
     The text is ordered so that consecutive reviews of one episode share their longest prefix
@@ -122,7 +125,7 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9]+", text.lower())
 
 
-def review_transition(lm: Any, instruction: str, observation: str, steps: Sequence[Any], index: int,
+def review_transition(lm: LanguageModel, instruction: str, observation: str, steps: Sequence[StepLike], index: int,
                       candidates: Sequence[str] = (), max_new_tokens: int = 48) -> Review:
     """Run one review call of ``lm`` on transition ``index`` (greedy, one line).
 
@@ -162,12 +165,12 @@ class ReviewStats:
         return self.kept / self.reviews if self.reviews else 0.0
 
 
-def reviewable(steps: Sequence[Any]) -> list[int]:
+def reviewable(steps: Sequence[Step]) -> list[int]:
     """Indices of non-terminal environment transitions (the ones that get a review)."""
     return [i for i, s in enumerate(steps) if s.kind == "env" and not s.done]
 
 
-def candidates_after(steps: Sequence[Any], index: int) -> list[str]:
+def candidates_after(steps: Sequence[Step], index: int) -> list[str]:
     """The candidate set of the state after step ``index`` of a recorded trajectory: that of the
     next environment step (an acting agent sees the same set right after the step), without a
     gold action a collector appended to it (``info["expert_appended"]``); [] if none."""
@@ -180,7 +183,8 @@ def candidates_after(steps: Sequence[Any], index: int) -> list[str]:
     return []
 
 
-def review_trajectory(lm: Any, trajectory: Any, cache_dir: str | os.PathLike | None = None) -> dict[int, str]:
+def review_trajectory(lm: LanguageModel, trajectory: Trajectory,
+                      cache_dir: str | os.PathLike | None = None) -> dict[int, str]:
     """Experiences of every non-terminal transition of an expert ``trajectory`` (step -> text).
 
     Cached in ``<cache_dir>/experiences/<key>.json``; the key hashes the backbone, its dtype,

@@ -24,7 +24,8 @@ steps (objects with ``kind`` / ``action`` / ``observation``, e.g. :class:`envs.t
 
 A :class:`HistoryView` is layout-free; :mod:`agent_shell.context` lays it out as one text
 prompt (``"> action\\nobservation"`` lines) or as alternating assistant / user chat messages.
-This module imports nothing from the LM, the environments or cb_core.
+This module imports nothing from the LM or cb_core, and from the environments only the
+think-step prefix (:data:`envs.episode.THINK_PREFIX`).
 """
 
 from __future__ import annotations
@@ -34,10 +35,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-#: Feedback of a think step (seed Sec. 2.3); it never reaches the environment.
-THINK_FEEDBACK = "OK."
-#: Prefix that marks a think step in the transcript and in an LM reply.
-THINK_PREFIX = "think:"
+from envs.episode import THINK_PREFIX
 #: The Check rendering's reminder, shown after the history (no advice on what to do).
 CHECK_REMINDER = ("Before the next action, check the history above again: what did each earlier "
                   "action actually lead to?")

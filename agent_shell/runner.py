@@ -20,10 +20,17 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
+from agent_shell.history import StepLike
 from agent_shell.run_config import RunConfig
+from envs.protocol import Environment
 from envs.storage import append_jsonl, iter_jsonl, write_json_atomic
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from agent_shell.agents import Reflexion, Trial
 
 #: Version of the episode record layout (``record["schema"]``).
 RESULT_SCHEMA = "cb-agent/episode-v1"
@@ -54,7 +61,7 @@ def longest_repeat_cycle(actions: Sequence[str]) -> dict[str, int]:
     return {"period": -neg_p, "repeats": repeats, "span": span}
 
 
-def loop_statistics(steps: Iterable[Any]) -> dict[str, Any]:
+def loop_statistics(steps: Iterable[StepLike]) -> dict[str, Any]:
     """Distinct environment actions and the longest repeated cycle of one trial's steps."""
     actions = [s.action for s in steps if s.kind == "env"]
     return {"distinct_actions": len(set(actions)), "longest_cycle": longest_repeat_cycle(actions)}
@@ -64,7 +71,7 @@ def loop_statistics(steps: Iterable[Any]) -> dict[str, Any]:
 # records
 
 
-def trial_record(trial: Any) -> dict[str, Any]:
+def trial_record(trial: Trial) -> dict[str, Any]:
     """A trial as JSON: outcome, counts, loop statistics, agent log and the whole trajectory."""
     ep = trial.episode
     steps = ep.steps
@@ -81,7 +88,7 @@ def trial_record(trial: Any) -> dict[str, Any]:
     }
 
 
-def episode_record(agent_name: str, task_id: str, trials: Sequence[Any], wall_s: float,
+def episode_record(agent_name: str, task_id: str, trials: Sequence[Trial], wall_s: float,
                    meta: dict[str, Any]) -> dict[str, Any]:
     """One results line. Counts add up over trials; loop statistics are the last trial's."""
     records = [trial_record(t) for t in trials]
@@ -163,9 +170,9 @@ class RunSummary:
         return sum(r["success"] for r in self.records)
 
 
-def run_episodes(env: Any, agent: Any, task_ids: Sequence[str], results_path: str | os.PathLike,
+def run_episodes(env: Environment, agent: Reflexion, task_ids: Sequence[str], results_path: str | os.PathLike,
                  max_steps: int, resume: bool = True, meta: dict[str, Any] | None = None,
-                 progress: Any = None,
+                 progress: Progress | None = None,
                  on_episode: Callable[[dict], None] | None = None) -> RunSummary:
     """Play ``agent`` (an :class:`agent_shell.agents.Reflexion`) on each task, appending results.
 
@@ -254,7 +261,7 @@ def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[st
     return finished
 
 
-def make_progress() -> Any:
+def make_progress() -> Progress:
     """A rich progress bar showing the running success rate and the current step."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

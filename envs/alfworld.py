@@ -13,8 +13,8 @@ Quirks handled (ALFWorld 0.4.2):
 - The put command is ``move X to Y``; older demos say ``put X in/on Y``, which :meth:`AlfworldEnv.step`
   rewrites to ``move X to Y`` (``info["rewritten_from"]`` records it).
 - ``look``, ``inventory`` and ``help`` are in the admissible list; :meth:`candidates` keeps them
-  (the environment-supplied set) and :data:`META_COMMANDS` / :func:`envs.trajectory.drop_actions`
-  filter them for decision examples.
+  (the environment-supplied set); the agent shell filters them (:data:`META_COMMANDS`) out of
+  candidate sets and decision examples.
 - An action the engine cannot execute answers ``Nothing happens.`` (``info["invalid"] = True``).
 - ALFWorld 0.4.2's handcoded expert issues ``move X to Y`` but its state tracker still recognises a
   successful put only by the word ``put`` in the last command, so after the first placement it
@@ -45,6 +45,7 @@ import zlib
 from pathlib import Path
 
 from envs.paths import cache_dir, shared_dir
+from envs.storage import atomic_path
 from envs.protocol import StepResult, TaskStart, one_line
 
 #: The six ALFWorld task types (the prefix of a game folder's name).
@@ -99,21 +100,19 @@ def parse_task_folder(folder: str) -> dict:
 def write_traj_data(game_file: Path, task_folder: str, target_dir: Path) -> Path:
     """Copy ``game_file`` into ``target_dir`` with a generated ``traj_data.json`` beside it.
 
-    Both files are written atomically (temp file + ``os.replace``), so concurrent or interrupted
-    runs never leave a half file. Returns the cached game file path.
+    Both files are written atomically (:func:`envs.storage.atomic_path`), so concurrent or
+    interrupted runs never leave a half file. Returns the cached game file path.
     """
     target_dir.mkdir(parents=True, exist_ok=True)
     cached_game = target_dir / "game.tw-pddl"
     if not cached_game.exists() or cached_game.stat().st_size != game_file.stat().st_size:
-        tmp = target_dir / f".game.{os.getpid()}.tmp"
-        shutil.copyfile(game_file, tmp)
-        os.replace(tmp, cached_game)
+        with atomic_path(cached_game) as tmp:
+            shutil.copyfile(game_file, tmp)
     traj = target_dir / "traj_data.json"
     content = json.dumps(parse_task_folder(task_folder), sort_keys=True)
     if not traj.exists() or traj.read_text() != content:
-        tmp = target_dir / f".traj_data.{os.getpid()}.tmp"
-        tmp.write_text(content)
-        os.replace(tmp, traj)
+        with atomic_path(traj) as tmp:
+            Path(tmp).write_text(content)
     return cached_game
 
 

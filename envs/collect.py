@@ -19,7 +19,8 @@ from typing import Callable, Sequence
 
 from envs.episode import Episode
 from envs.protocol import Environment, one_line
-from envs.trajectory import Trajectory, append_jsonl, completed_task_ids
+from envs.storage import append_jsonl
+from envs.trajectory import Trajectory, completed_task_ids
 
 
 @dataclass

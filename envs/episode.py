@@ -18,7 +18,10 @@ from typing import Iterable
 from envs.protocol import EngineError, Environment, StepResult, TaskStart, one_line
 from envs.trajectory import Step, Trajectory
 
+#: Prefix that marks a think step (seed Sec. 2.3), in an agent's text and in the transcript; the
+#: one definition of the project (the agent shell's renderings and reply parsing use it).
 THINK_PREFIX = "think:"
+#: Feedback of a think step; it never reaches the engine.
 THINK_FEEDBACK = "OK."
 
 

@@ -41,10 +41,10 @@ import concurrent.futures as futures
 import difflib
 import gc
 import json
-import os
 import re
 
 from envs.paths import cache_dir
+from envs.storage import write_json_atomic
 from envs.protocol import EngineError, StepResult, TaskStart, one_line
 
 SPLITS = ("train", "dev", "test")
@@ -244,9 +244,7 @@ class ScienceWorldEnv:
                             index[split].extend(f"{name}/{v}" for v in sorted(vs))
 
                 self._robust(build, self.load_timeout_s)
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(index))
-                os.replace(tmp, path)
+                write_json_atomic(path, index)
                 self._splits = index
         return self._splits
 

@@ -9,8 +9,8 @@ Storage is JSON Lines, one trajectory per line (:mod:`envs.storage`): :func:`~en
 makes a record durable before it returns, and a crash can leave at most one torn *final* line,
 which the reader reports by line number.
 
-:func:`decision_examples` turns a trajectory into the decisions of seed Eq. (5): one example per
-environment step, whose context is built only from what precedes the action.
+:func:`agent_shell.expert_decisions.decision_examples` (the concept's data, in the agent shell)
+turns a trajectory into the decisions of seed Eq. (5).
 
 This module imports no game engine.
 """
@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Sequence
+from typing import Any, Callable, Literal
 
-from envs.storage import MalformedLine, append_jsonl, iter_jsonl  # noqa: F401 (append_jsonl: re-exported by envs)
+from envs.storage import MalformedLine, iter_jsonl
 
 #: Bumped whenever a field changes meaning or is removed; readers reject newer versions.
 SCHEMA_VERSION = 1
@@ -214,97 +214,3 @@ def completed_task_ids(path: str | os.PathLike) -> set[str]:
     if not Path(path).exists():
         return set()
     return {t.task_id for t in read_trajectories(path, on_error="skip")}
-
-
-# --------------------------------------------------------------------------------------------
-# Decision examples (seed Eq. 5)
-
-
-@dataclass(frozen=True)
-class DecisionExample:
-    """One expert decision: choose ``candidates[expert_index]`` after ``history``.
-
-    Attributes:
-        task_id, task_type, instruction, observation: from the trajectory (o0 = observation).
-        history: the steps strictly before this action (thoughts included); the context of seed
-            Eq. (5) is built only from these, never from the action's own feedback.
-        candidates: the (filtered) candidate set A_t, order preserved.
-        expert_index: index of the expert action a_t in ``candidates``.
-        step_index: position of the action in ``trajectory.steps``.
-    """
-
-    task_id: str
-    task_type: str
-    instruction: str
-    observation: str
-    history: tuple[Step, ...]
-    candidates: list[str]
-    expert_index: int
-    step_index: int
-
-    @property
-    def expert_action(self) -> str:
-        return self.candidates[self.expert_index]
-
-
-def drop_actions(actions: Iterable[str]) -> Callable[[Sequence[str]], list[str]]:
-    """A candidate filter that removes exact ``actions`` (e.g. ALFWorld's look/inventory/help)."""
-    banned = frozenset(actions)
-
-    def candidate_filter(candidates: Sequence[str]) -> list[str]:
-        return [c for c in candidates if c not in banned]
-
-    return candidate_filter
-
-
-def decision_examples(
-    trajectory: Trajectory,
-    candidate_filter: Callable[[Sequence[str]], list[str]] | None = None,
-    skip_expert_appended: bool = False,
-) -> tuple[list[DecisionExample], int]:
-    """One decision example per environment step of ``trajectory`` (seed Eq. 5).
-
-    An expert action that the optional ``candidate_filter`` removed from its set (ALFWorld's
-    expert ``look`` steps when look/inventory/help are filtered) yields no example and is counted
-    in ``n_skipped``; its step still appears in later examples' histories. With
-    ``skip_expert_appended`` a step whose expert action the collector had to append to an
-    incomplete engine set (ScienceWorld, ``info["expert_appended"]``) is skipped and counted too.
-
-    Returns:
-        (examples, n_skipped).
-
-    Raises:
-        ValueError: an env step whose action is not in its saved (unfiltered) candidate set,
-            naming the trajectory and the step; a candidate set with duplicates that would make
-            ``expert_index`` ambiguous is deduplicated (first occurrence kept) instead.
-    """
-    examples: list[DecisionExample] = []
-    skipped = 0
-    for i, step in enumerate(trajectory.steps):
-        if step.kind != "env":
-            continue
-        assert step.candidates is not None
-        if step.action not in step.candidates:
-            raise ValueError(
-                f"trajectory {trajectory.task_id!r} ({trajectory.env}), step {i}: expert action "
-                f"{step.action!r} is not in its saved candidate set of {len(step.candidates)}"
-            )
-        candidates = list(dict.fromkeys(step.candidates))
-        if candidate_filter is not None:
-            candidates = list(dict.fromkeys(candidate_filter(candidates)))
-        if step.action not in candidates or (skip_expert_appended and step.info.get("expert_appended")):
-            skipped += 1
-            continue
-        examples.append(
-            DecisionExample(
-                task_id=trajectory.task_id,
-                task_type=trajectory.task_type,
-                instruction=trajectory.instruction,
-                observation=trajectory.observation,
-                history=tuple(trajectory.steps[:i]),
-                candidates=candidates,
-                expert_index=candidates.index(step.action),
-                step_index=i,
-            )
-        )
-    return examples, skipped

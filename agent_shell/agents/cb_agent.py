@@ -96,7 +96,7 @@ class CBAgent(ReActAgent):
         peek = self.lm.generate(prompt, max_new_tokens=ROUTE_PEEK_TOKENS, stop=("\n",), temperature=0.0,
                                 n=1, seed=self.config.seed)[0]
         # read the peek as parse_reply reads a reply: leading ">" marks are no part of it
-        head = peek.split("\n", 1)[0].strip().lstrip(">").strip().lower()
+        head = peek.split("\n", 1)[0].strip().lstrip(ctx.ACTION_MARK).strip().lower()
         if not head or ctx.THINK_PREFIX.startswith(head) or head.startswith(ctx.THINK_PREFIX.rstrip(":")):
             return super().route(prompt)
         return peek

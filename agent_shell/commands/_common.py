@@ -17,6 +17,7 @@ from agent_shell.history import RENDERINGS
 from agent_shell.lm.protocol import LanguageModel
 from agent_shell.run_config import ACTION_SPACES, RunConfig
 from envs.protocol import Environment
+from envs.trajectory import Trajectory
 from envs.registry import ENVIRONMENTS
 
 ENV_NAMES = sorted(ENVIRONMENTS)
@@ -200,7 +201,7 @@ def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: li
     t = time.perf_counter()
     done = []
 
-    def on_trajectory(traj: Any) -> None:
+    def on_trajectory(traj: Trajectory) -> None:
         done.append(traj.task_id)
         echo(f"features {len(done)}/{len(trajectories)}: {traj.task_id}")
 

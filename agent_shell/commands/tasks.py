@@ -8,14 +8,17 @@ variation table of the pinned simulator, TextWorld's from the seed ranges.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable
+from typing import Iterable
 
 import click
 
-ENV_NAMES = ("alfworld", "scienceworld", "textworld")
+from envs.protocol import Environment
+from envs.registry import ENVIRONMENTS
+
+ENV_NAMES = tuple(sorted(ENVIRONMENTS))
 
 
-def validated_tasks(env: Any, split: str, task_ids: Iterable[str]) -> list[str]:
+def validated_tasks(env: Environment, split: str, task_ids: Iterable[str]) -> list[str]:
     """:func:`envs.check_tasks` as a one-line click error that also says how to list the valid ids.
 
     Raises:

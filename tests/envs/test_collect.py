@@ -6,7 +6,8 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from envs import decision_examples, drop_actions, make_env, read_trajectories
+from agent_shell.expert_decisions import decision_examples, drop_actions
+from envs import make_env, read_trajectories
 from envs.alfworld import META_COMMANDS
 from envs.collect import collect_expert_trajectories, select_tasks
 

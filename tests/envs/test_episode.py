@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from envs import Episode, EpisodeOver, StepResult, TaskStart, decision_examples, is_think
+from agent_shell.expert_decisions import decision_examples
+from envs import Episode, EpisodeOver, StepResult, TaskStart, is_think
 
 
 class ScriptedEnv:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from envs import Episode, decision_examples, make_env
+from agent_shell.expert_decisions import decision_examples
+from envs import Episode, make_env
 from envs.collect import play_expert
 from envs.scienceworld import candidate_spelling
 

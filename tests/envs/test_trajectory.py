@@ -1,17 +1,15 @@
-"""Trajectory schema, atomic JSONL storage and decision examples (no engine needed)."""
+"""Trajectory schema and atomic JSONL storage (no engine needed)."""
 
 from __future__ import annotations
 
 import pytest
 
+from envs.storage import append_jsonl
 from envs.trajectory import (
     SCHEMA_VERSION,
     Step,
     Trajectory,
-    append_jsonl,
     completed_task_ids,
-    decision_examples,
-    drop_actions,
     read_trajectories,
 )
 
@@ -36,32 +34,6 @@ def test_round_trip_through_jsonl(tmp_path):
     assert read_trajectories(path) == [a, b]
     assert completed_task_ids(path) == {"a", "b"}
     assert a.to_record()["schema_version"] == SCHEMA_VERSION
-
-
-def test_decision_examples_count_history_and_expert_index():
-    traj = make_trajectory()
-    examples, skipped = decision_examples(traj)
-    assert (len(examples), skipped) == (3, 0)
-    second = examples[1]
-    assert second.expert_action == "go to desk 1"
-    assert second.candidates[second.expert_index] == traj.steps[2].action
-    assert [s.action for s in second.history] == ["look", "think: the mug is probably on the desk"]
-    # the context never contains the action's own feedback
-    assert all(s.observation != "On the desk 1, you see a mug 1." for s in second.history)
-
-
-def test_filtered_expert_look_is_skipped_and_counted():
-    examples, skipped = decision_examples(make_trajectory(), drop_actions(["look", "inventory", "help"]))
-    assert (len(examples), skipped) == (2, 1)
-    assert all("look" not in e.candidates for e in examples)
-    assert examples[0].history[0].action == "look"  # the skipped step still shapes later contexts
-
-
-def test_expert_action_missing_from_saved_set_is_an_error():
-    traj = make_trajectory("broken")
-    traj.steps[2] = Step("env", "go to desk 9", "", ["go to desk 1"], False, False, 0.0)
-    with pytest.raises(ValueError, match=r"'broken'.*step 2"):
-        decision_examples(traj)
 
 
 def test_truncated_line_is_reported_with_its_line_number(tmp_path):

@@ -1,0 +1,110 @@
+"""The concept's data: expert decisions of won trajectories (seed Eq. 5).
+
+Each environment step of an expert trajectory is one decision: the history strictly before the
+action (its context is built from nothing later, never from the action's own feedback), the
+saved candidate set of the state (filtered as the acting agent filters it), and the index of the
+expert's action in it. :mod:`agent_shell.concepts` turns these into features and fits a concept.
+
+Imports no LM, no game engine and not cb_core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from envs.trajectory import Step, Trajectory
+
+
+
+@dataclass(frozen=True)
+class DecisionExample:
+    """One expert decision: choose ``candidates[expert_index]`` after ``history``.
+
+    Attributes:
+        task_id, task_type, instruction, observation: from the trajectory (o0 = observation).
+        history: the steps strictly before this action (thoughts included); the context of seed
+            Eq. (5) is built only from these, never from the action's own feedback.
+        candidates: the (filtered) candidate set A_t, order preserved.
+        expert_index: index of the expert action a_t in ``candidates``.
+        step_index: position of the action in ``trajectory.steps``.
+    """
+
+    task_id: str
+    task_type: str
+    instruction: str
+    observation: str
+    history: tuple[Step, ...]
+    candidates: list[str]
+    expert_index: int
+    step_index: int
+
+    @property
+    def expert_action(self) -> str:
+        return self.candidates[self.expert_index]
+
+
+def drop_actions(actions: Iterable[str]) -> Callable[[Sequence[str]], list[str]]:
+    """A candidate filter that removes exact ``actions`` (e.g. ALFWorld's look/inventory/help)."""
+    banned = frozenset(actions)
+
+    def candidate_filter(candidates: Sequence[str]) -> list[str]:
+        return [c for c in candidates if c not in banned]
+
+    return candidate_filter
+
+
+def decision_examples(
+    trajectory: Trajectory,
+    candidate_filter: Callable[[Sequence[str]], list[str]] | None = None,
+    skip_expert_appended: bool = False,
+) -> tuple[list[DecisionExample], int]:
+    """One decision example per environment step of ``trajectory`` (seed Eq. 5).
+
+    An expert action that the optional ``candidate_filter`` removed from its set (ALFWorld's
+    expert ``look`` steps when look/inventory/help are filtered) yields no example and is counted
+    in ``n_skipped``; its step still appears in later examples' histories. With
+    ``skip_expert_appended`` a step whose expert action the collector had to append to an
+    incomplete engine set (ScienceWorld, ``info["expert_appended"]``) is skipped and counted too.
+
+    Returns:
+        (examples, n_skipped).
+
+    Raises:
+        ValueError: an env step whose action is not in its saved (unfiltered) candidate set,
+            naming the trajectory and the step; a candidate set with duplicates that would make
+            ``expert_index`` ambiguous is deduplicated (first occurrence kept) instead.
+    """
+    examples: list[DecisionExample] = []
+    skipped = 0
+    for i, step in enumerate(trajectory.steps):
+        if step.kind != "env":
+            continue
+        assert step.candidates is not None
+        if step.action not in step.candidates:
+            raise ValueError(
+                f"trajectory {trajectory.task_id!r} ({trajectory.env}), step {i}: expert action "
+                f"{step.action!r} is not in its saved candidate set of {len(step.candidates)}"
+            )
+        candidates = list(dict.fromkeys(step.candidates))
+        if candidate_filter is not None:
+            candidates = list(dict.fromkeys(candidate_filter(candidates)))
+        if step.action not in candidates or (skip_expert_appended and step.info.get("expert_appended")):
+            skipped += 1
+            continue
+        examples.append(
+            DecisionExample(
+                task_id=trajectory.task_id,
+                task_type=trajectory.task_type,
+                instruction=trajectory.instruction,
+                observation=trajectory.observation,
+                history=tuple(trajectory.steps[:i]),
+                candidates=candidates,
+                expert_index=candidates.index(step.action),
+                step_index=i,
+            )
+        )
+    return examples, skipped
+
+
+__all__ = ["DecisionExample", "decision_examples", "drop_actions"]
