@@ -129,7 +129,7 @@ def run_size(n, d, seed, with_cli, results):
                                 np.asarray(dec.log_q, np.float64), dec.n_tokens, dec.offsets,
                                 dec.segment_ids, dec.expert)
         t = time.perf_counter()
-        ref = cb_core.fit(dec, dtype=jnp.float64, tol=1e-9, certify="structural")
+        ref = cb_core.fit(dec, cb_core.LBFGS(tol=1e-9), dtype=jnp.float64, certify="structural")
         f_star = float(cb_core.objective(ref.alpha, d64))
         print(f"float64 reference: f* = {f_star:.12f}, |g| = {ref.grad_norm:.1e}, "
               f"{ref.n_iter} it, {time.perf_counter() - t:.1f}s", flush=True)
@@ -139,14 +139,15 @@ def run_size(n, d, seed, with_cli, results):
             return float(cb_core.objective(np.asarray(alpha, np.float64), d64)) - f_star
 
     rows = {}
-    for method in ("lbfgs", "adam"):
-        first = cb_core.fit(dec, method=method, certify="structural")
-        warm = cb_core.fit(dec, method=method, certify="structural")
+    for solver in (cb_core.LBFGS(), cb_core.Adam()):
+        method = solver.name
+        first = cb_core.fit(dec, solver, certify="structural")
+        warm = cb_core.fit(dec, solver, certify="structural")
         rows[f"cb_core {method}"] = dict(first_s=first.seconds, warm_s=warm.seconds,
                                          iters=warm.n_iter, gap=gap(warm.alpha),
                                          grad_norm=warm.grad_norm)
     t = time.perf_counter()
-    cert = cb_core.fit(dec, certify="exact")
+    cert = cb_core.fit(dec, cb_core.LBFGS(), certify="exact")
     eig_s = time.perf_counter() - t
     alpha, steps, secs = torch_seed_fit(np.asarray(dec.hidden), np.asarray(dec.log_q),
                                         np.asarray(dec.n_tokens), np.asarray(dec.offsets),

@@ -2,34 +2,29 @@
 
 Public API (seed paper notation; see each docstring for shapes and the equation implemented):
 
-* data: :class:`Decisions` (ragged pytree), :func:`decisions_from_lists`, :func:`to_padded`,
-  :func:`load_decisions` / :func:`save_decisions` (the ``.npz`` decision-set file).
-* model: :func:`features` (App. B), :func:`prior_log_probs` (Eq. 3), :func:`log_probs` (Eq. 3),
-  :func:`objective` (Eq. 6), :func:`gradient`, :func:`hessian`.
-* fitting: :func:`fit` -> :class:`FitResult` with its :class:`Certificate`.
-* acting: :func:`candidate_log_probs`, :func:`choose` (Eq. 7).
-* the concept file: :class:`Concept`; :func:`atomic_path`, the one-rename file replacement
-  its writers (and the agent shell's result files) use.
+* the decision set: :class:`Decisions` (ragged pytree), :func:`decisions_from_lists`,
+  :func:`load_decisions` / :func:`save_decisions` (the ``.npz`` file); padding, validation and
+  shape buckets in :mod:`cb_core.decisions`.
+* the model (Eq. 3, Eq. 6, App. B): :func:`features`, :func:`prior_log_probs`,
+  :func:`log_probs`, :func:`objective`, :func:`gradient`, :func:`hessian`; the padded kernels
+  they call in :mod:`cb_core.model`.
+* the fit: :func:`fit` ``(decisions, solver=Newton() | LBFGS() | Adam(), lam=, gamma=, eps=)``
+  -> :class:`FitResult` with its :class:`Certificate`.
+* the concept: :class:`Concept` (alpha, gamma, eps, metadata; ``log_probs`` / ``choose`` on one
+  candidate set, Eq. 7; ``save`` / ``load``).
 
-Imports nothing else of this project.
+Other helpers stay importable from their modules (:mod:`cb_core.cache`,
+:mod:`cb_core.synthetic`, ...). Imports nothing else of this project.
 """
 
-from cb_core._atomic import atomic_path
-from cb_core.act import candidate_log_probs, choose
-from cb_core.cache import cache_dir, enable_persistent_cache
-from cb_core.concept import Concept, library_versions
-from cb_core.decisions import (Decisions, PaddedDecisions, bucket_size, decisions_from_lists,
-                               load_decisions, load_decisions_metadata, save_decisions,
-                               to_padded, validate_decisions)
-from cb_core.fit import Certificate, FitResult, fit
-from cb_core.model import (features, gradient, hessian, log_probs, objective, padded_features,
-                           padded_log_probs, padded_objective, prior_log_probs)
+from cb_core._atomic import atomic_path  # noqa: F401  (kept importable; not part of the API)
+from cb_core.concept import Concept
+from cb_core.decisions import Decisions, decisions_from_lists, load_decisions, save_decisions
+from cb_core.fit import LBFGS, Adam, Certificate, FitResult, Newton, fit
+from cb_core.model import features, gradient, hessian, log_probs, objective, prior_log_probs
 
 __all__ = [
-    "Certificate", "Concept", "Decisions", "FitResult", "PaddedDecisions", "atomic_path", "bucket_size",
-    "cache_dir", "candidate_log_probs", "choose", "decisions_from_lists",
-    "enable_persistent_cache", "features", "fit", "gradient", "hessian", "library_versions",
-    "load_decisions", "load_decisions_metadata", "log_probs", "objective", "padded_features",
-    "padded_log_probs", "padded_objective", "prior_log_probs", "save_decisions", "to_padded",
-    "validate_decisions",
+    "Adam", "Certificate", "Concept", "Decisions", "FitResult", "LBFGS", "Newton",
+    "decisions_from_lists", "features", "fit", "gradient", "hessian", "load_decisions",
+    "log_probs", "objective", "prior_log_probs", "save_decisions",
 ]

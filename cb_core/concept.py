@@ -30,6 +30,7 @@ import os
 from importlib import metadata as importlib_metadata
 from typing import Any
 
+import jax
 import numpy as np
 
 from cb_core._atomic import atomic_path
@@ -64,15 +65,8 @@ def library_versions() -> dict[str, str]:
     return out
 
 
-def _check(alpha: np.ndarray, metadata: dict, where: str) -> None:
-    if alpha.ndim != 1 or alpha.shape[0] < 2:
-        raise ValueError(f"{where}: alpha must be [d + 1] with d >= 1, got shape {alpha.shape}")
-    if alpha.dtype not in (np.float32, np.float64):
-        raise ValueError(f"{where}: alpha must be float32 or float64, got {alpha.dtype}")
-    if not np.isfinite(alpha).all():
-        raise ValueError(f"{where}: alpha has non-finite entries")
-    if not isinstance(metadata, dict):
-        raise ValueError(f"{where}: metadata must be a dict, got {type(metadata).__name__}")
+def _check_metadata(alpha: np.ndarray, metadata: dict, where: str) -> None:
+    """The file format's metadata fields (see the module docstring)."""
     for field, types in REQUIRED_FIELDS.items():
         if field not in metadata:
             raise ValueError(f"{where}: metadata field {field!r} is missing")
@@ -92,25 +86,147 @@ def _check(alpha: np.ndarray, metadata: dict, where: str) -> None:
                          f"alpha has {alpha.shape[0]} = d + 1 entries")
 
 
+def _check_candidate_set(hidden: Any, log_q: Any, n_tokens: Any, d: int):
+    """One decision's candidate set as float32 / int32 numpy, or ValueError naming the culprit."""
+    hidden = np.asarray(hidden, np.float32)
+    if hidden.ndim != 2:
+        raise ValueError(f"hidden must be [M, d], got shape {hidden.shape}")
+    m = hidden.shape[0]
+    if m < 1:
+        raise ValueError("empty candidate set (M = 0)")
+    if hidden.shape[1] != d:
+        raise ValueError(f"hidden size {hidden.shape[1]} differs from the concept's d = {d}")
+    log_q = np.asarray(log_q, np.float32).reshape(-1)
+    n_tokens = np.asarray(n_tokens).reshape(-1)
+    if log_q.shape != (m,) or n_tokens.shape != (m,):
+        raise ValueError(f"log_q {log_q.shape} and n_tokens {n_tokens.shape} must be [M] = [{m}]")
+    bad = np.flatnonzero(~np.isfinite(hidden).all(axis=1))
+    if bad.size:
+        raise ValueError(f"non-finite hidden in candidate {bad[0]}")
+    bad = np.flatnonzero(~np.isfinite(log_q))
+    if bad.size:
+        raise ValueError(f"non-finite log_q in candidate {bad[0]}")
+    bad = np.flatnonzero(n_tokens < 1)
+    if bad.size:
+        raise ValueError(f"n_tokens < 1 in candidate {bad[0]}")
+    return hidden, log_q, n_tokens.astype(np.int32)
+
+
+class _Metadata:
+    """The metadata dict as hashable pytree auxiliary data (compared by value)."""
+
+    __slots__ = ("value", "_key")
+
+    def __init__(self, value: dict):
+        self.value = value
+        self._key = json.dumps(value, sort_keys=True, default=repr)
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Metadata) and self._key == other._key
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Concept:
-    """A fitted concept: alpha [d + 1] and its metadata (see the module docstring).
+    """A fitted concept: alpha with the gamma and eps it was fitted with, and its metadata.
 
-    Validated on construction. ``Concept.from_fit`` builds one from a :class:`cb_core.FitResult`.
+    A frozen JAX pytree (leaves alpha, gamma, eps; the metadata is static), validated on
+    construction. Act with :meth:`log_probs` / :meth:`choose` on one decision's candidate set;
+    :meth:`from_fit` builds one from a :class:`cb_core.fit.FitResult`, :meth:`prior_only` the
+    alpha = 0 control; :meth:`save` / :meth:`load` the file (format in the module docstring).
+
+    Attributes:
+        alpha: [d + 1] read-only numpy float32 or float64, last entry the bias weight.
+        gamma: prior length-normalisation exponent (App. B), >= 0.
+        eps: std floor of the features (App. B), > 0.
+        metadata: JSON-serialisable dict (the file's fields; ``gamma``, ``eps`` and
+            ``hidden_size``, when present, must agree with the concept).
     """
 
     alpha: np.ndarray
-    metadata: dict
+    gamma: float
+    eps: float
+    metadata: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         alpha = np.array(self.alpha, copy=True)
         alpha.setflags(write=False)
         object.__setattr__(self, "alpha", alpha)
-        _check(alpha, self.metadata, "concept")
+        if alpha.ndim != 1 or alpha.shape[0] < 2:
+            raise ValueError(f"concept: alpha must be [d + 1] with d >= 1, got shape {alpha.shape}")
+        if alpha.dtype not in (np.float32, np.float64):
+            raise ValueError(f"concept: alpha must be float32 or float64, got {alpha.dtype}")
+        if not np.isfinite(alpha).all():
+            raise ValueError("concept: alpha has non-finite entries")
+        for name, low in (("gamma", 0.0), ("eps", None)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or (value < low if low is not None else value <= 0):
+                raise ValueError(f"concept: {name} must be a finite number "
+                                 f"{'>= 0' if low is not None else '> 0'}, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        if not isinstance(self.metadata, dict):
+            raise ValueError(f"concept: metadata must be a dict, got {type(self.metadata).__name__}")
+        for name in ("gamma", "eps"):
+            if name in self.metadata and self.metadata[name] != getattr(self, name):
+                raise ValueError(f"concept: metadata field {name!r} = {self.metadata[name]!r} "
+                                 f"disagrees with {name} = {getattr(self, name)!r}")
+        if self.metadata.get("hidden_size", self.hidden_size) != self.hidden_size:
+            raise ValueError(f"concept: metadata field 'hidden_size' = "
+                             f"{self.metadata['hidden_size']} but alpha has "
+                             f"{alpha.shape[0]} = d + 1 entries")
 
     @property
     def hidden_size(self) -> int:
+        """d (alpha has d + 1 entries)."""
         return int(self.alpha.shape[0]) - 1
+
+    # ------------------------------------------------------------------------------ acting
+    def log_probs(self, hidden: Any, log_q: Any, n_tokens: Any) -> np.ndarray:
+        """log P_alpha(a | x) over one candidate set (Eq. 3), as numpy float32 [M].
+
+        The N = 1 case of :func:`cb_core.model.problem_log_probs` (the fit's kernel), with the
+        candidate count padded to a bucket (:func:`cb_core.decisions.bucket_size`) so it compiles
+        once per (bucket, d).
+
+        Args:
+            hidden: [M, d] raw hidden states of the M candidates.
+            log_q: [M] summed action-token log-probabilities (nats).
+            n_tokens: [M] action token counts (>= 1).
+
+        Raises:
+            ValueError: empty set, shape mismatch (also d against the concept), non-finite
+                input, n_tokens < 1.
+        """
+        from cb_core.decisions import Decisions, bucket_size, to_padded
+        from cb_core.model import _k_log_probs
+
+        hidden, log_q, n_tokens = _check_candidate_set(hidden, log_q, n_tokens, self.hidden_size)
+        m = hidden.shape[0]
+        one = Decisions(hidden, log_q, n_tokens, np.array([0, m]), np.zeros(m, np.int32),
+                        np.zeros(1, np.int32))
+        padded = to_padded(one, dtype=np.float32, n_pad=1, m_pad=bucket_size(m))
+        out = _k_log_probs(self.alpha.astype(np.float32), padded, np.float32(self.gamma),
+                           np.float32(self.eps))
+        return np.asarray(out)[0, :m]
+
+    def choose(self, hidden: Any, log_q: Any, n_tokens: Any) -> int:
+        """The chosen candidate (Eq. 7): argmax of :meth:`log_probs`.
+
+        Tie rule (deterministic): among candidates with exactly equal log P, the lowest index
+        wins.
+        """
+        return int(np.argmax(self.log_probs(hidden, log_q, n_tokens)))
+
+    # ------------------------------------------------------------------------------ building
+    @classmethod
+    def prior_only(cls, hidden_size: int, gamma: float = 0.8, eps: float = 1e-6,
+                   metadata: dict | None = None) -> Concept:
+        """The alpha = 0 control (acts on the length-normalised prior alone)."""
+        return cls(np.zeros(int(hidden_size) + 1, np.float32), gamma, eps,
+                   dict(metadata or {}, prior_only=True))
 
     @classmethod
     def from_fit(cls, result: Any, *, backbone: str, features: str | dict, task_type: str,
@@ -128,19 +244,26 @@ class Concept:
                              tol=s["tol"], dtype=s["dtype"]))
         if extra:
             meta.update(extra)
-        return cls(np.asarray(result.alpha), meta)
+        return cls(np.asarray(result.alpha), s["gamma"], s["eps"], meta)
 
+    # ------------------------------------------------------------------------------ the file
     def save(self, path: str | os.PathLike) -> None:
-        """Write the concept atomically (temp file + rename) as safetensors + JSON metadata."""
+        """Write the concept atomically (temp file + rename) as safetensors + JSON metadata.
+
+        Raises:
+            ValueError: the metadata lacks a field of the file format (naming it).
+        """
         from safetensors.numpy import save_file
 
+        meta = dict(self.metadata, gamma=self.gamma, eps=self.eps, hidden_size=self.hidden_size)
+        _check_metadata(self.alpha, meta, "concept")
         with atomic_path(path) as tmp:
             save_file({"alpha": np.ascontiguousarray(self.alpha)}, tmp,
-                      metadata={"format": FORMAT, "metadata": json.dumps(self.metadata)})
+                      metadata={"format": FORMAT, "metadata": json.dumps(meta)})
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Concept:
-        """Read and validate a concept file.
+        """Read and validate a concept file (every file written since format 1 loads).
 
         Raises:
             FileNotFoundError: no such file.
@@ -170,5 +293,28 @@ class Concept:
             meta = json.loads(header["metadata"])
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: header field 'metadata' is not JSON ({err})") from None
-        _check(alpha, meta, path)
-        return cls(alpha, meta)
+        if not isinstance(meta, dict):
+            raise ValueError(f"{path}: header field 'metadata' must be a JSON object")
+        if alpha.ndim != 1 or alpha.dtype not in (np.float32, np.float64):
+            raise ValueError(f"{path}: alpha must be [d + 1] float32 or float64, got "
+                             f"{alpha.dtype} {alpha.shape}")
+        _check_metadata(alpha, meta, path)
+        try:
+            return cls(alpha, meta["gamma"], meta["eps"], meta)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+
+
+def _flatten(c: Concept):
+    return (c.alpha, c.gamma, c.eps), _Metadata(c.metadata)
+
+
+def _unflatten(aux: _Metadata, leaves) -> Concept:
+    c = object.__new__(Concept)  # leaves may be tracers or placeholders: no validation
+    for name, value in zip(("alpha", "gamma", "eps"), leaves):
+        object.__setattr__(c, name, value)
+    object.__setattr__(c, "metadata", aux.value)
+    return c
+
+
+jax.tree_util.register_pytree_node(Concept, _flatten, _unflatten)

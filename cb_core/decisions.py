@@ -96,28 +96,6 @@ class Decisions:
         return np.diff(np.asarray(self.offsets)).astype(np.int64)
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class PaddedDecisions:
-    """The padded layout: N decisions (padded to N_pad) of at most M_pad candidates each.
-
-    Attributes:
-        hidden: [N_pad, M_pad, d] float, zero in padded slots.
-        log_q: [N_pad, M_pad] float, zero in padded slots.
-        n_tokens: [N_pad, M_pad] int, one in padded slots.
-        mask: [N_pad, M_pad] bool, True for real candidates.
-        expert: [N_pad] int, local expert index (0 for padded decisions).
-        decision_mask: [N_pad] bool, True for real decisions.
-    """
-
-    hidden: Any
-    log_q: Any
-    n_tokens: Any
-    mask: Any
-    expert: Any
-    decision_mask: Any
-
-
 def bucket_size(n: int, minimum: int = 8, steps_per_octave: int = 4) -> int:
     """Smallest bucket >= n among ``minimum`` and the numbers (k + j/steps) * 2**e.
 
@@ -280,11 +258,63 @@ def decisions_from_lists(
                         np.asarray(expert, dtype=np.int64))
 
 
-def to_padded(decisions: Decisions, n_pad: int | None = None, m_pad: int | None = None
-              ) -> PaddedDecisions:
-    """Convert ragged decisions to the padded ``[N_pad, M_pad, .]`` + mask layout (numpy).
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PaddedDecisions:
+    """The padded layout every kernel of :mod:`cb_core.model` computes on (a pytree of arrays).
 
-    ``n_pad`` and ``m_pad`` default to the buckets of N and M_max (:func:`bucket_size`).
+    N decisions padded to N_pad, each candidate set padded to M_pad slots. Built once, on the
+    host, by :func:`to_padded` (the jit boundary); acting on one candidate set is N_pad = 1.
+
+    Attributes:
+        hidden: [N_pad, M_pad, d] float, each candidate's hidden state minus the first
+            candidate's of its set (the features are invariant to a per-set shift; the shift
+            makes a coordinate that is constant within a set exactly 0 and keeps float32 sums
+            well conditioned); 0 in padded slots.
+        log_q: [N_pad, M_pad] float, summed action-token log-probabilities (nats); 0 in padded
+            slots.
+        n_tokens: [N_pad, M_pad] int32, action token counts; 1 in padded slots.
+        mask: [N_pad, M_pad] bool, True for real candidates.
+        expert: [N_pad] int32, local expert index (0 for padded decisions).
+        weight: [N_pad] float, 1 for real decisions, 0 for padded ones.
+    """
+
+    hidden: Any
+    log_q: Any
+    n_tokens: Any
+    mask: Any
+    expert: Any
+    weight: Any
+
+    def unpad(self, x: Any) -> Any:
+        """Rows of ``x`` [N_pad, M_pad, ...] for the real candidates, in ragged order [T, ...]."""
+        rows = np.flatnonzero(np.asarray(self.mask).reshape(-1))
+        return x.reshape((-1,) + tuple(x.shape[2:]))[rows]
+
+
+def _aligned_zeros(shape: tuple[int, ...], dtype: Any, align: int = 64) -> np.ndarray:
+    """Zero-filled array whose data start on an ``align``-byte boundary (JAX's CPU client then
+    aliases it in ``jax.device_put`` and jit calls instead of copying)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    buf = np.zeros(nbytes + align, np.uint8)
+    start = (-buf.ctypes.data) % align
+    return buf[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def to_padded(decisions: Decisions, *, dtype: Any = None, n_pad: int | None = None,
+              m_pad: int | None = None) -> PaddedDecisions:
+    """Pad ragged decisions into the kernels' layout, once, on the host (numpy out).
+
+    Args:
+        decisions: validated ragged decisions (numpy arrays).
+        dtype: float dtype of ``hidden`` and ``log_q``; default float64 if ``decisions.hidden``
+            is float64, else float32.
+        n_pad: decision slots, default :func:`bucket_size` (N) (minimum 8).
+        m_pad: candidate slots, default :func:`bucket_size` (M_max) (minimum 8).
+
+    Shape buckets make nearby data sizes share one compiled program. One pass over the hidden
+    states (the shift by each set's first row happens in the copy).
 
     Raises:
         ValueError: if n_pad < N or m_pad < M_max.
@@ -292,27 +322,30 @@ def to_padded(decisions: Decisions, n_pad: int | None = None, m_pad: int | None 
     offsets = np.asarray(decisions.offsets)
     sizes = np.diff(offsets)
     n, m_max = sizes.size, int(sizes.max())
-    n_pad = bucket_size(n) if n_pad is None else n_pad
-    m_pad = bucket_size(m_max, minimum=1) if m_pad is None else m_pad
+    n_pad = bucket_size(n) if n_pad is None else int(n_pad)
+    m_pad = bucket_size(m_max) if m_pad is None else int(m_pad)
     if n_pad < n or m_pad < m_max:
         raise ValueError(f"padding ({n_pad}, {m_pad}) smaller than data ({n}, {m_max})")
-    seg = np.asarray(decisions.segment_ids)
-    local = np.arange(seg.size) - offsets[seg]
     hidden = np.asarray(decisions.hidden)
-    out_h = np.zeros((n_pad, m_pad, hidden.shape[1]), hidden.dtype)
-    out_h[seg, local] = hidden
-    out_q = np.zeros((n_pad, m_pad), np.asarray(decisions.log_q).dtype)
-    out_q[seg, local] = np.asarray(decisions.log_q)
-    out_n = np.ones((n_pad, m_pad), np.int32)
-    out_n[seg, local] = np.asarray(decisions.n_tokens)
+    if dtype is None:
+        dtype = np.float64 if hidden.dtype == np.float64 else np.float32
+    h = _aligned_zeros((n_pad, m_pad, hidden.shape[1]), dtype)
+    for i in range(n):
+        a, b = offsets[i], offsets[i + 1]
+        np.subtract(hidden[a:b], hidden[a], out=h[i, : b - a], dtype=dtype)
+    seg = np.repeat(np.arange(n), sizes)
+    local = np.arange(seg.size) - offsets[seg]
+    log_q = np.zeros((n_pad, m_pad), dtype)
+    log_q[seg, local] = np.asarray(decisions.log_q)
+    n_tokens = np.ones((n_pad, m_pad), np.int32)
+    n_tokens[seg, local] = np.asarray(decisions.n_tokens)
     mask = np.zeros((n_pad, m_pad), bool)
     mask[seg, local] = True
     expert = np.zeros(n_pad, np.int32)
     expert[:n] = np.asarray(decisions.expert)
-    dmask = np.zeros(n_pad, bool)
-    dmask[:n] = True
-    return PaddedDecisions(out_h, out_q, out_n, mask, expert, dmask)
-
+    weight = np.zeros(n_pad, dtype)
+    weight[:n] = 1.0
+    return PaddedDecisions(h, log_q, n_tokens, mask, expert, weight)
 
 _REQUIRED = ("hidden", "log_q", "n_tokens", "offsets", "expert")
 

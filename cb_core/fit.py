@@ -1,16 +1,20 @@
 """Fitting a concept: minimise the strongly convex Eq. 6 objective, return alpha with a certificate.
 
-One entry point, :func:`fit`. Two methods:
+One entry point, :func:`fit` ``(decisions, solver=..., lam=..., gamma=..., eps=...)``, and one
+frozen solver object per method (hyperparameters only; the state of a run lives in a NamedTuple
+inside one jit-compiled ``lax.while_loop``):
 
-* ``"lbfgs"`` (default): optax L-BFGS with its zoom line search (strong Wolfe), the whole loop
-  inside one jit-compiled ``lax.while_loop``; stops when ||grad|| <= tol, when an iteration
-  makes no progress (float rounding floor), or at ``max_iter``.
-* ``"adam"``: the seed paper's protocol (optax Adam, learning rate 0.01, alpha_0 = 0, at most
-  1,500 steps, stop when ||grad|| < 1e-4), also one jitted ``lax.while_loop``.
+* :class:`Newton`: Newton-CG. Each step solves H d = -g by conjugate gradients with
+  Hessian-vector products (two passes over the hidden states each, :func:`cb_core.model.hvp`),
+  to the forcing tolerance min(forcing, sqrt(||g||)) ||g||, then an exact line search along d
+  (Phi d is accumulated inside CG, so the search costs no pass).
+* :class:`LBFGS`: optax L-BFGS with its zoom line search (strong Wolfe).
+* :class:`Adam`: the seed paper's protocol (optax Adam, learning rate 0.01, alpha_0 = 0, at most
+  1,500 steps, stop when ||grad|| < 1e-4).
 
-Shapes are *bucketed* (rows T and decisions N rounded up, see
-:func:`cb_core.decisions.bucket_size`) with zero-weight padding, so fits on nearby shapes reuse
-compiled code. The data are standardised once per fit, inside the compiled function.
+The decisions are padded once, on the host, to shape buckets
+(:func:`cb_core.decisions.to_padded`), so fits on nearby shapes reuse compiled code; the
+features' statistics are computed once per fit inside the compiled function.
 
 Every :class:`FitResult` carries a :class:`Certificate`: the final gradient norm, the
 strong-convexity constant lam (H >= lam I holds by construction: H - lam I is a covariance, i.e.
@@ -25,7 +29,7 @@ import dataclasses
 import functools
 import math
 import time
-from typing import Literal
+from typing import Any, ClassVar, Literal, NamedTuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -34,15 +38,14 @@ import optax
 import optax.tree_utils as otu
 from jax import lax
 
-from cb_core.decisions import Decisions, bucket_size, validate_decisions
-from cb_core.model import (Problem, make_problem, problem_hessian_factor, problem_objective)
+from cb_core.decisions import Decisions, to_padded, validate_decisions
+from cb_core.model import (Problem, _log_softmax, _matvec, _rmatvec, hessian_factor, prepare,
+                           problem_objective, value_and_grad, value_grad_scores)
 
-__all__ = ["Certificate", "FitResult", "fit", "pad_to_buckets", "EXACT_EIG_MAX_DIM"]
+__all__ = ["Adam", "Certificate", "FitResult", "LBFGS", "Newton", "Solver", "fit",
+           "EXACT_EIG_MAX_DIM", "DEFAULT_SOLVER"]
 
-#: smallest row bucket: every small problem (T <= 64, N <= 7) shares one compiled program per d
-MIN_ROWS = 64
-
-#: ``certify="auto"`` measures the Hessian's smallest eigenvalue when min(T, m) is at most this.
+#: ``certify="auto"`` measures the Hessian's smallest eigenvalue when min(T_pad, m) is at most this.
 EXACT_EIG_MAX_DIM = 512
 
 
@@ -79,13 +82,14 @@ class FitResult:
         alpha: [m = d + 1] numpy array, the concept (last entry: bias weight).
         loss: L(alpha) (Eq. 6, nats per decision, regulariser included).
         grad_norm: ||grad L(alpha)||_2.
-        n_iter: optimiser iterations taken (L-BFGS steps or Adam steps).
+        n_iter: solver iterations (Newton steps, L-BFGS steps or Adam steps).
         converged: grad_norm <= tol.
-        method: "lbfgs" or "adam".
+        method: the solver's name ("newton", "lbfgs" or "adam").
         certificate: see :class:`Certificate`.
         n_decisions, hidden_size: N and d of the data.
         seconds: wall time of the fit call (compilation included on a first call).
-        settings: lam, gamma, eps, tol, max_iter, dtype.
+        settings: lam, gamma, eps, tol, dtype, method and the solver's hyperparameters.
+        n_hvp: Hessian-vector products (CG iterations) of a Newton fit, else 0.
     """
 
     alpha: np.ndarray
@@ -99,6 +103,7 @@ class FitResult:
     hidden_size: int
     seconds: float
     settings: dict
+    n_hvp: int = 0
 
     @property
     def min_hessian_eig(self) -> float | None:
@@ -117,119 +122,280 @@ class FitResult:
                 f"time={self.seconds:.3f}s")
 
 
+class SolverOutput(NamedTuple):
+    """What a solver's compiled loop returns (arrays)."""
+
+    alpha: Any  # [m]
+    value: Any  # []
+    grad_norm: Any  # []
+    n_iter: Any  # [] int32
+    n_hvp: Any  # [] int32
+
+
+def _default_tol(dtype) -> float:
+    # float32 rounding puts the gradient floor near 1e-4..1e-3 at d ~ 5k; 1e-3 certifies an
+    # objective gap <= 5e-7 / lam.
+    return 1e-3 if jnp.dtype(dtype) == jnp.float32 else 1e-7
+
+
 # ----------------------------------------------------------------------------------------------
-# padding to buckets
+# the solvers
 # ----------------------------------------------------------------------------------------------
 
-def pad_to_buckets(decisions: Decisions, dtype=np.float32):
-    """Pad ragged decisions to bucketed (T_pad, N_pad) with zero-weight rows and decisions.
+class _Progress(NamedTuple):
+    """Best iterate so far: a float32 fit near the optimum stalls at the rounding floor, where
+    the objective's noise exceeds its decrease while the gradient norm stays informative."""
 
-    T_pad = bucket_size(T, minimum=MIN_ROWS), N_pad = bucket_size(N + 1).
-    Padded rows (hidden 0, log_q 0, n_tokens 1) all belong to the dummy decision N_pad - 1;
-    decisions N..N_pad-1 get weight 0. Returns (padded Decisions, weight [N_pad]) as numpy.
+    alpha: Any
+    grad_norm: Any
+    value: Any
+    stalled: Any  # steps with neither a smaller gradient norm nor a decrease beyond noise
+
+    @classmethod
+    def start(cls, alpha, grad_norm, value):
+        return cls(alpha, grad_norm, value, jnp.asarray(0, jnp.int32))
+
+    def update(self, alpha, grad_norm, value):
+        noise = 8 * jnp.finfo(alpha.dtype).eps
+        finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
+        better_g = finite & (grad_norm < self.grad_norm)
+        better_v = finite & (value < self.value - noise * jnp.abs(self.value))
+        return _Progress(jnp.where(better_g, alpha, self.alpha),
+                         jnp.where(better_g, grad_norm, self.grad_norm),
+                         jnp.where(better_v, value, self.value),
+                         jnp.where(better_g | better_v, 0, self.stalled + 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Newton:
+    """Newton-CG with an exact line search (the objective is smooth and strongly convex).
+
+    Attributes:
+        tol: gradient-norm tolerance (default: 1e-3 in float32, 1e-7 in float64).
+        max_iter: Newton steps.
+        max_cg: conjugate-gradient iterations (Hessian-vector products) per step.
+        forcing: CG stops when its residual is <= min(forcing, sqrt(||g||)) ||g||.
+        line_search_steps: safeguarded 1-D Newton steps of the line search (no passes).
+        patience: stop after this many steps without progress (the float rounding floor);
+            the iterate with the smallest gradient norm is returned.
     """
-    t, n = decisions.n_rows, decisions.n_decisions
-    t_pad, n_pad = bucket_size(t, minimum=MIN_ROWS), bucket_size(n + 1)
-    d = decisions.hidden_size
-    hidden = np.zeros((t_pad, d), dtype)
-    hidden[:t] = decisions.hidden
-    log_q = np.zeros(t_pad, dtype)
-    log_q[:t] = decisions.log_q
-    n_tokens = np.ones(t_pad, np.int32)
-    n_tokens[:t] = decisions.n_tokens
-    offsets = np.full(n_pad + 1, t, np.int32)
-    offsets[: n + 1] = decisions.offsets
-    offsets[-1] = t_pad
-    seg = np.full(t_pad, n_pad - 1, np.int32)
-    seg[:t] = decisions.segment_ids
-    expert = np.zeros(n_pad, np.int32)
-    expert[:n] = decisions.expert
-    weight = np.zeros(n_pad, dtype)
-    weight[:n] = 1.0
-    return Decisions(hidden, log_q, n_tokens, offsets, seg, expert), weight
+
+    tol: float | None = None
+    max_iter: int = 50
+    max_cg: int = 200
+    forcing: float = 0.5
+    line_search_steps: int = 8
+    patience: int = 3
+    name: ClassVar[str] = "newton"
+
+    def minimise(self, p: Problem, lam, tol) -> SolverOutput:
+        m = p.hidden.shape[2] + 1
+        dtype = p.hidden.dtype
+        alpha0 = jnp.zeros(m, dtype)
+
+        class Loop(NamedTuple):
+            alpha: Any
+            scores: Any  # [N, M] at alpha
+            grad: Any  # [m] at alpha
+            best: _Progress
+            k: Any
+            n_hvp: Any
+
+        def cg(grad, prob, gnorm):
+            """x ~ -H^{-1} g and u = Phi x (accumulated from the HVPs' Phi p)."""
+            target = jnp.minimum(self.forcing, jnp.sqrt(gnorm)) * gnorm
+
+            def hv(v):
+                u = _matvec(v, p)
+                z = prob * (u - jnp.sum(prob * u, axis=-1, keepdims=True))
+                return u, _rmatvec(p.weight[:, None] * z, p) + lam * v
+
+            class CG(NamedTuple):
+                x: Any
+                u: Any
+                r: Any
+                d: Any
+                rr: Any
+                j: Any
+
+            def cond(c):
+                return (c.j < self.max_cg) & (jnp.sqrt(c.rr) > target)
+
+            def body(c):
+                ud, hd = hv(c.d)
+                a = c.rr / jnp.vdot(c.d, hd)
+                r = c.r - a * hd
+                rr = jnp.vdot(r, r)
+                return CG(c.x + a * c.d, c.u + a * ud, r, r + (rr / c.rr) * c.d, rr, c.j + 1)
+
+            r0 = -grad
+            out = lax.while_loop(cond, body, CG(jnp.zeros_like(grad), jnp.zeros_like(p.prior), r0,
+                                                r0, jnp.vdot(r0, r0), jnp.asarray(0, jnp.int32)))
+            return out.x, out.u, out.j
+
+        def line_search(alpha, s, x, u):
+            """argmin_t L(alpha + t x) by safeguarded 1-D Newton (f' and f'' cost O(N M))."""
+            ax, xx = jnp.vdot(alpha, x), jnp.vdot(x, x)
+            chosen = jnp.take_along_axis(u, p.expert[:, None], axis=1)[:, 0]
+
+            def derivatives(t):
+                prob = jnp.exp(_log_softmax(s + t * u, p))
+                mean = jnp.sum(prob * u, axis=-1)
+                var = jnp.sum(prob * (u - mean[:, None]) ** 2, axis=-1)
+                return (jnp.sum(p.weight * (mean - chosen)) + lam * (ax + t * xx),
+                        jnp.sum(p.weight * var) + lam * xx)
+
+            def step(_, carry):
+                t, lo, hi = carry
+                d1, d2 = derivatives(t)
+                lo = jnp.where(d1 < 0, t, lo)
+                hi = jnp.where(d1 < 0, hi, t)
+                tn = t - d1 / d2
+                inside = (tn > lo) & (tn < hi)
+                tn = jnp.where(inside, tn, jnp.where(jnp.isfinite(hi), 0.5 * (lo + hi), 2 * t))
+                return tn, lo, hi
+
+            one = jnp.asarray(1.0, dtype)
+            t, _, _ = lax.fori_loop(0, self.line_search_steps, step,
+                                    (one, jnp.zeros_like(one), jnp.asarray(jnp.inf, dtype)))
+            return t
+
+        def cond(c: Loop):
+            return (c.k < self.max_iter) & (c.best.grad_norm > tol) & (c.best.stalled < self.patience)
+
+        def body(c: Loop):
+            prob = jnp.exp(_log_softmax(c.scores, p))
+            x, u, j = cg(c.grad, prob, jnp.linalg.norm(c.grad))
+            alpha = c.alpha + line_search(c.alpha, c.scores, x, u) * x
+            value, grad, s = value_grad_scores(alpha, p, lam)
+            return Loop(alpha, s, grad, c.best.update(alpha, jnp.linalg.norm(grad), value),
+                        c.k + 1, c.n_hvp + j)
+
+        v0, g0, s0 = value_grad_scores(alpha0, p, lam)
+        start = Loop(alpha0, s0, g0, _Progress.start(alpha0, jnp.linalg.norm(g0), v0),
+                     jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32))
+        out = lax.while_loop(cond, body, start)
+        value, grad = value_and_grad(out.best.alpha, p, lam)
+        return SolverOutput(out.best.alpha, value, jnp.linalg.norm(grad), out.k, out.n_hvp)
+
+
+@dataclasses.dataclass(frozen=True)
+class LBFGS:
+    """optax L-BFGS with the zoom line search (strong Wolfe), in one compiled loop.
+
+    Attributes:
+        tol: gradient-norm tolerance (default: 1e-3 in float32, 1e-7 in float64).
+        max_iter: L-BFGS steps.
+        memory_size: history length.
+        max_linesearch_steps: zoom line-search evaluations per step.
+        patience: stop after this many steps with neither a smaller gradient norm nor an
+            objective decrease above rounding noise (the float floor); the iterate with the
+            smallest gradient norm is returned.
+    """
+
+    tol: float | None = None
+    max_iter: int = 500
+    memory_size: int = 10
+    max_linesearch_steps: int = 30
+    patience: int = 10
+    name: ClassVar[str] = "lbfgs"
+
+    def minimise(self, p: Problem, lam, tol) -> SolverOutput:
+        fun = lambda a: problem_objective(a, p, lam)  # noqa: E731
+        opt = optax.lbfgs(
+            memory_size=self.memory_size,
+            linesearch=optax.scale_by_zoom_linesearch(
+                max_linesearch_steps=self.max_linesearch_steps),
+        )
+        value_and_grad_fn = optax.value_and_grad_from_state(fun)
+        alpha0 = jnp.zeros(p.hidden.shape[2] + 1, p.hidden.dtype)
+
+        class Loop(NamedTuple):
+            alpha: Any
+            state: Any
+            best: _Progress
+
+        def cond(c: Loop):
+            k = otu.tree_get(c.state, "count")
+            return (k < self.max_iter) & (c.best.grad_norm > tol) & (c.best.stalled < self.patience)
+
+        def body(c: Loop):
+            value, grad = value_and_grad_fn(c.alpha, state=c.state)
+            updates, state = opt.update(grad, c.state, c.alpha, value=value, grad=grad,
+                                        value_fn=fun)
+            alpha = optax.apply_updates(c.alpha, updates)
+            new_g = jnp.linalg.norm(otu.tree_get(state, "grad"))
+            return Loop(alpha, state, c.best.update(alpha, new_g, otu.tree_get(state, "value")))
+
+        v0, g0 = value_and_grad(alpha0, p, lam)
+        out = lax.while_loop(cond, body, Loop(alpha0, opt.init(alpha0),
+                                              _Progress.start(alpha0, jnp.linalg.norm(g0), v0)))
+        value, grad = value_and_grad(out.best.alpha, p, lam)
+        return SolverOutput(out.best.alpha, value, jnp.linalg.norm(grad),
+                            otu.tree_get(out.state, "count"), jnp.asarray(0, jnp.int32))
+
+
+@dataclasses.dataclass(frozen=True)
+class Adam:
+    """The seed paper's protocol: optax Adam from alpha = 0, stop when ||grad|| < tol.
+
+    Attributes:
+        learning_rate: seed 0.01.
+        tol: gradient-norm tolerance (seed 1e-4).
+        max_iter: Adam steps (seed 1,500).
+    """
+
+    learning_rate: float = 0.01
+    tol: float | None = 1e-4
+    max_iter: int = 1500
+    name: ClassVar[str] = "adam"
+
+    def minimise(self, p: Problem, lam, tol) -> SolverOutput:
+        opt = optax.adam(self.learning_rate)
+        alpha0 = jnp.zeros(p.hidden.shape[2] + 1, p.hidden.dtype)
+
+        class Loop(NamedTuple):
+            alpha: Any
+            state: Any
+            k: Any
+            value: Any
+            grad: Any
+
+        def cond(c: Loop):
+            return (c.k < self.max_iter) & (jnp.linalg.norm(c.grad) >= tol)
+
+        def body(c: Loop):
+            updates, state = opt.update(c.grad, c.state, c.alpha)
+            alpha = optax.apply_updates(c.alpha, updates)
+            value, grad = value_and_grad(alpha, p, lam)
+            return Loop(alpha, state, c.k + 1, value, grad)
+
+        v0, g0 = value_and_grad(alpha0, p, lam)
+        out = lax.while_loop(cond, body, Loop(alpha0, opt.init(alpha0), jnp.asarray(0, jnp.int32),
+                                              v0, g0))
+        return SolverOutput(out.alpha, out.value, jnp.linalg.norm(out.grad), out.k,
+                            jnp.asarray(0, jnp.int32))
+
+
+Solver = Union[Newton, LBFGS, Adam]
+
+#: the default solver of :func:`fit` (the fastest reliable one in benchmarks/fit_speed.py)
+DEFAULT_SOLVER: Solver = LBFGS()
 
 
 # ----------------------------------------------------------------------------------------------
-# the compiled loops
+# the compiled programs
 # ----------------------------------------------------------------------------------------------
 
-@functools.partial(jax.jit, static_argnames=("memory_size", "max_linesearch_steps"))
-def _lbfgs(dec, weight, n_real, lam, gamma, eps, tol, max_iter, patience, *, memory_size,
-           max_linesearch_steps):
-    prob = make_problem(dec, gamma, eps, weight, n_real)
-    fun = lambda a: problem_objective(a, prob, lam)  # noqa: E731
-    opt = optax.lbfgs(
-        memory_size=memory_size,
-        linesearch=optax.scale_by_zoom_linesearch(max_linesearch_steps=max_linesearch_steps),
-    )
-    value_and_grad = optax.value_and_grad_from_state(fun)
-    alpha0 = jnp.zeros(dec.hidden.shape[1] + 1, dec.hidden.dtype)
-    state0 = opt.init(alpha0)
-    v0, g0 = jax.value_and_grad(fun)(alpha0)
-
-    # carry: (alpha, state, best_alpha, best_gnorm, best_value, steps without progress)
-    # Progress = a smaller gradient norm, or a decrease of the objective beyond its rounding
-    # noise. In float32 near the optimum the objective's rounding noise exceeds its decrease
-    # while the gradient stays informative, so the iterate returned is the one with the smallest
-    # gradient norm (the best certificate), and `patience` steps without progress stop the loop.
-    noise = 8 * jnp.finfo(alpha0.dtype).eps
-
-    def cond(carry):
-        _, state, _, best_g, _, since = carry
-        k = otu.tree_get(state, "count")
-        return (k < max_iter) & (best_g > tol) & (since < patience)
-
-    def body(carry):
-        alpha, state, best_a, best_g, best_v, since = carry
-        value, grad = value_and_grad(alpha, state=state)
-        updates, state = opt.update(grad, state, alpha, value=value, grad=grad, value_fn=fun)
-        alpha = optax.apply_updates(alpha, updates)
-        new_v = otu.tree_get(state, "value")
-        new_g = jnp.linalg.norm(otu.tree_get(state, "grad"))
-        finite = jnp.isfinite(new_v) & jnp.isfinite(new_g)
-        better_g = finite & (new_g < best_g)
-        better_v = finite & (new_v < best_v - noise * jnp.abs(best_v))
-        best_a = jnp.where(better_g, alpha, best_a)
-        best_g = jnp.where(better_g, new_g, best_g)
-        best_v = jnp.where(better_v, new_v, best_v)
-        since = jnp.where(better_g | better_v, 0, since + 1)
-        return alpha, state, best_a, best_g, best_v, since
-
-    carry = (alpha0, state0, alpha0, jnp.linalg.norm(g0), v0, jnp.asarray(0, jnp.int32))
-    _, state, alpha, _, _, _ = lax.while_loop(cond, body, carry)
-    value, grad = jax.value_and_grad(fun)(alpha)
-    return alpha, value, jnp.linalg.norm(grad), otu.tree_get(state, "count")
+@functools.partial(jax.jit, static_argnums=0)
+def _solve(solver: Solver, padded, lam, gamma, eps, tol) -> SolverOutput:
+    return solver.minimise(prepare(padded, gamma, eps), lam, tol)
 
 
 @jax.jit
-def _adam(dec, weight, n_real, lam, gamma, eps, tol, max_iter, learning_rate):
-    prob = make_problem(dec, gamma, eps, weight, n_real)
-    fun = lambda a: problem_objective(a, prob, lam)  # noqa: E731
-    opt = optax.adam(learning_rate)
-    alpha0 = jnp.zeros(dec.hidden.shape[1] + 1, dec.hidden.dtype)
-    v0, g0 = jax.value_and_grad(fun)(alpha0)
-
-    def cond(carry):
-        _, _, k, _, g = carry
-        return (k < max_iter) & (jnp.linalg.norm(g) >= tol)
-
-    def body(carry):
-        alpha, state, k, _, g = carry
-        updates, state = opt.update(g, state, alpha)
-        alpha = optax.apply_updates(alpha, updates)
-        v, g = jax.value_and_grad(fun)(alpha)
-        return alpha, state, k + 1, v, g
-
-    carry = (alpha0, opt.init(alpha0), jnp.asarray(0, jnp.int32), v0, g0)
-    alpha, _, k, v, g = lax.while_loop(cond, body, carry)
-    return alpha, v, jnp.linalg.norm(g), k
-
-
-@jax.jit
-def _gram_min_eig(alpha, dec, weight, n_real, lam, gamma, eps):
-    """Smallest eigenvalue of H = B^T B + lam I via the smaller Gram matrix of B [T, m]."""
-    prob = make_problem(dec, gamma, eps, weight, n_real)
-    b = problem_hessian_factor(alpha, prob)
+def _gram_min_eig(alpha, padded, lam, gamma, eps):
+    """(smallest, largest) eigenvalue of H = B^T B + lam I via the smaller Gram matrix of B."""
+    b = hessian_factor(alpha, prepare(padded, gamma, eps))
     t, m = b.shape
     if t < m:  # B^T B has m - rank >= m - t zero eigenvalues; the others are those of B B^T
         w = jnp.linalg.eigvalsh(b @ b.T)
@@ -243,117 +409,93 @@ def _gram_min_eig(alpha, dec, weight, n_real, lam, gamma, eps):
 def _x64_context(dtype):
     if jnp.dtype(dtype) != jnp.float64 or jax.config.jax_enable_x64:
         return contextlib.nullcontext()
-    enable = getattr(jax, "enable_x64", None)
-    if enable is None:  # older JAX
-        from jax.experimental import enable_x64 as enable
-        return enable()
-    return enable(True)
+    return jax.enable_x64(True)
+
+
+def _check_number(name: str, value: Any, low: float, strict: bool) -> float:
+    ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
+    if ok:
+        value = float(value)
+        ok = math.isfinite(value) and (value > low if strict else value >= low)
+    if not ok:
+        raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {low:g}, "
+                         f"got {value!r}")
+    return value
 
 
 def fit(
     decisions: Decisions,
+    solver: Solver = DEFAULT_SOLVER,
+    *,
     lam: float = 1.0,
     gamma: float = 0.8,
     eps: float = 1e-6,
-    method: Literal["lbfgs", "adam"] = "lbfgs",
-    max_iter: int | None = None,
-    tol: float | None = None,
-    dtype=jnp.float32,
-    *,
-    learning_rate: float = 0.01,
-    memory_size: int = 10,
-    max_linesearch_steps: int = 30,
-    patience: int = 10,
+    dtype: Any = jnp.float32,
     certify: Literal["auto", "exact", "structural"] = "auto",
 ) -> FitResult:
     """Fit the concept alpha by minimising Eq. 6 (strongly convex; unique optimum).
 
     Args:
         decisions: ragged decisions (validated here).
+        solver: :class:`Newton`, :class:`LBFGS` or :class:`Adam` (hyperparameters, tolerance
+            and iteration cap); default :data:`DEFAULT_SOLVER`. A solver's ``tol=None`` means
+            1e-3 in float32 (certified objective gap <= 5e-7 / lam) and 1e-7 in float64.
         lam: L2 strength lam > 0 (also the strong-convexity constant).
-        gamma: length-normalisation exponent of the prior (App. B).
-        eps: floor of the per-coordinate std in the features (App. B).
-        method: "lbfgs" (default) or "adam" (the seed protocol).
-        max_iter: iteration cap; default 500 for L-BFGS, 1500 for Adam.
-        tol: gradient-norm tolerance; the fit counts as converged when ||grad|| <= tol.
-            Default: Adam 1e-4 (the seed's); L-BFGS 1e-3 in float32 (certified objective gap
-            <= 5e-7 / lam; float32 rounding puts the gradient floor near 1e-4..1e-3 at d ~ 5k)
-            and 1e-7 in float64.
+        gamma: length-normalisation exponent of the prior (App. B), >= 0.
+        eps: floor of the per-coordinate std in the features (App. B), > 0.
         dtype: jnp.float32 (default) or jnp.float64 (x64 is enabled for this call only).
-        learning_rate: Adam's learning rate (seed: 0.01).
-        memory_size: L-BFGS history length.
-        max_linesearch_steps: zoom line-search evaluations per L-BFGS step.
-        patience: L-BFGS stops after this many steps with neither a smaller gradient norm nor
-            an objective decrease above rounding noise (the float floor); it returns the iterate
-            with the smallest gradient norm.
-        certify: "auto" measures the Hessian's smallest eigenvalue when min(T, m) <=
+        certify: "auto" measures the Hessian's smallest eigenvalue when min(T_pad, m) <=
             EXACT_EIG_MAX_DIM, "exact" always, "structural" never.
 
     Returns:
         FitResult with alpha [d + 1] (numpy, ``dtype``) and its :class:`Certificate`.
 
     Raises:
-        ValueError: lam <= 0 or non-finite, gamma/eps/tol invalid, unknown method or dtype,
-            or bad decisions (naming the decision at fault).
+        ValueError: lam <= 0 or non-finite, gamma/eps/tol/max_iter invalid, unknown solver or
+            dtype, or bad decisions (naming the decision at fault).
     """
-    if not (isinstance(lam, (int, float, np.floating)) and math.isfinite(lam) and lam > 0):
-        raise ValueError(f"lam must be a finite number > 0, got {lam!r}")
-    if not (math.isfinite(gamma) and gamma >= 0):
-        raise ValueError(f"gamma must be finite and >= 0, got {gamma!r}")
-    if not (math.isfinite(eps) and eps > 0):
-        raise ValueError(f"eps must be finite and > 0, got {eps!r}")
-    if method not in ("lbfgs", "adam"):
-        raise ValueError(f"method must be 'lbfgs' or 'adam', got {method!r}")
+    lam = _check_number("lam", lam, 0.0, strict=True)
+    gamma = _check_number("gamma", gamma, 0.0, strict=False)
+    eps = _check_number("eps", eps, 0.0, strict=True)
+    if not isinstance(solver, (Newton, LBFGS, Adam)):
+        raise ValueError(f"solver must be cb_core.fit.Newton(), LBFGS() or Adam(), got {solver!r}")
     if certify not in ("auto", "exact", "structural"):
         raise ValueError(f"certify must be 'auto', 'exact' or 'structural', got {certify!r}")
     dt = jnp.dtype(dtype)
     if dt not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
         raise ValueError(f"dtype must be float32 or float64, got {dt}")
-    if tol is None:
-        tol = 1e-4 if method == "adam" else (1e-3 if dt == jnp.dtype(jnp.float32) else 1e-7)
-    tol = float(tol)
-    if not tol >= 0:
-        raise ValueError(f"tol must be >= 0, got {tol!r}")
-    max_iter = (500 if method == "lbfgs" else 1500) if max_iter is None else int(max_iter)
-    if max_iter < 0:
-        raise ValueError(f"max_iter must be >= 0, got {max_iter}")
+    tol = _check_number("tol", _default_tol(dt) if solver.tol is None else solver.tol, 0.0,
+                        strict=False)
+    if not (isinstance(solver.max_iter, int) and solver.max_iter >= 0):
+        raise ValueError(f"max_iter must be an int >= 0, got {solver.max_iter!r}")
     if not isinstance(decisions, Decisions):
         raise ValueError(f"decisions must be a cb_core.Decisions, got {type(decisions).__name__}")
     start = time.perf_counter()
     dec = validate_decisions(decisions)
-    padded, weight = pad_to_buckets(dec, np.dtype(dt.name))
+    padded = to_padded(dec, dtype=np.dtype(dt.name))
     with _x64_context(dt):
-        args = (padded, weight, np.asarray(dec.n_decisions, dt), np.asarray(lam, dt),
-                np.asarray(gamma, dt), np.asarray(eps, dt), np.asarray(tol, dt),
-                np.asarray(max_iter, np.int32))
-        if method == "lbfgs":
-            alpha, value, gnorm, k = _lbfgs(*args, np.asarray(patience, np.int32),
-                                            memory_size=memory_size,
-                                            max_linesearch_steps=max_linesearch_steps)
-        else:
-            alpha, value, gnorm, k = _adam(*args, np.asarray(learning_rate, dt))
+        args = (padded,) + tuple(np.asarray(x, dt) for x in (lam, gamma, eps))
+        out = _solve(solver, *args, np.asarray(tol, dt))
         m = dec.hidden_size + 1
-        measure = certify == "exact" or (certify == "auto"
-                                         and min(padded.n_rows, m) <= EXACT_EIG_MAX_DIM)
+        measure = certify == "exact" or (certify == "auto" and min(padded.mask.size, m)
+                                         <= EXACT_EIG_MAX_DIM)
         if measure:
-            low, high = _gram_min_eig(alpha, *args[:6])
-            min_eig, max_eig = float(low), float(high)
-        alpha = np.asarray(alpha)
-        value, gnorm, k = float(value), float(gnorm), int(k)
+            low, high = (float(x) for x in _gram_min_eig(out.alpha, *args))
+        alpha = np.asarray(out.alpha)
+        value, gnorm = float(out.value), float(out.grad_norm)
     if measure:
-        rounding = math.sqrt(float(jnp.finfo(dt).eps)) * max(1.0, max_eig)
-        strongly_convex = min_eig >= lam - rounding
+        rounding = math.sqrt(float(jnp.finfo(dt).eps)) * max(1.0, high)
+        min_eig, strongly_convex = low, low >= lam - rounding
     else:
         min_eig, strongly_convex = None, True
-    cert = Certificate(grad_norm=gnorm, lam=float(lam), gap_bound=gnorm**2 / (2 * lam),
+    cert = Certificate(grad_norm=gnorm, lam=lam, gap_bound=gnorm**2 / (2 * lam),
                        distance_bound=gnorm / lam, min_hessian_eig=min_eig,
                        strongly_convex=strongly_convex,
                        eig_method="gram" if measure else "structural")
-    settings = dict(lam=float(lam), gamma=float(gamma), eps=float(eps), tol=tol,
-                    max_iter=max_iter, dtype=dt.name, method=method)
-    if method == "adam":
-        settings["learning_rate"] = float(learning_rate)
-    return FitResult(alpha=alpha, loss=value, grad_norm=gnorm, n_iter=k,
-                     converged=bool(gnorm <= tol), method=method, certificate=cert,
+    settings = dict(lam=lam, gamma=gamma, eps=eps, tol=tol, dtype=dt.name, method=solver.name,
+                    **{k: v for k, v in dataclasses.asdict(solver).items() if k != "tol"})
+    return FitResult(alpha=alpha, loss=value, grad_norm=gnorm, n_iter=int(out.n_iter),
+                     converged=bool(gnorm <= tol), method=solver.name, certificate=cert,
                      n_decisions=dec.n_decisions, hidden_size=dec.hidden_size,
-                     seconds=time.perf_counter() - start, settings=settings)
+                     seconds=time.perf_counter() - start, settings=settings,
+                     n_hvp=int(out.n_hvp))

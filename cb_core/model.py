@@ -1,7 +1,8 @@
-"""The concept model as pure JAX functions: features, prior, action distribution, objective.
+"""The concept model as one set of pure JAX kernels on the padded layout.
 
-Seed paper notation: decision i has candidate set A_i of M_i actions; row t of the ragged layout
-is candidate a of decision i = segment_ids[t]; m = d + 1 is the feature size.
+Seed paper notation: decision i has candidate set A_i of M_i actions; m = d + 1 is the feature
+size. The kernels compute on :class:`cb_core.decisions.PaddedDecisions` ([N, M, .] + mask;
+acting on one candidate set is N = 1), prepared once into a :class:`Problem`:
 
 * Features (seed App. B):   phi(x, a; A)_k = (h_ak - mean_A h_k) / max(std_A h_k, eps),  k < d,
                             phi_d = M_i ** -0.5  (the bias coordinate).
@@ -9,12 +10,19 @@ is candidate a of decision i = segment_ids[t]; m = d + 1 is the feature size.
                             over A_i.
 * Action law (Eq. 3):       log P_alpha(a|x) = log-softmax over A_i of (log Qbar + alpha . phi).
 * Objective (Eq. 6):        L(alpha) = (1/N) sum_i -log P_alpha(a*_i|x_i) + lam/2 ||alpha||^2.
+* Gradient:                 (1/N) sum_i (E_{P_i}[phi] - phi(a*_i)) + lam alpha.
 * Hessian:                  H = (1/N) sum_i Cov_{P_i}(phi) + lam I  (so H >= lam I: strongly
-                            convex, unique optimum).
+                            convex, unique optimum); :func:`hvp` applies it in two passes.
 
-Everything here is jit-compatible and does no I/O. The number of decisions (segments) is read
-from array *shapes* (``offsets`` is [N+1]), so it is static under jit. Imports nothing else of
-this project except :mod:`cb_core.decisions`.
+The features are never materialised by the fitter: a score is ``h . (alpha / scale) - mean .
+(alpha / scale)`` per decision, so every pass reads the [N, M, d] hidden states once (the fit is
+memory-bound). :func:`features` materialises them for inspection and tests.
+
+The public functions at the bottom take ragged :class:`cb_core.decisions.Decisions` (concrete
+numpy), pad them once with :func:`cb_core.decisions.to_padded` and call one jit-compiled kernel;
+``alpha`` may be traced (``jax.grad`` / ``jax.hessian`` work). Inside your own jit, call the
+kernels on a :class:`Problem` instead. No I/O. Imports nothing else of this project except
+:mod:`cb_core.decisions`.
 """
 
 from __future__ import annotations
@@ -24,317 +32,279 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from cb_core.decisions import Decisions, PaddedDecisions
+from cb_core.decisions import Decisions, PaddedDecisions, to_padded
 
 __all__ = [
-    "segment_logsumexp",
-    "standardized_features",
-    "features",
-    "prior_log_probs",
-    "log_probs",
-    "objective",
-    "gradient",
-    "hessian",
-    "padded_features",
-    "padded_log_probs",
-    "padded_objective",
+    "Problem", "prepare", "masked_logsumexp", "scores", "problem_log_probs", "problem_objective",
+    "value_and_grad", "value_grad_scores", "hvp", "problem_features", "problem_hessian", "features", "prior_log_probs",
+    "log_probs", "objective", "gradient", "hessian",
 ]
 
 
-# ----------------------------------------------------------------------------------------------
-# ragged primitives
-# ----------------------------------------------------------------------------------------------
+def masked_logsumexp(x, mask):
+    """log sum exp of ``x`` over the last axis where ``mask`` (0 where nothing is masked in).
 
-def _segment_sum(x, segment_ids, num_segments):
-    return jax.ops.segment_sum(x, segment_ids, num_segments, indices_are_sorted=True)
-
-
-def segment_logsumexp(x, segment_ids, num_segments: int):
-    """Log-sum-exp of ``x`` [T] within each segment -> [num_segments] (empty segments give 0).
-
-    Stable (max-shifted); rows equal to -inf contribute nothing.
+    x, mask: [..., M] float / bool -> [...]. Max-shifted (stable); masked entries contribute
+    nothing, also to the gradient.
     """
-    mx = jax.ops.segment_max(x, segment_ids, num_segments, indices_are_sorted=True)
-    mx = lax.stop_gradient(jnp.where(jnp.isfinite(mx), mx, 0.0))
-    s = _segment_sum(jnp.exp(x - mx[segment_ids]), segment_ids, num_segments)
-    return jnp.log(jnp.where(s > 0, s, 1.0)) + mx
+    x = jnp.where(mask, x, -jnp.inf)
+    mx = lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
+    mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
+    s = jnp.sum(jnp.exp(x - mx), axis=-1)
+    return jnp.log(jnp.where(s > 0, s, 1.0)) + mx[..., 0]
 
-
-def standardized_features(hidden, segment_ids, num_segments: int, eps: float = 1e-6):
-    """Seed App. B features in two parts: ([T, d] standardised hidden, [T] bias M_i ** -0.5).
-
-    Per decision and coordinate: subtract the mean across candidates and divide by
-    max(population std, eps). Rows are first shifted by their decision's first row (exact for
-    constant coordinates, which therefore get feature exactly 0, and better conditioned).
-    Kept as two arrays so the fit never copies [T, d] into [T, d + 1].
-    """
-    t = hidden.shape[0]
-    ones = jnp.ones((t,), hidden.dtype)
-    counts = _segment_sum(ones, segment_ids, num_segments)  # [S]
-    safe = jnp.maximum(counts, 1.0)
-    # first row of each segment (rows are sorted by segment)
-    first = jnp.searchsorted(segment_ids, jnp.arange(num_segments, dtype=segment_ids.dtype))
-    first = jnp.clip(first, 0, t - 1)
-    shifted = hidden - hidden[first][segment_ids]
-    mean = _segment_sum(shifted, segment_ids, num_segments) / safe[:, None]
-    centred = shifted - mean[segment_ids]
-    var = _segment_sum(centred * centred, segment_ids, num_segments) / safe[:, None]
-    scale = jnp.maximum(jnp.sqrt(var), eps)
-    phi = centred / scale[segment_ids]
-    bias = lax.rsqrt(safe)[segment_ids]
-    return phi, bias
-
-
-def _prior(log_q, n_tokens, segment_ids, num_segments, gamma):
-    lq = log_q / n_tokens.astype(log_q.dtype) ** gamma
-    return lq - segment_logsumexp(lq, segment_ids, num_segments)[segment_ids]
-
-
-# ----------------------------------------------------------------------------------------------
-# the prepared problem (shared by the public functions and the fitter)
-# ----------------------------------------------------------------------------------------------
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """Everything the objective needs, precomputed once per fit (arrays only; a pytree).
+    """A padded decision set prepared for the kernels (arrays only; a pytree). Built by
+    :func:`prepare` once per fit or act call.
 
-    phi [T, d], bias [T], prior [T], segment_ids [T], expert_rows [S] (global row of each
-    expert action), weight [S] (1 for real decisions, 0 for padding), n_real [] (N).
+    Attributes:
+        hidden: [N, M, d] hidden states, shifted per set (see ``PaddedDecisions.hidden``).
+        mean: [N, d] mean of ``hidden`` over each candidate set.
+        inv_scale: [N, d] 1 / max(std over the set, eps) (App. B).
+        bias: [N] the bias feature M_i ** -0.5 (0 for padded decisions).
+        prior: [N, M] normalised log Qbar (0 in padded slots).
+        mask: [N, M] bool, real candidates.
+        expert: [N] int32 local expert index.
+        weight: [N] 1 / N for real decisions, 0 for padded ones (the objective's average).
     """
 
-    phi: Any
+    hidden: Any
+    mean: Any
+    inv_scale: Any
     bias: Any
     prior: Any
-    segment_ids: Any
-    expert_rows: Any
+    mask: Any
+    expert: Any
     weight: Any
-    n_real: Any
-
-    @property
-    def num_segments(self) -> int:
-        return int(self.weight.shape[0])
 
 
-def make_problem(decisions: Decisions, gamma=0.8, eps=1e-6, weight=None, n_real=None) -> Problem:
-    """Precompute features and prior for ``decisions`` (jit-compatible)."""
-    s = decisions.offsets.shape[0] - 1
-    seg = jnp.asarray(decisions.segment_ids)
-    hidden = jnp.asarray(decisions.hidden)
-    phi, bias = standardized_features(hidden, seg, s, eps)
-    prior = _prior(jnp.asarray(decisions.log_q), jnp.asarray(decisions.n_tokens), seg, s, gamma)
-    offsets = jnp.asarray(decisions.offsets)
-    rows = jnp.clip(offsets[:-1] + jnp.asarray(decisions.expert), 0, hidden.shape[0] - 1)
-    if weight is None:
-        weight = jnp.ones((s,), hidden.dtype)
-    if n_real is None:
-        n_real = jnp.asarray(s, hidden.dtype)
-    return Problem(phi, bias, prior, seg, rows.astype(jnp.int32), weight, n_real)
+def prepare(padded: PaddedDecisions, gamma, eps) -> Problem:
+    """Features' statistics and the prior of a padded decision set (App. B, Eq. 3); jittable.
+
+    gamma: prior length-normalisation exponent; eps: floor of the per-coordinate std.
+    """
+    h = jnp.asarray(padded.hidden)
+    dtype = h.dtype
+    mask = jnp.asarray(padded.mask)
+    w = mask.astype(dtype)
+    count = jnp.sum(w, axis=-1)  # [N]
+    safe = jnp.maximum(count, 1.0)
+    mean = jnp.einsum("nm,nmd->nd", w, h) / safe[:, None]
+    # E[h^2] - mean^2 is well conditioned here: rows are shifted by their set's first row, so
+    # |mean| is of the order of the spread (and a constant coordinate gives exactly 0)
+    var = jnp.maximum(jnp.einsum("nmd,nmd->nd", h, h) / safe[:, None] - mean * mean, 0.0)
+    inv_scale = 1.0 / jnp.maximum(jnp.sqrt(var), jnp.asarray(eps, dtype))
+    bias = jnp.where(count > 0, lax.rsqrt(safe), 0.0)
+    lq = jnp.asarray(padded.log_q, dtype) / jnp.asarray(padded.n_tokens).astype(dtype) ** gamma
+    prior = jnp.where(mask, lq - masked_logsumexp(lq, mask)[:, None], 0.0)
+    weight = jnp.asarray(padded.weight, dtype)
+    weight = weight / jnp.maximum(jnp.sum(weight), 1.0)
+    return Problem(h, mean, inv_scale, bias, prior, mask, jnp.asarray(padded.expert), weight)
 
 
-def _scores(alpha, p: Problem):
-    return p.prior + p.phi @ alpha[:-1] + p.bias * alpha[-1]
+# ----------------------------------------------------------------------------------------------
+# the two passes over the hidden states: Phi v and Phi^T r
+# ----------------------------------------------------------------------------------------------
+
+def _matvec(v, p: Problem):
+    """[N, M] = Phi v for v [m] (the per-set mean term included; 0 in padded slots)."""
+    a = p.inv_scale * v[:-1]  # [N, d]
+    u = jnp.einsum("nmd,nd->nm", p.hidden, a) - jnp.sum(p.mean * a, axis=-1)[:, None]
+    return jnp.where(p.mask, u + (p.bias * v[-1])[:, None], 0.0)
+
+
+def _rmatvec(r, p: Problem):
+    """[m] = Phi^T r for r [N, M] that sums to 0 over each candidate set (zero in padded slots).
+
+    Every r here is a centred softmax residual (P - onehot, P (u - E_P u)), so the per-set mean
+    and the bias coordinate (both constant within a set) drop out exactly instead of leaving
+    rounding noise: the bias entry of the gradient is exactly lam * alpha_d.
+    """
+    g = jnp.einsum("nm,nmd->nd", r, p.hidden)
+    return jnp.concatenate([jnp.sum(g * p.inv_scale, axis=0), jnp.zeros((1,), r.dtype)])
+
+
+# ----------------------------------------------------------------------------------------------
+# kernels on a Problem (pure, jittable)
+# ----------------------------------------------------------------------------------------------
+
+def scores(alpha, p: Problem):
+    """[N, M] log Qbar + alpha . phi (Eq. 3 logits); 0 in padded slots."""
+    return jnp.where(p.mask, p.prior + _matvec(alpha, p), 0.0)
+
+
+def _log_softmax(s, p: Problem):
+    return jnp.where(p.mask, s - masked_logsumexp(s, p.mask)[:, None], -jnp.inf)
 
 
 def problem_log_probs(alpha, p: Problem):
-    """[T] log P_alpha over each candidate set (Eq. 3)."""
-    s = _scores(alpha, p)
-    return s - segment_logsumexp(s, p.segment_ids, p.num_segments)[p.segment_ids]
+    """[N, M] log P_alpha over each candidate set (Eq. 3); -inf in padded slots."""
+    return _log_softmax(scores(alpha, p), p)
 
 
+def _expert_nll(s, p: Problem):
+    chosen = jnp.take_along_axis(s, p.expert[:, None], axis=1)[:, 0]
+    return jnp.sum(p.weight * (masked_logsumexp(s, p.mask) - chosen))
+
+
+@jax.custom_jvp
 def problem_objective(alpha, p: Problem, lam):
-    """Eq. 6: weighted mean expert NLL + lam/2 ||alpha||^2."""
-    s = _scores(alpha, p)
-    lse = segment_logsumexp(s, p.segment_ids, p.num_segments)
-    nll = jnp.sum(p.weight * (lse - s[p.expert_rows])) / p.n_real
-    return nll + 0.5 * lam * jnp.vdot(alpha, alpha)
+    """Eq. 6 (nats per decision): weighted mean expert NLL + lam/2 ||alpha||^2.
+
+    Differentiable in alpha and lam with the analytic gradient of :func:`value_and_grad` (two
+    passes over hidden, also under ``jax.grad``); the data ``p`` are not differentiated.
+    """
+    return _expert_nll(scores(alpha, p), p) + 0.5 * lam * jnp.vdot(alpha, alpha)
 
 
-def problem_hessian_factor(alpha, p: Problem):
-    """B [T, m] with H = B^T B + lam I: rows sqrt(w P / N) (phi - E_P[phi]) (covariance factor)."""
-    logp = problem_log_probs(alpha, p)
-    prob = jnp.exp(logp)
-    full = jnp.concatenate([p.phi, p.bias[:, None]], axis=1)
-    mean = _segment_sum(prob[:, None] * full, p.segment_ids, p.num_segments)
-    centred = full - mean[p.segment_ids]
-    row_w = prob * p.weight[p.segment_ids] / p.n_real
-    return jnp.sqrt(row_w)[:, None] * centred
+@problem_objective.defjvp
+def _objective_jvp(primals, tangents):
+    alpha, p, lam = primals
+    d_alpha, _, d_lam = tangents
+    value, grad = value_and_grad(alpha, p, lam)
+    return value, jnp.vdot(grad, d_alpha) + 0.5 * jnp.vdot(alpha, alpha) * d_lam
+
+
+def _residual(s, p: Problem):
+    """[N, M] w_i (P_i - onehot(a*_i)): the gradient of the weighted NLL in the scores."""
+    prob = jnp.exp(_log_softmax(s, p))
+    onehot = jnp.arange(s.shape[1])[None, :] == p.expert[:, None]
+    return p.weight[:, None] * (prob - onehot.astype(s.dtype)) * p.mask
+
+
+def value_grad_scores(alpha, p: Problem, lam):
+    """(L(alpha), grad L(alpha) [m], scores [N, M]) with the analytic gradient: two passes."""
+    s = scores(alpha, p)
+    value = _expert_nll(s, p) + 0.5 * lam * jnp.vdot(alpha, alpha)
+    return value, _rmatvec(_residual(s, p), p) + lam * alpha, s
+
+
+def value_and_grad(alpha, p: Problem, lam):
+    """(L(alpha), grad L(alpha) [m]) with the analytic gradient: two passes over hidden."""
+    return value_grad_scores(alpha, p, lam)[:2]
+
+
+def hvp(alpha, v, p: Problem, lam):
+    """[m] H(alpha) v = (1/N) sum_i Cov_{P_i}(phi) v + lam v: two passes over hidden."""
+    prob = jnp.exp(problem_log_probs(alpha, p))
+    u = _matvec(v, p)
+    z = prob * (u - jnp.sum(prob * u, axis=-1, keepdims=True))
+    return _rmatvec(p.weight[:, None] * z, p) + lam * v
+
+
+def problem_features(p: Problem):
+    """[N, M, m] materialised features phi (App. B); 0 in padded slots."""
+    phi = (p.hidden - p.mean[:, None, :]) * p.inv_scale[:, None, :]
+    bias = jnp.broadcast_to(p.bias[:, None, None], phi.shape[:2] + (1,))
+    return jnp.where(p.mask[..., None], jnp.concatenate([phi, bias], axis=-1), 0.0)
+
+
+def hessian_factor(alpha, p: Problem):
+    """B [N * M, m] with H = B^T B + lam I: rows sqrt(w_i P) (phi - E_{P_i}[phi])."""
+    phi = problem_features(p)
+    prob = jnp.exp(problem_log_probs(alpha, p))
+    centred = phi - jnp.einsum("nm,nmk->nk", prob, phi)[:, None, :]
+    b = jnp.sqrt(p.weight[:, None] * prob)[..., None] * centred
+    return b.reshape(-1, b.shape[-1])
 
 
 def problem_hessian(alpha, p: Problem, lam):
     """Explicit [m, m] Hessian (1/N) sum_i Cov_{P_i}(phi) + lam I."""
-    b = problem_hessian_factor(alpha, p)
+    b = hessian_factor(alpha, p)
     return b.T @ b + lam * jnp.eye(b.shape[1], dtype=b.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
-# public functions on Decisions (ragged layout)
+# public functions on ragged Decisions: pad once on the host, one jit-compiled kernel
 # ----------------------------------------------------------------------------------------------
-# With concrete (numpy) decisions these pad to shape buckets with zero-weight rows and call one
-# jit-compiled kernel, so calls on nearby shapes reuse compiled code; with traced decisions
-# (inside a user's jit) they trace straight through.
 
-def _is_concrete(decisions: Decisions) -> bool:
-    return not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(decisions))
-
-
-def _bucketed(decisions: Decisions, alpha=None):
-    """(padded decisions, weight, n_real, T) for concrete input, else None."""
-    if not _is_concrete(decisions):
-        return None
-    from cb_core.fit import pad_to_buckets  # local: fit imports this module
-
-    hidden = decisions.hidden
-    dtype = jnp.result_type(hidden if alpha is None else jnp.result_type(hidden, alpha))
-    dtype = jnp.dtype(jnp.float64) if dtype == jnp.float64 else jnp.dtype(jnp.float32)
-    t = int(hidden.shape[0])
-    import numpy as np
-
-    padded, weight = pad_to_buckets(decisions, np.dtype(dtype.name))
-    return padded, weight, np.asarray(decisions.offsets.shape[0] - 1, dtype.name), t
+@jax.jit
+def _k_features(padded, eps):
+    return problem_features(prepare(padded, 0.0, eps))
 
 
 @jax.jit
-def _k_features(dec, weight, n_real, eps):
-    p = make_problem(dec, 0.0, eps, weight, n_real)
-    return jnp.concatenate([p.phi, p.bias[:, None]], axis=1)
+def _k_prior(padded, gamma):
+    return prepare(padded, gamma, 1.0).prior
 
 
 @jax.jit
-def _k_prior(dec, weight, n_real, gamma):
-    return make_problem(dec, gamma, 1e-6, weight, n_real).prior
+def _k_log_probs(alpha, padded, gamma, eps):
+    return problem_log_probs(alpha, prepare(padded, gamma, eps))
 
 
 @jax.jit
-def _k_log_probs(alpha, dec, weight, n_real, gamma, eps):
-    return problem_log_probs(alpha, make_problem(dec, gamma, eps, weight, n_real))
+def _k_objective(alpha, padded, lam, gamma, eps):
+    return problem_objective(alpha, prepare(padded, gamma, eps), lam)
 
 
 @jax.jit
-def _k_objective(alpha, dec, weight, n_real, lam, gamma, eps):
-    return problem_objective(alpha, make_problem(dec, gamma, eps, weight, n_real), lam)
+def _k_value_and_grad(alpha, padded, lam, gamma, eps):
+    return value_and_grad(alpha, prepare(padded, gamma, eps), lam)
 
 
 @jax.jit
-def _k_hessian(alpha, dec, weight, n_real, lam, gamma, eps):
-    return problem_hessian(alpha, make_problem(dec, gamma, eps, weight, n_real), lam)
+def _k_hessian(alpha, padded, lam, gamma, eps):
+    return problem_hessian(alpha, prepare(padded, gamma, eps), lam)
+
+
+def _pad(decisions: Decisions, alpha=None) -> tuple[PaddedDecisions, np.dtype]:
+    if not isinstance(decisions, Decisions):
+        raise TypeError(f"expected cb_core.Decisions, got {type(decisions).__name__}")
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(decisions)):
+        raise TypeError("decisions are traced: pad them outside jit (cb_core.decisions.to_padded) "
+                        "and call the kernels of cb_core.model on prepare(padded, gamma, eps)")
+    wide = jnp.result_type(decisions.hidden if alpha is None else jnp.result_type(decisions.hidden,
+                                                                                  alpha))
+    dtype = np.dtype(np.float64) if wide == jnp.float64 else np.dtype(np.float32)
+    return to_padded(decisions, dtype=dtype), dtype
 
 
 def features(decisions: Decisions, eps: float = 1e-6):
-    """Seed App. B features phi [T, m = d + 1] (standardised hidden states, then bias M_i**-0.5)."""
-    b = _bucketed(decisions)
-    if b is None:
-        p = make_problem(decisions, 0.0, eps)
-        return jnp.concatenate([p.phi, p.bias[:, None]], axis=1)
-    dec, w, n, t = b
-    return _k_features(dec, w, n, jnp.asarray(eps, w.dtype))[:t]
+    """[T, m] seed App. B features (standardised hidden states, then the bias M_i ** -0.5)."""
+    padded, dtype = _pad(decisions)
+    return padded.unpad(_k_features(padded, dtype.type(eps)))
 
 
 def prior_log_probs(decisions: Decisions, gamma: float = 0.8):
     """[T] normalised length-corrected prior log Qbar (Eq. 3, App. B); logsumexp per set is 0."""
-    b = _bucketed(decisions)
-    if b is None:
-        return make_problem(decisions, gamma).prior
-    dec, w, n, t = b
-    return _k_prior(dec, w, n, jnp.asarray(gamma, w.dtype))[:t]
+    padded, dtype = _pad(decisions)
+    return padded.unpad(_k_prior(padded, dtype.type(gamma)))
 
 
 def log_probs(alpha, decisions: Decisions, gamma: float = 0.8, eps: float = 1e-6):
     """[T] log P_alpha(a|x) over each candidate set (Eq. 3). alpha: [m] float."""
-    alpha = jnp.asarray(alpha)
-    b = _bucketed(decisions, alpha)
-    if b is None:
-        return problem_log_probs(alpha, make_problem(decisions, gamma, eps))
-    dec, w, n, t = b
-    return _k_log_probs(alpha.astype(w.dtype), dec, w, n, *(jnp.asarray(x, w.dtype)
-                                                             for x in (gamma, eps)))[:t]
+    padded, dtype = _pad(decisions, alpha)
+    out = _k_log_probs(jnp.asarray(alpha, dtype), padded, dtype.type(gamma), dtype.type(eps))
+    return padded.unpad(out)
 
 
 def objective(alpha, decisions: Decisions, lam: float = 1.0, gamma: float = 0.8,
               eps: float = 1e-6):
     """Eq. 6: mean negative log-likelihood of the expert actions + lam/2 ||alpha||^2 (nats)."""
-    alpha = jnp.asarray(alpha)
-    b = _bucketed(decisions, alpha)
-    if b is None:
-        return problem_objective(alpha, make_problem(decisions, gamma, eps), lam)
-    dec, w, n, _ = b
-    return _k_objective(alpha.astype(w.dtype), dec, w, n,
-                        *(jnp.asarray(x, w.dtype) for x in (lam, gamma, eps)))
+    padded, dtype = _pad(decisions, alpha)
+    return _k_objective(jnp.asarray(alpha, dtype), padded,
+                        *(dtype.type(x) for x in (lam, gamma, eps)))
 
 
 def gradient(alpha, decisions: Decisions, lam: float = 1.0, gamma: float = 0.8,
              eps: float = 1e-6):
-    """[m] gradient of :func:`objective`: (1/N) sum_i (E_{P_i}[phi] - phi(a*_i)) + lam alpha."""
-    return jax.grad(objective)(jnp.asarray(alpha), decisions, lam, gamma, eps)
+    """[m] analytic gradient of :func:`objective`: (1/N) sum_i (E_{P_i}[phi] - phi(a*_i)) +
+    lam alpha."""
+    padded, dtype = _pad(decisions, alpha)
+    return _k_value_and_grad(jnp.asarray(alpha, dtype), padded,
+                             *(dtype.type(x) for x in (lam, gamma, eps)))[1]
 
 
 def hessian(alpha, decisions: Decisions, lam: float = 1.0, gamma: float = 0.8,
             eps: float = 1e-6):
     """[m, m] explicit Hessian of :func:`objective`: (1/N) sum_i Cov_{P_i}(phi) + lam I."""
-    alpha = jnp.asarray(alpha)
-    b = _bucketed(decisions, alpha)
-    if b is None:
-        return problem_hessian(alpha, make_problem(decisions, gamma, eps), lam)
-    dec, w, n, _ = b
-    return _k_hessian(alpha.astype(w.dtype), dec, w, n,
-                      *(jnp.asarray(x, w.dtype) for x in (lam, gamma, eps)))
-
-
-# ----------------------------------------------------------------------------------------------
-# padded layout ([N, M, .] + mask), used at act time and as a cross-check of the ragged code
-# ----------------------------------------------------------------------------------------------
-
-def _masked_features(hidden, mask, eps):
-    """hidden [..., M, d], mask [..., M] -> (phi [..., M, d], bias [..., M]); zero where masked."""
-    w = mask.astype(hidden.dtype)[..., None]
-    count = jnp.maximum(jnp.sum(w, axis=-2, keepdims=True), 1.0)  # [..., 1, 1]
-    shifted = (hidden - hidden[..., :1, :]) * w
-    mean = jnp.sum(shifted, axis=-2, keepdims=True) / count
-    centred = (shifted - mean) * w
-    var = jnp.sum(centred * centred, axis=-2, keepdims=True) / count
-    phi = centred / jnp.maximum(jnp.sqrt(var), eps)
-    bias = jnp.broadcast_to(lax.rsqrt(count[..., 0]), mask.shape) * mask
-    return phi, bias
-
-
-def _masked_prior(log_q, n_tokens, mask, gamma):
-    lq = jnp.where(mask, log_q / n_tokens.astype(log_q.dtype) ** gamma, -jnp.inf)
-    mx = lax.stop_gradient(jnp.max(lq, axis=-1, keepdims=True))
-    mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
-    lse = jnp.log(jnp.sum(jnp.exp(lq - mx), axis=-1, keepdims=True)) + mx
-    return jnp.where(mask, lq - lse, -jnp.inf)
-
-
-@jax.jit
-def padded_features(padded: PaddedDecisions, eps: float = 1e-6):
-    """[N_pad, M_pad, m] features of the padded layout (zero in padded slots)."""
-    phi, bias = _masked_features(jnp.asarray(padded.hidden), jnp.asarray(padded.mask), eps)
-    return jnp.concatenate([phi, bias[..., None]], axis=-1)
-
-
-@jax.jit
-def padded_log_probs(alpha, padded: PaddedDecisions, gamma: float = 0.8, eps: float = 1e-6):
-    """[N_pad, M_pad] log P_alpha per candidate set (-inf in padded slots)."""
-    alpha = jnp.asarray(alpha)
-    mask = jnp.asarray(padded.mask)
-    phi, bias = _masked_features(jnp.asarray(padded.hidden), mask, eps)
-    prior = _masked_prior(jnp.asarray(padded.log_q), jnp.asarray(padded.n_tokens), mask, gamma)
-    s = jnp.where(mask, prior + phi @ alpha[:-1] + bias * alpha[-1], -jnp.inf)
-    mx = lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
-    mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
-    lse = jnp.log(jnp.sum(jnp.exp(s - mx), axis=-1, keepdims=True)) + mx
-    return jnp.where(mask, s - lse, -jnp.inf)
-
-
-@jax.jit
-def padded_objective(alpha, padded: PaddedDecisions, lam: float = 1.0, gamma: float = 0.8,
-                     eps: float = 1e-6):
-    """Eq. 6 on the padded layout (padded decisions carry no weight)."""
-    logp = padded_log_probs(alpha, padded, gamma, eps)
-    dmask = jnp.asarray(padded.decision_mask)
-    ll = jnp.take_along_axis(logp, jnp.asarray(padded.expert)[:, None], axis=1)[:, 0]
-    nll = -jnp.sum(jnp.where(dmask, ll, 0.0)) / jnp.sum(dmask)
-    alpha = jnp.asarray(alpha)
-    return nll + 0.5 * lam * jnp.vdot(alpha, alpha)
+    padded, dtype = _pad(decisions, alpha)
+    return _k_hessian(jnp.asarray(alpha, dtype), padded,
+                      *(dtype.type(x) for x in (lam, gamma, eps)))

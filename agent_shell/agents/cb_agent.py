@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -127,22 +127,20 @@ class CBAgent(ReActAgent):
 
     def log_probs(self, task_type: str, scores: CandidateScores) -> np.ndarray:
         """log P(a | x) over one candidate set (seed Eq. 3) with the concept of ``task_type``
-        (prior-only: alpha = None), as float32 [M]."""
+        (prior-only: alpha = 0), as float32 [M]."""
+        return self.concept_of(task_type, np.shape(scores.hidden)[1]).log_probs(
+            scores.hidden, scores.log_q, scores.n_tokens)
+
+    def concept_of(self, task_type: str, hidden_size: int) -> Any:
+        """The :class:`cb_core.Concept` acting for a task type (it carries its own gamma and eps);
+        the prior-only control acts with alpha = 0 and the config's gamma and eps."""
         import cb_core  # JAX is imported only when an agent actually scores
 
-        alpha, gamma, eps = self.concept_of(task_type)
-        return np.asarray(cb_core.candidate_log_probs(scores.hidden, scores.log_q, scores.n_tokens, alpha, gamma, eps))
-
-    def concept_of(self, task_type: str) -> tuple[np.ndarray | None, float, float]:
-        """(alpha, gamma, eps) for a task type; the concept's fit settings win over the config."""
         if self.concepts is None:
-            return None, self.config.gamma, self.config.eps
+            return cb_core.Concept.prior_only(hidden_size, self.config.gamma, self.config.eps)
         if task_type not in self.concepts:
             raise ValueError(f"no concept for task type {task_type!r}; have {sorted(self.concepts)}")
-        concept = self.concepts[task_type]
-        meta = concept.metadata
-        return (np.asarray(concept.alpha), float(meta.get("gamma", self.config.gamma)),
-                float(meta.get("eps", self.config.eps)))
+        return self.concepts[task_type]
 
 
 __all__ = ["CBAgent", "ROUTE_PEEK_TOKENS"]

@@ -193,10 +193,10 @@ def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: li
                           timings: dict | None = None) -> tuple[dict, dict, Path | None]:
     """Features (cached) and concepts (cached) of ``trajectories`` under ``config``'s rendering,
     layout, lam and gamma; reports skipped expert steps."""
-    import cb_core
     from agent_shell.concepts import cached_concepts, check_concept_matches, collect_features, skipped_summary
+    from cb_core.cache import enable_persistent_cache
 
-    cb_core.enable_persistent_cache(cache / "jax")  # fits compile once per machine, not per run
+    enable_persistent_cache(cache / "jax")  # fits compile once per machine, not per run
     timings = timings if timings is not None else {}
     t = time.perf_counter()
     done = []

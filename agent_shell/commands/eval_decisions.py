@@ -15,8 +15,9 @@ from agent_shell.commands._common import common_options, make_console, prepare
 from agent_shell.run_config import RunConfig
 
 
-def decision_accuracy(features: dict, concepts: dict) -> list[dict]:
-    """Per task type (then ``all``): decisions, mean set size, top-1 accuracy of prior and concept."""
+def decision_accuracy(features: dict, concepts: dict, gamma: float = 0.8) -> list[dict]:
+    """Per task type (then ``all``): decisions, mean set size, top-1 accuracy of the prior
+    (alpha = 0 with ``gamma``) and of the type's concept (with its own gamma and eps)."""
     import numpy as np
 
     import cb_core
@@ -28,10 +29,9 @@ def decision_accuracy(features: dict, concepts: dict) -> list[dict]:
         concept = concepts.get(task_type)
         hits = {"prior": 0, "concept": 0}
         for h, lq, nt, e in zip(tf.hidden, tf.log_q, tf.n_tokens, tf.expert):
-            hits["prior"] += cb_core.choose(h, lq, nt, None) == e
+            hits["prior"] += cb_core.Concept.prior_only(np.shape(h)[1], gamma).choose(h, lq, nt) == e
             if concept is not None:
-                meta = concept.metadata
-                hits["concept"] += cb_core.choose(h, lq, nt, concept.alpha, meta["gamma"], meta["eps"]) == e
+                hits["concept"] += concept.choose(h, lq, nt) == e
         n = tf.n_decisions
         sizes = float(np.mean([len(x) for x in tf.log_q]))
         rows.append({"task_type": task_type, "decisions": n, "mean_candidates": sizes,
@@ -79,7 +79,7 @@ def eval_decisions(config: RunConfig, heldout_split: str, heldout_per_type: int,
                       f"{skipped_summary(features)}")
     finally:
         setup.env.close()
-    rows = decision_accuracy(features, setup.concepts)
+    rows = decision_accuracy(features, setup.concepts, config.gamma)
     table = Table(title=f"Top-1 accuracy on held-out expert decisions ({setup.lm.name})")
     for col in ("task type", "decisions", "candidates", "alpha = 0", "concept"):
         table.add_column(col, justify="left" if col == "task type" else "right")

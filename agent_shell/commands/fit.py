@@ -1,8 +1,9 @@
 """``cb-agent fit DECISIONS.npz --out CONCEPT``: fit a concept on a decision-set file.
 
 Imports JAX only inside the command (``cb-agent --help`` stays fast) and turns on JAX's
-persistent compilation cache ($CB_AGENT_CACHE/jax or ~/.cache/cb-agent/jax) so a one-off fit
-does not pay the compile again after the first run on a given shape bucket.
+persistent compilation cache in the shell's cache directory (``<cache>/jax``, cache =
+$CB_AGENT_CACHE or ~/.cache/cb-agent) so a one-off fit does not pay the compile again after the
+first run on a given shape bucket.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ import click
               help="Prior length-normalisation exponent.")
 @click.option("--eps", default=1e-6, show_default=True, type=float, help="Feature std floor.")
 @click.option("--method", default="lbfgs", show_default=True,
-              type=click.Choice(["lbfgs", "adam"]))
-@click.option("--max-iter", default=None, type=int, help="Iteration cap (lbfgs 500, adam 1500).")
-@click.option("--tol", default=None, type=float, help="Gradient-norm tolerance (default: adam 1e-4; lbfgs 1e-3 in float32, 1e-7 in float64).")
+              type=click.Choice(["newton", "lbfgs", "adam"]),
+              help="Solver: newton (Newton-CG), lbfgs (L-BFGS) or adam (the seed's protocol).")
+@click.option("--max-iter", default=None, type=int,
+              help="Iteration cap (default: newton 50, lbfgs 500, adam 1500).")
+@click.option("--tol", default=None, type=float, help="Gradient-norm tolerance (default: adam 1e-4; newton and lbfgs 1e-3 in float32, 1e-7 in float64).")
 @click.option("--float64", "float64", is_flag=True, help="Fit in float64.")
 @click.option("--certify", default="auto", show_default=True,
               type=click.Choice(["auto", "exact", "structural"]),
@@ -41,18 +44,20 @@ def fit(decisions, out, lam, gamma, eps, method, max_iter, tol, float64, certify
     """Fit a concept on DECISIONS.npz (hidden, log_q, n_tokens, offsets, expert) and save it."""
     start = time.perf_counter()
     import cb_core
-    from cb_core import cache as cb_cache
+    from cb_core.cache import enable_persistent_cache
+    from cb_core.decisions import load_decisions_metadata
 
     if not no_cache:
-        cb_cache.enable_persistent_cache()
-    import jax.numpy as jnp
+        from envs.paths import cache_root  # the project's one cache root (no engine is imported)
 
+        enable_persistent_cache(cache_root() / "jax")
+    solver = {"newton": cb_core.Newton, "lbfgs": cb_core.LBFGS, "adam": cb_core.Adam}[method]
+    options = {k: v for k, v in (("max_iter", max_iter), ("tol", tol)) if v is not None}
     try:
         dec = cb_core.load_decisions(decisions)
-        meta = cb_core.load_decisions_metadata(decisions)
-        result = cb_core.fit(dec, lam=lam, gamma=gamma, eps=eps, method=method,
-                             max_iter=max_iter, tol=tol,
-                             dtype=jnp.float64 if float64 else jnp.float32, certify=certify)
+        meta = load_decisions_metadata(decisions)
+        result = cb_core.fit(dec, solver(**options), lam=lam, gamma=gamma, eps=eps,
+                             dtype="float64" if float64 else "float32", certify=certify)
     except ValueError as err:
         raise click.ClickException(str(err)) from None
     trajectories = meta.get("trajectories", [])

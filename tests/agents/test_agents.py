@@ -78,7 +78,7 @@ def test_cb_agent_uses_the_concept_of_the_task_type():
     alpha[3] = 50.0  # a strong concept along one hidden coordinate
     meta = dict(backbone="fake-lm", features={}, gamma=0.8, lam=1.0, eps=1e-6, task_type="fetch",
                 trajectories=[], versions={}, hidden_size=d)
-    agent = CBAgent(lm, DEMOS, {"fetch": cb_core.Concept(alpha, meta)})
+    agent = CBAgent(lm, DEMOS, {"fetch": cb_core.Concept(alpha, 0.8, 1e-6, meta)})
     env, ep, log, _ = play(agent, max_steps=1)
     context, candidates = lm.score_calls[0]
     s = lm.score(context, candidates, "\n> ")

@@ -134,7 +134,7 @@ def test_probe_takes_the_argmax_of_prior_only_and_cb_agent(tmp_path):
     meta = dict(backbone="fake-lm", features={}, gamma=0.8, lam=1.0, eps=1e-6, task_type="fetch",
                 trajectories=[], versions={}, hidden_size=d)
     lm = FakeLM()
-    rec = studies.probe_record(item, "raw", "cb-agent", CBAgent(lm, DEMOS, {"fetch": cb_core.Concept(alpha, meta)}))
+    rec = studies.probe_record(item, "raw", "cb-agent", CBAgent(lm, DEMOS, {"fetch": cb_core.Concept(alpha, 0.8, 1e-6, meta)}))
     context, candidates = lm.score_calls[0]
     assert rec["action"] == candidates[int(np.argmax(lm.score(context, candidates, "\n> ").hidden[:, 2]))]
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 import cb_core
+from cb_core.decisions import load_decisions_metadata
 from core_helpers import random_decisions, random_lists
 
 
@@ -54,7 +57,7 @@ def test_decision_file_round_trip(tmp_path):
     for f in ("hidden", "log_q", "n_tokens", "offsets", "segment_ids", "expert"):
         np.testing.assert_array_equal(getattr(back, f), getattr(dec, f))
     assert back.n_decisions == 3 and back.hidden_size == 4
-    assert cb_core.load_decisions_metadata(path)["backbone"] == "tiny"
+    assert load_decisions_metadata(path)["backbone"] == "tiny"
     with np.load(path) as z:
         assert z["hidden"].dtype == np.float32 and z["offsets"].dtype == np.int64
 
@@ -91,19 +94,48 @@ def test_decision_file_malformed_field(tmp_path, field, value, match):
 # ---------------------------------------------------------------- concept file
 def _meta(d):
     return dict(backbone="tiny-lm", features="App. B", gamma=0.8, lam=1.0, eps=1e-6,
-                task_type="pick", trajectories=["a", "b"], versions=cb_core.library_versions(),
+                task_type="pick", trajectories=["a", "b"], versions=cb_core.concept.library_versions(),
                 hidden_size=d)
+
+
+def _concept(alpha, meta):
+    return cb_core.Concept(alpha, meta["gamma"], meta["eps"], meta)
 
 
 def test_concept_round_trip(tmp_path):
     alpha = np.arange(5, dtype=np.float32) / 3
-    c = cb_core.Concept(alpha, _meta(4))
+    c = _concept(alpha, _meta(4))
     c.save(tmp_path / "c.safetensors")
     back = cb_core.Concept.load(tmp_path / "c.safetensors")
     np.testing.assert_array_equal(back.alpha, alpha)
+    assert (back.gamma, back.eps) == (0.8, 1e-6)
     assert back.metadata == json.loads(json.dumps(c.metadata))
     with pytest.raises(ValueError):  # frozen alpha
         back.alpha[0] = 1.0
+
+
+def test_concept_file_of_the_first_format_still_loads():
+    """tests/core/data/concept_format1.safetensors was written by the code before the concept
+    carried gamma and eps (Concept(alpha, metadata).save): it loads, and acts with its own
+    gamma = 0.7 and eps = 1e-5."""
+    path = Path(__file__).parent / "data" / "concept_format1.safetensors"
+    c = cb_core.Concept.load(path)
+    np.testing.assert_array_equal(c.alpha, (np.arange(9, dtype=np.float32) - 4) / 8)
+    assert (c.gamma, c.eps, c.hidden_size) == (0.7, 1e-5, 8)
+    assert c.metadata["task_type"] == "pick_and_place_simple" and c.metadata["fit"]["n_iter"] == 12
+    dec = random_decisions(8, [6], 8)
+    np.testing.assert_allclose(c.log_probs(dec.hidden, dec.log_q, dec.n_tokens),
+                               cb_core.log_probs(c.alpha, dec, gamma=0.7, eps=1e-5), atol=2e-5)
+
+
+def test_concept_is_a_pytree():
+    c = _concept(np.arange(5, dtype=np.float32), _meta(4))
+    leaves, tree = jax.tree_util.tree_flatten(c)
+    assert len(leaves) == 3 and float(leaves[1]) == 0.8
+    doubled = jax.tree_util.tree_map(lambda x: x * 2, c)
+    np.testing.assert_array_equal(doubled.alpha, 2 * c.alpha)
+    assert doubled.metadata == c.metadata and doubled.gamma == 1.6
+    assert jax.tree_util.tree_structure(_concept(np.ones(5, np.float32), _meta(4))) == tree
 
 
 def test_saved_files_get_ordinary_permissions_and_no_leftovers(tmp_path):
@@ -111,7 +143,7 @@ def test_saved_files_get_ordinary_permissions_and_no_leftovers(tmp_path):
     import os
     old = os.umask(0o022)
     try:
-        cb_core.Concept(np.zeros(5, np.float32), _meta(4)).save(tmp_path / "c.safetensors")
+        _concept(np.zeros(5, np.float32), _meta(4)).save(tmp_path / "c.safetensors")
         cb_core.save_decisions(tmp_path / "d.npz", random_decisions(1, [3, 2], 4))
     finally:
         os.umask(old)
@@ -122,9 +154,9 @@ def test_saved_files_get_ordinary_permissions_and_no_leftovers(tmp_path):
 
 def test_failed_save_leaves_the_old_file(tmp_path):
     path = tmp_path / "c.safetensors"
-    cb_core.Concept(np.ones(5, np.float32), _meta(4)).save(path)
+    _concept(np.ones(5, np.float32), _meta(4)).save(path)
     with pytest.raises(Exception):
-        cb_core.Concept(np.ones(5, np.float32), {"not": object()}).save(path)  # metadata not JSON
+        cb_core.Concept(np.ones(5, np.float32), 0.8, 1e-6, dict(_meta(4), x=object())).save(path)
     np.testing.assert_array_equal(cb_core.Concept.load(path).alpha, np.ones(5, np.float32))
     assert [p.name for p in tmp_path.iterdir()] == ["c.safetensors"]
 
@@ -140,17 +172,33 @@ def test_concept_missing_field_is_named(tmp_path, field):
               metadata={"format": "cb-agent-concept/1", "metadata": json.dumps(meta)})
     with pytest.raises(ValueError, match=f"field '{field}' is missing"):
         cb_core.Concept.load(tmp_path / "c.safetensors")
-    with pytest.raises(ValueError, match=f"field '{field}' is missing"):
-        cb_core.Concept(np.zeros(5, np.float32), meta)
+    if field not in ("gamma", "eps", "hidden_size"):  # those the concept itself supplies
+        with pytest.raises(ValueError, match=f"field '{field}' is missing"):
+            cb_core.Concept(np.zeros(5, np.float32), 0.8, 1e-6, meta).save(tmp_path / "d")
 
 
 @pytest.mark.parametrize("field, value", [("gamma", "x"), ("lam", -1.0), ("trajectories", "a"),
                                           ("hidden_size", 7), ("versions", [])])
-def test_concept_malformed_field_is_named(field, value):
+def test_concept_malformed_field_is_named(tmp_path, field, value):
+    from safetensors.numpy import save_file
+
     meta = _meta(4)
     meta[field] = value
+    save_file({"alpha": np.zeros(5, np.float32)}, str(tmp_path / "c.safetensors"),
+              metadata={"format": "cb-agent-concept/1", "metadata": json.dumps(meta)})
     with pytest.raises(ValueError, match=field):
-        cb_core.Concept(np.zeros(5, np.float32), meta)
+        cb_core.Concept.load(tmp_path / "c.safetensors")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(gamma=float("nan")), "gamma"), (dict(gamma=-0.1), "gamma"), (dict(eps=0.0), "eps"),
+    (dict(alpha=np.zeros((2, 3), np.float32)), "alpha"), (dict(alpha=np.zeros(4, int)), "alpha"),
+    (dict(metadata=dict(gamma=0.5)), "gamma"), (dict(metadata=dict(hidden_size=7)), "hidden_size"),
+])
+def test_bad_concept_is_named(kwargs, match):
+    args = dict(alpha=np.zeros(5, np.float32), gamma=0.8, eps=1e-6, metadata={})
+    with pytest.raises(ValueError, match=match):
+        cb_core.Concept(**dict(args, **kwargs))
 
 
 def test_concept_load_rejects_other_files(tmp_path):
@@ -162,55 +210,55 @@ def test_concept_load_rejects_other_files(tmp_path):
 
 
 # ---------------------------------------------------------------- act time
-def test_candidate_log_probs_matches_the_batch_law():
+def test_concept_log_probs_is_the_batch_law_for_one_decision():
     dec = random_decisions(3, [5, 9, 1, 13], 6)
     alpha = np.random.default_rng(0).standard_normal(7).astype(np.float32)
-    lp = np.asarray(cb_core.log_probs(alpha, dec))
-    prior = np.asarray(cb_core.prior_log_probs(dec))
+    concept = cb_core.Concept(alpha, 0.6, 1e-6)
+    prior_only = cb_core.Concept.prior_only(6, gamma=0.6)
+    lp = np.asarray(cb_core.log_probs(alpha, dec, gamma=0.6))
+    prior = np.asarray(cb_core.prior_log_probs(dec, gamma=0.6))
     offs = dec.offsets
     for i in range(dec.n_decisions):
         sl = slice(offs[i], offs[i + 1])
-        one = cb_core.candidate_log_probs(dec.hidden[sl], dec.log_q[sl], dec.n_tokens[sl], alpha)
-        assert one.shape == (offs[i + 1] - offs[i],)
+        one = concept.log_probs(dec.hidden[sl], dec.log_q[sl], dec.n_tokens[sl])
+        assert one.shape == (offs[i + 1] - offs[i],) and one.dtype == np.float32
         np.testing.assert_allclose(one, lp[sl], atol=2e-5)
-        none = cb_core.candidate_log_probs(dec.hidden[sl], dec.log_q[sl], dec.n_tokens[sl], None)
+        none = prior_only.log_probs(dec.hidden[sl], dec.log_q[sl], dec.n_tokens[sl])
         np.testing.assert_allclose(none, prior[sl], atol=2e-5)
-        assert cb_core.choose(dec.hidden[sl], dec.log_q[sl], dec.n_tokens[sl], alpha) == \
+        assert concept.choose(dec.hidden[sl], dec.log_q[sl], dec.n_tokens[sl]) == \
             int(np.argmax(lp[sl]))
 
 
 def test_act_time_does_not_recompile_within_a_bucket():
-    from cb_core import act
+    from cb_core import model
 
     rng = np.random.default_rng(0)
-    alpha = rng.standard_normal(9).astype(np.float32)
-    cb_core.candidate_log_probs(rng.standard_normal((17, 8)), -rng.random(17), np.ones(17, int),
-                                alpha)
-    before = act._kernel._cache_size()
+    concept = cb_core.Concept(rng.standard_normal(9).astype(np.float32), 0.8, 1e-6)
+    concept.log_probs(rng.standard_normal((17, 8)), -rng.random(17), np.ones(17, int))
+    before = model._k_log_probs._cache_size()
     for m in range(17, 21):  # all in bucket 20
-        cb_core.candidate_log_probs(rng.standard_normal((m, 8)), -rng.random(m),
-                                    np.ones(m, int), alpha)
-    assert act._kernel._cache_size() == before
+        concept.log_probs(rng.standard_normal((m, 8)), -rng.random(m), np.ones(m, int))
+    assert model._k_log_probs._cache_size() == before
 
 
 def test_choose_tie_rule_lowest_index():
     h = np.ones((4, 3), np.float32)  # identical candidates: all features zero
     q = np.array([-2.0, -1.0, -1.0, -1.0], np.float32)
     n = np.ones(4, int)
-    assert cb_core.choose(h, q, n, None) == 1
-    assert cb_core.choose(h, np.full(4, -1.0), n, np.ones(4, np.float32)) == 0
+    assert cb_core.Concept.prior_only(3).choose(h, q, n) == 1
+    assert cb_core.Concept(np.ones(4, np.float32), 0.8, 1e-6).choose(h, np.full(4, -1.0), n) == 0
 
 
 @pytest.mark.parametrize("args, match", [
-    ((np.zeros((0, 3)), np.zeros(0), np.ones(0, int), None), "empty"),
-    ((np.zeros((2, 3)), np.zeros(3), np.ones(2, int), None), "log_q"),
-    ((np.zeros((2, 3)), np.zeros(2), np.array([1, 0]), None), "n_tokens < 1 in candidate 1"),
-    ((np.zeros((2, 3)), np.array([0, np.nan]), np.ones(2, int), None), "log_q in candidate 1"),
-    ((np.zeros((2, 3)), np.zeros(2), np.ones(2, int), np.zeros(3)), "alpha must be"),
+    ((np.zeros((0, 3)), np.zeros(0), np.ones(0, int)), "empty"),
+    ((np.zeros((2, 3)), np.zeros(3), np.ones(2, int)), "log_q"),
+    ((np.zeros((2, 3)), np.zeros(2), np.array([1, 0])), "n_tokens < 1 in candidate 1"),
+    ((np.zeros((2, 3)), np.array([0, np.nan]), np.ones(2, int)), "log_q in candidate 1"),
+    ((np.zeros((2, 4)), np.zeros(2), np.ones(2, int)), "hidden size 4 differs"),
 ])
 def test_act_bad_input(args, match):
     with pytest.raises(ValueError, match=match):
-        cb_core.candidate_log_probs(*args)
+        cb_core.Concept.prior_only(3).log_probs(*args)
 
 
 # ---------------------------------------------------------------- CLI
@@ -231,7 +279,8 @@ def test_cli_fit_writes_a_loadable_concept(tmp_path):
     c = cb_core.Concept.load(out)
     assert c.metadata["backbone"] == "tiny-lm" and c.metadata["trajectories"] == ["g1", "g2"]
     assert c.metadata["lam"] == 1.0 and c.metadata["task_type"] == "pick"
-    np.testing.assert_allclose(c.alpha, cb_core.fit(dec).alpha, atol=1e-6)
+    np.testing.assert_allclose(c.alpha, cb_core.fit(dec).alpha, atol=1e-6)  # the default solver
+    assert (c.gamma, c.eps) == (0.8, 1e-6)
 
 
 def test_cli_process_uses_the_persistent_cache(tmp_path):

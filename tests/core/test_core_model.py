@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cb_core
-from core_helpers import as_float64, random_decisions, random_lists, ragged
+from cb_core import model
+from cb_core.decisions import to_padded
+from core_helpers import as_float64, random_decisions, random_lists, ragged, reference_model
 
 SETTINGS = settings(max_examples=10, deadline=None)
 
@@ -49,6 +51,11 @@ def test_explicit_hessian_matches_autodiff_and_is_strongly_convex(case, lam):
         assert np.linalg.eigvalsh(h)[0] >= lam - 1e-9
         # the bias coordinate is constant within every set: its row is exactly lam e_m
         np.testing.assert_allclose(h[-1], lam * np.eye(d + 1)[-1], atol=1e-12)
+        # the Hessian-vector product the Newton solver uses applies the same matrix
+        v = np.random.default_rng(seed + 3).standard_normal(d + 1)
+        p = model.prepare(to_padded(dec), 0.8, 1e-6)
+        np.testing.assert_allclose(np.asarray(model.hvp(jnp.asarray(alpha), jnp.asarray(v), p, lam)),
+                                   h @ v, rtol=1e-9, atol=1e-11)
 
 
 @SETTINGS
@@ -96,22 +103,54 @@ def test_features_standardised_per_decision(case):
 
 
 @SETTINGS
-@given(ragged())
-def test_padded_and_ragged_layouts_agree(case):
+@given(ragged(), st.floats(0.1, 3.0), st.floats(0.0, 1.5), st.sampled_from([np.float32, np.float64]))
+def test_model_matches_an_independent_numpy_reference(case, lam, gamma, dtype):
+    """log P, Eq. 6 and its gradient at a random alpha != 0 against plain numpy written from the
+    seed's equations (core_helpers.reference_model), in float64 and float32."""
+    seed, sizes, d = case
+    hidden, log_q, n_tokens, expert = random_lists(seed, sizes, d)
+    as32 = lambda xs: [np.asarray(x, np.float32).astype(np.float64) for x in xs]  # noqa: E731
+    lists = (as32(hidden), as32(log_q), n_tokens, expert)  # the values Decisions will hold
+    alpha = np.random.default_rng(seed + 6).standard_normal(d + 1)
+    ref_log_p, ref_objective, ref_gradient = reference_model(*lists, lam=lam, gamma=gamma)
+    tight = dtype == np.float64
+    with jax.enable_x64(tight):
+        dec = cb_core.decisions_from_lists(*lists)
+        if tight:
+            dec = as_float64(dec)
+        a = alpha.astype(dtype)
+        atol = 1e-10 if tight else 5e-5
+        lp = np.asarray(cb_core.log_probs(a, dec, gamma=gamma))
+        np.testing.assert_allclose(lp, np.concatenate(ref_log_p(alpha)), atol=atol * 10)
+        np.testing.assert_allclose(float(cb_core.objective(a, dec, lam=lam, gamma=gamma)),
+                                   ref_objective(alpha), rtol=atol, atol=atol)
+        np.testing.assert_allclose(np.asarray(cb_core.gradient(a, dec, lam=lam, gamma=gamma)),
+                                   ref_gradient(alpha), atol=atol * 10)
+
+
+@SETTINGS
+@given(ragged(), st.integers(0, 9), st.integers(0, 9))
+def test_extra_padding_changes_nothing(case, extra_n, extra_m):
+    """The kernels on a more generously padded layout (inside a user's jit) give the same law,
+    objective and gradient: padded slots and decisions carry no weight."""
     seed, sizes, d = case
     dec = random_decisions(seed, sizes, d)
     alpha = np.random.default_rng(seed).standard_normal(d + 1).astype(np.float32)
-    padded = cb_core.to_padded(dec)
-    lp_pad = np.asarray(cb_core.padded_log_probs(alpha, padded))
-    lp = np.asarray(cb_core.log_probs(alpha, dec))
-    mask = np.asarray(padded.mask)
-    assert mask.sum() == dec.n_rows
-    np.testing.assert_allclose(lp_pad[mask], lp, atol=2e-5)
-    assert np.all(np.isneginf(lp_pad[~mask]))
-    phi_pad = np.asarray(cb_core.padded_features(padded))
-    np.testing.assert_allclose(phi_pad[mask], np.asarray(cb_core.features(dec)), atol=2e-5)
-    np.testing.assert_allclose(cb_core.padded_objective(alpha, padded, lam=0.7),
-                               cb_core.objective(alpha, dec, lam=0.7), rtol=2e-5)
+    tight = to_padded(dec, n_pad=len(sizes), m_pad=max(sizes))
+    loose = to_padded(dec, n_pad=len(sizes) + extra_n, m_pad=max(sizes) + extra_m)
+
+    @jax.jit
+    def law(a, padded):
+        p = model.prepare(padded, 0.8, 1e-6)
+        return model.problem_log_probs(a, p), model.value_and_grad(a, p, 0.7)
+
+    (lp_t, (v_t, g_t)), (lp_l, (v_l, g_l)) = law(alpha, tight), law(alpha, loose)
+    np.testing.assert_allclose(tight.unpad(lp_t), loose.unpad(lp_l), atol=2e-5)
+    np.testing.assert_allclose(tight.unpad(lp_t), cb_core.log_probs(alpha, dec), atol=2e-5)
+    assert np.all(np.isneginf(np.asarray(lp_l)[~loose.mask]))
+    np.testing.assert_allclose(v_t, v_l, rtol=2e-5)
+    np.testing.assert_allclose(g_t, g_l, rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(v_t, cb_core.objective(alpha, dec, lam=0.7), rtol=2e-5)
 
 
 @SETTINGS
