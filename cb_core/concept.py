@@ -1,4 +1,6 @@
-"""The concept file: alpha with the metadata needed to use it again, in one safetensors file.
+"""The fitted concept: alpha with the gamma and eps it was fitted with, acting on one candidate
+set (Eq. 3, Eq. 7), and its file: alpha with the metadata needed to use it again, in one
+safetensors file.
 
 Format (``*.safetensors``, no pickle): one tensor ``alpha`` [d + 1] (float32 or float64, last
 entry the bias weight) and the safetensors header's ``__metadata__`` holding two strings:
@@ -34,6 +36,8 @@ import jax
 import numpy as np
 
 from cb_core._atomic import atomic_path
+from cb_core.decisions import Decisions, bucket_size, to_padded
+from cb_core.model import _k_log_probs
 
 __all__ = ["Concept", "REQUIRED_FIELDS", "library_versions", "FORMAT"]
 
@@ -200,9 +204,6 @@ class Concept:
             ValueError: empty set, shape mismatch (also d against the concept), non-finite
                 input, n_tokens < 1.
         """
-        from cb_core.decisions import Decisions, bucket_size, to_padded
-        from cb_core.model import _k_log_probs
-
         hidden, log_q, n_tokens = _check_candidate_set(hidden, log_q, n_tokens, self.hidden_size)
         m = hidden.shape[0]
         one = Decisions(hidden, log_q, n_tokens, np.array([0, m]), np.zeros(m, np.int32),

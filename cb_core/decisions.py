@@ -4,9 +4,10 @@ A *decision* (seed paper, Sec. 3) is one agent step with a finite candidate set 
 actions, one of which the expert took. N decisions are stored *ragged*: their candidate rows are
 stacked into T = sum_i M_i rows, decision i owning rows ``offsets[i]:offsets[i+1]``.
 
-This module holds the :class:`Decisions` pytree, its validation (host-side, numpy), the
-conversion to the padded ``[N, M_max, .]`` + mask layout, the shape *buckets* used so that jit
-does not recompile for every new (T, N), and the ``.npz`` decision-set file.
+This module holds the :class:`Decisions` pytree, its validation (host-side, numpy), the padded
+``[N_pad, M_pad, .]`` + mask layout every kernel computes on (:class:`PaddedDecisions`, built
+once at the jit boundary by :func:`to_padded`; acting on one candidate set is N_pad = 1), the
+shape *buckets* that let nearby sizes share compiled code, and the ``.npz`` decision-set file.
 
 Decision-set file (``.npz``, written by :func:`save_decisions`, read by :func:`load_decisions`):
 
@@ -47,6 +48,7 @@ __all__ = [
     "validate_decisions",
     "to_padded",
     "load_decisions",
+    "load_decisions_metadata",
     "save_decisions",
 ]
 
