@@ -50,6 +50,10 @@ class RunConfig:
         cache_dir: cache root (None: :func:`envs.paths.cache_dir`).
         out_dir: results folder (None: ``runs/<env>-<split>``).
         resume: continue the results file (skip finished episodes).
+        demos: ReAct demonstrations: ``"expert"`` (fixed per task type) or ``"ical:MEMORY"``
+            (``demos_per_type`` examples retrieved from an ICAL memory per game).
+        concept_data: CB-Agent's concept fitting data: ``"expert"`` or ``"ical"`` (the won
+            examples of the ``demos`` memory; needs ``demos="ical:..."``).
 
     Raises:
         ValueError: an unknown name or an out-of-range number, naming the field.
@@ -76,11 +80,13 @@ class RunConfig:
     cache_dir: str | None = None
     out_dir: str | None = None
     resume: bool = False
+    demos: str = "expert"
+    concept_data: str = "expert"
 
     #: Fields recorded in every results line and compared on resume (with ``model``, the
     #: loaded backbone's name).
     SETTINGS = ("env", "split", "dtype", "seed", "rendering", "layout", "action_space", "demos_per_type",
-                "demo_split", "lam", "gamma", "reflexion_trials", "budget")
+                "demo_split", "lam", "gamma", "reflexion_trials", "budget", "demos", "concept_data")
 
     def __post_init__(self) -> None:
         from agent_shell.lm.dtypes import dtype_name
@@ -101,6 +107,12 @@ class RunConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= {low}")
         if not self.lam > 0:
             raise ValueError(f"lam={self.lam} must be > 0 (the fit is strongly convex only then)")
+        from agent_shell.ical.acting import parse_demos
+
+        if parse_demos(self.demos) is None and self.concept_data == "ical":
+            raise ValueError("concept_data='ical' needs demos='ical:MEMORY'")
+        if self.concept_data not in ("expert", "ical"):
+            raise ValueError(f"concept_data={self.concept_data!r} is not one of ['expert', 'ical']")
         object.__setattr__(self, "agents", agents)
         object.__setattr__(self, "game_ids", tuple(self.game_ids))
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
@@ -118,6 +130,13 @@ class RunConfig:
         out = asdict(self)
         out["agents"], out["game_ids"] = list(self.agents), list(self.game_ids)
         return out
+
+    @property
+    def ical_memory(self) -> str | None:
+        """The ICAL memory folder of ``demos`` (None: fixed expert demonstrations)."""
+        from agent_shell.ical.acting import parse_demos
+
+        return parse_demos(self.demos)
 
     @property
     def results_path(self) -> Path:

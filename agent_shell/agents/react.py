@@ -40,7 +40,9 @@ class ReActAgent:
 
     Args:
         lm: the backbone.
-        demos: task type -> rendered demonstrations (:func:`agent_shell.context.render_demo`).
+        demos: task type -> rendered demonstrations (:func:`agent_shell.context.render_demo`), or
+            an object whose ``for_task(start)`` gives an episode's demonstrations (ICAL's retrieved
+            examples, :class:`agent_shell.ical.acting.RetrievedDemos`).
         config: :class:`AgentConfig`.
         reviewer: the LM view that writes experience reviews (default ``lm``); a separate view
             keeps its own prefix KV cache (:meth:`LanguageModel.fork`).
@@ -51,7 +53,8 @@ class ReActAgent:
     def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], config: AgentConfig = AgentConfig(),
                  reviewer: LanguageModel | None = None):
         self.lm = lm
-        self.demos = {k: list(v) for k, v in demos.items()}
+        self.demo_source = demos if hasattr(demos, "for_task") else None
+        self.demos = {} if self.demo_source is not None else {k: list(v) for k, v in demos.items()}
         self.config = config
         self.reviewer = lm if reviewer is None else reviewer
 
@@ -131,10 +134,14 @@ class ReActAgent:
         """The ReAct routing prompt with the demonstrations of the task type, around ``context``
         (default: :meth:`scoring_context` of ``view``)."""
         task_type = view.start.task_type
-        if task_type not in self.demos:
+        if self.demo_source is not None:
+            demos = self.demo_source.for_task(view.start)
+        elif task_type not in self.demos:
             raise ValueError(f"no demonstrations for task type {task_type!r}; have {sorted(self.demos)}")
+        else:
+            demos = self.demos[task_type]
         context = self.scoring_context(view) if context is None else context
-        return ctx.react_prompt(self.config.header, self.demos[task_type], context, self.config.task_header)
+        return ctx.react_prompt(self.config.header, demos, context, self.config.task_header)
 
 
 __all__ = ["ReActAgent"]

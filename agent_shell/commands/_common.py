@@ -75,6 +75,12 @@ RUN_OPTIONS = {
                             help="Results folder (default: runs/<env>-<split>)."),
     "resume": click.option("--resume/--no-resume", default=False, show_default=True,
                            help="Skip episodes already in the results file (after an interruption)."),
+    "demos": click.option("--demos", default="expert", show_default=True,
+                          help="ReAct demonstrations: 'expert' (fixed, per task type) or 'ical:MEMORY' (the "
+                               "--demos-per-type examples retrieved from an ICAL memory for each game's instruction)."),
+    "concept_data": click.option("--concept-data", type=click.Choice(["expert", "ical"]), default="expert",
+                                 show_default=True, help="CB-Agent's concept fitting data: the expert demonstrations, "
+                                 "or the won ICAL examples of the --demos memory (with their thoughts)."),
 }
 
 

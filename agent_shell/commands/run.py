@@ -13,10 +13,12 @@ every results line records.
 from __future__ import annotations
 
 import time
+from typing import Any, Collection
 
 import click
 
-from agent_shell.commands._common import COMMON_OPTIONS, RUN_OPTIONS, config_options, make_console, prepare
+from agent_shell.commands._common import (COMMON_OPTIONS, RUN_OPTIONS, config_options, fit_from_trajectories,
+                                          make_console, prepare)
 from agent_shell.run_config import RunConfig
 
 
@@ -40,8 +42,17 @@ def run(config: RunConfig) -> None:
             check_results_file(results_path, config.agents, task_ids, config.resume, settings)
         except ValueError as err:
             raise click.ClickException(str(err)) from None
-        setup = prepare(config, any(needs_concepts(a) for a in config.agents), echo=console.print, env=env,
-                        task_types=None if type_of is None else {type_of(t) for t in task_ids})
+        need_concepts = any(needs_concepts(a) for a in config.agents)
+        task_types = None if type_of is None else {type_of(t) for t in task_ids}
+        setup = prepare(config, need_concepts and config.concept_data == "expert", echo=console.print, env=env,
+                        task_types=task_types)
+        if config.ical_memory is not None:
+            setup.demos, ical_trajectories = ical_setup(config, task_types, need_concepts)
+            console.print(f"demonstrations: {config.demos_per_type} retrieved per game from the ICAL memory "
+                          f"{config.ical_memory}")
+            if need_concepts and config.concept_data == "ical":
+                setup.features, setup.concepts, setup.concepts_dir = fit_from_trajectories(
+                    config, setup.lm, ical_trajectories, setup.cache, console.print, setup.timings)
         agent_config = AgentConfig.for_env(config.env, rendering=config.rendering, layout=config.layout,
                                            action_space=config.action_space, seed=config.seed)
         meta = {**settings, "model": setup.lm.name,
@@ -67,3 +78,26 @@ def run(config: RunConfig) -> None:
     rows = summarize(records)
     console.print(rich_table(rows, title=f"{config.env} {config.split}: success per task type"))
     console.print(f"chart: {bar_chart(rows, results_path.with_suffix('.png'))}")
+
+
+def ical_setup(config: RunConfig, task_types: Collection[str] | None, need_concepts: bool) -> tuple[Any, list]:
+    """(retrieved demonstrations, the memory's won trajectories of ``task_types`` as concept data)
+    of ``config``'s ICAL memory.
+
+    Raises click.ClickException for an empty memory, or (concept data "ical") a played task type
+    without an example."""
+    from agent_shell.embeddings import SentenceEmbedder
+    from agent_shell.ical import Memory
+    from agent_shell.ical.acting import RetrievedDemos, examples_by_type
+
+    memory = Memory(config.ical_memory, SentenceEmbedder(), on_malformed=lambda msg: click.echo(msg, err=True))
+    try:
+        demos = RetrievedDemos(memory, k=config.demos_per_type, rendering=config.rendering)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    groups = examples_by_type(memory)
+    missing = sorted(set(task_types or ()) - set(groups))
+    if need_concepts and config.concept_data == "ical" and missing:
+        raise click.ClickException(f"the ICAL memory {config.ical_memory} has no example of {', '.join(missing)} to "
+                                   "fit its concept; use --concept-data expert")
+    return demos, [e.trajectory for t in sorted(groups) if task_types is None or t in task_types for e in groups[t]]
