@@ -8,6 +8,7 @@ a missing file) are one-line errors naming the file and line.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -200,7 +201,7 @@ def abstract(noisy_path, env_name, model, dtype, memory_dir, k, max_new_tokens, 
         lm = _load_lm(model, dtype)
         memory = _memory(memory_dir)
         env = make_env(env_name)
-        with _progress() as progress:
+        with _progress() as progress, contextlib.closing(env):
             bar = progress.add_task("abstract", total=len(todo), note="")
             for traj in todo:
                 shown = _retrieved(memory, traj, k)
@@ -214,7 +215,6 @@ def abstract(noisy_path, env_name, model, dtype, memory_dir, k, max_new_tokens, 
                                    "program": None if parsed.program is None else parsed.program.to_record(),
                                    "backbone": lm.name})
                 progress.update(bar, advance=1, note=f"parsed {n_ok}")
-        env.close()
     click.echo(f"{len(todo)} abstracted now ({len(done)} already in {out}); parsed {n_ok}/{len(todo)}"
                + ("; rejected: " + ", ".join(f"{r} x{c}" for r, c in reasons.most_common()) if reasons else ""))
 
@@ -348,7 +348,9 @@ def build_memory(noisy_path, memory_dir, env_name, model, dtype, k, max_rounds, 
 @click.option("--instruction", default=None, help="Query instruction (one query).")
 @click.option("--state", default=None, help="Query textual state (initial observation).")
 @click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True)
-@click.option("--split", default=None, help="Evaluate retrieval precision on every task of this split instead.")
+@click.option("--split", default=None, help="Evaluate retrieval precision on the tasks of this split instead.")
+@click.option("--per-type", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --split: the first N tasks of each task type (0: all).")
 @click.option("--k", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--lambda-instruction", type=click.FloatRange(min=0), default=0.8, show_default=True)
 @click.option("--lambda-text", type=click.FloatRange(min=0), default=0.2, show_default=True)
@@ -358,7 +360,7 @@ def build_memory(noisy_path, memory_dir, env_name, model, dtype, k, max_rounds, 
               help="With --split: one JSON line per query (resumable with --resume).")
 @click.option("--resume/--no-resume", default=False, show_default=True)
 @_fail
-def retrieve(memory_dir, instruction, state, env_name, split, k, lambda_instruction, lambda_text, lambda_visual,
+def retrieve(memory_dir, instruction, state, env_name, split, per_type, k, lambda_instruction, lambda_text, lambda_visual,
              out_path, resume) -> None:
     """Top-K examples for an instruction, or retrieval precision (share of top-K of the query's type) on a split."""
     from agent_shell.commands._common import make_console
@@ -380,10 +382,10 @@ def retrieve(memory_dir, instruction, state, env_name, split, k, lambda_instruct
             table.add_row(str(rank), f"{s:.3f}", e.task_type, e.instruction, e.example_id)
         console.print(table)
         return
-    _precision(memory, env_name, split, k, lambdas, out_path, resume, console)
+    _precision(memory, env_name, split, per_type, k, lambdas, out_path, resume, console)
 
 
-def _precision(memory: Any, env_name: str, split: str, k: int, lambdas: Any, out_path: str | None, resume: bool,
+def _precision(memory: Any, env_name: str, split: str, per_type: int, k: int, lambdas: Any, out_path: str | None, resume: bool,
                console: Any) -> None:
     from agent_shell.ical.summary import precision_rows
     from envs import make_env
@@ -394,7 +396,9 @@ def _precision(memory: Any, env_name: str, split: str, k: int, lambdas: Any, out
     out = Path(out_path) if out_path else None
     queries: list[dict] = []
     try:
-        task_ids = list(env.tasks(split))
+        from envs.collect import select_tasks
+
+        task_ids = select_tasks(env, split, per_type or None)
         if out is not None:
             _done_keys(out, resume, [f"{split}:{t}" for t in task_ids])
             if out.exists():
@@ -425,5 +429,5 @@ def _precision(memory: Any, env_name: str, split: str, k: int, lambdas: Any, out
         have[e.task_type] = have.get(e.task_type, 0) + 1
     for r in precision_rows(queries):
         table.add_row(r["task_type"], str(r["queries"]), f"{r['precision']:.3f}",
-                      str(have.get(r["task_type"], len(memory)) if r["task_type"] != "all" else len(memory)))
+                      str(len(memory) if r["task_type"] == "all" else have.get(r["task_type"], 0)))
     console.print(table)

@@ -110,5 +110,12 @@ def test_retrieve_lists_the_top_k(tmp_path, doubles):
     result = CliRunner().invoke(main, ["ical", "retrieve", str(mem), "--split", "test", "--k", "2",
                                        "--lambda-visual", "0.1"])
     assert result.exit_code == 1 and "lambda_visual must be 0" in result.output
-    result = CliRunner().invoke(main, ["ical", "retrieve", str(mem), "--split", "test", "--k", "1"])
+    result = CliRunner().invoke(main, ["ical", "retrieve", str(mem), "--split", "test", "--k", "1",
+                                       "--out", str(tmp_path / "p.jsonl")])
     assert result.exit_code == 0 and "precision@1" in result.output
+    lines = [orjson.loads(x) for x in (tmp_path / "p.jsonl").read_bytes().splitlines()]
+    assert len(lines) == 5 and all(len(q["retrieved"]) == 1 for q in lines)
+    # the table echo: 5 queries over 2 types, 3 examples (fetch 1, open 2)
+    result = CliRunner().invoke(main, ["ical", "retrieve", str(mem), "--split", "test", "--k", "1", "--per-type", "1",
+                                       "--out", str(tmp_path / "p.jsonl")])
+    assert result.exit_code == 1 and "pass --resume" in result.output
