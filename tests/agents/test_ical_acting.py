@@ -98,4 +98,4 @@ def test_concept_data_ical_needs_an_example_of_every_played_type(tmp_path, doubl
                                     "--demos", f"ical:{tmp_path / 'mem'}", "--concept-data", "ical"])
     assert res.exit_code == 1 and "has no example of open" in res.output
     res = CliRunner().invoke(main, ["run", "--env", "textworld", "--concept-data", "ical"])
-    assert res.exit_code == 2 and "needs --demos ical:MEMORY" in res.output
+    assert res.exit_code == 2 and "concept_data='ical' needs demos='ical:MEMORY'" in res.output
