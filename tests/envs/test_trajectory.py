@@ -102,3 +102,28 @@ def test_repair_moves_unreadable_lines_aside_and_keeps_the_rest_byte_for_byte(tm
     assert path.read_bytes() == lines[0] + lines[2] + lines[3]
     assert (tmp_path / "t.jsonl.torn").read_bytes() == b'{"schema_version": 1, "env": "alf\n{"schema_version": 1, "env": "te\n'
     assert repair_jsonl(path) == [] and repair_jsonl(tmp_path / "missing.jsonl") == []
+
+
+def test_stamped_folder_builds_once_per_stamp_and_never_leaves_half_a_folder(tmp_path):
+    from envs.storage import stamped_folder
+
+    builds = []
+
+    def build(folder):
+        builds.append(folder)
+        (folder / "weights").write_text(str(len(builds)))
+
+    target = tmp_path / "models" / "m"
+    assert stamped_folder(target, {"v": 1}, build) == target and (target / "weights").read_text() == "1"
+    stamped_folder(target, {"v": 1}, build)
+    assert len(builds) == 1  # cached
+    stamped_folder(target, {"v": 2}, build)
+    assert (target / "weights").read_text() == "2"  # a new source rebuilds
+
+    def broken(folder):
+        (folder / "half").write_text("x")
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError):
+        stamped_folder(tmp_path / "models" / "other", {"v": 1}, broken)
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["m"]
