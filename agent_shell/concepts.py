@@ -35,6 +35,7 @@ from agent_shell.context import Context, action_prefix, check_layout, check_rend
 from agent_shell.expert_decisions import decision_examples
 from agent_shell.lm.formatting import PLAIN
 from agent_shell.lm.protocol import LanguageModel
+from envs.storage import atomic_folder
 from envs.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -291,7 +292,6 @@ def cached_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, render
     if any(folder.glob("*.safetensors")):
         return load_concepts(folder), folder
     concepts = fit_concepts(features, lm, rendering, lam, gamma, eps, env_name, layout)
-    staging = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
-    save_concepts(concepts, staging)
-    os.replace(staging, folder)  # the folder appears complete or not at all
+    with atomic_folder(folder) as staging:  # the folder appears complete or not at all
+        save_concepts(concepts, staging)
     return concepts, folder

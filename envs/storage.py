@@ -4,9 +4,10 @@ Every JSONL file the project writes (expert trajectories, episode results, study
 outputs) is appended with :func:`append_jsonl` and read with :func:`iter_jsonl`; every file that
 is rewritten as a whole (an episode's partial state, cached reviews, indexes) is replaced with
 :func:`atomic_path` / :func:`write_json_atomic`; :func:`repair_jsonl` moves a torn line aside
-(what every ``--resume`` runs first); :func:`stamped_folder` builds a whole folder (an
-extracted or converted model) once, renamed into place. (cb_core keeps its own private atomic writer for
-its file formats: it imports nothing of this project.)
+(what every ``--resume`` runs first); :func:`atomic_folder` replaces a whole folder (cached
+concepts) in one rename, and :func:`stamped_folder` builds one (an extracted or converted model)
+once per source. (cb_core keeps its own private atomic writer for its file formats: it imports
+nothing of this project.)
 
 Imports no game engine and nothing of the agent shell.
 """
@@ -95,11 +96,15 @@ def iter_jsonl(path: str | os.PathLike,
             yield number, value, None
 
 
-def _default_mode() -> int:
-    """0o666 minus the process umask: the mode ``open()`` would give a new file."""
+def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
-    return 0o666 & ~mask
+    return mask
+
+
+def _default_mode() -> int:
+    """0o666 minus the process umask: the mode ``open()`` would give a new file."""
+    return 0o666 & ~_umask()
 
 
 @contextlib.contextmanager
@@ -122,6 +127,31 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str]:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike, marker: str | None = None) -> Iterator[Path]:
+    """Yield a new temporary folder beside ``path``; on success it replaces ``path`` (an older
+    ``path`` is removed first) in one rename, so ``path`` appears complete or not at all.
+
+    When the rename fails because another process put ``path`` in place meanwhile, theirs is kept
+    if it holds ``marker`` (a file written last). On any exception the temporary folder is removed.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # a new folder's ordinary mode, not mkdtemp's 0700
+        yield tmp
+        if path.exists():
+            shutil.rmtree(path, ignore_errors=True)
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            if marker is None or not (path / marker).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_json_atomic(path: str | os.PathLike, payload: Any) -> None:
@@ -191,33 +221,22 @@ STAMP_FILE = "cb_agent_source.json"
 def stamped_folder(target: str | os.PathLike, stamp: Mapping[str, Any], build: Callable[[Path], None]) -> Path:
     """``target``, built by ``build(folder)`` unless it already holds a folder built from ``stamp``.
 
-    ``build`` writes into a temporary sibling folder, which gets ``STAMP_FILE`` (``stamp`` as JSON)
-    and is then renamed into place, so an interrupted or concurrent build never leaves a half
-    folder; a stale ``target`` (another stamp) is replaced, and when another process finished the
-    same build first, its folder is kept.
+    ``build`` writes into a temporary sibling folder (:func:`atomic_folder`), which gets
+    ``STAMP_FILE`` (``stamp`` as JSON) and is then renamed into place, so an interrupted or
+    concurrent build never leaves a half folder; a stale ``target`` (another stamp) is replaced,
+    and when another process finished the same build first, its folder is kept.
     """
     target = Path(target)
-    stamp_file = target / STAMP_FILE
     try:
-        if orjson.loads(stamp_file.read_bytes()) == dict(stamp):
+        if orjson.loads((target / STAMP_FILE).read_bytes()) == dict(stamp):
             return target
     except (OSError, ValueError):
         pass
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
-    try:
+    with atomic_folder(target, marker=STAMP_FILE) as tmp:
         build(tmp)
         (tmp / STAMP_FILE).write_bytes(orjson.dumps(dict(stamp), option=orjson.OPT_INDENT_2))
-        if target.exists():
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process finished the same build first: keep theirs
-            if not stamp_file.is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
-__all__ = ["MalformedLine", "append_jsonl", "atomic_path", "iter_jsonl", "repair_jsonl", "stamped_folder", "write_json_atomic"]
+__all__ = ["STAMP_FILE", "MalformedLine", "append_jsonl", "atomic_folder", "atomic_path", "iter_jsonl", "repair_jsonl",
+           "stamped_folder", "write_json_atomic"]

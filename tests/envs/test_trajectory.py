@@ -1,9 +1,13 @@
-"""Trajectory schema and atomic JSONL storage (no engine needed)."""
+"""Trajectory schema, atomic JSONL storage, and the expert decisions of a trajectory (seed Eq. 5,
+:mod:`agent_shell.expert_decisions`); no engine needed."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+from agent_shell.expert_decisions import decision_examples, drop_actions
 from envs.storage import append_jsonl
 from envs.trajectory import (
     SCHEMA_VERSION,
@@ -34,6 +38,32 @@ def test_round_trip_through_jsonl(tmp_path):
     assert read_trajectories(path) == [a, b]
     assert completed_task_ids(path) == {"a", "b"}
     assert a.to_record()["schema_version"] == SCHEMA_VERSION
+
+
+def test_decision_examples_count_history_and_expert_index():
+    traj = make_trajectory()
+    examples, skipped = decision_examples(traj)
+    assert (len(examples), skipped) == (3, 0)
+    second = examples[1]
+    assert second.expert_action == "go to desk 1"
+    assert second.candidates[second.expert_index] == traj.steps[2].action
+    assert [s.action for s in second.history] == ["look", "think: the mug is probably on the desk"]
+    # the context never contains the action's own feedback
+    assert all(s.observation != "On the desk 1, you see a mug 1." for s in second.history)
+
+
+def test_filtered_expert_look_is_skipped_and_counted():
+    examples, skipped = decision_examples(make_trajectory(), drop_actions(["look", "inventory", "help"]))
+    assert (len(examples), skipped) == (2, 1)
+    assert all("look" not in e.candidates for e in examples)
+    assert examples[0].history[0].action == "look"  # the skipped step still shapes later contexts
+
+
+def test_expert_action_missing_from_saved_set_is_an_error():
+    traj = make_trajectory("broken")
+    traj.steps[2] = Step("env", "go to desk 9", "", ["go to desk 1"], False, False, 0.0)
+    with pytest.raises(ValueError, match=r"'broken'.*step 2"):
+        decision_examples(traj)
 
 
 def test_truncated_line_is_reported_with_its_line_number(tmp_path):
@@ -127,3 +157,22 @@ def test_stamped_folder_builds_once_per_stamp_and_never_leaves_half_a_folder(tmp
     with pytest.raises(RuntimeError):
         stamped_folder(tmp_path / "models" / "other", {"v": 1}, broken)
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["m"]
+
+
+def test_atomic_folder_appears_whole_or_not_at_all(tmp_path):
+    from envs.storage import atomic_folder
+
+    target = tmp_path / "models" / "m"
+    with pytest.raises(RuntimeError, match="interrupted"):
+        with atomic_folder(target) as tmp:
+            (tmp / "half.bin").write_bytes(b"x")
+            raise RuntimeError("interrupted")
+    assert not target.exists() and list(target.parent.iterdir()) == []  # nothing half-written is left
+    with atomic_folder(target) as tmp:
+        (tmp / "weights.bin").write_bytes(b"old")
+    with atomic_folder(target) as tmp:  # a stale folder is replaced as a whole
+        (tmp / "config.json").write_text("{}")
+    assert sorted(p.name for p in target.iterdir()) == ["config.json"]
+    mask = os.umask(0)
+    os.umask(mask)
+    assert target.stat().st_mode & 0o777 == 0o777 & ~mask  # a new folder's mode, not mkdtemp's private 0700
