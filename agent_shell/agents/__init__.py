@@ -7,7 +7,7 @@ them alike.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from agent_shell.agents.cb_agent import CBAgent
 from agent_shell.agents.config import AgentConfig
@@ -16,6 +16,9 @@ from agent_shell.agents.reflexion import Reflexion, ReflexionResult, Trial
 from agent_shell.agents.step import AgentLog, AgentStop, Decision, EpisodeDone, LimitReached, View
 from agent_shell.candidates import FormatError
 from agent_shell.lm.protocol import LanguageModel
+
+if TYPE_CHECKING:
+    from cb_core import Concept
 
 #: Agent names accepted by :func:`build_agent` and ``cb-agent run --agent``.
 AGENT_NAMES = ("cb-agent", "prior-only", "react", "reflexion-cb-agent", "reflexion-prior-only",
@@ -28,7 +31,7 @@ def needs_concepts(name: str) -> bool:
 
 
 def build_agent(name: str, lm: LanguageModel, demos: Mapping[str, Sequence[str]],
-                concepts: Mapping[str, object] | None = None, config: AgentConfig = AgentConfig(),
+                concepts: Mapping[str, Concept] | None = None, config: AgentConfig = AgentConfig(),
                 reflexion_trials: int = 2, scorer: LanguageModel | None = None,
                 reviewer: LanguageModel | None = None) -> Reflexion:
     """The agent called ``name`` (see :data:`AGENT_NAMES`), wrapped in its trial loop.

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from agent_shell.agents.react import ReActAgent
 from agent_shell.agents.step import Decision, View
 from agent_shell.candidates import FALLBACK_ACTION, fixed_action_space, parse_actions, read_reply
 from agent_shell.lm.protocol import CandidateScores, LanguageModel
+
+if TYPE_CHECKING:
+    from cb_core import Concept
 
 #: Tokens of a routing reply CB-Agent reads before it knows the step is no think step.
 ROUTE_PEEK_TOKENS = 2
@@ -58,7 +61,7 @@ class CBAgent(ReActAgent):
 
     name = "cb-agent"
 
-    def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], concepts: Mapping[str, object] | None,
+    def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], concepts: Mapping[str, Concept] | None,
                  config: AgentConfig = AgentConfig(), scorer: LanguageModel | None = None,
                  reviewer: LanguageModel | None = None):
         super().__init__(lm, demos, config, reviewer)
@@ -131,7 +134,7 @@ class CBAgent(ReActAgent):
         return self.concept_of(task_type, np.shape(scores.hidden)[1]).log_probs(
             scores.hidden, scores.log_q, scores.n_tokens)
 
-    def concept_of(self, task_type: str, hidden_size: int) -> Any:
+    def concept_of(self, task_type: str, hidden_size: int) -> Concept:
         """The :class:`cb_core.Concept` acting for a task type (it carries its own gamma and eps);
         the prior-only control acts with alpha = 0 and the config's gamma and eps."""
         import cb_core  # JAX is imported only when an agent actually scores
