@@ -1,25 +1,124 @@
-"""JAX's persistent compilation cache, in a directory the caller chooses (for one-off CLI fits).
+"""Compiled programs kept on disk, in a directory the caller chooses (for one-off CLI fits).
 
-cb_core decides no file locations: the agent shell passes ``<its cache dir>/jax``. Call it from
-entry points, never from library maths.
+cb_core decides no file locations: the agent shell passes ``<its cache dir>/jax`` to
+:func:`enable_persistent_cache`. That turns on two stores in the directory:
+
+* JAX's persistent compilation cache (every compiled program; still traces and lowers the
+  program in each new process to find it), and
+* ``executables/``: cb_core's fit programs as serialized executables, keyed by everything the
+  program depends on (the solver, the argument shapes and dtypes, the jax / jaxlib versions, the
+  backend and CPU, cb_core's own source). A new process loads and runs one without tracing,
+  lowering or compiling (:func:`call_compiled`).
+
+Like JAX's own cache, the store is trusted code: loading an executable can run anything, so the
+directory must be the user's own. Call :func:`enable_persistent_cache` from entry points, never
+from library maths.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import os
 from pathlib import Path
+from typing import Any, Callable
 
-__all__ = ["enable_persistent_cache"]
+from cb_core._atomic import atomic_path
+
+__all__ = ["enable_persistent_cache", "call_compiled", "executable_dir"]
+
+_EXECUTABLES: Path | None = None
 
 
 def enable_persistent_cache(directory: str | os.PathLike) -> Path:
-    """Turn on JAX's persistent compilation cache in ``directory`` (every compiled program is
-    stored). Returns the directory (created if needed)."""
+    """Turn on JAX's persistent compilation cache and cb_core's executable store in
+    ``directory`` (created if needed). Returns the directory."""
     import jax
 
+    global _EXECUTABLES
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    _EXECUTABLES = directory / "executables"
     return directory
+
+
+def executable_dir() -> Path | None:
+    """Where serialized executables are kept (None until :func:`enable_persistent_cache`)."""
+    return _EXECUTABLES
+
+
+@functools.lru_cache(maxsize=1)
+def _fingerprint() -> dict:
+    """What a compiled executable depends on besides its program, arguments and x64 mode."""
+    import jax
+    import jaxlib
+
+    device = jax.devices()[0]
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        import platform
+
+        cpu = platform.processor()
+    source = hashlib.sha256()
+    here = Path(__file__).parent
+    for path in sorted(here.glob("*.py")):
+        source.update(path.read_bytes())
+    return dict(jax=jax.__version__, jaxlib=jaxlib.__version__, platform=device.platform,
+                platform_version=device.client.platform_version, device=device.device_kind,
+                cpu=hashlib.sha256(cpu.encode()).hexdigest(), cb_core=source.hexdigest())
+
+
+def call_compiled(name: str, jitted: Callable, static: tuple, args: tuple, out_example: Any):
+    """``jitted(*static, *args)``, from a stored executable when one fits (no tracing).
+
+    Without :func:`enable_persistent_cache` this is the plain jit call. Otherwise the
+    executable for (``name``, ``static``, the shapes and dtypes of ``args``, the fingerprint) is
+    loaded from the store, or compiled and stored on a miss (atomically); a file that fails to
+    load is replaced.
+
+    Only for programs without custom calls (LAPACK, FFI): a deserialized executable refers to
+    them by a handler the new process may not have registered yet (the fit's solve has none).
+
+    Args:
+        name: the program's name (part of the key).
+        jitted: a ``jax.jit`` function whose static arguments come first.
+        static: its static arguments (hashable; ``repr`` is part of the key).
+        args: its array arguments (a tuple of pytrees of numpy or JAX arrays).
+        out_example: a pytree of the output's structure (the leaves are ignored).
+    """
+    if _EXECUTABLES is None:
+        return jitted(*static, *args)
+    import jax
+    import numpy as np
+    from jax.experimental import serialize_executable
+
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    key = json.dumps(dict(name=name, static=repr(static), tree=str(tree),
+                          avals=[(np.shape(x), str(np.result_type(x))) for x in leaves],
+                          x64=bool(jax.config.jax_enable_x64), **_fingerprint()), sort_keys=True)
+    path = _EXECUTABLES / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:32]}.bin"
+    in_tree = jax.tree_util.tree_structure((args, {}))
+    out_tree = jax.tree_util.tree_structure(out_example)
+    if path.exists():
+        try:
+            compiled = serialize_executable.deserialize_and_load(path.read_bytes(), in_tree,
+                                                                 out_tree)
+            return compiled(*args)
+        except Exception:  # noqa: BLE001 - a stale or torn file: compile and store again
+            pass
+    compiled = jitted.lower(*static, *args).compile()
+    try:
+        blob, _, _ = serialize_executable.serialize(compiled)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            f.write(blob)
+    except (ValueError, NotImplementedError, OSError):
+        pass  # not serializable here: run it anyway
+    return compiled(*args)

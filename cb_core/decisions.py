@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import zipfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -131,19 +132,21 @@ def _validate_arrays(
             raise ValueError(f"{name} must be [T] = [{t}] to match hidden, got shape {arr.shape}")
     if offsets.ndim != 1 or offsets.shape[0] < 2:
         raise ValueError(f"offsets must be [N+1] with N >= 1, got shape {offsets.shape}")
+    if not np.issubdtype(offsets.dtype, np.integer):
+        raise ValueError(f"offsets must be integer, got dtype {offsets.dtype}")
+    # offsets before expert: N is read from offsets, so offsets that end early or start late
+    # would otherwise surface as an expert shape problem
+    if offsets[0] != 0:
+        raise ValueError(f"offsets[0] must be 0, got {offsets[0]}")
+    if offsets[-1] != t:
+        raise ValueError(f"offsets[-1] must equal T = {t} (rows of hidden), got {offsets[-1]}")
     n = offsets.shape[0] - 1
     if expert.shape != (n,):
         raise ValueError(f"expert must be [N] = [{n}] to match offsets, got shape {expert.shape}")
     if not np.issubdtype(n_tokens.dtype, np.integer):
         raise ValueError(f"n_tokens must be integer, got dtype {n_tokens.dtype}")
-    if not np.issubdtype(offsets.dtype, np.integer):
-        raise ValueError(f"offsets must be integer, got dtype {offsets.dtype}")
     if not np.issubdtype(expert.dtype, np.integer):
         raise ValueError(f"expert must be integer, got dtype {expert.dtype}")
-    if offsets[0] != 0:
-        raise ValueError(f"offsets[0] must be 0, got {offsets[0]}")
-    if offsets[-1] != t:
-        raise ValueError(f"offsets[-1] must equal T = {t} (rows of hidden), got {offsets[-1]}")
     sizes = np.diff(offsets)
     bad = np.flatnonzero(sizes < 1)
     if bad.size:
@@ -352,13 +355,25 @@ def to_padded(decisions: Decisions, *, dtype: Any = None, n_pad: int | None = No
 _REQUIRED = ("hidden", "log_q", "n_tokens", "offsets", "expert")
 
 
+def _check_npz(path: str | os.PathLike) -> None:
+    """ValueError unless ``path`` is a zip archive (what ``numpy.savez`` writes): numpy would
+    otherwise try to read any other file as a pickle and say so."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(path)
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"{path}: not a decision-set .npz file (not a zip archive as "
+                         "numpy.savez writes; see cb_core.decisions for the format)")
+
+
 def load_decisions(path: str | os.PathLike) -> Decisions:
     """Read a decision-set ``.npz`` (format in this module's docstring) and validate it.
 
     Raises:
-        ValueError: naming the missing or malformed field, or the decision at fault.
+        ValueError: not an ``.npz`` archive (naming the file), or naming the missing or
+            malformed field, or the decision at fault.
         FileNotFoundError: if the file does not exist.
     """
+    _check_npz(path)
     with np.load(path, allow_pickle=False) as z:
         missing = [k for k in _REQUIRED if k not in z.files]
         if missing:
@@ -380,6 +395,7 @@ def load_decisions_metadata(path: str | os.PathLike) -> dict:
     Raises:
         ValueError: if the field is present but not a JSON object.
     """
+    _check_npz(path)
     with np.load(path, allow_pickle=False) as z:
         if "metadata" not in z.files:
             return {}

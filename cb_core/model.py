@@ -39,7 +39,7 @@ from cb_core.decisions import Decisions, PaddedDecisions, to_padded
 
 __all__ = [
     "Problem", "prepare", "masked_logsumexp", "scores", "problem_log_probs", "problem_objective",
-    "value_and_grad", "value_grad_scores", "hvp", "problem_features", "problem_hessian", "features", "prior_log_probs",
+    "value_and_grad", "value_and_grad_at", "hvp", "problem_features", "problem_hessian", "features", "prior_log_probs",
     "log_probs", "objective", "gradient", "hessian",
 ]
 
@@ -178,16 +178,16 @@ def _residual(s, p: Problem):
     return p.weight[:, None] * (prob - onehot.astype(s.dtype)) * p.mask
 
 
-def value_grad_scores(alpha, p: Problem, lam):
-    """(L(alpha), grad L(alpha) [m], scores [N, M]) with the analytic gradient: two passes."""
-    s = scores(alpha, p)
+def value_and_grad_at(alpha, s, p: Problem, lam):
+    """(L(alpha), grad L(alpha) [m]) given the scores s = :func:`scores` (alpha, p) [N, M]:
+    one pass over hidden (a solver that tracks the scores saves the other)."""
     value = _expert_nll(s, p) + 0.5 * lam * jnp.vdot(alpha, alpha)
-    return value, _rmatvec(_residual(s, p), p) + lam * alpha, s
+    return value, _rmatvec(_residual(s, p), p) + lam * alpha
 
 
 def value_and_grad(alpha, p: Problem, lam):
     """(L(alpha), grad L(alpha) [m]) with the analytic gradient: two passes over hidden."""
-    return value_grad_scores(alpha, p, lam)[:2]
+    return value_and_grad_at(alpha, scores(alpha, p), p, lam)
 
 
 def hvp(alpha, v, p: Problem, lam):

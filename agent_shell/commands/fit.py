@@ -23,7 +23,7 @@ import click
 @click.option("--gamma", default=0.8, show_default=True, type=float,
               help="Prior length-normalisation exponent.")
 @click.option("--eps", default=1e-6, show_default=True, type=float, help="Feature std floor.")
-@click.option("--method", default="lbfgs", show_default=True,
+@click.option("--method", default="newton", show_default=True,
               type=click.Choice(["newton", "lbfgs", "adam"]),
               help="Solver: newton (Newton-CG), lbfgs (L-BFGS) or adam (the seed's protocol).")
 @click.option("--max-iter", default=None, type=int,
@@ -51,13 +51,17 @@ def fit(decisions, out, lam, gamma, eps, method, max_iter, tol, float64, certify
         from envs.paths import cache_root  # the project's one cache root (no engine is imported)
 
         enable_persistent_cache(cache_root() / "jax")
+    timings = {"import_s": time.perf_counter() - start}
     solver = {"newton": cb_core.Newton, "lbfgs": cb_core.LBFGS, "adam": cb_core.Adam}[method]
     options = {k: v for k, v in (("max_iter", max_iter), ("tol", tol)) if v is not None}
     try:
+        t = time.perf_counter()
         dec = cb_core.load_decisions(decisions)
         meta = load_decisions_metadata(decisions)
+        timings["load_s"] = time.perf_counter() - t
         result = cb_core.fit(dec, solver(**options), lam=lam, gamma=gamma, eps=eps,
                              dtype="float64" if float64 else "float32", certify=certify)
+        timings["fit_s"] = result.seconds
     except ValueError as err:
         raise click.ClickException(str(err)) from None
     trajectories = meta.get("trajectories", [])
@@ -72,8 +76,10 @@ def fit(decisions, out, lam, gamma, eps, method, max_iter, tol, float64, certify
         trajectories=[str(t) for t in trajectories],
         extra={"decisions_file": str(decisions)},
     )
+    t = time.perf_counter()
     concept.save(out)
-    elapsed = time.perf_counter() - start
+    timings["save_s"] = time.perf_counter() - t
+    elapsed = timings["command_s"] = time.perf_counter() - start
     if as_json:
         c = result.certificate
         click.echo(json.dumps(dict(out=str(out), method=result.method, n_decisions=result.n_decisions,
@@ -81,7 +87,7 @@ def fit(decisions, out, lam, gamma, eps, method, max_iter, tol, float64, certify
                                    grad_norm=result.grad_norm, n_iter=result.n_iter,
                                    converged=result.converged, gap_bound=c.gap_bound,
                                    min_hessian_eig=c.min_hessian_eig, fit_seconds=result.seconds,
-                                   command_seconds=elapsed)))
+                                   command_seconds=elapsed, timings=timings)))
     else:
         click.echo(result.summary())
         click.echo(f"saved {out} (command time {elapsed:.2f}s)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -73,8 +74,21 @@ def test_decision_file_missing_field(tmp_path, drop):
         cb_core.load_decisions(tmp_path / "x.npz")
 
 
+def test_a_text_file_named_npz_is_named_as_such(tmp_path):
+    """numpy reads any non-zip file as a pickle and says so; the user hears what the file is."""
+    path = tmp_path / "decisions.npz"
+    path.write_text("hidden,log_q\n0.1,0.2\n")
+    for read in (cb_core.load_decisions, load_decisions_metadata):
+        with pytest.raises(ValueError, match="not a decision-set .npz file") as err:
+            read(path)
+        assert "pickle" not in str(err.value) and str(path) in str(err.value)
+
+
 @pytest.mark.parametrize("field, value, match", [
     ("offsets", np.array([0, 2, 4]), "offsets\\[-1\\] must equal T = 5"),
+    # offsets that end before T also leave expert one entry too long: offsets is the culprit
+    ("offsets", np.array([0, 2]), "offsets\\[-1\\] must equal T = 5"),
+    ("offsets", np.array([1, 2, 5]), "offsets\\[0\\] must be 0"),
     ("offsets", np.array([0, 2, 2, 5]), "expert must be \\[N\\]"),
     ("hidden", np.zeros(5), "hidden must be \\[T, d\\]"),
     ("log_q", np.zeros(4), "log_q must be \\[T\\]"),
@@ -281,23 +295,41 @@ def test_cli_fit_writes_a_loadable_concept(tmp_path):
     assert c.metadata["lam"] == 1.0 and c.metadata["task_type"] == "pick"
     np.testing.assert_allclose(c.alpha, cb_core.fit(dec).alpha, atol=1e-6)  # the default solver
     assert (c.gamma, c.eps) == (0.8, 1e-6)
+    assert summary["method"] == importlib.import_module("cb_core.fit").DEFAULT_SOLVER.name
+    parts = summary["timings"]
+    assert set(parts) == {"import_s", "load_s", "fit_s", "save_s", "command_s"}
+    assert sum(v for k, v in parts.items() if k != "command_s") <= parts["command_s"]
 
 
-def test_cli_process_uses_the_persistent_cache(tmp_path):
+def test_cli_process_uses_the_stored_executable_and_imports_no_backbone(tmp_path):
+    """A second one-off `cb-agent fit` process loads the fit's compiled executable from the
+    cache (JAX compiles nothing: the log of compiles is empty of the fit) and gives the same
+    concept; the command imports neither torch, transformers nor a game engine."""
     import os
     import subprocess
     import sys
 
     dec = random_decisions(5, [4, 6, 3], 5)
     cb_core.save_decisions(tmp_path / "d.npz", dec)
-    env = dict(os.environ, CB_AGENT_CACHE=str(tmp_path / "cache"))
-    cmd = [sys.executable, "-m", "agent_shell.cli", "fit", str(tmp_path / "d.npz"), "--out",
-           str(tmp_path / "c.safetensors")]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert "converged=True" in res.stdout
-    assert len(list((tmp_path / "cache" / "jax").iterdir())) >= 1
-    assert cb_core.Concept.load(tmp_path / "c.safetensors").hidden_size == 5
+    env = dict(os.environ, CB_AGENT_CACHE=str(tmp_path / "cache"), JAX_LOG_COMPILES="1")
+    script = ("import sys; from agent_shell.cli import main\n"
+              "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+              "print('modules', sorted({m.split('.')[0] for m in sys.modules}))")
+    outs = []
+    for k in range(2):
+        cmd = [sys.executable, "-c", script, "fit", str(tmp_path / "d.npz"), "--out",
+               str(tmp_path / f"c{k}.safetensors")]
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0 and "converged=True" in res.stdout, res.stderr
+        outs.append(res)
+    modules = outs[1].stdout.split("modules", 1)[1]
+    for heavy in ("torch", "transformers", "alfworld", "textworld", "scienceworld"):
+        assert f"'{heavy}'" not in modules
+    assert "_solve" in outs[0].stderr  # the first process compiled the fit ...
+    assert "_solve" not in outs[1].stderr  # ... the second loaded it
+    assert len(list((tmp_path / "cache" / "jax" / "executables").iterdir())) >= 1
+    a, b = (cb_core.Concept.load(tmp_path / f"c{k}.safetensors") for k in range(2))
+    np.testing.assert_array_equal(a.alpha, b.alpha)
 
 
 def test_cli_fit_reports_bad_file(tmp_path):
@@ -306,3 +338,14 @@ def test_cli_fit_reports_bad_file(tmp_path):
     np.savez(tmp_path / "bad.npz", hidden=np.zeros((3, 2), np.float32))
     res = CliRunner().invoke(fit_cmd, [str(tmp_path / "bad.npz"), "--out", str(tmp_path / "c")])
     assert res.exit_code != 0 and "missing field" in res.output
+    (tmp_path / "text.npz").write_text("not an archive\n")
+    res = CliRunner().invoke(fit_cmd, [str(tmp_path / "text.npz"), "--out", str(tmp_path / "c")])
+    assert res.exit_code == 1 and "not a decision-set .npz file" in res.output
+    assert "pickle" not in res.output and "Traceback" not in res.output
+    dec = random_decisions(2, [2, 3], 3)
+    np.savez(tmp_path / "short.npz", hidden=dec.hidden, log_q=dec.log_q, n_tokens=dec.n_tokens,
+             offsets=np.array([0, 2]), expert=dec.expert)  # offsets end at 2 of T = 5 rows
+    res = CliRunner().invoke(fit_cmd, [str(tmp_path / "short.npz"), "--out", str(tmp_path / "c")])
+    assert res.exit_code == 1 and "offsets[-1] must equal T = 5" in res.output
+    assert "expert" not in res.output
+    assert not (tmp_path / "c").exists()
