@@ -35,7 +35,8 @@ warm cache, with the command's own breakdown) and the six per-type concepts (d =
 the stored executables.
 
 Run:   .venv/bin/python benchmarks/fit_speed.py [--sizes 50x2560,125x5120] [--regimes well,today]
-                                                [--rounds 3] [--no-cli] [--json OUT]
+                                                [--rounds 3] [--no-cli] [--json OUT] [--tiny]
+(``--tiny``: every path once on N = 12, d = 16: a smoke test, not a measurement.)
 Not a test: the figures depend on the machine and its load.
 """
 
@@ -208,17 +209,22 @@ def cb_core_worker(npz, method):
     return run
 
 
-def worker_main(method: str, npz: str, out_dir: str) -> None:
-    """A worker process: prepare, say ready, then one timed run per line read from stdin."""
-    arrays = load_npz(npz)
-    if method == "torch adam":
-        run = torch_worker(arrays)
-    elif method == "scipy L-BFGS-B f64":
-        run = scipy_worker(arrays)
-    else:
-        run = cb_core_worker(npz, method.split()[-1])
-    print("ready", flush=True)
-    for k, _ in enumerate(sys.stdin):
+def worker_main(method: str, out_dir: str) -> None:
+    """A worker process for one method: per line read from stdin, ``problem NPZ`` prepares a
+    problem (untimed) and ``run`` times one fit of it; answers one line each."""
+    run = None
+    for k, line in enumerate(sys.stdin):
+        command, _, arg = line.strip().partition(" ")
+        if command == "problem":
+            run = None  # free the last problem's arrays first
+            if method == "torch adam":
+                run = torch_worker(load_npz(arg))
+            elif method == "scipy L-BFGS-B f64":
+                run = scipy_worker(load_npz(arg))
+            else:
+                run = cb_core_worker(arg, method.split()[-1])
+            print("ready", flush=True)
+            continue
         seconds, iters, trace, stamps = run()
         path = os.path.join(out_dir, f"{method.replace(' ', '_')}-{k}.npz")
         np.savez(path, trace=trace, stamps=stamps)
@@ -226,18 +232,27 @@ def worker_main(method: str, npz: str, out_dir: str) -> None:
 
 
 class Worker:
-    def __init__(self, method, npz, out_dir):
+    """One method's worker process, kept for every problem (one import of torch or JAX)."""
+
+    def __init__(self, method, out_dir):
         self.method = method
-        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", method, npz, out_dir],
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", method, out_dir],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline().strip()
-        if line != "ready":
-            raise RuntimeError(f"worker {method} failed to start ({line!r})")
+
+    def _ask(self, line):
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"worker {self.method} died (exit code {self.proc.wait()})")
+        return answer.strip()
+
+    def problem(self, npz):
+        if self._ask(f"problem {npz}") != "ready":
+            raise RuntimeError(f"worker {self.method} could not prepare {npz}")
 
     def run(self):
-        self.proc.stdin.write("run\n")
-        self.proc.stdin.flush()
-        out = json.loads(self.proc.stdout.readline())
+        out = json.loads(self._ask("run"))
         with np.load(out["path"]) as z:
             out["trace"], out["stamps"] = z["trace"], z["stamps"]
         os.unlink(out["path"])
@@ -271,7 +286,7 @@ def judge(out, model, f_star):
                 min_gap=float(gaps.min()))
 
 
-def run_problem(n, d, regime, rounds, seed, tmp):
+def run_problem(workers, n, d, regime, rounds, seed, tmp):
     from cb_core.decisions import save_decisions
     from cb_core.synthetic import synthetic_decisions
 
@@ -283,18 +298,14 @@ def run_problem(n, d, regime, rounds, seed, tmp):
     print(f"\n=== N = {n}, d = {d}, regime {regime} (rank {REGIMES[regime]}), T = {dec.n_rows} "
           f"rows; float64 optimum f* = {f_star:.12f} ({ref.n_iter} Newton steps, "
           f"|g| {ref.grad_norm:.1e}) ===", flush=True)
-    workers = [Worker(m, npz, tmp) for m in METHODS]
-    try:
-        for w in workers:  # warm-up (compiles the cb_core programs)
-            w.run()
-        results = {m: [] for m in METHODS}
-        for r in range(rounds):
-            order = workers[r % len(workers):] + workers[: r % len(workers)]
-            for w in order:
-                results[w.method].append(judge(w.run(), model, f_star))
-    finally:
-        for w in workers:
-            w.close()
+    for w in workers:
+        w.problem(npz)
+        w.run()  # warm-up (compiles the cb_core programs)
+    results = {m: [] for m in METHODS}
+    for r in range(rounds):
+        order = workers[r % len(workers):] + workers[: r % len(workers)]
+        for w in order:
+            results[w.method].append(judge(w.run(), model, f_star))
     table = {}
     for m, runs in results.items():
         to_gap = [x["to_gap"] for x in runs]
@@ -344,8 +355,8 @@ def cli_timing(n, d, seed, rounds, tmp):
 SIX_SIZES = (14, 20, 26, 11, 17, 23)  # decisions per task type, two demonstrations each
 
 
-def six_concepts_main(cache: str) -> None:
-    """Fit six per-type concepts (d = 576) in this process; print the wall time of the fits."""
+def six_concepts_main(cache: str, d: int) -> None:
+    """Fit six per-type concepts (d = 576 by default) in this process; print the fits' times."""
     import cb_core
     from cb_core.cache import enable_persistent_cache
     from cb_core.synthetic import synthetic_decisions
@@ -353,7 +364,7 @@ def six_concepts_main(cache: str) -> None:
     t0 = time.perf_counter()
     if cache:
         enable_persistent_cache(cache)
-    decs = [synthetic_decisions(n, 576, m_mean=22, m_spread=14, seed=k, min_m=2)
+    decs = [synthetic_decisions(n, d, m_mean=22, m_spread=14, seed=k, min_m=2)
             for k, n in enumerate(SIX_SIZES)]
     t1 = time.perf_counter()
     results = [cb_core.fit(dec) for dec in decs]
@@ -367,22 +378,22 @@ def six_concepts_main(cache: str) -> None:
                           converged=all(r.converged for r in results))))
 
 
-def six_concepts_timing(tmp):
+def six_concepts_timing(tmp, d):
     cache = os.path.join(tmp, "six-cache")
-    cmd = [sys.executable, __file__, "--six-concepts", cache]
+    cmd = [sys.executable, __file__, "--six-concepts", cache, str(d)]
     runs = [json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True)
                        .stdout.strip().splitlines()[-1]) for _ in range(3)]
     first, again = runs[0], runs[1:]
     out = dict(compile_s=first["first"], new_process_s=statistics.median(r["first"] for r in again),
                warm_s=statistics.median(r["warm"] for r in runs), converged=first["converged"])
-    print(f"six per-type concepts (d = 576, N = {', '.join(map(str, SIX_SIZES))}): "
+    print(f"six per-type concepts (d = {d}, N = {', '.join(map(str, SIX_SIZES))}): "
           f"first process {out['compile_s']:.2f} s (compiles), a new process with the stored "
           f"executables {out['new_process_s']:.2f} s, warm in-process {out['warm_s']:.3f} s",
           flush=True)
     return out
 
 
-def main():
+def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="50x2560,125x5120")
     ap.add_argument("--regimes", default="well,today")
@@ -390,14 +401,18 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-cli", action="store_true", help="skip the one-off process timings")
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
-    ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
-    ap.add_argument("--six-concepts", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    ap.add_argument("--tiny", action="store_true",
+                    help="smoke test of every path on N = 12, d = 16, one round (no measurement)")
+    ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--six-concepts", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.tiny:
+        args.sizes, args.rounds = "12x16", 1
     if args.worker:
         worker_main(*args.worker)
         return
     if args.six_concepts is not None:
-        six_concepts_main(args.six_concepts)
+        six_concepts_main(args.six_concepts[0], int(args.six_concepts[1]))
         return
     import jax
     import torch
@@ -407,15 +422,21 @@ def main():
     results = dict(problems=[], cli=[], six_concepts=None)
     with tempfile.TemporaryDirectory() as tmp:
         sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
-        for n, d in sizes:
-            for regime in args.regimes.split(","):
-                results["problems"].append(run_problem(n, d, regime, args.rounds, args.seed, tmp))
+        workers = [Worker(m, tmp) for m in METHODS]
+        try:
+            for n, d in sizes:
+                for regime in args.regimes.split(","):
+                    results["problems"].append(run_problem(workers, n, d, regime, args.rounds,
+                                                           args.seed, tmp))
+        finally:
+            for w in workers:
+                w.close()
         headline(results["problems"])
         if not args.no_cli:
             print("\none-off process, start to saved concept (`cb-agent fit`, regime today):")
             for n, d in sizes:
                 results["cli"].append(cli_timing(n, d, args.seed, args.rounds, tmp))
-            results["six_concepts"] = six_concepts_timing(tmp)
+            results["six_concepts"] = six_concepts_timing(tmp, 16 if args.tiny else 576)
     if args.json:
         with open(args.json + ".tmp", "w") as f:
             json.dump(results, f, indent=1)

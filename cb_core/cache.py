@@ -29,6 +29,7 @@ from cb_core._atomic import atomic_path
 __all__ = ["enable_persistent_cache", "call_compiled", "executable_dir"]
 
 _EXECUTABLES: Path | None = None
+_LOADED: dict[Path, Any] = {}  # executables loaded or compiled by this process, by file
 
 
 def enable_persistent_cache(directory: str | os.PathLike) -> Path:
@@ -101,19 +102,24 @@ def call_compiled(name: str, jitted: Callable, static: tuple, args: tuple, out_e
 
     leaves, tree = jax.tree_util.tree_flatten(args)
     key = json.dumps(dict(name=name, static=repr(static), tree=str(tree),
-                          avals=[(np.shape(x), str(np.result_type(x))) for x in leaves],
+                          avals=[(np.shape(x), str(x.dtype if hasattr(x, "dtype") else np.result_type(x)))
+                                 for x in leaves],
                           x64=bool(jax.config.jax_enable_x64), **_fingerprint()), sort_keys=True)
     path = _EXECUTABLES / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:32]}.bin"
+    if path in _LOADED:
+        return _LOADED[path](*args)
     in_tree = jax.tree_util.tree_structure((args, {}))
     out_tree = jax.tree_util.tree_structure(out_example)
     if path.exists():
         try:
             compiled = serialize_executable.deserialize_and_load(path.read_bytes(), in_tree,
                                                                  out_tree)
-            return compiled(*args)
+            out = compiled(*args)
+            _LOADED[path] = compiled
+            return out
         except Exception:  # noqa: BLE001 - a stale or torn file: compile and store again
             pass
-    compiled = jitted.lower(*static, *args).compile()
+    compiled = _LOADED[path] = jitted.lower(*static, *args).compile()
     try:
         blob, _, _ = serialize_executable.serialize(compiled)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -404,17 +404,20 @@ def _solve(solver: Solver, padded, lam, gamma, eps, tol) -> SolverOutput:
 
 
 @jax.jit
-def _gram_min_eig(alpha, padded, lam, gamma, eps):
-    """(smallest, largest) eigenvalue of H = B^T B + lam I via the smaller Gram matrix of B."""
+def _gram(alpha, padded, gamma, eps):
+    """The smaller Gram matrix of the Hessian's covariance factor B (H = B^T B + lam I):
+    B B^T [T_pad, T_pad] when T_pad < m, else B^T B [m, m]."""
     b = hessian_factor(alpha, prepare(padded, gamma, eps))
-    t, m = b.shape
-    if t < m:  # B^T B has m - rank >= m - t zero eigenvalues; the others are those of B B^T
-        w = jnp.linalg.eigvalsh(b @ b.T)
-        low = jnp.minimum(w[0], 0.0)
-    else:
-        w = jnp.linalg.eigvalsh(b.T @ b)
-        low = w[0]
-    return lam + low, lam + w[-1]
+    return b @ b.T if b.shape[0] < b.shape[1] else b.T @ b
+
+
+def _hessian_eig_range(gram: np.ndarray, lam: float, m: int) -> tuple[float, float]:
+    """(smallest, largest) eigenvalue of H from the Gram matrix (host LAPACK: the compiled
+    program stays free of custom calls, so the executable store can keep it)."""
+    w = np.linalg.eigvalsh(np.asarray(gram, np.float64))
+    # B^T B has m - rank >= m - T_pad zero eigenvalues; the others are those of B B^T
+    low = min(w[0], 0.0) if gram.shape[0] < m else w[0]
+    return lam + float(low), lam + float(w[-1])
 
 
 def _x64_context(dtype):
@@ -492,9 +495,8 @@ def fit(
         measure = certify == "exact" or (certify == "auto" and min(padded.mask.size, m)
                                          <= EXACT_EIG_MAX_DIM)
         if measure:
-            # not from the executable store: a deserialized LAPACK custom call (eigvalsh) can
-            # crash a process that has not registered it; this program is small and compiles fast
-            low, high = (float(x) for x in _gram_min_eig(out.alpha, *args))
+            gram = call_compiled("gram", _gram, (), (out.alpha, padded, *args[2:]), 0)
+            low, high = _hessian_eig_range(gram, lam, m)
         alpha = np.asarray(out.alpha)
         value, gnorm = float(out.value), float(out.grad_norm)
     if measure:

@@ -336,16 +336,19 @@ def test_cli_fit_reports_bad_file(tmp_path):
     from agent_shell.commands.fit import fit as fit_cmd
 
     np.savez(tmp_path / "bad.npz", hidden=np.zeros((3, 2), np.float32))
-    res = CliRunner().invoke(fit_cmd, [str(tmp_path / "bad.npz"), "--out", str(tmp_path / "c")])
+    res = CliRunner().invoke(fit_cmd, [str(tmp_path / "bad.npz"), "--out", str(tmp_path / "c"),
+                                       "--no-cache"])
     assert res.exit_code != 0 and "missing field" in res.output
     (tmp_path / "text.npz").write_text("not an archive\n")
-    res = CliRunner().invoke(fit_cmd, [str(tmp_path / "text.npz"), "--out", str(tmp_path / "c")])
+    res = CliRunner().invoke(fit_cmd, [str(tmp_path / "text.npz"), "--out", str(tmp_path / "c"),
+                                       "--no-cache"])
     assert res.exit_code == 1 and "not a decision-set .npz file" in res.output
     assert "pickle" not in res.output and "Traceback" not in res.output
     dec = random_decisions(2, [2, 3], 3)
     np.savez(tmp_path / "short.npz", hidden=dec.hidden, log_q=dec.log_q, n_tokens=dec.n_tokens,
              offsets=np.array([0, 2]), expert=dec.expert)  # offsets end at 2 of T = 5 rows
-    res = CliRunner().invoke(fit_cmd, [str(tmp_path / "short.npz"), "--out", str(tmp_path / "c")])
+    res = CliRunner().invoke(fit_cmd, [str(tmp_path / "short.npz"), "--out", str(tmp_path / "c"),
+                                       "--no-cache"])
     assert res.exit_code == 1 and "offsets[-1] must equal T = 5" in res.output
     assert "expert" not in res.output
     assert not (tmp_path / "c").exists()
