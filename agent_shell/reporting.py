@@ -2,6 +2,13 @@
 
 Rates come with a 95% Wilson score interval (Wilson 1927), which stays inside [0, 1] and is
 sensible for the small counts of a per-type table (0 of 5 gives [0, 0.43], not [0, 0]).
+
+Records are never pooled across settings: every run setting (:data:`agent_shell.runner.RUN_SETTINGS`:
+env, split, model, dtype, seed, rendering, layout, action space, demonstrations, lam, gamma, trials,
+budget) whose value differs
+between the records becomes part of the row's label (``react (budget=15)``), so episodes run
+under different settings stay in different rows. Episodes that ended by an engine fault
+(``record["error"]``) are counted apart (``errors``), never as won or lost.
 """
 
 from __future__ import annotations
@@ -16,6 +23,9 @@ from typing import Iterable, Sequence
 #: z for a two-sided 95% interval.
 Z95 = 1.959963984540054
 ALL = "all"
+#: The value a record without the field was run with (older records; other missing fields stay None).
+SETTING_DEFAULTS = {"rendering": "raw", "layout": "text"}
+CHART_CAPTION = "bars: success rate; labels: won/n; whiskers: 95% Wilson score intervals"
 
 
 def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -54,46 +64,81 @@ class Row:
     budgets: tuple[int, ...] = ()  # distinct step budgets of the episodes (think steps included)
     reviews: int = 0  # experience review calls (rendering "experience")
     experiences: int = 0  # of which kept an experience
+    errors: int = 0  # episodes ended by an engine fault (not in n)
 
     @property
     def rate(self) -> float:
         return self.won / self.n if self.n else 0.0
 
 
-def agent_label(record: dict) -> str:
+def setting(record: dict, key: str):
+    """The record's value of run setting ``key`` (the default for records written without it)."""
+    return record.get(key, SETTING_DEFAULTS.get(key))
+
+
+def differing_settings(records: Iterable[dict]) -> list[str]:
+    """The run settings (:data:`agent_shell.runner.RUN_SETTINGS`) whose values are not the same in
+    all ``records``, in that order."""
+    from agent_shell.runner import RUN_SETTINGS
+
+    values: dict[str, set] = defaultdict(set)
+    for r in records:
+        for key in RUN_SETTINGS:
+            values[key].add(repr(setting(r, key)))
+    return [key for key in RUN_SETTINGS if len(values[key]) > 1]
+
+
+def agent_label(record: dict, differing: Sequence[str] = ()) -> str:
     """The agent's name, with its history rendering and layout when they are not the default
-    (``react (causal)``, ``cb-agent (experience, chat)``), so one table compares renderings."""
-    extras = [x for x in (record.get("rendering", "raw"), record.get("layout", "text")) if x not in ("raw", "text")]
+    (``react (causal)``, ``cb-agent (experience, chat)``) and ``key=value`` for every other setting
+    in ``differing`` (``react (budget=15)``), so no row mixes settings."""
+    extras = [x for x in (setting(record, "rendering"), setting(record, "layout")) if x not in ("raw", "text")]
+    extras += [f"{key}={setting(record, key)}" for key in differing if key not in ("rendering", "layout")]
     return f"{record['agent']} ({', '.join(extras)})" if extras else record["agent"]
+
+
+def describe_run(records: Sequence[dict]) -> str:
+    """``"<env> <split>, budget <b> steps"`` of the records; several values joined by ``/``."""
+    def values(key: str) -> str:
+        found = sorted({str(setting(r, key)) for r in records if setting(r, key) is not None})
+        return "/".join(found) or "?"
+
+    return f"{values('env')} {values('split')}, budget {values('budget')} steps"
 
 
 def summarize(records: Iterable[dict]) -> list[Row]:
     """Rows per (agent, task type), then each agent's ``all`` row; agents (labelled by
-    :func:`agent_label`) in first-seen order."""
+    :func:`agent_label` with the settings that differ between the records) in first-seen order.
+    Error episodes (``record["error"]``) are counted in ``errors`` only."""
+    records = list(records)
+    differing = differing_settings(records)
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in records:
-        label = agent_label(r)
+        label = agent_label(r, differing)
         groups[(label, r["task_type"])].append(r)
         groups[(label, ALL)].append(r)
     agents = list(dict.fromkeys(a for a, _ in groups))
     rows = []
+    nan = float("nan")
     for agent in agents:
         types = sorted(t for a, t in groups if a == agent and t != ALL) + [ALL]
         for task_type in types:
-            rs = groups[(agent, task_type)]
+            everything = groups[(agent, task_type)]
+            rs = [r for r in everything if not r.get("error")]
             won = sum(bool(r["success"]) for r in rs)
             steps = sum(r["steps"] for r in rs)
             rows.append(Row(
                 agent, task_type, len(rs), won, *wilson_interval(won, len(rs)),
-                mean_steps=mean(r["steps"] for r in rs),
-                mean_think_steps=mean(r["think_steps"] for r in rs),
-                s_per_step=sum(r["wall_s"] for r in rs) / steps if steps else float("nan"),
-                distinct_actions=mean(r["distinct_actions"] for r in rs),
-                cycle_span=mean(r["longest_cycle"]["span"] for r in rs),
+                mean_steps=mean(r["steps"] for r in rs) if rs else nan,
+                mean_think_steps=mean(r["think_steps"] for r in rs) if rs else nan,
+                s_per_step=sum(r["wall_s"] for r in rs) / steps if steps else nan,
+                distinct_actions=mean(r["distinct_actions"] for r in rs) if rs else nan,
+                cycle_span=mean(r["longest_cycle"]["span"] for r in rs) if rs else nan,
                 format_errors=sum(r.get("format_errors", 0) for r in rs),
-                budgets=tuple(sorted({int(r["budget"]) for r in rs if r.get("budget") is not None})),
+                budgets=tuple(sorted({int(r["budget"]) for r in everything if r.get("budget") is not None})),
                 reviews=sum(_review_counts(r)[0] for r in rs),
                 experiences=sum(_review_counts(r)[1] for r in rs),
+                errors=len(everything) - len(rs),
             ))
     return rows
 
@@ -120,22 +165,29 @@ def rich_table(rows: Sequence[Row], title: str = "Success per task type"):
     with_reviews = any(r.reviews for r in rows)
     if with_reviews:
         table.add_column("exp/reviews", justify="right")
+    with_errors = any(r.errors for r in rows)
+    if with_errors:
+        table.add_column("errors", justify="right")
     for r in rows:
         style = "bold" if r.task_type == ALL else None
         table.add_row(escape(r.agent), r.task_type, f"{r.won}/{r.n}", f"{100 * r.rate:.1f}%",
                       f"[{100 * r.low:.1f}, {100 * r.high:.1f}]", f"{r.mean_steps:.1f}",
                       f"{r.mean_think_steps:.1f}", f"{r.s_per_step:.2f}", f"{r.distinct_actions:.1f}",
                       f"{r.cycle_span:.1f}", str(r.format_errors), ",".join(map(str, r.budgets)),
-                      *([f"{r.experiences}/{r.reviews}"] if with_reviews else []), style=style)
+                      *([f"{r.experiences}/{r.reviews}"] if with_reviews else []),
+                      *([str(r.errors)] if with_errors else []), style=style)
     table.caption = ("steps/think: mean per episode; distinct: distinct actions per episode; cycle: mean span "
                      "of the longest back-to-back repeated block of actions; budget: step budget (think steps "
                      "included)" + ("; exp/reviews: experience review calls that kept an experience"
-                                    if with_reviews else ""))
+                                    if with_reviews else "")
+                     + ("; errors: episodes ended by an engine fault, not counted in won/n" if with_errors else ""))
     return table
 
 
-def bar_chart(rows: Sequence[Row], path: str | Path, title: str = "Success rate by task type") -> Path:
-    """Grouped bars (task type x agent) with Wilson 95% error bars, saved as an image at ``path``."""
+def chart_figure(rows: Sequence[Row], title: str = "Success rate by task type"):
+    """The grouped bar chart (task type x agent) as a matplotlib Figure: bars at the success rate, a
+    stub on the baseline for a 0% bar (so it is seen), won/n above each bar, whiskers at the 95%
+    Wilson interval, and a caption saying so."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -147,21 +199,37 @@ def bar_chart(rows: Sequence[Row], path: str | Path, title: str = "Success rate 
     cell = {(r.agent, r.task_type): r for r in rows}
     width = 0.8 / max(len(agents), 1)
     x = np.arange(len(types))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(types)), 4.0))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(types)), 4.4))
     for i, agent in enumerate(agents):
         cells = [cell.get((agent, t)) for t in types]
         rates = [100 * c.rate if c else 0.0 for c in cells]
         # clamp: for 0/n or n/n the interval's end equals the rate only up to rounding
         err = np.array([[100 * (c.rate - c.low), 100 * (c.high - c.rate)] if c else [0.0, 0.0] for c in cells]).T
         err = np.maximum(err, 0.0)
-        bars = ax.bar(x + (i - (len(agents) - 1) / 2) * width, rates, width, yerr=err, capsize=2, label=agent)
+        centres = x + (i - (len(agents) - 1) / 2) * width
+        bars = ax.bar(centres, rates, width, yerr=err, capsize=2, label=agent)
+        color = bars.patches[0].get_facecolor()
+        zero = [(c - width / 2, c + width / 2) for c, cc, rate in zip(centres, cells, rates) if cc and cc.n and rate == 0]
+        if zero:  # a 0% bar has no height: draw it as a thick stub on the baseline
+            ax.hlines([0.0] * len(zero), [a for a, _ in zero], [b for _, b in zero], colors=[color], linewidth=4,
+                      label="_zero")
         ax.bar_label(bars, labels=[f"{c.won}/{c.n}" if c else "" for c in cells], padding=2, fontsize=6)
     ax.set_xticks(x, [t.replace("_", " ") for t in types], rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("success rate (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title(title)
+    ax.set_ylim(-3, 103)
+    ax.axhline(0.0, color="0.6", linewidth=0.6, zorder=0)
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.text(0.01, 0.01, CHART_CAPTION, fontsize=7, color="0.3")
+    return fig
+
+
+def bar_chart(rows: Sequence[Row], path: str | Path, title: str = "Success rate by task type") -> Path:
+    """:func:`chart_figure` saved as an image at ``path`` (format from the suffix)."""
+    import matplotlib.pyplot as plt
+
+    fig = chart_figure(rows, title)
     path = Path(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -6,7 +6,14 @@ is rewritten after every step to ``<results>.partial/<agent>/<task>.json`` (temp
 so a crash never loses what happened; that file is removed once the episode's line is stored.
 ``resume=True`` skips every (agent, task) already in the results file, so an interrupted run
 restarts exactly the unfinished episodes: none lost, none duplicated. A torn final line (a kill
-during the write) is reported and its episode redone.
+during the write) is reported and its episode redone (``cb-agent run --resume`` first moves it to
+``<results>.torn``).
+
+An engine fault inside an episode (:class:`envs.EngineError`: a simulator exception, a dead JVM)
+ends that episode only: its line is an *error episode* (``success`` False, ``error`` = the fault's
+type, one-line message, trial and step, and the trials played so far), the run goes on, and the
+report counts errors apart from won and lost episodes. ``--resume`` treats error episodes as
+finished (the same fault would come again); rerun them with ``--game`` into another folder.
 
 Every record carries loop statistics (:func:`loop_statistics`): the number of distinct
 environment actions and the longest repeated cycle (e.g. ``open X`` / ``close X`` three times).
@@ -122,6 +129,27 @@ def episode_record(agent_name: str, task_id: str, trials: Sequence[Trial], wall_
     }
 
 
+def error_record(agent_name: str, task_id: str, task_type: str, trials: Sequence[Any], budget: int,
+                 wall_s: float, meta: dict[str, Any], err: BaseException) -> dict[str, Any]:
+    """The results line of an episode that an engine fault ended: the trials played so far (none when
+    the first reset failed), ``success`` False, and ``error`` (type, one-line message, trial, step)."""
+    from envs.protocol import one_line
+
+    if trials:
+        record = episode_record(agent_name, task_id, trials, wall_s, meta)
+    else:
+        record = {"schema": RESULT_SCHEMA, "agent": agent_name, "task_id": task_id, "steps": 0, "think_steps": 0,
+                  "env_steps": 0, "budget": budget, "n_trials": 0, "n_candidates": [], "format_errors": 0,
+                  "reviews": 0, "experiences": 0, "seconds": {}, "distinct_actions": 0,
+                  "longest_cycle": longest_repeat_cycle([]), "wall_s": round(wall_s, 3), "s_per_step": None,
+                  **meta, "trials": []}
+    last = trials[-1].episode.steps if trials else []
+    record.update(task_type=task_type, success=False,
+                  error={"type": type(err).__name__, "message": one_line(err), "trial": max(len(trials), 1),
+                         "step": len(last) + 1})
+    return record
+
+
 def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Every episode record of a results file ([] when it does not exist).
 
@@ -169,6 +197,10 @@ class RunSummary:
     def n_won(self) -> int:
         return sum(r["success"] for r in self.records)
 
+    @property
+    def n_errors(self) -> int:
+        return sum(bool(r.get("error")) for r in self.records)
+
 
 def run_episodes(env: Environment, agent: Reflexion, task_ids: Sequence[str], results_path: str | os.PathLike,
                  max_steps: int, resume: bool = True, meta: dict[str, Any] | None = None,
@@ -184,11 +216,16 @@ def run_episodes(env: Environment, agent: Reflexion, task_ids: Sequence[str], re
         max_steps: step budget per trial, think steps included.
         resume: skip tasks this agent already finished in ``results_path``. With ``False`` an
             existing record of this agent raises ValueError instead of being duplicated.
-        meta: extra fields for every record (env, split, model, seed, ...).
+        meta: extra fields for every record (env, split, model, seed, ...); ``meta["split"]``, when
+            given, is the split every task must belong to.
         progress: a :class:`rich.progress.Progress` to report to (or None).
-        on_episode: called with each finished record.
+        on_episode: called with each finished record (error episodes included).
+
+    An :class:`envs.EngineError` ends its episode only: the episode is stored as an error record
+    (:func:`error_record`) and the next task starts.
     """
     from envs.episode import Episode
+    from envs.protocol import EngineError
 
     results_path = Path(results_path)
     todo = list(dict.fromkeys(task_ids))
@@ -198,18 +235,26 @@ def run_episodes(env: Environment, agent: Reflexion, task_ids: Sequence[str], re
     bar = None
     if progress is not None:
         bar = progress.add_task(agent.name, total=len(todo), won=0, done=0, rate="-", step="")
+    split = (meta or {}).get("split")
     for task_id in todo:
         partial = partial_path(results_path, agent.name, task_id)
+        seen: list = []  # the trials so far, for an error record
 
-        def save(trials: list, task_id: str = task_id, partial: Path = partial) -> None:
+        def save(trials: list, task_id: str = task_id, partial: Path = partial, seen: list = seen) -> None:
+            seen[:] = trials
             write_json_atomic(partial, {"agent": agent.name, "task_id": task_id, "finished": False,
                                          "trials": [trial_record(t) for t in trials]})
             if bar is not None:
                 progress.update(bar, step=f"trial {len(trials)} step {len(trials[-1].episode.steps)}")
 
         start = time.perf_counter()
-        result = agent.run(lambda task_id=task_id: Episode(env, task_id, max_steps), on_step=save)
-        record = episode_record(agent.name, task_id, result.trials, time.perf_counter() - start, meta or {})
+        try:
+            result = agent.run(lambda task_id=task_id: Episode(env, task_id, max_steps, split=split), on_step=save)
+            record = episode_record(agent.name, task_id, result.trials, time.perf_counter() - start, meta or {})
+        except EngineError as err:  # this episode ends; the run goes on
+            type_of = getattr(env, "task_type_of", None)
+            record = error_record(agent.name, task_id, type_of(task_id) if type_of else "", seen, max_steps,
+                                  time.perf_counter() - start, meta or {}, err)
         append_jsonl(results_path, record)
         partial.unlink(missing_ok=True)
         for folder in (partial.parent, partial.parent.parent):  # <agent>/, then <results>.partial/
@@ -259,6 +304,16 @@ def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[st
                                  "choose another output directory")
         finished.add(r["task_id"])
     return finished
+
+
+def episode_summary(record: dict[str, Any]) -> str:
+    """A finished episode as one plain line (agent, task, won, steps, s/step; the error if any), for
+    output that is not a terminal."""
+    from agent_shell.progress import episode_line
+
+    error = record.get("error")
+    return episode_line(record["agent"], record["task_id"], bool(record["success"]), record["steps"],
+                        record.get("s_per_step"), f"ERROR {error['message']}" if error else "")
 
 
 def make_progress() -> Progress:

@@ -78,7 +78,9 @@ def play_study(study: str, out: str, keys: set[tuple[str, str, str, str]], resum
     Raises:
         click.ClickException: a resume conflict, or ``play`` raised ValueError (e.g. an unknown condition).
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    from agent_shell.progress import progress_bar
 
     from agent_shell import studies
     from envs import make_env
@@ -93,8 +95,8 @@ def play_study(study: str, out: str, keys: set[tuple[str, str, str, str]], resum
         factory = AgentFactory(config, env, "cb-agent" in actors, task_types, echo)
         meta = {"env": config.env, "model": factory.lm.name, "dtype": config.dtype, "seed": config.seed,
                 "demos_per_type": config.demos_per_type, "demo_split": config.demo_split}
-        progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), TextColumn("{task.fields[last]}"))
+        progress = progress_bar(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), TextColumn("{task.fields[last]}"))
         bar = progress.add_task(study, total=len(keys), last="")
 
         def on_record(record: dict | None) -> None:

@@ -1,4 +1,10 @@
-"""``cb-agent report``: success table per task type and agent (95% Wilson interval) and a bar chart."""
+"""``cb-agent report``: success table per task type and agent (95% Wilson interval) and a bar chart.
+
+Episodes run with different settings (budget, dtype, rendering, ...) are never pooled: each setting
+that differs between the records becomes part of the row label. Error episodes (an engine fault)
+are counted apart. A torn line is skipped with one plain warning line (``--resume`` of the run
+moves it aside).
+"""
 
 from __future__ import annotations
 
@@ -16,13 +22,19 @@ from agent_shell.commands._common import make_console
 def report(results, chart_path) -> None:
     """Summarise RESULTS (JSONL files written by `cb-agent run`)."""
 
-    from agent_shell.reporting import bar_chart, rich_table, summarize
+    from agent_shell.reporting import bar_chart, describe_run, differing_settings, rich_table, summarize
     from agent_shell.runner import read_results
 
     records = [r for path in results for r in read_results(path)]
     if not records:
         raise click.ClickException(f"no finished episodes in {', '.join(results)}")
     rows = summarize(records)
-    make_console().print(rich_table(rows))
-    chart = bar_chart(rows, chart_path or Path(results[0]).with_suffix(".png"))
+    title = describe_run(records)
+    console = make_console()
+    differing = differing_settings(records)
+    if differing:
+        console.print(f"settings differ between the episodes ({', '.join(differing)}): one row per setting",
+                      markup=False)
+    console.print(rich_table(rows, title=f"{title}: success per task type"))
+    chart = bar_chart(rows, chart_path or Path(results[0]).with_suffix(".png"), f"{title}: success rate by task type")
     click.echo(f"chart: {chart}")

@@ -12,6 +12,7 @@ every results line records.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Collection
 
@@ -27,8 +28,11 @@ from agent_shell.run_config import RunConfig
 def run(config: RunConfig) -> None:
     """Run agents on evaluation games; print the success table and write a chart."""
     from agent_shell.agents import AgentConfig, build_agent, needs_concepts
-    from agent_shell.reporting import bar_chart, rich_table, summarize
-    from agent_shell.runner import check_results_file, make_progress, read_results, run_episodes
+    from agent_shell.commands._resume import repair_for_resume
+    from agent_shell.commands.tasks import task_error
+    from agent_shell.progress import interactive
+    from agent_shell.reporting import bar_chart, describe_run, rich_table, summarize
+    from agent_shell.runner import check_results_file, episode_summary, make_progress, read_results, run_episodes
     from envs import make_env
 
     console = make_console()
@@ -36,8 +40,13 @@ def run(config: RunConfig) -> None:
     settings = config.settings()
     env = make_env(config.env)
     try:
-        task_ids = config.task_ids(env)
+        try:  # game ids, splits and the demonstrations' split, before any engine or model loads
+            task_ids = config.task_ids(env)
+        except ValueError as err:
+            raise task_error(env, config.split, err) from None
         type_of = getattr(env, "task_type_of", None)
+        if config.resume:
+            repair_for_resume(results_path, console.print)
         try:  # refuse a results file that cannot be continued before loading anything heavy
             check_results_file(results_path, config.agents, task_ids, config.resume, settings)
         except ValueError as err:
@@ -62,22 +71,30 @@ def run(config: RunConfig) -> None:
         scorer = setup.lm.fork()  # scoring contexts and routing prompts keep separate KV caches
         reviewer = setup.lm.fork() if config.rendering == "experience" else None
         start = time.perf_counter()
-        with make_progress() as progress:
+        # a bar on a terminal; elsewhere (a log, CI, nohup) one plain line per finished episode
+        progress = make_progress() if interactive() else None
+        on_episode = None if progress is not None else (
+            lambda record: console.print(episode_summary(record), markup=False, highlight=False))
+        with progress if progress is not None else contextlib.nullcontext():
             for name in config.agents:
                 agent = build_agent(name, setup.lm, setup.demos, setup.concepts, agent_config,
                                     config.reflexion_trials, scorer, reviewer)
                 summary = run_episodes(env, agent, task_ids, results_path, config.budget, resume=config.resume,
-                                       meta=meta, progress=progress)
+                                       meta=meta, progress=progress, on_episode=on_episode)
                 if summary.skipped:
                     console.print(f"{name}: {len(summary.skipped)} finished episodes skipped (--resume)")
+                if summary.n_errors:
+                    console.print(f"{name}: {summary.n_errors} episode(s) ended by an engine fault (recorded "
+                                  "as errors, counted apart from won and lost)")
         console.print(f"episodes took {time.perf_counter() - start:.1f} s; set-up "
                       + ", ".join(f"{k} {v:.1f}" for k, v in setup.timings.items()))
     finally:
         env.close()
     records = [r for r in read_results(results_path) if r["task_id"] in set(task_ids) and r["agent"] in config.agents]
     rows = summarize(records)
-    console.print(rich_table(rows, title=f"{config.env} {config.split}: success per task type"))
-    console.print(f"chart: {bar_chart(rows, results_path.with_suffix('.png'))}")
+    title = describe_run(records)
+    console.print(rich_table(rows, title=f"{title}: success per task type"))
+    console.print(f"chart: {bar_chart(rows, results_path.with_suffix('.png'), f'{title}: success rate by task type')}")
 
 
 def ical_setup(config: RunConfig, task_types: Collection[str] | None, need_concepts: bool) -> tuple[Any, list]:

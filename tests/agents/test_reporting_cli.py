@@ -174,3 +174,87 @@ def test_every_results_line_records_the_run_config_and_resume_compares_it(tmp_pa
     (out / "results.jsonl").write_bytes(orjson.dumps(old) + b"\n")
     again = CliRunner().invoke(main, [*args[:-4], "--lam", "2", "--out-dir", str(out), "--resume"])
     assert again.exit_code == 0, again.output
+
+
+# -- issue 12: no pooling across settings; the chart says what it shows; plain lines; intervals -------
+
+def test_rows_are_keyed_by_every_setting_that_differs():
+    base = {"env": "alfworld", "split": "valid_unseen", "dtype": "float32", "budget": 50, "model": "m"}
+    recs = [{**record("react", "open", True), **base}, {**record("react", "open", False), **base, "budget": 15},
+            {**record("react", "open", False), **base, "dtype": "bfloat16"},
+            {**record("react", "open", True), **base}]
+    rows = [r for r in summarize(recs) if r.task_type == "all"]
+    assert [(r.agent, r.won, r.n) for r in rows] == [
+        ("react (dtype=float32, budget=50)", 2, 2), ("react (dtype=float32, budget=15)", 0, 1),
+        ("react (dtype=bfloat16, budget=50)", 0, 1)]
+    same = [{**record("react", "open", True), **base}, {**record("react", "open", False), **base}]
+    assert [r.agent for r in summarize(same)] == ["react", "react"]  # nothing differs: the plain name
+
+
+def test_report_says_which_settings_differ(tmp_path):
+    import orjson
+
+    path = tmp_path / "results.jsonl"
+    lines = [{**record("react", "open", True), "task_id": "a/1", "env": "alfworld", "split": "valid_unseen",
+              "budget": b, "trials": []} for b in (15, 50)]
+    path.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines) + b'{"agent": "react", "task')  # torn
+    res = CliRunner().invoke(main, ["report", str(path), "--chart", str(tmp_path / "c.png")])
+    assert res.exit_code == 0, res.output
+    assert "settings differ between the episodes (budget): one row per setting" in res.output
+    assert "react (budget=15)" in res.output and "react (budget=50)" in res.output
+    assert f"warning: {path}:3: skipped malformed results line" in res.output and "UserWarning" not in res.output
+
+
+def test_the_chart_shows_0_percent_bars_and_says_what_it_shows():
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import LineCollection
+
+    from agent_shell.reporting import CHART_CAPTION, chart_figure, describe_run
+
+    recs = [dict(record("react", "open", False), env="alfworld", split="valid_unseen", budget=20) for _ in range(5)]
+    recs += [dict(record("cb-agent", "open", True), env="alfworld", split="valid_unseen", budget=20)]
+    title = describe_run(recs)
+    assert title == "alfworld valid_unseen, budget 20 steps"
+    fig = chart_figure(summarize(recs), f"{title}: success rate by task type")
+    ax = fig.axes[0]
+    assert ax.get_title() == "alfworld valid_unseen, budget 20 steps: success rate by task type"
+    assert CHART_CAPTION in [t.get_text() for t in fig.texts] and "95% Wilson" in CHART_CAPTION
+    assert ax.get_ylim()[0] < 0  # room below the baseline for the stub
+    stubs = [c for c in ax.collections if isinstance(c, LineCollection) and c.get_label() == "_zero"]
+    segments = [seg for c in stubs for seg in c.get_segments()]
+    assert len(segments) == 2 and all(seg[0][1] == seg[1][1] == 0 and seg[1][0] > seg[0][0] for seg in segments)
+    assert all(c.get_linewidth()[0] >= 3 for c in stubs)  # react's 0/5 in "open" and in "all"
+    plt.close(fig)
+
+
+def test_run_prints_plain_lines_off_a_terminal(tmp_path, doubles):
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, ["run", "--env", "textworld", "--split", "test", "--agent", "react", "--per-type",
+                                    "1", "--max-steps", "4", "--out-dir", str(out)])
+    assert res.exit_code == 0, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("react ")]
+    assert len(lines) == 2 and all(" steps=" in ln and " s/step=" in ln for ln in lines)
+    assert lines[0].split()[1] == "a/1" and lines[0].split()[2] in ("won", "lost")
+    # a torn last line: --resume moves it aside and keeps the rest byte for byte
+    results = out / "results.jsonl"
+    whole = results.read_bytes()
+    with open(results, "ab") as fh:
+        fh.write(b'{"agent": "react", "ta')
+    res = CliRunner().invoke(main, ["run", "--env", "textworld", "--split", "test", "--agent", "react", "--per-type",
+                                    "1", "--max-steps", "4", "--out-dir", str(out), "--resume"])
+    assert res.exit_code == 0 and f"repaired {results}: line 3 (truncated line" in res.output
+    assert results.read_bytes() == whole and (out / "results.jsonl.torn").read_bytes() == b'{"agent": "react", "ta\n'
+
+
+def test_eval_decisions_rows_carry_wilson_intervals(tmp_path, doubles):
+    import orjson
+
+    res = CliRunner().invoke(main, ["eval-decisions", "--env", "textworld", "--heldout-split", "train",
+                                    "--demos-per-type", "1", "--heldout-per-type", "1", "--out", str(tmp_path / "a.json")])
+    assert res.exit_code == 0, res.output
+    rows = orjson.loads((tmp_path / "a.json").read_bytes())
+    for r in rows:
+        for name in ("prior", "concept"):
+            assert r[f"ci_{name}"] == list(wilson_interval(r[f"hits_{name}"], r["decisions"]))
+            assert r[f"acc_{name}"] == r[f"hits_{name}"] / r["decisions"]
+    assert "95% Wilson" in res.output and "% [" in res.output

@@ -177,3 +177,55 @@ def test_killed_process_resumes_without_loss_or_duplication(tmp_path):
     subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parents[2], check=True, timeout=120)
     task_ids = [r["task_id"] for r in read_results(out)]
     assert sorted(task_ids) == sorted(TASKS + ["a/3", "b/2"]) and task_ids[:len(done_before)] == done_before
+
+
+# -- issue 12: an engine fault ends its episode only ------------------------------------------------
+
+class FaultyEngine(ScriptedEnv):
+    """Its engine raises on `close box 1` in task a/1 (at step 3 of the looping agent) and on every
+    reset of a/2, as a simulator or an expert inside it would."""
+
+    def reset(self, task_id, expert=False):
+        if task_id == "a/2":
+            raise RuntimeError("JVM died\n\tat py4j.Gateway.invoke(Gateway.java:282)")
+        return super().reset(task_id, expert)
+
+    def step(self, action):
+        if self._task == "a/1" and action == "close box 1":
+            raise Exception("Timeout")
+        return super().step(action)
+
+
+def test_an_engine_fault_is_a_recorded_error_episode_and_the_run_goes_on(tmp_path):
+    from agent_shell.reporting import summarize
+
+    out = tmp_path / "results.jsonl"
+    seen = []
+    summary = run_episodes(FaultyEngine(), build_agent("reflexion-react", looping_lm(), DEMOS, reflexion_trials=2),
+                           TASKS, out, max_steps=6, meta={"env": "scripted", "budget": 6}, on_episode=seen.append)
+    a1, a2, b1 = read_results(out)
+    assert [r["task_id"] for r in seen] == TASKS and summary.n_errors == 2
+    assert a1["success"] is False and a1["error"] == {
+        "type": "EngineError", "trial": 1, "step": 3,
+        "message": "scripted engine failed in step 'close box 1' at step 3 of 'a/1': Exception: Timeout"}
+    assert a1["n_trials"] == 1 and [s["action"] for s in a1["trials"][0]["trajectory"]["steps"]] == [
+        "think: plan", "open box 1"]  # the steps before the fault are kept
+    assert a2["error"]["message"] == ("scripted engine failed in reset at step 1 of 'a/2': RuntimeError: JVM died")
+    assert a2["trials"] == [] and a2["task_type"] == "fetch" and a2["steps"] == 0
+    assert "error" not in b1 and b1["n_trials"] == 2  # played to the end, both trials
+    rows = {(r.agent, r.task_type): r for r in summarize([a1, a2, b1])}
+    fetch, both = rows[("reflexion-react", "fetch")], rows[("reflexion-react", "all")]
+    assert (fetch.n, fetch.errors, both.n, both.errors) == (0, 2, 1, 2)  # errors are neither won nor lost
+    # --resume treats them as finished: nothing is played again
+    again = run_episodes(FaultyEngine(), build_agent("reflexion-react", looping_lm(), DEMOS, reflexion_trials=2),
+                         TASKS, out, max_steps=6, meta={"env": "scripted", "budget": 6}, resume=True)
+    assert again.skipped == TASKS and not again.records
+
+
+def test_plain_episode_lines():
+    from agent_shell.runner import episode_summary
+
+    record = {"agent": "react", "task_id": "a/1", "success": True, "steps": 4, "s_per_step": 0.25}
+    assert episode_summary(record) == "react a/1 won steps=4 s/step=0.25"
+    failed = {**record, "success": False, "s_per_step": None, "error": {"message": "engine died"}}
+    assert episode_summary(failed) == "react a/1 lost steps=4 s/step=- ERROR engine died"
