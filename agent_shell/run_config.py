@@ -145,11 +145,24 @@ class RunConfig:
 
     def task_ids(self, env: Environment) -> list[str]:
         """The evaluation games: ``game_ids`` if given, else the first ``per_type`` tasks of each
-        task type of ``split`` (0: all), at most ``games`` (0: no cap)."""
+        task type of ``split`` (0: all), at most ``games`` (0: no cap). Checked without starting
+        the engine (:func:`envs.check_tasks`).
+
+        Raises:
+            ValueError: one line: an unknown split or game id, a game of another split than
+                ``split``, or ``demo_split == split`` (the agents would be evaluated on the games of
+                their own demonstrations).
+        """
+        from envs import check_tasks
         from envs.collect import select_tasks
 
+        if self.demo_split == self.split:
+            raise ValueError(f"--demo-split {self.demo_split} is the evaluation split: the agents would be evaluated "
+                             "on the games of their own demonstrations; choose another split")
+        check_tasks(env, self.demo_split, [])
         if self.game_ids:
-            return list(self.game_ids)
+            return check_tasks(env, self.split, self.game_ids)
+        check_tasks(env, self.split, [])
         ids = select_tasks(env, self.split, self.per_type or None)
         return ids[:self.games] if self.games else ids
 

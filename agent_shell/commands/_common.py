@@ -26,7 +26,8 @@ RENDERING_NAMES = tuple(RENDERINGS)
 
 #: The options of every command that loads a backbone (``config`` field -> click option).
 COMMON_OPTIONS = {
-    "env": click.option("--env", "env", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True),
+    "env": click.option("--env", "env", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True,
+                        help="Benchmark (task ids: `cb-agent tasks --env ENV`)."),
     "model": click.option("--model", default=None, help="Backbone name or local path (default: the offline "
                           "SmolLM2-135M-Instruct)."),
     "dtype": click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto",
@@ -56,25 +57,29 @@ COMMON_OPTIONS = {
 RUN_OPTIONS = {
     "agents": click.option("--agent", "agents", type=click.Choice(AGENT_NAMES), multiple=True, default=("cb-agent",),
                            show_default=True, help="Agent(s) to run (repeatable; all share one backbone load)."),
-    "split": click.option("--split", default="valid_unseen", show_default=True, help="Evaluation split."),
+    "split": click.option("--split", default="valid_unseen", show_default=True, help="Evaluation split (every "
+                          "--game must belong to it; list ids with `cb-agent tasks --env ENV --split SPLIT`)."),
     "per_type": click.option("--per-type", type=click.IntRange(min=0), default=1, show_default=True,
                              help="Evaluation games per task type (first in sorted order); 0 = all."),
     "all_games": click.option("--all-games", is_flag=True, help="Evaluate the whole split (--per-type 0 --games 0)."),
     "games": click.option("--games", type=click.IntRange(min=0), default=2, show_default=True,
                           help="Cap on the number of games after --per-type (the default slice: the first game "
                                "of the first two task types); 0 = no cap."),
-    "game_ids": click.option("--game", "game_ids", multiple=True, help="Explicit game/task id(s) (repeatable; "
-                             "overrides --per-type/--games)."),
+    "game_ids": click.option("--game", "game_ids", multiple=True, help="Explicit game/task id(s) of --split "
+                             "(repeatable; overrides --per-type/--games; checked before anything loads)."),
     "budget": click.option("--max-steps", "budget", type=click.IntRange(min=1), default=50, show_default=True,
                            help="Step budget per episode (trial), think steps included."),
     "action_space": click.option("--action-space", type=click.Choice(ACTION_SPACES), default="fixed",
                                  show_default=True, help="CB-Agent candidates: environment set, or 20 sampled replies."),
-    "reflexion_trials": click.option("--reflexion-trials", type=click.IntRange(min=2), default=2, show_default=True),
+    "reflexion_trials": click.option("--reflexion-trials", type=click.IntRange(min=2), default=2, show_default=True,
+                                     help="Trials per episode of the reflexion-* agents (a reflection after each "
+                                          "failed trial; success = a won trial)."),
     "seed": click.option("--seed", type=int, default=0, show_default=True, help="Seed of sampled generations."),
     "out_dir": click.option("--out-dir", type=click.Path(file_okay=False), default=None,
                             help="Results folder (default: runs/<env>-<split>)."),
     "resume": click.option("--resume/--no-resume", default=False, show_default=True,
-                           help="Skip episodes already in the results file (after an interruption)."),
+                           help="Skip episodes already in the results file (after moving a torn last line "
+                                "aside); without it a file that already holds these episodes is refused."),
     "demos": click.option("--demos", default="expert", show_default=True,
                           help="ReAct demonstrations: 'expert' (fixed, per task type) or 'ical:MEMORY' (the "
                                "--demos-per-type examples retrieved from an ICAL memory for each game's instruction)."),
@@ -156,11 +161,13 @@ def prepare(config: RunConfig, need_concepts: bool, echo: Callable[[str], None] 
     """Make the env (unless given), collect (or read) demonstrations (of ``task_types`` only, when
     given), load the backbone (unless given), render the demonstrations (rendering "experience":
     after reviewing them, cached), fit (or read) concepts when ``need_concepts``."""
+    from agent_shell.commands.tasks import validated_tasks
     from agent_shell.demos import expert_demos, rendered_demos
     from envs import make_env
 
     cache = resolve_cache(config.cache_dir)
     setup = Setup(env=env if env is not None else make_env(config.env), cache=cache)
+    validated_tasks(setup.env, config.demo_split, [])  # before any engine or model loads
     t = time.perf_counter()
     setup.demo_trajectories = expert_demos(
         setup.env, config.demos_per_type, split=config.demo_split,

@@ -17,7 +17,7 @@ from agent_shell.commands.tasks import ENV_NAMES, validated_tasks
 
 
 @click.command()
-@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), required=True)
+@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), required=True, help="Benchmark to collect from.")
 @click.option("--split", default="train", show_default=True, help="Task split (alfworld: train/valid_unseen; "
               "scienceworld: train/dev/test; textworld: train/test); every --tasks id must belong to it.")
 @click.option("--n-per-type", type=click.IntRange(min=1), default=None, help="First K tasks of each task type.")

@@ -50,11 +50,25 @@ def _done_keys(path: Path, resume: bool, wanted: Iterable[str]) -> set[str]:
     return done
 
 
-def _progress():
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _check_split(env_name: str, split: str) -> None:
+    """A one-line error (and how to list the splits) for an unknown split, without starting the engine."""
+    from agent_shell.commands.tasks import validated_tasks
+    from envs import make_env
 
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[note]}"), TimeElapsedColumn())
+    env = make_env(env_name)
+    try:
+        validated_tasks(env, split, [])
+    finally:
+        env.close()
+
+
+def _progress():
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    from agent_shell.progress import progress_bar
+
+    return progress_bar(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[note]}"), TimeElapsedColumn())
 
 
 def _read_noisy(path: str) -> list:
@@ -91,7 +105,8 @@ def _retrieved(memory: Any, noisy: Any, k: int) -> list:
 
 model_options = [
     click.option("--model", default=None, help="Backbone name or folder (default: the offline SmolLM2-135M-Instruct)."),
-    click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto", show_default=True),
+    click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto", show_default=True,
+                 help="Backbone dtype (auto: bfloat16 only where it is native)."),
 ]
 
 
@@ -110,19 +125,23 @@ def ical() -> None:
 
 
 @ical.command()
-@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True)
+@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True,
+              help="The game of the trials and expert trajectories.")
 @click.option("--from-run", "runs", multiple=True, type=click.Path(dir_okay=False),
               help="cb-agent run results file(s) whose trials become noisy inputs (repeatable).")
 @click.option("--which", type=click.Choice(["failed", "won", "all"]), default="failed", show_default=True,
               help="Which trials of --from-run.")
 @click.option("--expert-per-type", type=click.IntRange(min=0), default=0, show_default=True,
               help="Won expert trajectories per task type to corrupt (0: none).")
-@click.option("--expert-split", default="train", show_default=True)
+@click.option("--expert-split", default="train", show_default=True,
+              help="Split the corrupted expert trajectories come from.")
 @click.option("--corruptions", type=click.IntRange(min=1), default=2, show_default=True,
               help="Corruptions per expert trajectory (insert, repeat, drop, swap; seeded).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/noisy.jsonl", show_default=True)
-@click.option("--resume/--no-resume", default=False, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the corruptions.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/noisy.jsonl", show_default=True,
+              help="JSONL file of the noisy trajectories.")
+@click.option("--resume/--no-resume", default=False, show_default=True,
+              help="Add what is missing to --out; without it an existing --out is refused.")
 @_fail
 def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, seed, out_path, resume) -> None:
     """Collect noisy trajectories: agent trials from results files and corrupted expert trajectories."""
@@ -132,6 +151,8 @@ def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, see
 
     if not runs and not expert_per_type:
         raise click.UsageError("give --from-run FILE and/or --expert-per-type N")
+    if expert_per_type:
+        _check_split(env_name, expert_split)  # before anything is written or loaded
     out = Path(out_path)
     done = {noisy_id(t) for t in read_trajectories(out, on_error="skip")} if out.exists() else set()
     if done and not resume:
@@ -175,9 +196,12 @@ def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, see
 @click.option("--memory", "memory_dir", type=click.Path(file_okay=False), default=None,
               help="Memory whose retrieved examples are shown (default: the built-in example only).")
 @click.option("--k", type=click.IntRange(min=0), default=2, show_default=True, help="Retrieved examples per prompt.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=400, show_default=True)
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/abstract.jsonl", show_default=True)
-@click.option("--resume/--no-resume", default=False, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=400, show_default=True,
+              help="Token cap of each LM reply.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/abstract.jsonl", show_default=True,
+              help="JSONL file of the abstractions.")
+@click.option("--resume/--no-resume", default=False, show_default=True,
+              help="Skip noisy ids already in --out; without it an existing id is refused.")
 @_fail
 def abstract(noisy_path, env_name, model, dtype, memory_dir, k, max_new_tokens, out_path, resume) -> None:
     """Phase 1 only: the LM abstracts each noisy trajectory; outputs are parsed strictly (not executed)."""
@@ -263,17 +287,21 @@ def _check_human(human: bool) -> None:
 @click.argument("abstract_path", type=click.Path(dir_okay=False))
 @click.option("--noisy", "noisy_path", type=click.Path(dir_okay=False), required=True,
               help="The noisy trajectories the abstractions were written from.")
-@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True)
+@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True,
+              help="The game the abstractions are executed in.")
 @_with(model_options)
 @click.option("--memory", "memory_dir", type=click.Path(file_okay=False), default=None,
               help="Memory for retrieved examples; kept examples are added to it.")
-@click.option("--k", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--k", type=click.IntRange(min=0), default=2, show_default=True, help="Retrieved examples per prompt.")
 @click.option("--max-rounds", type=click.IntRange(min=0), default=2, show_default=True,
               help="Revisions after the first execution.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=400, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=400, show_default=True,
+              help="Token cap of each LM reply.")
 @click.option("--human", is_flag=True, help="A person gives feedback at the terminal (Enter accepts a step).")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/refine.jsonl", show_default=True)
-@click.option("--resume/--no-resume", default=False, show_default=True)
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/refine.jsonl", show_default=True,
+              help="JSONL file of the refined examples (every round recorded).")
+@click.option("--resume/--no-resume", default=False, show_default=True,
+              help="Skip noisy ids already in --out; without it an existing id is refused.")
 @_fail
 def refine(abstract_path, noisy_path, env_name, model, dtype, memory_dir, k, max_rounds, max_new_tokens, human,
            out_path, resume) -> None:
@@ -308,16 +336,20 @@ def refine(abstract_path, noisy_path, env_name, model, dtype, memory_dir, k, max
 
 @ical.command("build-memory")
 @click.argument("noisy_path", type=click.Path(dir_okay=False))
-@click.option("--memory", "memory_dir", type=click.Path(file_okay=False), required=True)
-@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True)
+@click.option("--memory", "memory_dir", type=click.Path(file_okay=False), required=True,
+              help="Memory folder the won examples enter (created if missing).")
+@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True,
+              help="The game the abstractions are executed in.")
 @_with(model_options)
 @click.option("--k", type=click.IntRange(min=0), default=2, show_default=True,
               help="Retrieved examples per prompt (the built-in example while the memory is empty).")
 @click.option("--max-rounds", type=click.IntRange(min=0), default=2, show_default=True,
               help="Revisions after the first execution.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=400, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=400, show_default=True,
+              help="Token cap of each LM reply.")
 @click.option("--human", is_flag=True, help="A person gives feedback at the terminal (Enter accepts a step).")
-@click.option("--resume/--no-resume", default=False, show_default=True)
+@click.option("--resume/--no-resume", default=False, show_default=True,
+              help="Skip noisy ids already in the memory's log; without it an existing id is refused.")
 @_fail
 def build_memory(noisy_path, memory_dir, env_name, model, dtype, k, max_rounds, max_new_tokens, human,
                  resume) -> None:
@@ -347,18 +379,22 @@ def build_memory(noisy_path, memory_dir, env_name, model, dtype, k, max_rounds, 
 @click.argument("memory_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--instruction", default=None, help="Query instruction (one query).")
 @click.option("--state", default=None, help="Query textual state (initial observation).")
-@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True)
+@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True,
+              help="The game of the --split queries.")
 @click.option("--split", default=None, help="Evaluate retrieval precision on the tasks of this split instead.")
 @click.option("--per-type", type=click.IntRange(min=0), default=0, show_default=True,
               help="With --split: the first N tasks of each task type (0: all).")
-@click.option("--k", type=click.IntRange(min=1), default=10, show_default=True)
-@click.option("--lambda-instruction", type=click.FloatRange(min=0), default=0.8, show_default=True)
-@click.option("--lambda-text", type=click.FloatRange(min=0), default=0.2, show_default=True)
+@click.option("--k", type=click.IntRange(min=1), default=10, show_default=True, help="Examples retrieved per query.")
+@click.option("--lambda-instruction", type=click.FloatRange(min=0), default=0.8, show_default=True,
+              help="Weight of the instruction embedding's cosine similarity.")
+@click.option("--lambda-text", type=click.FloatRange(min=0), default=0.2, show_default=True,
+              help="Weight of the textual state embedding's cosine similarity.")
 @click.option("--lambda-visual", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Kept for the source's formula; must be 0 (no visual embeddings in text games).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="With --split: one JSON line per query (resumable with --resume).")
-@click.option("--resume/--no-resume", default=False, show_default=True)
+@click.option("--resume/--no-resume", default=False, show_default=True,
+              help="Skip queries already in --out; without it an existing one is refused.")
 @_fail
 def retrieve(memory_dir, instruction, state, env_name, split, per_type, k, lambda_instruction, lambda_text, lambda_visual,
              out_path, resume) -> None:
@@ -369,6 +405,8 @@ def retrieve(memory_dir, instruction, state, env_name, split, per_type, k, lambd
 
     if (instruction is None) == (split is None):
         raise click.UsageError("give either --instruction or --split")
+    if split is not None:
+        _check_split(env_name, split)  # before the memory and its embedder load
     lambdas = Lambdas(lambda_instruction, lambda_text, lambda_visual)
     console = make_console()
     memory = _memory(memory_dir)

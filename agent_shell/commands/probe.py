@@ -25,7 +25,8 @@ from agent_shell.run_config import RunConfig
               show_default=True, help="Actor(s) (repeatable); cb-agent fits concepts per rendering.")
 @click.option("--max-items", type=click.IntRange(min=0), default=30, show_default=True,
               help="Cap on the mined items (round robin over trajectories); 0 = all.")
-@click.option("--out", type=click.Path(dir_okay=False), default="probe/probe.jsonl", show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False), default="probe/probe.jsonl", show_default=True,
+              help="JSONL file of the study's lines, one per (item, rendering, actor); --resume continues it.")
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip (item, rendering, actor) keys already in --out.")
 @study_options

@@ -33,7 +33,8 @@ CONDITIONS = ("history", "reference")
               help="Cap on the failed trajectories, in file order; 0 = all.")
 @click.option("--new-actions", type=click.IntRange(min=1), default=30, show_default=True,
               help="New steps after the replay (think steps included).")
-@click.option("--out", type=click.Path(dir_okay=False), default="recover/recover.jsonl", show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False), default="recover/recover.jsonl", show_default=True,
+              help="JSONL file of the study's lines, one per (item, condition, rendering, agent); --resume continues it.")
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip (item, condition, rendering, agent) keys already in --out.")
 @study_options

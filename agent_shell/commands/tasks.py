@@ -29,12 +29,18 @@ def validated_tasks(env: Environment, split: str, task_ids: Iterable[str]) -> li
     try:
         return check_tasks(env, split, task_ids)
     except ValueError as err:
-        listing = f"cb-agent tasks --env {env.name}" + (f" --split {split}" if split in env.splits else "")
-        raise click.ClickException(f"{err} (list the valid ids: {listing})") from None
+        raise task_error(env, split, err) from None
+
+
+def task_error(env: Environment, split: str, err: ValueError) -> click.ClickException:
+    """``err`` (a bad id or split) as a one-line click error ending in how to list the valid ids."""
+    splits = getattr(env, "splits", ())
+    listing = f"cb-agent tasks --env {env.name}" + (f" --split {split}" if split in splits else "")
+    return click.ClickException(f"{err} (list the valid ids: {listing})")
 
 
 @click.command("tasks")
-@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), required=True)
+@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), required=True, help="Benchmark to list.")
 @click.option("--split", default=None, help="Print this split's task ids, one per line (default: print the "
               "splits with their numbers of tasks and task types).")
 @click.option("--type", "task_type", default=None, help="Only ids of this task type.")
@@ -65,4 +71,4 @@ def tasks(env_name, split, task_type) -> None:
         env.close()
 
 
-__all__ = ["tasks", "validated_tasks"]
+__all__ = ["task_error", "tasks", "validated_tasks"]

@@ -1,0 +1,87 @@
+"""Every command checks task ids, splits and variations before anything loads (one line naming the
+culprit and what is valid); every option has help text; the package metadata builds cleanly."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+import agent_shell.lm
+from agent_shell.cli import main
+
+VALID_UNSEEN_GAME = "pick_and_place_simple-Mug-None-Desk-308/trial_T20190909_203041_433487"
+TRAIN_GAME = "pick_and_place_simple-AlarmClock-None-Desk-307/trial_T20190907_072303_146844"
+
+
+@pytest.fixture()
+def no_backbone(monkeypatch, tmp_path):
+    """The real environments; loading a backbone fails the test (the checks come before it)."""
+    monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "cache"))
+
+    def load(*_, **__):
+        raise AssertionError("the backbone was loaded before the bad input was refused")
+
+    monkeypatch.setattr(agent_shell.lm, "load_language_model", load)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--game", "nosuch/x"],
+     "Error: unknown ALFWorld task 'nosuch/x': no such game under"),
+    (["run", "--game", "pick_and_place_simple-Foo-None-Bar-999/trial_X"],
+     "Error: unknown ALFWorld task 'pick_and_place_simple-Foo-None-Bar-999/trial_X'"),
+    (["run", "--split", "train", "--demo-split", "valid_unseen", "--game", VALID_UNSEEN_GAME],
+     f"Error: alfworld task '{VALID_UNSEEN_GAME}' belongs to split 'valid_unseen', not 'train': refusing to mix "
+     "splits (list the valid ids: cb-agent tasks --env alfworld --split train)"),
+    (["run", "--split", "valid_unseen", "--game", TRAIN_GAME], "belongs to split 'train', not 'valid_unseen'"),
+    (["run", "--demo-split", "valid_unseen"], "--demo-split valid_unseen is the evaluation split"),
+    (["run", "--split", "valid"], "Error: unknown ALFWorld split 'valid'"),
+    (["run", "--env", "scienceworld", "--split", "test", "--game", "boil/9999"],
+     "Error: ScienceWorld task 'boil/9999': boil has variations 0-29 (train 0-13, dev 14-20, test 21-29)"),
+    (["run", "--env", "scienceworld", "--split", "test", "--game", "boil/3"],
+     "scienceworld task 'boil/3' belongs to split 'train', not 'test'"),
+    (["run", "--env", "textworld", "--split", "test", "--game", "cooking/test/7"],
+     "seed 7 is outside the test seeds 100001..100020"),
+    (["fit-concepts", "--demo-split", "valid"], "Error: unknown ALFWorld split 'valid'"),
+    (["eval-decisions", "--heldout-split", "dev"], "Error: unknown ALFWorld split 'dev'"),
+    (["eval-decisions", "--env", "scienceworld", "--demo-split", "valid_unseen"],
+     "Error: unknown ScienceWorld split 'valid_unseen'"),
+    (["tasks", "--env", "scienceworld", "--split", "valid"], "Error: unknown ScienceWorld split 'valid'"),
+])
+def test_bad_ids_and_splits_are_one_line_before_anything_loads(no_backbone, tmp_path, args, message):
+    res = CliRunner().invoke(main, [*args, "--out-dir", str(tmp_path / "out")] if args[0] == "run" else args)
+    assert res.exit_code == 1 and message in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+    assert not (tmp_path / "out").exists()
+
+
+def _commands(group: click.Group, ctx: click.Context, prefix: tuple = ()):
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        if isinstance(command, click.Group):
+            yield from _commands(command, ctx, (*prefix, name))
+        else:
+            yield (*prefix, name), command
+
+
+def test_every_option_of_every_command_has_help():
+    ctx = click.Context(main)
+    missing = [f"{' '.join(name)} {'/'.join(p.opts)}" for name, command in _commands(main, ctx)
+               for p in command.params if isinstance(p, click.Option) and not p.help]
+    assert missing == []
+
+
+def test_resume_defaults_to_off_in_every_command():
+    ctx = click.Context(main)
+    defaults = {" ".join(name): p.default for name, command in _commands(main, ctx) for p in command.params
+                if p.name == "resume"}
+    assert {"run", "collect", "probe", "recover"} <= set(defaults) and set(defaults.values()) == {False}
+
+
+def test_the_license_is_an_spdx_string():
+    meta = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert meta["project"]["license"] == "MIT"  # a {text = ...} table is deprecated by setuptools
+    assert "setuptools>=77" in meta["build-system"]["requires"]  # the first to read SPDX strings
