@@ -110,6 +110,13 @@ model_options = [
 ]
 
 
+#: Options several sub-commands share.
+max_new_tokens_option = click.option("--max-new-tokens", type=click.IntRange(min=1), default=400, show_default=True,
+                                     help="Token cap of each LM reply.")
+prompt_examples_option = click.option("--k", type=click.IntRange(min=0), default=2, show_default=True,
+                                      help="Retrieved examples per prompt.")
+
+
 def _with(options: list) -> Callable:
     def deco(fn: Callable) -> Callable:
         for option in reversed(options):
@@ -195,9 +202,8 @@ def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, see
 @_with(model_options)
 @click.option("--memory", "memory_dir", type=click.Path(file_okay=False), default=None,
               help="Memory whose retrieved examples are shown (default: the built-in example only).")
-@click.option("--k", type=click.IntRange(min=0), default=2, show_default=True, help="Retrieved examples per prompt.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=400, show_default=True,
-              help="Token cap of each LM reply.")
+@prompt_examples_option
+@max_new_tokens_option
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/abstract.jsonl", show_default=True,
               help="JSONL file of the abstractions.")
 @click.option("--resume/--no-resume", default=False, show_default=True,
@@ -292,11 +298,10 @@ def _check_human(human: bool) -> None:
 @_with(model_options)
 @click.option("--memory", "memory_dir", type=click.Path(file_okay=False), default=None,
               help="Memory for retrieved examples; kept examples are added to it.")
-@click.option("--k", type=click.IntRange(min=0), default=2, show_default=True, help="Retrieved examples per prompt.")
+@prompt_examples_option
 @click.option("--max-rounds", type=click.IntRange(min=0), default=2, show_default=True,
               help="Revisions after the first execution.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=400, show_default=True,
-              help="Token cap of each LM reply.")
+@max_new_tokens_option
 @click.option("--human", is_flag=True, help="A person gives feedback at the terminal (Enter accepts a step).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/refine.jsonl", show_default=True,
               help="JSONL file of the refined examples (every round recorded).")
@@ -345,8 +350,7 @@ def refine(abstract_path, noisy_path, env_name, model, dtype, memory_dir, k, max
               help="Retrieved examples per prompt (the built-in example while the memory is empty).")
 @click.option("--max-rounds", type=click.IntRange(min=0), default=2, show_default=True,
               help="Revisions after the first execution.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=400, show_default=True,
-              help="Token cap of each LM reply.")
+@max_new_tokens_option
 @click.option("--human", is_flag=True, help="A person gives feedback at the terminal (Enter accepts a step).")
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip noisy ids already in the memory's log; without it an existing id is refused.")
