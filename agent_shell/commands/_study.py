@@ -85,6 +85,10 @@ def play_study(study: str, out: str, keys: set[tuple[str, str, str, str]], resum
     from agent_shell import studies
     from envs import make_env
 
+    if resume:  # a torn last line of an interrupted study: aside, the rest byte for byte
+        from agent_shell.commands._resume import repair_for_resume
+
+        repair_for_resume(out, echo)
     try:
         if not studies.pending_keys(out, study, keys, resume):
             return []

@@ -37,6 +37,10 @@ def _done_keys(path: Path, resume: bool, wanted: Iterable[str]) -> set[str]:
 
     if not path.exists():
         return set()
+    if resume:  # a torn last line of an interrupted command: aside, the rest byte for byte
+        from agent_shell.commands._resume import repair_for_resume
+
+        repair_for_resume(path)
     done = set()
     for number, record, err in iter_jsonl(path):
         if err is not None or not isinstance(record, dict) or "noisy_id" not in record:

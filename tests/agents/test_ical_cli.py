@@ -119,3 +119,15 @@ def test_retrieve_lists_the_top_k(tmp_path, doubles):
     result = CliRunner().invoke(main, ["ical", "retrieve", str(mem), "--split", "test", "--k", "1", "--per-type", "1",
                                        "--out", str(tmp_path / "p.jsonl")])
     assert result.exit_code == 1 and "pass --resume" in result.output
+
+
+def test_resume_moves_a_torn_output_line_aside(tmp_path):
+    from agent_shell.commands.ical import _done_keys
+
+    out = tmp_path / "abstract.jsonl"
+    out.write_bytes(b'{"noisy_id": "a"}\n{"noisy_id": "b"}\n')
+    whole = out.read_bytes()
+    with open(out, "ab") as fh:
+        fh.write(b'{"noisy_id": "c", "pro')
+    assert _done_keys(out, True, ["a", "c"]) == {"a", "b"}
+    assert out.read_bytes() == whole and (tmp_path / "abstract.jsonl.torn").read_bytes() == b'{"noisy_id": "c", "pro\n'

@@ -341,8 +341,12 @@ def test_probe_and_recover_commands(tmp_path, doubles, monkeypatch):
     monkeypatch.setattr(agent_shell.lm, "load_language_model", no_backbone)
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 1 and "--resume" in again.output, again.output
+    whole = out.read_bytes()
+    with open(out, "ab") as fh:  # an interrupted append: --resume moves it aside, the rest stays as it was
+        fh.write(b'{"study": "probe", "it')
     resumed = CliRunner().invoke(main, args + ["--resume"])
     assert resumed.exit_code == 0, resumed.output
+    assert f"repaired {out}: line 5" in resumed.output and out.read_bytes() == whole
     assert "0 lines written, 4 already" in resumed.output and resumed.output.count("1/2 │ 50.0%") == 2
     assert len(studies.read_study(out, "probe")) == 4
     monkeypatch.setattr(agent_shell.lm, "load_language_model",
