@@ -1,0 +1,97 @@
+"""Feature extractors by name: the built-ins and third-party ones from an entry-point group.
+
+A spec names one extractor, optionally with an argument after the first colon:
+``lm-hidden``, ``lm-layer:6``, ``lm-layer:-2:mean``, ``goal-similarity``, ``novelty``. A feature
+selection is a comma-separated list of specs (``--features lm-hidden,goal-similarity,novelty``).
+
+Third-party extractors register a *factory* under the entry-point group
+:data:`ENTRY_POINT_GROUP`; the factory is called with the spec's argument (a string, or None
+when there is none) and returns an object of the :class:`~agent_shell.features.protocol.FeatureExtractor`
+protocol whose ``name`` is the full spec. In a package's ``pyproject.toml``::
+
+    [project.entry-points."cb_agent.feature_extractors"]
+    word-count = "my_package.features:WordCount"
+
+(``tests/agents/test_features.py`` has a complete example extractor.) Built-in names cannot be
+overridden.
+
+Must not import the agents, the environments or cb_core.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import Any, Callable, Iterable
+
+from agent_shell.features.goal import GoalSimilarity
+from agent_shell.features.lm_states import LMHidden, LMLayer
+from agent_shell.features.novelty import Novelty
+from agent_shell.features.protocol import FeatureExtractor
+
+#: The entry-point group third-party extractors register under.
+ENTRY_POINT_GROUP = "cb_agent.feature_extractors"
+#: Built-in extractor names -> factories ``(arg: str | None) -> FeatureExtractor``.
+BUILTIN: dict[str, Callable[[str | None], Any]] = {
+    "lm-hidden": LMHidden,
+    "lm-layer": LMLayer,
+    "goal-similarity": GoalSimilarity,
+    "novelty": Novelty,
+}
+#: The seed's features (and what a concept file without an extractor list was fitted with).
+DEFAULT_FEATURES = "lm-hidden"
+
+
+def _plugins() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in BUILTIN}
+
+
+def available_extractors() -> dict[str, str]:
+    """Extractor name -> where it comes from (``"built-in"`` or the entry point's target)."""
+    return {**{n: "built-in" for n in BUILTIN}, **{n: ep.value for n, ep in sorted(_plugins().items())}}
+
+
+def parse_features(selection: str | Iterable[str]) -> tuple[str, ...]:
+    """The specs of a selection (``"lm-hidden, novelty"`` or a list of specs), stripped, in order.
+
+    Raises:
+        ValueError: an empty selection, an empty spec, or a spec given twice.
+    """
+    parts = selection.split(",") if isinstance(selection, str) else [p for s in selection for p in s.split(",")]
+    specs = tuple(p.strip() for p in parts)
+    if not specs or specs == ("",):
+        raise ValueError("empty feature selection: name at least one extractor, e.g. lm-hidden")
+    if any(not s for s in specs):
+        raise ValueError(f"feature selection {','.join(specs)!r} has an empty entry")
+    seen = [s for i, s in enumerate(specs) if s in specs[:i]]
+    if seen:
+        raise ValueError(f"feature extractor {seen[0]!r} is selected twice")
+    return specs
+
+
+def make_extractor(spec: str) -> FeatureExtractor:
+    """The extractor a spec names (its factory called with the spec's argument).
+
+    Raises:
+        ValueError: an unknown name (listing the known ones), a bad argument (from the factory),
+            or a factory whose result is no FeatureExtractor or is named other than ``spec``.
+    """
+    base, _, arg = spec.strip().partition(":")
+    factory = BUILTIN.get(base)
+    if factory is None:
+        plugin = _plugins().get(base)
+        if plugin is None:
+            raise ValueError(f"unknown feature extractor {base!r}; known: {sorted(available_extractors())} "
+                             f"(third-party ones register under the entry-point group {ENTRY_POINT_GROUP!r})")
+        factory = plugin.load()
+    extractor = factory(arg or None)
+    if not isinstance(extractor, FeatureExtractor):
+        raise ValueError(f"feature extractor {spec!r}: its factory returned a {type(extractor).__name__}, which "
+                         f"lacks name / metadata / size / extract")
+    if extractor.name != spec.strip() and base in _plugins():
+        raise ValueError(f"feature extractor {spec!r} calls itself {extractor.name!r}; a third-party extractor's "
+                         f"name must be the spec that selects it")
+    return extractor
+
+
+__all__ = ["BUILTIN", "DEFAULT_FEATURES", "ENTRY_POINT_GROUP", "available_extractors", "make_extractor",
+           "parse_features"]
