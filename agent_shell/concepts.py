@@ -12,10 +12,17 @@ often), and gold actions a collector had to append to an incomplete engine set (
 the acting agent can never choose them), stay in later contexts' histories but are no fitting
 target; they are counted per task type and action (:attr:`TypeFeatures.skipped_actions`).
 
-Features are cached per trajectory under ``<cache>/features/<key>.npz``, the key hashing the
-backbone name, its dtype, the rendering, the layout, the action prefix and every decision's context,
-candidates and expert index, so a refit (new lam, gamma) costs no LM time and any change of the
-text invalidates the cache.
+What the concept sees of each candidate is a :class:`agent_shell.features.FeatureSet` (default:
+the seed's ``lm-hidden``); its blocks, side by side, take the place of the hidden states in the
+decisions handed to cb_core, and its description is recorded in every concept
+(``metadata["features"]["extractors"]``) and checked when acting.
+
+The LM's scores (log q, token counts, last-layer hidden states) are cached per trajectory under
+``<cache>/features/<key>.npz``, the key hashing the backbone name, its dtype, the rendering, the
+layout, the action prefix and every decision's context, candidates and expert index, so a refit (new
+lam, gamma) costs no LM time and any change of the text invalidates the cache. Every other block
+is cached per trajectory and extractor under ``<cache>/features/blocks/``
+(:mod:`agent_shell.features.cache`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from agent_shell.candidates import drop_excluded
 from agent_shell.context import Context, action_prefix, check_layout, check_rendering, scoring_context
 from agent_shell.expert_decisions import decision_examples
 from agent_shell.lm.formatting import PLAIN
+from agent_shell.features import DecisionInput, FeatureSet, check_extractors, recorded_extractors
 from agent_shell.lm.protocol import LanguageModel
 from envs.storage import atomic_folder
 from envs.trajectory import Trajectory
@@ -54,13 +62,16 @@ class TypeFeatures:
 
     Attributes:
         task_type: the type.
-        hidden, log_q, n_tokens, expert: per-decision lists ([M_i, d] float32, [M_i] float32,
-            [M_i] int, int) ready for :func:`cb_core.decisions_from_lists`.
+        hidden, log_q, n_tokens, expert: per-decision lists ([M_i, k] float32 features: the
+            feature set's blocks side by side, the LM's hidden states for the default
+            ``lm-hidden``; [M_i] float32, [M_i] int, int) ready for
+            :func:`cb_core.decisions_from_lists`.
         task_ids: trajectories used (won only), in order.
         n_lost: expert trajectories left out because they were not won.
         n_env_steps: environment steps of the used trajectories.
         skipped_actions: expert actions that were no fitting target (filtered out), counted.
-        lm_seconds: LM time spent on features in this call (0 when all came from the cache).
+        lm_seconds: time spent on features in this call, LM scoring and other blocks (0 when all
+            came from the cache).
     """
 
     task_type: str
@@ -92,9 +103,10 @@ class TypeFeatures:
         return cb_core.decisions_from_lists(self.hidden, self.log_q, self.n_tokens, self.expert)
 
 
-def decision_texts(trajectory: Trajectory, rendering: str = "raw", layout: str = "text",
-                   experiences: dict[int, str] | None = None) -> tuple[list[DecisionText], Counter]:
-    """(context, candidates, expert index) per fitting decision, and the skipped expert actions.
+def decision_inputs(trajectory: Trajectory, rendering: str = "raw", layout: str = "text",
+                    experiences: dict[int, str] | None = None) -> tuple[list[tuple[DecisionInput, int]], Counter]:
+    """(decision as the feature extractors see it, expert index) per fitting decision, and the
+    skipped expert actions.
 
     Contexts are :func:`agent_shell.context.scoring_context` under ``rendering`` and ``layout``
     (``experiences``: the expert trajectory's reviewed experiences, rendering "experience").
@@ -106,9 +118,19 @@ def decision_texts(trajectory: Trajectory, rendering: str = "raw", layout: str =
     kept = {e.step_index for e in examples}
     skipped = Counter(s.action for i, s in enumerate(trajectory.steps)
                       if s.kind == "env" and i not in kept)
-    texts = [(scoring_context(e.instruction, e.observation, e.history, rendering, layout=layout,
-                              experiences=experiences), list(e.candidates), e.expert_index) for e in examples]
-    return texts, skipped
+    out = [(DecisionInput(scoring_context(e.instruction, e.observation, e.history, rendering, layout=layout,
+                                          experiences=experiences),
+                          e.instruction, e.observation, e.history, e.candidates, action_prefix(layout)),
+            e.expert_index) for e in examples]
+    return out, skipped
+
+
+def decision_texts(trajectory: Trajectory, rendering: str = "raw", layout: str = "text",
+                   experiences: dict[int, str] | None = None) -> tuple[list[DecisionText], Counter]:
+    """(context, candidates, expert index) per fitting decision, and the skipped expert actions
+    (:func:`decision_inputs` without the rest of the decision)."""
+    inputs, skipped = decision_inputs(trajectory, rendering, layout, experiences)
+    return [(d.context, list(d.candidates), e) for d, e in inputs], skipped
 
 
 def backbone_dtype(lm: LanguageModel) -> str:
@@ -159,15 +181,21 @@ def trajectory_features(lm: LanguageModel, texts: Sequence[DecisionText], render
 def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rendering: str = "raw",
                      cache_dir: str | os.PathLike | None = None,
                      on_trajectory: Callable[[Trajectory], None] | None = None, layout: str = "text",
-                     reviewer: LanguageModel | None = None) -> dict[str, TypeFeatures]:
+                     reviewer: LanguageModel | None = None,
+                     feature_set: FeatureSet | None = None) -> dict[str, TypeFeatures]:
     """Features of every won trajectory, grouped by task type (lost ones are only counted).
 
+    ``feature_set``: what the concept sees (default the seed's ``lm-hidden``); its blocks are
+    computed (or read from the cache) after the LM's scores.
     Rendering "experience": each trajectory's transitions are first reviewed by ``reviewer``
     (default ``lm``; :func:`agent_shell.experience.review_trajectory`, cached), and the kept
     experiences enter its contexts as they would while acting.
     """
+    from agent_shell.lm.protocol import CandidateScores
+
     check_rendering(rendering)
     check_layout(layout)
+    feature_set = feature_set if feature_set is not None else FeatureSet.from_spec()
     by_type: dict[str, TypeFeatures] = {}
     for traj in trajectories:
         tf = by_type.setdefault(traj.task_type, TypeFeatures(traj.task_type))
@@ -179,8 +207,14 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rend
             from agent_shell.experience import review_trajectory
 
             experiences = review_trajectory(reviewer if reviewer is not None else lm, traj, cache_dir)
-        texts, skipped = decision_texts(traj, rendering, layout, experiences)
+        inputs, skipped = decision_inputs(traj, rendering, layout, experiences)
+        texts = [(d.context, list(d.candidates), e) for d, e in inputs]
         rows, seconds = trajectory_features(lm, texts, rendering, cache_dir, layout)
+        if not feature_set.is_default:
+            scores = [CandidateScores(lq, nt, h) for h, lq, nt, _ in rows]
+            blocks, block_seconds = feature_set.extract_trajectory([d for d, _ in inputs], lm, scores, cache_dir)
+            rows = [(x, lq, nt, e) for x, (_, lq, nt, e) in zip(blocks, rows)]
+            seconds += block_seconds
         for h, lq, nt, e in rows:
             tf.hidden.append(h)
             tf.log_q.append(lq)
@@ -196,12 +230,14 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rend
 
 
 def fit_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, rendering: str = "raw", lam: float = 1.0,
-                 gamma: float = 0.8, eps: float = 1e-6, env_name: str = "", layout: str = "text") -> dict[str, Concept]:
+                 gamma: float = 0.8, eps: float = 1e-6, env_name: str = "", layout: str = "text",
+                 feature_set: FeatureSet | None = None) -> dict[str, Concept]:
     """One :class:`cb_core.Concept` per task type with decisions (seed Eq. (6)).
 
     The metadata records everything acting must match (backbone, ``features`` =
-    :func:`feature_spec`, gamma, eps; the rendering also at top level) and the fit summary and
-    data counts (decisions, skipped expert steps by action).
+    :func:`feature_spec`, with the feature set's description, gamma, eps; the rendering also at
+    top level) and the fit summary and data counts (decisions, skipped expert steps by action).
+    ``features`` must have been collected with the same ``feature_set`` (default ``lm-hidden``).
     Types without any decision are left out.
     """
     import cb_core
@@ -213,27 +249,35 @@ def fit_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, rendering
         result = cb_core.fit(tf.decisions(), lam=lam, gamma=gamma, eps=eps)
         concepts[task_type] = cb_core.Concept.from_fit(
             result, backbone=lm.name, task_type=task_type, trajectories=tf.task_ids,
-            features=feature_spec(lm, rendering, layout),
+            features=feature_spec(lm, rendering, layout, feature_set),
             extra={"env": env_name, "rendering": rendering, "layout": layout, "n_decisions": tf.n_decisions,
                    "n_lost_trajectories": tf.n_lost, "n_expert_env_steps": tf.n_env_steps,
                    "n_skipped_expert_steps": tf.n_skipped, "skipped_actions": dict(tf.skipped_actions)})
     return concepts
 
 
-def feature_spec(lm: LanguageModel, rendering: str, layout: str = "text") -> dict[str, str]:
-    """How features and contexts were built; acting must use the same (concept ``features``)."""
+def feature_spec(lm: LanguageModel, rendering: str, layout: str = "text", feature_set: FeatureSet | None = None) -> dict[str, Any]:
+    """How features and contexts were built; acting must use the same (concept ``features``).
+
+    ``extractors``: the feature set's description (:meth:`FeatureSet.describe`; default
+    ``lm-hidden``).
+    """
+    feature_set = feature_set if feature_set is not None else FeatureSet.from_spec()
     return {"formatting": PLAIN, "dtype": backbone_dtype(lm), "rendering": rendering,
             "layout": layout, "action_prefix": action_prefix(layout),
-            "context": "task + history, no demonstrations", "candidate_filter": "drop look/inventory/help"}
+            "context": "task + history, no demonstrations", "candidate_filter": "drop look/inventory/help",
+            "extractors": feature_set.describe(lm)}
 
 
 def concepts_dir_key(features: dict[str, TypeFeatures], lm: LanguageModel, rendering: str, lam: float, gamma: float,
-                     eps: float, layout: str = "text") -> str:
-    """Hash naming a cached set of concepts (the data and every fit setting)."""
-    payload = json.dumps([FEATURE_VERSION, lm.name, PLAIN, backbone_dtype(lm), rendering, layout, lam,
-                          gamma, eps,
-                          {t: f.task_ids for t, f in sorted(features.items())}])
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+                     eps: float, layout: str = "text", feature_set: FeatureSet | None = None) -> str:
+    """Hash naming a cached set of concepts (the data and every fit setting; the feature set
+    when it is not the default, so the default's cached concepts keep their name)."""
+    parts = [FEATURE_VERSION, lm.name, PLAIN, backbone_dtype(lm), rendering, layout, lam, gamma, eps,
+             {t: f.task_ids for t, f in sorted(features.items())}]
+    if feature_set is not None and not feature_set.is_default:
+        parts.append(feature_set.describe(lm))
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
 def save_concepts(concepts: dict[str, Concept], directory: str | os.PathLike) -> None:
@@ -254,16 +298,21 @@ def load_concepts(directory: str | os.PathLike) -> dict[str, Concept]:
     return {f.stem: cb_core.Concept.load(f) for f in files}
 
 
-def check_concept_matches(concept: Concept, lm: LanguageModel, rendering: str, layout: str = "text") -> None:
-    """Raise ValueError when a concept was fitted with another backbone, formatting, rendering
-    or layout."""
+def check_concept_matches(concept: Concept, lm: LanguageModel, rendering: str, layout: str = "text",
+                          feature_set: FeatureSet | None = None) -> None:
+    """Raise ValueError when a concept was fitted with another backbone, formatting, rendering,
+    layout or feature set (default ``lm-hidden``; a concept file without an extractor list was
+    fitted with ``lm-hidden``)."""
     meta = concept.metadata
     fitted = {"backbone": meta.get("backbone"), **(meta.get("features") if isinstance(meta.get("features"), dict) else {})}
-    acting = {"backbone": lm.name, **feature_spec(lm, rendering, layout)}
+    acting = {"backbone": lm.name, **feature_spec(lm, rendering, layout, feature_set)}
+    extractors = acting.pop("extractors")
     for key, value in acting.items():
         if fitted.get(key) != value:
             raise ValueError(f"concept for {meta.get('task_type')!r} was fitted with {key}="
                              f"{fitted.get(key)!r}, but acting uses {value!r}")
+    check_extractors(recorded_extractors(meta.get("features"), concept.hidden_size), extractors,
+                     where=f"concept for {meta.get('task_type')!r}")
 
 
 def skipped_summary(features: dict[str, TypeFeatures]) -> str:
@@ -281,17 +330,18 @@ def skipped_summary(features: dict[str, TypeFeatures]) -> str:
 def cached_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, rendering: str = "raw", lam: float = 1.0,
                     gamma: float = 0.8, eps: float = 1e-6, env_name: str = "",
                     cache_dir: str | os.PathLike | None = None,
-                    layout: str = "text") -> tuple[dict[str, Concept], Path | None]:
+                    layout: str = "text", feature_set: FeatureSet | None = None) -> tuple[dict[str, Concept], Path | None]:
     """:func:`fit_concepts`, read from / written to ``<cache_dir>/concepts/<key>/`` when given.
 
     Returns (concepts, the folder they are stored in or None).
     """
     if cache_dir is None:
-        return fit_concepts(features, lm, rendering, lam, gamma, eps, env_name, layout), None
-    folder = Path(cache_dir) / "concepts" / concepts_dir_key(features, lm, rendering, lam, gamma, eps, layout)
+        return fit_concepts(features, lm, rendering, lam, gamma, eps, env_name, layout, feature_set), None
+    folder = Path(cache_dir) / "concepts" / concepts_dir_key(features, lm, rendering, lam, gamma, eps, layout,
+                                                              feature_set)
     if any(folder.glob("*.safetensors")):
         return load_concepts(folder), folder
-    concepts = fit_concepts(features, lm, rendering, lam, gamma, eps, env_name, layout)
+    concepts = fit_concepts(features, lm, rendering, lam, gamma, eps, env_name, layout, feature_set)
     with atomic_folder(folder) as staging:  # the folder appears complete or not at all
         save_concepts(concepts, staging)
     return concepts, folder

@@ -13,12 +13,14 @@ Imports no LM, no game engine and not cb_core (the dtype rule imports torch only
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from agent_shell.agents import AGENT_NAMES
 from agent_shell.context import check_layout
+from agent_shell.features import FeatureSet
 from agent_shell.history import check_rendering
 from envs.protocol import Environment
 
@@ -39,6 +41,9 @@ class RunConfig:
             (``"auto"`` becomes ``"bfloat16"`` or ``"float32"`` on this machine).
         rendering, layout: history rendering and context layout (fitting and acting alike).
         lam, gamma: L2 strength of the concept fit (Eq. 6) and the prior's length exponent.
+        features: what the concept sees, a comma-separated selection of feature extractors
+            (:mod:`agent_shell.features`; default the seed's ``lm-hidden``), stored normalised;
+            :attr:`feature_set` builds them (once per config).
         agents: agent names (:data:`agent_shell.agents.AGENT_NAMES`), duplicates dropped.
         action_space: "fixed" (environment candidates) or "open" (sampled replies).
         reflexion_trials: trials of the Reflexion agents.
@@ -69,6 +74,7 @@ class RunConfig:
     layout: str = "text"
     lam: float = 1.0
     gamma: float = 0.8
+    features: str = "lm-hidden"
     agents: tuple[str, ...] = ("cb-agent",)
     action_space: str = "fixed"
     reflexion_trials: int = 2
@@ -86,7 +92,7 @@ class RunConfig:
     #: Fields recorded in every results line and compared on resume (with ``model``, the
     #: loaded backbone's name).
     SETTINGS = ("env", "split", "dtype", "seed", "rendering", "layout", "action_space", "demos_per_type",
-                "demo_split", "lam", "gamma", "reflexion_trials", "budget", "demos", "concept_data")
+                "demo_split", "lam", "gamma", "features", "reflexion_trials", "budget", "demos", "concept_data")
 
     def __post_init__(self) -> None:
         from agent_shell.lm.dtypes import dtype_name
@@ -116,6 +122,13 @@ class RunConfig:
         object.__setattr__(self, "agents", agents)
         object.__setattr__(self, "game_ids", tuple(self.game_ids))
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        object.__setattr__(self, "features", self.feature_set.spec)
+
+    @functools.cached_property
+    def feature_set(self) -> FeatureSet:
+        """The selected :class:`agent_shell.features.FeatureSet` (one instance per config, so
+        fitting and acting share its extractors' memos)."""
+        return FeatureSet.from_spec(self.features)
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from agent_shell.agents.react import ReActAgent
 from agent_shell.agents.reflexion import Reflexion, ReflexionResult, Trial
 from agent_shell.agents.step import AgentLog, AgentStop, Decision, EpisodeDone, LimitReached, View
 from agent_shell.candidates import FormatError
+from agent_shell.features import FeatureSet
 from agent_shell.lm.protocol import LanguageModel
 
 if TYPE_CHECKING:
@@ -33,11 +34,13 @@ def needs_concepts(name: str) -> bool:
 def build_agent(name: str, lm: LanguageModel, demos: Mapping[str, Sequence[str]],
                 concepts: Mapping[str, Concept] | None = None, config: AgentConfig = AgentConfig(),
                 reflexion_trials: int = 2, scorer: LanguageModel | None = None,
-                reviewer: LanguageModel | None = None) -> Reflexion:
+                reviewer: LanguageModel | None = None, features: FeatureSet | None = None) -> Reflexion:
     """The agent called ``name`` (see :data:`AGENT_NAMES`), wrapped in its trial loop.
 
     ``scorer`` (CB-Agent and prior-only): the LM view that scores candidates (default ``lm``);
-    ``reviewer``: the LM view that writes experience reviews (default ``lm``).
+    ``reviewer``: the LM view that writes experience reviews (default ``lm``); ``features``
+    (CB-Agent): the :class:`agent_shell.features.FeatureSet` the concepts were fitted with
+    (default ``lm-hidden``).
 
     Raises ValueError for an unknown name, or for ``cb-agent`` without concepts.
     """
@@ -51,7 +54,7 @@ def build_agent(name: str, lm: LanguageModel, demos: Mapping[str, Sequence[str]]
     else:
         if concepts is None:
             raise ValueError(f"agent {name!r} needs fitted concepts, got None")
-        agent = CBAgent(lm, demos, concepts, config, scorer, reviewer)
+        agent = CBAgent(lm, demos, concepts, config, scorer, reviewer, features)
     return Reflexion(agent, trials=reflexion_trials if name.startswith("reflexion-") else 1)
 
 

@@ -7,6 +7,9 @@ LM on the *scoring context* (task + history with thoughts, no demonstrations) an
     argmax_a  log Qbar(a | x) + alpha . phi(x, a; A)
 
 with the concept alpha of the episode's task type (prior-only: alpha = None, i.e. the prior).
+``phi`` is built from the agent's :class:`agent_shell.features.FeatureSet` (default the seed's
+``lm-hidden``: the LM's hidden states from the same scoring call), which must be the set the
+concepts were fitted with.
 
 Candidate sets:
 * fixed action space: the environment's candidates minus ``look`` / ``inventory`` / ``help``,
@@ -34,6 +37,7 @@ from agent_shell.agents.config import AgentConfig
 from agent_shell.agents.react import ReActAgent
 from agent_shell.agents.step import Decision, View
 from agent_shell.candidates import FALLBACK_ACTION, fixed_action_space, parse_actions, read_reply
+from agent_shell.features import DecisionInput, FeatureSet
 from agent_shell.lm.protocol import CandidateScores, LanguageModel
 
 if TYPE_CHECKING:
@@ -57,15 +61,18 @@ class CBAgent(ReActAgent):
             (with demonstrations) and scoring contexts (without) from evicting each other's KV
             cache every step.
         reviewer: see :class:`ReActAgent`.
+        features: what the concepts see (:class:`agent_shell.features.FeatureSet`; default
+            ``lm-hidden``); extracted only when a concept is used (never for prior-only).
     """
 
     name = "cb-agent"
 
     def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], concepts: Mapping[str, Concept] | None,
                  config: AgentConfig = AgentConfig(), scorer: LanguageModel | None = None,
-                 reviewer: LanguageModel | None = None):
+                 reviewer: LanguageModel | None = None, features: FeatureSet | None = None):
         super().__init__(lm, demos, config, reviewer)
         self.scorer = lm if scorer is None else scorer
+        self.features = features if features is not None else FeatureSet.from_spec()
         self.concepts = None if concepts is None else dict(concepts)
         if concepts is None:
             self.name = "prior-only"
@@ -85,7 +92,7 @@ class CBAgent(ReActAgent):
             if kind == "think":
                 return Decision("think", f"{ctx.THINK_PREFIX} {text}", reply, seconds={"route": time.perf_counter() - t0})
         t1 = time.perf_counter()
-        decision = self.choose(view.start.task_type, context, self.candidate_set(view, context, prompt))
+        decision = self.choose(view.start.task_type, context, self.candidate_set(view, context, prompt), view)
         return replace(decision, reply=reply, format_error=error,
                        seconds={"route": t1 - t0, "choose": time.perf_counter() - t1})
 
@@ -116,23 +123,39 @@ class CBAgent(ReActAgent):
                                    seed=self.config.seed + len(view.steps))
         return parse_actions(samples) or [FALLBACK_ACTION]
 
-    def choose(self, task_type: str, context: ctx.Context, candidates: Sequence[str]) -> Decision:
+    def choose(self, task_type: str, context: ctx.Context, candidates: Sequence[str],
+               view: View | None = None) -> Decision:
         """The environment step that takes argmax_a log P(a | x) among ``candidates`` scored on
-        ``context`` (a single candidate is taken without scoring)."""
+        ``context`` (a single candidate is taken without scoring). ``view``: the task and history
+        the feature extractors read (needed unless the features are ``lm-hidden``)."""
         candidates = tuple(candidates)
         if len(candidates) == 1:
             return Decision("env", candidates[0], candidates=candidates, chosen=0, p_chosen=1.0)
-        scores = self.scorer.score(context, candidates, ctx.action_prefix(self.config.layout))
-        logp = self.log_probs(task_type, scores)
+        prefix = ctx.action_prefix(self.config.layout)
+        scores = self.scorer.score(context, candidates, prefix)
+        decision = None if view is None else DecisionInput(context, view.start.instruction, view.start.observation,
+                                                            view.steps, candidates, prefix)
+        logp = self.log_probs(task_type, scores, decision)
         chosen = int(np.argmax(logp))
         return Decision("env", candidates[chosen], candidates=candidates, chosen=chosen,
                         log_probs=tuple(float(x) for x in logp), p_chosen=float(np.exp(logp[chosen])))
 
-    def log_probs(self, task_type: str, scores: CandidateScores) -> np.ndarray:
+    def log_probs(self, task_type: str, scores: CandidateScores, decision: DecisionInput | None = None) -> np.ndarray:
         """log P(a | x) over one candidate set (seed Eq. 3) with the concept of ``task_type``
-        (prior-only: alpha = 0), as float32 [M]."""
-        return self.concept_of(task_type, np.shape(scores.hidden)[1]).log_probs(
-            scores.hidden, scores.log_q, scores.n_tokens)
+        (prior-only: alpha = 0), as float32 [M]; a concept reads :attr:`features` of
+        ``decision`` (only ``lm-hidden`` does without one).
+
+        Raises:
+            ValueError: no concept for ``task_type``, or features other than ``lm-hidden`` and
+                no ``decision``.
+        """
+        concept = self.concept_of(task_type, np.shape(scores.hidden)[1])
+        phi = scores.hidden
+        if self.concepts is not None and not self.features.is_default:
+            if decision is None:
+                raise ValueError(f"features {self.features.spec!r} need the decision (task and history), got none")
+            phi = self.features.extract(decision, self.scorer, scores)
+        return concept.log_probs(phi, scores.log_q, scores.n_tokens)
 
     def concept_of(self, task_type: str, hidden_size: int) -> Concept:
         """The :class:`cb_core.Concept` acting for a task type (it carries its own gamma and eps);

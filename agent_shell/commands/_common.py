@@ -205,7 +205,7 @@ def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: li
                           echo: Callable[[str], None] = click.echo,
                           timings: dict | None = None) -> tuple[dict, dict, Path | None]:
     """Features (cached) and concepts (cached) of ``trajectories`` under ``config``'s rendering,
-    layout, lam and gamma; reports skipped expert steps."""
+    layout, feature set, lam and gamma; reports skipped expert steps."""
     from agent_shell.concepts import cached_concepts, check_concept_matches, collect_features, skipped_summary
     from cb_core.cache import enable_persistent_cache
 
@@ -219,16 +219,16 @@ def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: li
         echo(f"features {len(done)}/{len(trajectories)}: {traj.task_id}")
 
     features = collect_features(lm, trajectories, config.rendering, cache_dir=cache, on_trajectory=on_trajectory,
-                                layout=config.layout)
+                                layout=config.layout, feature_set=config.feature_set)
     timings["features_s"] = time.perf_counter() - t
     timings["features_lm_s"] = sum(f.lm_seconds for f in features.values())
     echo(f"features: {sum(f.n_decisions for f in features.values())} decisions "
-         f"({timings['features_lm_s']:.1f} s of LM time; 0 when cached); {skipped_summary(features)}")
+         f"({timings['features_lm_s']:.1f} s of LM and extractor time; 0 when cached); {skipped_summary(features)}")
     t = time.perf_counter()
     concepts, folder = cached_concepts(features, lm, config.rendering, config.lam, config.gamma, env_name=config.env,
-                                       cache_dir=cache, layout=config.layout)
+                                       cache_dir=cache, layout=config.layout, feature_set=config.feature_set)
     for concept in concepts.values():
-        check_concept_matches(concept, lm, config.rendering, config.layout)
+        check_concept_matches(concept, lm, config.rendering, config.layout, config.feature_set)
     timings["fit_s"] = time.perf_counter() - t
     echo(f"concepts: {len(concepts)} task types -> {folder}")
     return features, concepts, folder

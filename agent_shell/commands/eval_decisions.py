@@ -105,13 +105,14 @@ def eval_decisions(config: RunConfig, heldout_split: str, heldout_per_type: int,
         used = {t.task_id for t in setup.demo_trajectories}
         heldout = [t for t in trajs if t.task_id not in used]
         console.print(f"held out: {len(heldout)} won expert trajectories from {heldout_split}")
-        features = collect_features(setup.lm, heldout, config.rendering, cache_dir=setup.cache, layout=config.layout)
+        features = collect_features(setup.lm, heldout, config.rendering, cache_dir=setup.cache, layout=config.layout,
+                                    feature_set=config.feature_set)
         console.print(f"held-out decisions: {sum(f.n_decisions for f in features.values())}; "
                       f"{skipped_summary(features)}")
     finally:
         setup.env.close()
     rows = decision_accuracy(features, setup.concepts, config.gamma)
-    table = Table(title=f"Top-1 accuracy on held-out expert decisions ({setup.lm.name})",
+    table = Table(title=f"Top-1 accuracy on held-out expert decisions ({setup.lm.name}, features {config.features})",
                   caption="accuracy [95% Wilson score interval] over the decisions of each row")
     for col in ("task type", "decisions", "candidates", "alpha = 0", "concept"):
         table.add_column(col, justify="left" if col == "task type" else "right")

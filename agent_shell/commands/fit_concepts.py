@@ -21,8 +21,8 @@ def fit_concepts(config: RunConfig, out_dir: str | None) -> None:
 
     setup = prepare(config, need_concepts=True)
     try:
-        table = Table(title=f"Concepts ({setup.lm.name}, rendering {config.rendering}, lam {config.lam}, "
-                            f"gamma {config.gamma})")
+        table = Table(title=f"Concepts ({setup.lm.name}, rendering {config.rendering}, features {config.features}, "
+                            f"lam {config.lam}, gamma {config.gamma})")
         for col in ("task type", "trajectories", "decisions", "skipped expert steps", "loss", "grad norm",
                     "converged"):
             table.add_column(col)

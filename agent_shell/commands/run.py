@@ -78,7 +78,7 @@ def run(config: RunConfig) -> None:
         with progress if progress is not None else contextlib.nullcontext():
             for name in config.agents:
                 agent = build_agent(name, setup.lm, setup.demos, setup.concepts, agent_config,
-                                    config.reflexion_trials, scorer, reviewer)
+                                    config.reflexion_trials, scorer, reviewer, config.feature_set)
                 summary = run_episodes(env, agent, task_ids, results_path, config.budget, resume=config.resume,
                                        meta=meta, progress=progress, on_episode=on_episode)
                 if summary.skipped:

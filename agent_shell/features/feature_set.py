@@ -17,8 +17,10 @@ Must not import the agents, the environments or cb_core.
 from __future__ import annotations
 
 import json
+import os
+import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -70,11 +72,7 @@ class FeatureSet:
 
     def describe(self, lm: Any) -> list[dict[str, Any]]:
         """Per block ``{"name", "size", "metadata"}`` (JSON), recorded in each concept."""
-        out = []
-        for e in self.extractors:
-            meta = json.loads(json.dumps(dict(e.metadata)))  # JSON-normalised, as it reads back from a file
-            out.append({"name": e.name, "size": int(e.size(lm)), "metadata": meta})
-        return out
+        return [_describe(e, lm) for e in self.extractors]
 
     def extract(self, decision: DecisionInput, lm: Any, scores: Any) -> np.ndarray:
         """float32 [M, k]: the raw blocks side by side (cb_core standardises them per candidate set).
@@ -85,6 +83,37 @@ class FeatureSet:
         m = len(decision.candidates)
         blocks = [check_block(e.name, e.extract(decision, lm, scores), m, int(e.size(lm))) for e in self.extractors]
         return blocks[0] if len(blocks) == 1 else np.concatenate(blocks, axis=1)
+
+    def extract_trajectory(self, decisions: Sequence[DecisionInput], lm: Any, scores: Sequence[Any],
+                           cache_dir: str | os.PathLike | None = None) -> tuple[list[np.ndarray], float]:
+        """:meth:`extract` for the decisions of one trajectory, each block read from / written to
+        the block cache (:mod:`agent_shell.features.cache`) when ``cache_dir`` is given.
+
+        ``lm-hidden`` is ``scores[i].hidden`` itself (cached with the scores by the caller).
+        Returns (one float32 [M_i, k] matrix per decision, seconds spent computing blocks).
+        """
+        from agent_shell.features.cache import block_key, block_path, cached_blocks
+        from agent_shell.features.lm_states import LMHidden
+
+        backbone = [str(getattr(lm, a, "")) for a in ("name", "formatting", "dtype")]
+        start = time.perf_counter()
+        columns = []
+        for e in self.extractors:
+            k = int(e.size(lm))
+            if isinstance(e, LMHidden):
+                columns.append([check_block(e.name, s.hidden, len(d.candidates), k) for d, s in zip(decisions, scores)])
+                continue
+            path = block_path(cache_dir, block_key(_describe(e, lm), backbone, decisions)) if decisions else None
+            blocks, _ = cached_blocks(path, lambda: [check_block(e.name, e.extract(d, lm, s), len(d.candidates), k)
+                                                     for d, s in zip(decisions, scores)])
+            columns.append(blocks)
+        out = [parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1) for parts in zip(*columns)]
+        return out, time.perf_counter() - start
+
+
+def _describe(extractor: FeatureExtractor, lm: Any) -> dict[str, Any]:
+    meta = json.loads(json.dumps(dict(extractor.metadata)))  # JSON-normalised, as it reads back from a file
+    return {"name": extractor.name, "size": int(extractor.size(lm)), "metadata": meta}
 
 
 def recorded_extractors(features_meta: Any, hidden_size: int) -> list[dict[str, Any]]:

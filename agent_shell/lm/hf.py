@@ -19,6 +19,7 @@ This module must not import the agents or the environments.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import os
@@ -33,7 +34,8 @@ from agent_shell.lm.dtypes import default_device, resolve_dtype
 from agent_shell.lm.formatting import PLAIN, Formatter, templated
 from agent_shell.lm.kv_cache import PrefixCache, restore, snapshot
 from agent_shell.lm.protocol import CandidateScores, Context
-from agent_shell.lm.scoring import CANDIDATE_LAYOUTS, score_batched, score_packed
+from agent_shell.lm.scoring import (CANDIDATE_LAYOUTS, action_positions, captured_output, pool_states, score_batched,
+                                    score_packed)
 from agent_shell.lm.tokenization import Tokenization, TokenizedContinuation, common_prefix_len
 
 
@@ -172,6 +174,36 @@ class HFLanguageModel:
                 no tokens of its own, nothing to condition on, or context plus candidate longer
                 than ``max_context_tokens``.
         """
+        return self._score(context, candidates, action_prefix)[0]
+
+    @torch.inference_mode()
+    def candidate_states(self, context: Context, candidates: Sequence[str], action_prefix: str, layer: int,
+                         pool: str = "last") -> np.ndarray:
+        """An inner layer's states at the candidates' action tokens, float32 [M, hidden_size].
+
+        ``layer``: 0 = the token embeddings, K = 1..L the output of decoder layer K (before the
+        final norm), negative K counts from the end (-1 = layer L). ``pool``: ``"last"`` = the
+        state at the final action token, ``"mean"`` = the mean over the action's tokens (the
+        same tokens :meth:`score` counts). Runs :meth:`score`'s passes (the context's KV cache is
+        reused) with a hook on that layer (feature block ``lm-layer:K``, :mod:`agent_shell.features`).
+
+        Raises:
+            ValueError: a layer outside [-L, L], an unknown pool, or what :meth:`score` raises.
+        """
+        if pool not in ("last", "mean"):
+            raise ValueError(f"pool={pool!r} is not 'last' or 'mean'")
+        layers = self.model.get_decoder().layers
+        n = len(layers)
+        if not -n <= layer <= n:
+            raise ValueError(f"layer {layer} is outside [-{n}, {n}] for {self.name!r} ({n} decoder layers)")
+        k = layer if layer >= 0 else n + 1 + layer
+        module = self.model.get_input_embeddings() if k == 0 else layers[k - 1]
+        return self._score(context, candidates, action_prefix, capture=(module, pool))[1]
+
+    def _score(self, context: Context, candidates: Sequence[str], action_prefix: str,
+               capture: tuple[torch.nn.Module, str] | None = None) -> tuple[CandidateScores, np.ndarray | None]:
+        """:meth:`score`, and with ``capture = (module, pool)`` the module's output in the
+        candidates' pass at each candidate's action tokens, pooled (float32 [M, d])."""
         if isinstance(candidates, str):
             raise ValueError("candidates must be a sequence of strings, got one string")
         actions = list(candidates)
@@ -198,17 +230,22 @@ class HFLanguageModel:
         s = shared - 1
         cache = self.cache.prefill(toks[0].ids[:s], self._forward)
         saved = snapshot(cache) if self.cache.cache is cache else None
+        hooked = captured_output(capture[0]) if capture is not None else contextlib.nullcontext([])
         try:
-            if self.candidate_layout == "packed":
-                log_q, hidden = score_packed(self._forward, self._head, cache, s, toks, self.dtype, self.device)
-            else:
-                log_q, hidden = score_batched(self._forward, self._head, cache, s, toks,
-                                              self.tokenizer.pad_token_id, self.device)
+            with hooked as outputs:
+                if self.candidate_layout == "packed":
+                    log_q, hidden = score_packed(self._forward, self._head, cache, s, toks, self.dtype, self.device)
+                else:
+                    log_q, hidden = score_batched(self._forward, self._head, cache, s, toks,
+                                                  self.tokenizer.pad_token_id, self.device)
         finally:
             if saved is not None:
                 restore(cache, saved)
         n_tokens = np.array([t.n_action for t in toks], dtype=np.int32)
-        return CandidateScores(log_q=log_q, n_tokens=n_tokens, hidden=hidden)
+        states = None
+        if capture is not None:  # outputs[-1]: the candidates' pass, [B, T, d]
+            states = pool_states(outputs[-1], action_positions(toks, s, self.candidate_layout), capture[1])
+        return CandidateScores(log_q=log_q, n_tokens=n_tokens, hidden=hidden), states
 
     # ------------------------------------------------------------------ generation
     @torch.inference_mode()

@@ -14,7 +14,8 @@ Must not import the agents or the environments.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -117,4 +118,41 @@ def gather(logits: torch.Tensor, head_in: torch.Tensor, pred_rows: list[int], ta
     return log_q.float().cpu().numpy(), hidden.cpu().numpy()
 
 
-__all__ = ["CANDIDATE_LAYOUTS", "gather", "head_pass", "score_batched", "score_packed"]
+def action_positions(toks: Sequence[TokenizedContinuation], s: int, layout: str) -> list[tuple[int, list[int]]]:
+    """Per candidate, (batch row, positions of its action tokens) in the candidates' pass of
+    :func:`score_packed` (``layout="packed"``: one row, segments side by side) or
+    :func:`score_batched` (``"batched"``: row m, right-padded)."""
+    out, start = [], 0
+    for m, t in enumerate(toks):
+        seg = len(t.ids) - s
+        if layout == "packed":
+            out.append((0, list(range(start + t.first - s, start + seg))))
+            start += seg
+        else:
+            out.append((m, list(range(t.first - s, seg))))
+    return out
+
+
+@contextlib.contextmanager
+def captured_output(module: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Collect ``module``'s output tensor (the first element of a tuple output) at every call
+    inside the block."""
+    outputs: list[torch.Tensor] = []
+    handle = module.register_forward_hook(lambda mod, args, out: outputs.append(out[0] if isinstance(out, tuple)
+                                                                                else out))
+    try:
+        yield outputs
+    finally:
+        handle.remove()
+
+
+def pool_states(states: torch.Tensor, positions: Sequence[tuple[int, list[int]]], pool: str) -> np.ndarray:
+    """float32 [M, d]: ``states`` [B, T, d] at each candidate's last action position (``"last"``)
+    or averaged over its action positions (``"mean"``)."""
+    rows = [states[b, cols].float().mean(0) if pool == "mean" else states[b, cols[-1]].float()
+            for b, cols in positions]
+    return torch.stack(rows).cpu().numpy()
+
+
+__all__ = ["CANDIDATE_LAYOUTS", "action_positions", "captured_output", "gather", "head_pass", "pool_states",
+           "score_batched", "score_packed"]

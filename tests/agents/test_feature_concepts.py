@@ -1,0 +1,129 @@
+"""Feature sets wired into fitting, acting and the CLI: caches, metadata, refusals, old files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import cb_core
+from agent_doubles import FakeLM, ScriptedEnv
+from agent_shell.agents import CBAgent
+from agent_shell.cli import main
+from agent_shell.concepts import cached_concepts, check_concept_matches, collect_features
+from agent_shell.demos import expert_demos
+from agent_shell.features import FeatureSet
+from agent_shell.features.novelty import Novelty
+from agent_shell.runner import read_results
+from envs.episode import Episode
+from test_features import plugin  # noqa: F401  (the entry-point fixture with the example WordCount)
+from test_reporting_cli import doubles  # noqa: F401  (CLI with FakeLM and ScriptedEnv)
+
+DEMOS = {"fetch": ["DEMO-FETCH"], "open": ["DEMO-OPEN"]}
+
+
+@pytest.fixture()
+def trajectories(tmp_path):
+    return expert_demos(ScriptedEnv(expert_looks=True), per_type=2, split="train", path=tmp_path / "expert.jsonl")
+
+
+def test_collected_features_are_the_blocks_side_by_side_and_each_block_is_cached(tmp_path, trajectories,
+                                                                                  monkeypatch, plugin):  # noqa: F811
+    lm = FakeLM(hidden_size=8)
+    seed = collect_features(lm, trajectories, cache_dir=tmp_path / "cache")
+    calls = []
+    original = Novelty.extract
+    monkeypatch.setattr(Novelty, "extract", lambda self, *a: calls.append(1) or original(self, *a))
+    fs = FeatureSet.from_spec("lm-hidden,novelty,word-count")
+    feats = collect_features(lm, trajectories, cache_dir=tmp_path / "cache", feature_set=fs)
+    assert len(calls) == 10  # one novelty block per decision (4 + 6), computed once
+    for t in feats:
+        assert feats[t].expert == seed[t].expert
+        for x, h, lq, lq0 in zip(feats[t].hidden, seed[t].hidden, feats[t].log_q, seed[t].log_q):
+            assert x.shape == (len(h), 8 + 5 + 1)
+            np.testing.assert_array_equal(x[:, :8], h)       # lm-hidden from the cached scores
+            np.testing.assert_array_equal(lq, lq0)           # the prior is untouched
+    n_scores = len(lm.score_calls)
+    other = collect_features(lm, trajectories, cache_dir=tmp_path / "cache",
+                             feature_set=FeatureSet.from_spec("novelty"))
+    assert len(calls) == 10 and len(lm.score_calls) == n_scores  # both blocks and scores came from the cache
+    np.testing.assert_array_equal(other["open"].hidden[2], feats["open"].hidden[2][:, 8:13])
+    # b/1's second decision: "open door 1" names the object of the earlier "go to door 1"
+    assert other["open"].hidden[1][:, 1].tolist() == [0, np.float32(np.log1p(1)), 0]
+
+
+def test_concepts_record_their_feature_set_and_acting_refuses_another(tmp_path, trajectories):
+    lm = FakeLM(hidden_size=8)
+    fs = FeatureSet.from_spec("novelty,lm-hidden")
+    feats = collect_features(lm, trajectories, feature_set=fs)
+    concepts, folder = cached_concepts(feats, lm, "raw", lam=0.5, gamma=0.8, cache_dir=tmp_path, feature_set=fs)
+    c = cb_core.Concept.load(folder / "open.safetensors")  # one safetensors file, read back
+    assert c.hidden_size == 13 and [b["name"] for b in c.metadata["features"]["extractors"]] == ["novelty", "lm-hidden"]
+    assert c.metadata["features"]["extractors"][0]["metadata"]["columns"][0] == "log_times_taken"
+    check_concept_matches(c, lm, "raw", feature_set=fs)
+    with pytest.raises(ValueError, match="fitted with features 'novelty,lm-hidden', but acting uses 'lm-hidden'"):
+        check_concept_matches(c, lm, "raw")
+    seed_concepts, seed_folder = cached_concepts(collect_features(lm, trajectories), lm, "raw", lam=0.5,
+                                                 gamma=0.8, cache_dir=tmp_path)
+    assert seed_folder != folder and seed_concepts["open"].hidden_size == 8  # the cache keys differ
+
+
+def test_a_concept_file_from_before_extractors_loads_as_lm_hidden(tmp_path):
+    lm = FakeLM(hidden_size=8)
+    meta = dict(backbone="fake-lm", gamma=0.8, lam=1.0, eps=1e-6, task_type="open", trajectories=[], versions={},
+                hidden_size=8, features={"formatting": "plain", "dtype": "", "rendering": "raw", "layout": "text",
+                                         "action_prefix": "\n> ", "context": "task + history, no demonstrations",
+                                         "candidate_filter": "drop look/inventory/help"})
+    cb_core.Concept(np.ones(9, np.float32), meta).save(tmp_path / "open.safetensors")
+    old = cb_core.Concept.load(tmp_path / "open.safetensors")
+    check_concept_matches(old, lm, "raw")
+    with pytest.raises(ValueError, match="fitted with features 'lm-hidden', but acting uses 'lm-hidden,novelty'"):
+        check_concept_matches(old, lm, "raw", feature_set=FeatureSet.from_spec("lm-hidden,novelty"))
+
+
+class StubbornLM(FakeLM):
+    """The prior wants 'go to window 1' (a wrong move in every scripted task) by 50 nats."""
+
+    def score(self, context, candidates, action_prefix="\n> "):
+        s = super().score(context, candidates, action_prefix)
+        return type(s)(s.log_q + 50.0 * np.array([c == "go to window 1" for c in candidates]), s.n_tokens, s.hidden)
+
+
+def test_cb_agent_acts_on_the_history_features_of_its_concept():
+    """A concept that dislikes immediate repeats and their 'Nothing happens.' makes CB-Agent move
+    on after one wrong move, where prior-only repeats it for the whole budget."""
+    fs = FeatureSet.from_spec("novelty")
+    alpha = np.zeros(6, np.float32)
+    alpha[2:5] = -10.0  # taken_last_step, last_outcome_nothing, last_outcome_unchanged
+    meta = dict(backbone="fake-lm", features={}, gamma=0.8, lam=1.0, eps=1e-6, task_type="fetch", trajectories=[],
+                versions={}, hidden_size=5)
+    runs = {}
+    for name, concepts in (("prior-only", None), ("cb-agent", {"fetch": cb_core.Concept(alpha, meta)})):
+        env = ScriptedEnv()
+        lm = StubbornLM([" act"])
+        CBAgent(lm, DEMOS, concepts, features=fs).run(Episode(env, "a/1", 6))
+        runs[name] = env.engine_actions
+    assert runs["prior-only"] == ["go to window 1"] * 6
+    cb = runs["cb-agent"]
+    assert cb[0] == "go to window 1" and all(a != b for a, b in zip(cb, cb[1:])), cb
+
+
+def test_cli_selects_records_and_refuses_features(tmp_path, doubles):  # noqa: F811
+    out = tmp_path / "run"
+    args = ["run", "--env", "textworld", "--split", "test", "--agent", "cb-agent", "--games", "1", "--max-steps",
+            "3", "--out-dir", str(out)]
+    bad = CliRunner().invoke(main, args + ["--features", "lm-hidden,colour"])
+    assert bad.exit_code == 2 and "unknown feature extractor 'colour'" in bad.output and not doubles
+    res = CliRunner().invoke(main, args + ["--features", "lm-hidden,novelty"])
+    assert res.exit_code == 0, res.output
+    (rec,) = read_results(out / "results.jsonl")
+    assert rec["features"] == "lm-hidden,novelty"
+    concept = cb_core.Concept.load(next(iter(sorted(__import__("pathlib").Path(rec["concepts_dir"]).glob("*.safetensors")))))
+    assert [b["name"] for b in concept.metadata["features"]["extractors"]] == ["lm-hidden", "novelty"]
+    mixed = CliRunner().invoke(main, args + ["--resume"])
+    assert mixed.exit_code == 1 and "features='lm-hidden,novelty'" in mixed.output
+    acc = CliRunner().invoke(main, ["eval-decisions", "--env", "textworld", "--heldout-split", "train",
+                                    "--demos-per-type", "1", "--heldout-per-type", "1", "--features", "novelty",
+                                    "--out", str(tmp_path / "acc.json")])
+    assert acc.exit_code == 0, acc.output
+    assert "features novelty" in " ".join(acc.output.split())

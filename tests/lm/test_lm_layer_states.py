@@ -1,0 +1,46 @@
+"""``candidate_states``: an inner layer's states at the action tokens, as one plain forward gives them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+CONTEXT = "You are in the middle of a room.\nYour task is to: put a clean mug in coffeemachine.\n> go to sinkbasin 1\nOn the sinkbasin 1, you see nothing."
+CANDIDATES = ["go to coffeemachine 1", "take mug 2 from countertop 1", "open fridge 1", "examine sinkbasin 1"]
+
+
+def reference(lm, layer: int, pool: str) -> np.ndarray:
+    """One uncached forward per candidate with output_hidden_states (index 0 = embeddings)."""
+    base = lm.render(CONTEXT, "\n> ")
+    out = []
+    for tok in lm.tokenize_continuations(base, CANDIDATES, False):
+        res = lm.model(input_ids=torch.tensor([tok.ids]), output_hidden_states=True)
+        states = res.hidden_states[layer][0, tok.first:]
+        out.append((states.mean(0) if pool == "mean" else states[-1]).float().numpy())
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("layout, layer, pool", [("packed", 0, "last"), ("packed", 4, "mean"),
+                                                  ("batched", 12, "last"), ("batched", 12, "mean")])
+def test_candidate_states_match_a_plain_forward(fresh, layout, layer, pool):
+    lm = fresh(candidate_layout=layout)
+    lm.score(CONTEXT + "\n> look\nNothing happens.", CANDIDATES[:2], "\n> ")  # a stale cache to reuse in part
+    got = lm.candidate_states(CONTEXT, CANDIDATES, "\n> ", layer, pool)
+    assert got.shape == (4, lm.hidden_size) and got.dtype == np.float32
+    np.testing.assert_allclose(got, reference(lm, layer, pool), atol=2e-3, rtol=1e-3)
+    # scoring afterwards is unchanged by the hook
+    np.testing.assert_allclose(lm.score(CONTEXT, CANDIDATES, "\n> ").log_q,
+                               fresh().score(CONTEXT, CANDIDATES, "\n> ").log_q, atol=1e-4)
+
+
+def test_negative_layers_count_from_the_end_and_bad_arguments_are_refused(lm32):
+    n = len(lm32.model.get_decoder().layers)
+    np.testing.assert_array_equal(lm32.candidate_states(CONTEXT, CANDIDATES, "\n> ", -1),
+                                  lm32.candidate_states(CONTEXT, CANDIDATES, "\n> ", n))
+    last = lm32.candidate_states(CONTEXT, CANDIDATES, "\n> ", n)
+    assert not np.allclose(last, lm32.score(CONTEXT, CANDIDATES, "\n> ").hidden, atol=1e-2)  # before the final norm
+    with pytest.raises(ValueError, match=f"layer {n + 1} is outside"):
+        lm32.candidate_states(CONTEXT, CANDIDATES, "\n> ", n + 1)
+    with pytest.raises(ValueError, match="pool='max'"):
+        lm32.candidate_states(CONTEXT, CANDIDATES, "\n> ", 2, "max")
