@@ -124,6 +124,11 @@ def test_cb_agent_run_fits_concepts_and_reports_skipped_expert_steps(tmp_path, d
 
     rows = orjson.loads((tmp_path / "acc.json").read_bytes())
     assert [r["task_type"] for r in rows] == ["fetch", "open", "all"] and rows[-1]["decisions"] == 2 + 3
+    all_row = rows[-1]
+    assert all_row["hits_concept"] == sum(r["hits_concept"] for r in rows[:2])
+    assert all_row["acc_concept"] == all_row["hits_concept"] / 5
+    assert all_row["ci_concept"][0] <= all_row["acc_concept"] <= all_row["ci_concept"][1]
+    assert tuple(all_row["ci_prior"]) == wilson_interval(all_row["hits_prior"], 5)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 8, 17, 30])
