@@ -95,7 +95,7 @@ class FeatureSet:
         from agent_shell.features.cache import block_key, block_path, cached_blocks
         from agent_shell.features.lm_states import LMHidden
 
-        backbone = [str(getattr(lm, a, "")) for a in ("name", "formatting", "dtype")]
+        backbone = [str(getattr(lm, a, "")) for a in ("name", "dtype")]
         start = time.perf_counter()
         columns = []
         for e in self.extractors:

@@ -84,7 +84,7 @@ def test_a_concept_file_from_before_extractors_loads_as_lm_hidden(tmp_path):
 class StubbornLM(FakeLM):
     """The prior wants 'go to window 1' (a wrong move in every scripted task) by 50 nats."""
 
-    def score(self, context, candidates, action_prefix="\n> "):
+    def score(self, context, candidates, action_prefix):
         s = super().score(context, candidates, action_prefix)
         return type(s)(s.log_q + 50.0 * np.array([c == "go to window 1" for c in candidates]), s.n_tokens, s.hidden)
 

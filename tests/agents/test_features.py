@@ -163,7 +163,7 @@ def test_feature_set_concatenates_blocks_in_order_and_describes_them():
     lm = FakeLM(hidden_size=8)
     d = decision(["go to shelf 1", "open drawer 1", "take mug 2 from shelf 1"],
                  [step("go to shelf 1", "Nothing happens.")])
-    scores = lm.score(d.context, list(d.candidates))
+    scores = lm.score(d.context, list(d.candidates), "\n> ")
     fs = FeatureSet.from_spec("novelty, lm-hidden")
     x = fs.extract(d, lm, scores)
     assert fs.names == ("novelty", "lm-hidden") and fs.spec == "novelty,lm-hidden" and not fs.is_default
@@ -184,7 +184,7 @@ def test_composed_features_fit_in_cb_core_unchanged():
     for t in range(6):
         cands = [f"go to shelf {i}" for i in range(1, 4)] + ["open drawer 1"]
         d = decision(cands, [step("go to shelf 1", "Nothing happens.")] * (t % 3), context=f"ctx {t}")
-        s = lm.score(d.context, cands)
+        s = lm.score(d.context, cands, "\n> ")
         rows.append((fs.extract(d, lm, s), s.log_q, s.n_tokens, t % 4))
     dec = cb_core.decisions_from_lists(*map(list, zip(*rows)))
     phi = np.asarray(cb_core.features(dec))
@@ -243,7 +243,7 @@ class LayerLM(FakeLM):
 def test_lm_layer_reads_candidate_states_and_needs_a_backend_that_has_them():
     d = decision(["go to shelf 1", "open drawer 1"])
     lm = LayerLM(hidden_size=4)
-    s = lm.score(d.context, list(d.candidates))
+    s = lm.score(d.context, list(d.candidates), "\n> ")
     np.testing.assert_allclose(make_extractor("lm-layer:3").extract(d, lm, s), s.hidden * 3)
     np.testing.assert_allclose(make_extractor("lm-layer:2:mean").extract(d, lm, s), s.hidden * 2 + 1)
     with pytest.raises(ValueError, match="needs a backend with candidate_states"):
@@ -259,7 +259,7 @@ def test_third_party_extractor_through_the_entry_point(plugin):
     assert isinstance(fs.extractors[1], WordCount) and isinstance(fs.extractors[1], FeatureExtractor)
     d = decision(["take mug 2 from countertop 1", "go to bed 1"])
     lm = FakeLM(hidden_size=4)
-    x = fs.extract(d, lm, lm.score("ctx", list(d.candidates)))
+    x = fs.extract(d, lm, lm.score("ctx", list(d.candidates), "\n> "))
     assert x.shape == (2, 5) and x[:, 4].tolist() == [3, 0]  # words longer than 3 letters: take, from, countertop
     with pytest.raises(ValueError, match="calls itself 'word-count'"):
         make_extractor("misnamed")
