@@ -127,3 +127,14 @@ def test_cli_selects_records_and_refuses_features(tmp_path, doubles):  # noqa: F
                                     "--out", str(tmp_path / "acc.json")])
     assert acc.exit_code == 0, acc.output
     assert "features novelty" in " ".join(acc.output.split())
+
+
+def test_run_config_normalises_validates_and_records_the_selection():
+    from agent_shell.run_config import RunConfig
+
+    config = RunConfig(features=" lm-hidden , novelty")
+    assert config.features == "lm-hidden,novelty" and config.settings()["features"] == "lm-hidden,novelty"
+    assert config.feature_set is config.feature_set and config.feature_set.names == ("lm-hidden", "novelty")
+    assert RunConfig().features == "lm-hidden" and RunConfig().feature_set.is_default
+    with pytest.raises(ValueError, match="'lm-layer' needs an integer layer"):
+        RunConfig(features="lm-layer")
