@@ -49,6 +49,12 @@ COMMON_OPTIONS = {
                         help="L2 strength of the concept fit (Eq. 6)."),
     "gamma": click.option("--gamma", type=float, default=0.8, show_default=True,
                           help="Prior length-normalisation exponent (App. B)."),
+    "features": click.option("--features", default="lm-hidden", show_default=True,
+                             help="What the concept sees, comma-separated: lm-hidden (the seed's last-layer state), "
+                                  "lm-layer:K[:mean] (decoder layer K at the final action token or averaged), "
+                                  "goal-similarity (MiniLM cosines with the task and the latest observation, "
+                                  "names in the task), novelty (repeats and their outcomes), or a third-party "
+                                  "extractor (entry-point group cb_agent.feature_extractors)."),
     "cache_dir": click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
                               help="Cache for expert trajectories, features and concepts "
                                    "(default: $CB_AGENT_CACHE or ~/.cache/cb-agent)."),

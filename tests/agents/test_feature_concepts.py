@@ -74,7 +74,7 @@ def test_a_concept_file_from_before_extractors_loads_as_lm_hidden(tmp_path):
                 hidden_size=8, features={"formatting": "plain", "dtype": "", "rendering": "raw", "layout": "text",
                                          "action_prefix": "\n> ", "context": "task + history, no demonstrations",
                                          "candidate_filter": "drop look/inventory/help"})
-    cb_core.Concept(np.ones(9, np.float32), meta).save(tmp_path / "open.safetensors")
+    cb_core.Concept(np.ones(9, np.float32), 0.8, 1e-6, meta).save(tmp_path / "open.safetensors")
     old = cb_core.Concept.load(tmp_path / "open.safetensors")
     check_concept_matches(old, lm, "raw")
     with pytest.raises(ValueError, match="fitted with features 'lm-hidden', but acting uses 'lm-hidden,novelty'"):
@@ -98,7 +98,7 @@ def test_cb_agent_acts_on_the_history_features_of_its_concept():
     meta = dict(backbone="fake-lm", features={}, gamma=0.8, lam=1.0, eps=1e-6, task_type="fetch", trajectories=[],
                 versions={}, hidden_size=5)
     runs = {}
-    for name, concepts in (("prior-only", None), ("cb-agent", {"fetch": cb_core.Concept(alpha, meta)})):
+    for name, concepts in (("prior-only", None), ("cb-agent", {"fetch": cb_core.Concept(alpha, 0.8, 1e-6, meta)})):
         env = ScriptedEnv()
         lm = StubbornLM([" act"])
         CBAgent(lm, DEMOS, concepts, features=fs).run(Episode(env, "a/1", 6))
