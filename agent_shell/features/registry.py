@@ -87,7 +87,7 @@ def make_extractor(spec: str) -> FeatureExtractor:
     if not isinstance(extractor, FeatureExtractor):
         raise ValueError(f"feature extractor {spec!r}: its factory returned a {type(extractor).__name__}, which "
                          f"lacks name / metadata / size / extract")
-    if extractor.name != spec.strip() and base in _plugins():
+    if extractor.name != spec.strip() and base not in BUILTIN:
         raise ValueError(f"feature extractor {spec!r} calls itself {extractor.name!r}; a third-party extractor's "
                          f"name must be the spec that selects it")
     return extractor
