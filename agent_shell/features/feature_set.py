@@ -81,8 +81,8 @@ class FeatureSet:
             ValueError: a block of the wrong shape or with non-finite values, naming its extractor.
         """
         m = len(decision.candidates)
-        blocks = [check_block(e.name, e.extract(decision, lm, scores), m, int(e.size(lm))) for e in self.extractors]
-        return blocks[0] if len(blocks) == 1 else np.concatenate(blocks, axis=1)
+        return _side_by_side([check_block(e.name, e.extract(decision, lm, scores), m, int(e.size(lm)))
+                              for e in self.extractors])
 
     def extract_trajectory(self, decisions: Sequence[DecisionInput], lm: Any, scores: Sequence[Any],
                            cache_dir: str | os.PathLike | None = None) -> tuple[list[np.ndarray], float]:
@@ -107,8 +107,11 @@ class FeatureSet:
             blocks, _ = cached_blocks(path, lambda: [check_block(e.name, e.extract(d, lm, s), len(d.candidates), k)
                                                      for d, s in zip(decisions, scores)])
             columns.append(blocks)
-        out = [parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1) for parts in zip(*columns)]
-        return out, time.perf_counter() - start
+        return [_side_by_side(parts) for parts in zip(*columns)], time.perf_counter() - start
+
+
+def _side_by_side(blocks: Sequence[np.ndarray]) -> np.ndarray:
+    return blocks[0] if len(blocks) == 1 else np.concatenate(blocks, axis=1)
 
 
 def _describe(extractor: FeatureExtractor, lm: Any) -> dict[str, Any]:
