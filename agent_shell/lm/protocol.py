@@ -74,3 +74,11 @@ class LanguageModel(Protocol):
         cache, for a second stream of contexts (scoring contexts beside routing prompts, reviews);
         a backend without such state returns itself."""
         ...
+
+
+def pin_prefix(lm: LanguageModel, head: Context) -> int:
+    """Ask ``lm`` to keep the KV cache of a fixed prompt head for the contexts that start with it
+    (a backend with a prefix cache has ``pin_prefix``, e.g. :meth:`agent_shell.lm.hf.HFLanguageModel.pin_prefix`);
+    an optional capability: a backend without it is left alone. Returns the tokens pinned (0: none)."""
+    pin = getattr(lm, "pin_prefix", None)
+    return int(pin(head)) if callable(pin) else 0
