@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "recover": "agent_shell.commands.recover:recover",
     "ical": "agent_shell.commands.ical:ical",
     "tasks": "agent_shell.commands.tasks:tasks",
+    "backends": "agent_shell.commands.backends:backends",
 }
 
 

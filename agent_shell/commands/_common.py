@@ -29,7 +29,8 @@ COMMON_OPTIONS = {
     "env": click.option("--env", "env", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True,
                         help="Benchmark (task ids: `cb-agent tasks --env ENV`)."),
     "model": click.option("--model", default=None, help="Backbone name or local path (default: the offline "
-                          "SmolLM2-135M-Instruct)."),
+                          "SmolLM2-135M-Instruct), or BACKEND:ARG for another LM backend (vllm:PATH, or a "
+                          "plug-in; `cb-agent backends` lists them)."),
     "dtype": click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto",
                           show_default=True, help="Backbone dtype; auto = bfloat16 on a GPU or a CPU with native "
                           "bf16 (avx512_bf16/amx), else float32 (emulated bf16 is several times slower)."),
