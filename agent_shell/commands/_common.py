@@ -87,6 +87,12 @@ RUN_OPTIONS = {
     "concept_data": click.option("--concept-data", type=click.Choice(["expert", "ical"]), default="expert",
                                  show_default=True, help="CB-Agent's concept fitting data: the expert demonstrations, "
                                  "or the won ICAL examples of the --demos memory (with their thoughts)."),
+    "workers": click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+                            help="Episodes played at once, each worker with its own env and backbone, on a local "
+                                 "Ray cluster (needs the ray extra when > 1)."),
+    "ray_address": click.option("--ray-address", default=None,
+                                help="Join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a "
+                                     "local one."),
 }
 
 
