@@ -56,6 +56,8 @@ class RunConfig:
             examples of the ``demos`` memory; needs ``demos="ical:..."``).
         workers: episodes played at once on Ray workers (1: in this process, no Ray).
         ray_address: a Ray cluster to join (None: start a local one when ``workers > 1``).
+        shared_lm: workers share one backbone per device behind a batching Ray actor
+            (:mod:`agent_shell.lm.server`) instead of loading their own.
 
     Raises:
         ValueError: an unknown name or an out-of-range number, naming the field.
@@ -86,6 +88,7 @@ class RunConfig:
     concept_data: str = "expert"
     workers: int = 1
     ray_address: str | None = None
+    shared_lm: bool = False
 
     #: Fields recorded in every results line and compared on resume (with ``model``, the
     #: loaded backbone's name).

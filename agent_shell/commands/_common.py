@@ -90,6 +90,9 @@ RUN_OPTIONS = {
     "workers": click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
                             help="Episodes played at once, each worker with its own env and backbone, on a local "
                                  "Ray cluster (needs the ray extra when > 1)."),
+    "shared_lm": click.option("--shared-lm", is_flag=True,
+                              help="With --workers: one backbone per device behind a Ray actor that batches the "
+                                   "workers' scoring calls; workers never load the model."),
     "ray_address": click.option("--ray-address", default=None,
                                 help="Join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a "
                                      "local one."),

@@ -67,15 +67,10 @@ def run(config: RunConfig) -> None:
             console.print(line, markup=False, highlight=False)
 
         with progress if progress is not None else contextlib.nullcontext():
-            if config.workers > 1 or config.ray_address:
-                from agent_shell.parallel import run_parallel
-
-                setup.lm = None  # the workers load their own backbones
-                players = functools.partial(build_players, config, task_types)
-                summaries = run_parallel(players, config.agents, task_ids, results_path, config.budget,
-                                         workers=config.workers, resume=config.resume, meta=meta,
-                                         ray_address=config.ray_address, task_type_of=type_of,
-                                         progress=progress, on_event=None if progress is not None else say)
+            if config.workers > 1 or config.ray_address or config.shared_lm:
+                setup.lm = None  # the workers load their own backbones, or share the server's
+                summaries = run_on_ray(config, task_ids, task_types, type_of, meta, progress,
+                                       None if progress is not None else say)
             else:
                 on_episode = None if progress is not None else (lambda record: say(episode_summary(record)))
                 summaries = {name: run_episodes(env, agent, task_ids, results_path, config.budget,
@@ -97,6 +92,33 @@ def run(config: RunConfig) -> None:
     title = describe_run(records)
     console.print(rich_table(rows, title=f"{title}: success per task type"))
     console.print(f"chart: {bar_chart(rows, results_path.with_suffix('.png'), f'{title}: success rate by task type')}")
+
+
+def run_on_ray(config: RunConfig, task_ids: list[str], task_types: list[str] | None, type_of: Any,
+               meta: dict[str, Any], progress: Any, on_event: Any) -> dict[str, Any]:
+    """``config``'s episodes on Ray workers (:func:`agent_shell.parallel.run_parallel`); with
+    ``--shared-lm`` the workers share one backbone behind an ``LMServer`` actor. Returns agent
+    name -> :class:`agent_shell.runner.RunSummary`."""
+    from agent_shell.parallel import run_parallel, start_ray
+
+    owns_ray = start_ray(config.workers, config.ray_address)
+    try:
+        server = None
+        if config.shared_lm:
+            import torch
+
+            from agent_shell.lm.server import start_lm_server
+
+            server = start_lm_server(config.model, config.dtype, num_gpus=int(torch.cuda.is_available()), threads=1)
+        players = functools.partial(build_players, config, task_types, server)
+        return run_parallel(players, config.agents, task_ids, config.results_path, config.budget,
+                            workers=config.workers, resume=config.resume, meta=meta, ray_address=config.ray_address,
+                            task_type_of=type_of, progress=progress, on_event=on_event)
+    finally:
+        if owns_ray:
+            import ray
+
+            ray.shutdown()
 
 
 def set_up(config: RunConfig, env: Any, task_types: Collection[str] | None, echo: Any, lm: Any = None) -> Any:
@@ -153,11 +175,17 @@ def players_of(config: RunConfig, setup: Any) -> dict[str, Any]:
                               scorer, reviewer) for name in config.agents}
 
 
-def build_players(config: RunConfig, task_types: list[str] | None) -> tuple[Any, dict[str, Any]]:
+def build_players(config: RunConfig, task_types: list[str] | None, server: Any = None) -> tuple[Any, dict[str, Any]]:
     """A parallel worker's env and agents (:data:`agent_shell.parallel.MakePlayers`): the same
-    set-up as the driver's, read from the caches the driver filled."""
+    set-up as the driver's, read from the caches the driver filled; with ``server`` (an
+    :class:`agent_shell.lm.server.LMServer` handle) the agents use it and no model is loaded."""
     import torch
 
     torch.set_num_threads(1)  # one CPU per worker
-    setup = set_up(config, None, task_types, lambda line: None)
+    lm = None
+    if server is not None:
+        from agent_shell.lm.server import RemoteLM
+
+        lm = RemoteLM(server)
+    setup = set_up(config, None, task_types, lambda line: None, lm)
     return setup.env, players_of(config, setup)
