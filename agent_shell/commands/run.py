@@ -101,7 +101,7 @@ def run_on_ray(config: RunConfig, task_ids: list[str], task_types: list[str] | N
     name -> :class:`agent_shell.runner.RunSummary`."""
     from agent_shell.parallel import run_parallel, start_ray
 
-    owns_ray = start_ray(config.workers, config.ray_address)
+    owns_ray = start_ray(config.workers + int(config.shared_lm), config.ray_address)  # + the server's CPU
     try:
         server = None
         if config.shared_lm:

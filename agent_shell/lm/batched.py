@@ -22,7 +22,7 @@ import torch
 
 from agent_shell.lm.formatting import templated
 from agent_shell.lm.kv_cache import PrefixCache, new_cache, snapshot
-from agent_shell.lm.protocol import CandidateScores, Context
+from agent_shell.lm.protocol import CandidateScores, Context, check_candidates
 from agent_shell.lm.scoring import gather, head_pass
 from agent_shell.lm.tokenization import TokenizedContinuation, common_prefix_len
 
@@ -39,9 +39,7 @@ class ScoreRequest:
 
 def _tokenize(lm: Any, req: ScoreRequest) -> tuple[list[TokenizedContinuation], int]:
     """(tokenized candidates, cached length s) after the checks of :meth:`HFLanguageModel.score`."""
-    actions = list(req.candidates)
-    if not actions or any(not isinstance(a, str) or not a for a in actions):
-        raise ValueError(f"candidates {actions!r}: need at least one, each a non-empty string")
+    actions = check_candidates(req.candidates)
     toks = lm.tokens.continuations(lm.render(req.context, req.action_prefix), actions, templated(req.context))
     longest = max(len(t.ids) for t in toks)
     if longest > lm.max_context_tokens:

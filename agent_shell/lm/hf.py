@@ -32,7 +32,7 @@ from agent_shell.lm.decoding import check_generation, decode, eos_ids, sampler
 from agent_shell.lm.dtypes import default_device, resolve_dtype
 from agent_shell.lm.formatting import PLAIN, Formatter, templated
 from agent_shell.lm.kv_cache import HeadStore, PrefixCache, restore, snapshot
-from agent_shell.lm.protocol import CandidateScores, Context
+from agent_shell.lm.protocol import CandidateScores, Context, check_candidates
 from agent_shell.lm.scoring import CANDIDATE_LAYOUTS, score_batched, score_packed
 from agent_shell.lm.tokenization import Tokenization, TokenizedContinuation, common_prefix_len
 
@@ -192,14 +192,7 @@ class HFLanguageModel:
                 no tokens of its own, nothing to condition on, or context plus candidate longer
                 than ``max_context_tokens``.
         """
-        if isinstance(candidates, str):
-            raise ValueError("candidates must be a sequence of strings, got one string")
-        actions = list(candidates)
-        if not actions:
-            raise ValueError("empty candidate list: score() needs at least one candidate")
-        for i, a in enumerate(actions):
-            if not isinstance(a, str) or not a:
-                raise ValueError(f"candidate {i} is {a!r}: every candidate must be a non-empty string")
+        actions = check_candidates(candidates)
         toks = self.tokens.continuations(self.render(context, action_prefix), actions, templated(context))
         longest = max(toks, key=lambda t: len(t.ids))
         if len(longest.ids) > self.max_context_tokens:

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from agent_shell.lm.formatting import PLAIN, Formatter, templated
-from agent_shell.lm.protocol import CandidateScores, Context
+from agent_shell.lm.protocol import CandidateScores, Context, check_candidates
 from agent_shell.lm.tokenization import Tokenization
 
 #: Marked in metadata and names until the agreement check has passed on a GPU.
@@ -89,14 +89,7 @@ class VLLMLanguageModel:
         """As :meth:`agent_shell.lm.hf.HFLanguageModel.score` (same token accounting and errors)."""
         from vllm import SamplingParams
 
-        if isinstance(candidates, str):
-            raise ValueError("candidates must be a sequence of strings, got one string")
-        actions = list(candidates)
-        if not actions:
-            raise ValueError("empty candidate list: score() needs at least one candidate")
-        for i, a in enumerate(actions):
-            if not isinstance(a, str) or not a:
-                raise ValueError(f"candidate {i} is {a!r}: every candidate must be a non-empty string")
+        actions = check_candidates(candidates)
         toks = self.tokens.continuations(self.formatter.render(context, action_prefix), actions, templated(context))
         for a, t in zip(actions, toks):
             if len(t.ids) > self.max_context_tokens:

@@ -13,6 +13,7 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip ins
 from agent_shell.parallel import run_parallel  # noqa: E402
 from agent_shell.runner import read_results, run_episodes  # noqa: E402
 from parallel_doubles import AGENTS, make_players  # noqa: E402
+from test_runner import untimed  # noqa: E402
 
 TASKS = ["a/1", "a/2", "a/3", "b/1", "b/2"]
 BUDGET = 6
@@ -21,14 +22,6 @@ BUDGET = 6
 @pytest.fixture(scope="module")
 def cluster(ray_cluster):
     return ray_cluster
-
-
-def untimed(value):
-    if isinstance(value, dict):
-        return {k: untimed(v) for k, v in value.items() if k not in ("wall_s", "s_per_step", "seconds")}
-    if isinstance(value, list):
-        return [untimed(v) for v in value]
-    return value
 
 
 def by_episode(records):
