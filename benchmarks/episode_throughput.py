@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.part in ("a", "both"):
             figures["workers"] = part_a(args)
+            print(json.dumps({"workers": figures["workers"]}), flush=True)  # each part as soon as it is measured
         if args.part in ("b", "both"):
             figures["lm_actor"] = part_b(args)
     finally:
