@@ -69,7 +69,8 @@ def failed_record(agent_name: str, task_id: str, task_type: str | None, errors: 
 
     record = error_record(agent_name, task_id, task_type or "unknown", [], max_steps, 0.0, meta,
                           RuntimeError(errors[-1][1]))
-    record["error"].update(type=errors[-1][0], attempts=len(errors), reasons=[reason for _, reason in errors])
+    record["error"].update(type=errors[-1][0], message=errors[-1][1], attempts=len(errors),
+                           reasons=[reason for _, reason in errors])
     return record
 
 
