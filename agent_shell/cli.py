@@ -17,12 +17,15 @@ COMMANDS: dict[str, str] = {
     "collect": "agent_shell.commands.collect:collect",
     "fit-concepts": "agent_shell.commands.fit_concepts:fit_concepts",
     "eval-decisions": "agent_shell.commands.eval_decisions:eval_decisions",
+    "concepts-tsne": "agent_shell.commands.concepts_tsne:concepts_tsne",
+    "concept-data-size": "agent_shell.commands.concepts_tsne:concept_data_size",
     "run": "agent_shell.commands.run:run",
     "report": "agent_shell.commands.report:report",
     "probe": "agent_shell.commands.probe:probe",
     "recover": "agent_shell.commands.recover:recover",
     "ical": "agent_shell.commands.ical:ical",
     "tasks": "agent_shell.commands.tasks:tasks",
+    "backends": "agent_shell.commands.backends:backends",
 }
 
 

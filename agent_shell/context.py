@@ -222,14 +222,29 @@ def react_prompt(
     list): header, demonstrations and task header open the first user message; the reply is the
     next assistant message.
     """
-    demos = [d.strip() for d in demos]
-    parts = [header.strip().format(n_demos=len(demos))] + demos + [task_header.strip()]
+    head = _head_text(header, demos, task_header)
     if isinstance(context, str):
-        return "\n\n".join(parts) + "\n" + context + "\n" + ACTION_MARK
+        return head + context + "\n" + ACTION_MARK
     if not context or context[0].get("role") != "user":
         raise ValueError("a chat context must start with a user message")
-    first = {"role": "user", "content": "\n\n".join(parts) + "\n" + context[0]["content"]}
+    first = {"role": "user", "content": head + context[0]["content"]}
     return [first] + [dict(m) for m in context[1:]]
+
+
+def _head_text(header: str, demos: Iterable[str], task_header: str) -> str:
+    demos = [d.strip() for d in demos]
+    parts = [header.strip().format(n_demos=len(demos))] + demos + [task_header.strip()]
+    return "\n\n".join(parts) + "\n"
+
+
+def react_head(header: str, demos: Iterable[str], task_header: str = "Here is the task.",
+               layout: str = "text") -> Context:
+    """The fixed head of every ReAct routing prompt of one task type (header, demonstrations, task
+    header): what :func:`react_prompt` puts before the task, for an LM backend to encode once
+    and reuse across episodes (:meth:`agent_shell.lm.hf.HFLanguageModel.pin_prefix`). Chat
+    layout: the first user message holding only the head."""
+    text = _head_text(header, demos, task_header)
+    return text if check_layout(layout) == "text" else [{"role": "user", "content": text}]
 
 
 def context_text(context: Context) -> str:
@@ -241,5 +256,5 @@ def context_text(context: Context) -> str:
 
 __all__ = ["ACTION_MARK", "ACTION_PREFIX", "CHECK_REMINDER", "Context", "INTERVENTIONS", "LAYOUTS", "RENDERINGS",
            "Reference", "THINK_FEEDBACK", "THINK_PREFIX", "action_line", "action_prefix", "check_layout",
-           "check_rendering", "context_text", "react_prompt", "render_demo", "render_history", "render_memory",
-           "render_task", "scoring_context"]
+           "check_rendering", "context_text", "react_head", "react_prompt", "render_demo", "render_history",
+           "render_memory", "render_task", "scoring_context"]

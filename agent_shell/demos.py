@@ -38,12 +38,12 @@ def tasks_by_type(env: Environment, split: str) -> dict[str, list[str]]:
 
 
 def expert_demos(env: Environment, per_type: int, split: str = "train", path: str | os.PathLike | None = None,
-                 max_steps: int | None = None, max_tries_per_type: int = 10,
+                 max_steps: int | None = None, max_tries_per_type: int | None = None,
                  task_types: Collection[str] | None = None,
                  on_task: Callable[[str], None] | None = None) -> list[Trajectory]:
     """``per_type`` won expert trajectories of every task type of ``split`` (fewer if the expert
-    keeps losing: at most ``max_tries_per_type`` tasks are played per type), or only of
-    ``task_types`` when given.
+    keeps losing: at most ``max_tries_per_type`` tasks are played per type, default
+    ``max(10, 2 * per_type)``), or only of ``task_types`` when given.
 
     Returns the chosen trajectories, grouped by type in sorted order. Raises ValueError for
     ``per_type < 1``.
@@ -63,7 +63,7 @@ def expert_demos(env: Environment, per_type: int, split: str = "train", path: st
         if task_types is not None and task_type not in task_types:
             continue
         won: list[Trajectory] = []
-        for tid in ids[:max_tries_per_type]:
+        for tid in ids[:max_tries_per_type if max_tries_per_type is not None else max(10, 2 * per_type)]:
             if len(won) == per_type:
                 break
             if tid not in stored:

@@ -184,6 +184,24 @@ def rich_table(rows: Sequence[Row], title: str = "Success per task type"):
     return table
 
 
+def markdown_table(rows: Sequence[Row]) -> str:
+    """The rows of :func:`rich_table` as a Markdown table (README results), one line per row:
+    agent, task type, won/n, rate, 95% Wilson interval, mean steps, think steps, distinct actions,
+    mean longest-cycle span, format errors, budget (and errors when there are any)."""
+    with_errors = any(r.errors for r in rows)
+    head = ["agent", "task type", "won/n", "rate", "95% CI", "steps", "think", "distinct", "cycle", "fmt err",
+            "budget"] + (["errors"] if with_errors else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        bold = "**" if r.task_type == ALL else ""
+        cells = [r.agent, r.task_type, f"{bold}{r.won}/{r.n}{bold}", f"{100 * r.rate:.1f}%",
+                 f"[{100 * r.low:.1f}, {100 * r.high:.1f}]", f"{r.mean_steps:.1f}", f"{r.mean_think_steps:.1f}",
+                 f"{r.distinct_actions:.1f}", f"{r.cycle_span:.1f}", str(r.format_errors),
+                 ",".join(map(str, r.budgets))] + ([str(r.errors)] if with_errors else [])
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def chart_figure(rows: Sequence[Row], title: str = "Success rate by task type"):
     """The grouped bar chart (task type x agent) as a matplotlib Figure: bars at the success rate, a
     stub on the baseline for a 0% bar (so it is seen), won/n above each bar, whiskers at the 95%

@@ -59,6 +59,10 @@ class RunConfig:
             (``demos_per_type`` examples retrieved from an ICAL memory per game).
         concept_data: CB-Agent's concept fitting data: ``"expert"`` or ``"ical"`` (the won
             examples of the ``demos`` memory; needs ``demos="ical:..."``).
+        workers: episodes played at once on Ray workers (1: in this process, no Ray).
+        ray_address: a Ray cluster to join (None: start a local one when ``workers > 1``).
+        shared_lm: workers share one backbone per device behind a batching Ray actor
+            (:mod:`agent_shell.lm.server`) instead of loading their own.
 
     Raises:
         ValueError: an unknown name or an out-of-range number, naming the field.
@@ -88,6 +92,9 @@ class RunConfig:
     resume: bool = False
     demos: str = "expert"
     concept_data: str = "expert"
+    workers: int = 1
+    ray_address: str | None = None
+    shared_lm: bool = False
 
     #: Fields recorded in every results line and compared on resume (with ``model``, the
     #: loaded backbone's name).
@@ -108,7 +115,7 @@ class RunConfig:
             if name not in AGENT_NAMES:
                 raise ValueError(f"unknown agent {name!r}; known: {list(AGENT_NAMES)}")
         for name, low in (("demos_per_type", 1), ("reflexion_trials", 1), ("budget", 1), ("per_type", 0),
-                          ("games", 0)):
+                          ("games", 0), ("workers", 1)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= {low}")
         if not self.lam > 0:

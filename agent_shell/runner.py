@@ -224,9 +224,6 @@ def run_episodes(env: Environment, agent: Reflexion, task_ids: Sequence[str], re
     An :class:`envs.EngineError` ends its episode only: the episode is stored as an error record
     (:func:`error_record`) and the next task starts.
     """
-    from envs.episode import Episode
-    from envs.protocol import EngineError
-
     results_path = Path(results_path)
     todo = list(dict.fromkeys(task_ids))
     finished = check_results_file(results_path, [agent.name], todo, resume, {**(meta or {}), "budget": max_steps})
@@ -235,33 +232,17 @@ def run_episodes(env: Environment, agent: Reflexion, task_ids: Sequence[str], re
     bar = None
     if progress is not None:
         bar = progress.add_task(agent.name, total=len(todo), won=0, done=0, rate="-", step="")
-    split = (meta or {}).get("split")
     for task_id in todo:
         partial = partial_path(results_path, agent.name, task_id)
-        seen: list = []  # the trials so far, for an error record
 
-        def save(trials: list, task_id: str = task_id, partial: Path = partial, seen: list = seen) -> None:
-            seen[:] = trials
+        def save(trials: list, task_id: str = task_id, partial: Path = partial) -> None:
             write_json_atomic(partial, {"agent": agent.name, "task_id": task_id, "finished": False,
                                          "trials": [trial_record(t) for t in trials]})
             if bar is not None:
                 progress.update(bar, step=f"trial {len(trials)} step {len(trials[-1].episode.steps)}")
 
-        start = time.perf_counter()
-        try:
-            result = agent.run(lambda task_id=task_id: Episode(env, task_id, max_steps, split=split), on_step=save)
-            record = episode_record(agent.name, task_id, result.trials, time.perf_counter() - start, meta or {})
-        except EngineError as err:  # this episode ends; the run goes on
-            type_of = getattr(env, "task_type_of", None)
-            record = error_record(agent.name, task_id, type_of(task_id) if type_of else "", seen, max_steps,
-                                  time.perf_counter() - start, meta or {}, err)
-        append_jsonl(results_path, record)
-        partial.unlink(missing_ok=True)
-        for folder in (partial.parent, partial.parent.parent):  # <agent>/, then <results>.partial/
-            try:
-                folder.rmdir()
-            except OSError:  # not empty: other agents' or tasks' episodes are still running
-                break
+        record = play_episode(env, agent, task_id, max_steps, meta, on_step=save)
+        store_record(results_path, record, partial)
         summary.records.append(record)
         if bar is not None:
             done = len(summary.records)
@@ -270,6 +251,48 @@ def run_episodes(env: Environment, agent: Reflexion, task_ids: Sequence[str], re
         if on_episode is not None:
             on_episode(record)
     return summary
+
+
+def play_episode(env: Environment, agent: Reflexion, task_id: str, max_steps: int, meta: dict[str, Any] | None = None,
+                 on_step: Callable[[list], None] | None = None) -> dict[str, Any]:
+    """Play one episode (all trials) of ``agent`` on ``task_id`` and return its results record
+    (:func:`episode_record`); ``on_step(trials)`` runs after every step. ``meta["split"]``, when
+    given, is the split the task must belong to. An :class:`envs.EngineError` ends the episode
+    and its :func:`error_record` is returned. Writes nothing: the sequential runner and the
+    parallel workers (:mod:`agent_shell.parallel`) both call it."""
+    from envs.episode import Episode
+    from envs.protocol import EngineError
+
+    split = (meta or {}).get("split")
+    seen: list = []  # the trials so far, for an error record
+
+    def step_done(trials: list) -> None:
+        seen[:] = trials
+        if on_step is not None:
+            on_step(trials)
+
+    start = time.perf_counter()
+    try:
+        result = agent.run(lambda: Episode(env, task_id, max_steps, split=split), on_step=step_done)
+        return episode_record(agent.name, task_id, result.trials, time.perf_counter() - start, meta or {})
+    except EngineError as err:  # this episode ends; the run goes on
+        type_of = getattr(env, "task_type_of", None)
+        return error_record(agent.name, task_id, type_of(task_id) if type_of else "", seen, max_steps,
+                            time.perf_counter() - start, meta or {}, err)
+
+
+def store_record(results_path: Path, record: dict[str, Any], partial: Path | None = None) -> None:
+    """Append ``record`` as one atomic line, then remove the episode's partial state (and the
+    partial folders it leaves empty)."""
+    append_jsonl(results_path, record)
+    if partial is None:
+        return
+    partial.unlink(missing_ok=True)
+    for folder in (partial.parent, partial.parent.parent):  # <agent>/, then <results>.partial/
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (or absent): other agents' or tasks' episodes are still running
+            break
 
 
 #: Record fields that must agree between a results file and a run that resumes it: the

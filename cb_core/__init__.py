@@ -15,7 +15,18 @@ Public API (seed paper notation; see each docstring for shapes and the equation 
 
 Other helpers stay importable from their modules (:mod:`cb_core.cache`,
 :mod:`cb_core.synthetic`, ...). Imports nothing else of this project.
+
+On a GPU the fit shares the device with the PyTorch LM: JAX would otherwise reserve 75% of the
+GPU's memory when it first runs, and the LM would run out. Importing cb_core therefore sets
+``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (allocate on demand) unless the variable is already set;
+to cap JAX at a fixed share instead, set ``XLA_PYTHON_CLIENT_PREALLOCATE=true`` and
+``XLA_PYTHON_CLIENT_MEM_FRACTION=0.2`` (say) before starting. XLA reads both when its backend
+starts (the first JAX computation), so this holds as long as no JAX computation ran before.
 """
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from cb_core._atomic import atomic_path  # noqa: F401  (kept importable; not part of the API)
 from cb_core.concept import Concept

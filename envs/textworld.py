@@ -1,10 +1,15 @@
 """TextWorld adapter: games generated offline with ``tw-make``, seeded and cached; walkthrough demos.
 
-A task id is ``<kind>/<split>/<seed>`` (``cooking/train/3``); the task type is the kind:
+A task id is ``<kind>/<split>/<seed>`` (``cooking/train/3``); the task type is the kind, one of
+:data:`GAMES` (kind -> ``tw-make`` game and flags):
 
 - ``cooking``: ``tw-make tw-cooking`` (the First TextWorld Problems games) with
   :data:`COOKING_FLAGS`; the game's own food split follows ours (``--split train`` / ``--split test``).
 - ``custom``: ``tw-make custom`` with :data:`CUSTOM_FLAGS`.
+- ``cooking-1`` .. ``cooking-3`` and ``custom-1`` .. ``custom-3``: easier levels of the same two
+  generators (fewer rooms, ingredients, objects and a shorter quest; :data:`GAMES` has the flags),
+  ordered by difficulty, for finding where a small backbone is above the floor. ``cooking`` and
+  ``custom`` are the hardest level of each.
 
 Train and test use disjoint seed ranges (train ``train_seed0 ..``, test ``test_seed0 ..``;
 checked at construction). A game is generated on first use into
@@ -41,9 +46,22 @@ from envs.paths import cache_dir
 from envs.protocol import StepResult, TaskStart
 
 SPLITS = ("train", "test")
-KINDS = ("cooking", "custom")
 COOKING_FLAGS = ("--recipe", "3", "--take", "2", "--go", "6", "--open", "--cook", "--cut", "--drop")
 CUSTOM_FLAGS = ("--world-size", "5", "--nb-objects", "10", "--quest-length", "5")
+#: Game kind -> (``tw-make`` game, its flags). The numbered kinds are easier levels (1 easiest);
+#: ``tw-cooking --go`` takes 1, 6, 9 or 12 rooms.
+GAMES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "cooking": ("tw-cooking", COOKING_FLAGS),
+    "custom": ("custom", CUSTOM_FLAGS),
+    "cooking-1": ("tw-cooking", ("--recipe", "1", "--take", "1", "--go", "1")),
+    "cooking-2": ("tw-cooking", ("--recipe", "1", "--take", "1", "--go", "6", "--open")),
+    "cooking-3": ("tw-cooking", ("--recipe", "2", "--take", "2", "--go", "6", "--open", "--cut")),
+    "custom-1": ("custom", ("--world-size", "1", "--nb-objects", "3", "--quest-length", "1")),
+    "custom-2": ("custom", ("--world-size", "2", "--nb-objects", "4", "--quest-length", "2")),
+    "custom-3": ("custom", ("--world-size", "3", "--nb-objects", "6", "--quest-length", "3")),
+}
+#: Every kind, in listing order (the two original kinds first, so default slices stay theirs).
+KINDS = tuple(GAMES)
 #: The parser's own answer to an input it cannot read; given to an input that chains commands.
 CHAINED_FEEDBACK = "I didn't understand that sentence."
 _SEPARATOR = re.compile(r"\bthen\b|\.|\n|\r", re.IGNORECASE)
@@ -60,12 +78,10 @@ def tw_make_command(kind: str, split: str, seed: int, output: Path) -> list[str]
     """The ``tw-make`` command line that generates game ``kind/split/seed`` at ``output`` (.z8)."""
     tw_make = Path(sys.executable).parent / "tw-make"
     exe = [str(tw_make)] if tw_make.exists() else [shutil.which("tw-make") or "tw-make"]
-    if kind == "cooking":
-        game = ["tw-cooking", *COOKING_FLAGS, "--split", split]
-    elif kind == "custom":
-        game = ["custom", *CUSTOM_FLAGS]
-    else:
+    if kind not in GAMES:
         raise ValueError(f"unknown TextWorld game kind {kind!r}; known: {list(KINDS)}")
+    generator, flags = GAMES[kind]
+    game = [generator, *flags] + (["--split", split] if generator == "tw-cooking" else [])
     return [*exe, *game, "--seed", str(seed), "--output", str(output), "-f", "--silent"]
 
 
@@ -218,7 +234,7 @@ class TextWorldEnv:
     def config(self) -> dict:
         from importlib.metadata import version
 
-        return {"kinds": list(self.kinds), "cooking_flags": list(COOKING_FLAGS), "custom_flags": list(CUSTOM_FLAGS),
+        return {"kinds": list(self.kinds), "games": {k: [GAMES[k][0], *GAMES[k][1]] for k in self.kinds},
                 "textworld": version("textworld")}
 
     def close(self) -> None:

@@ -70,6 +70,9 @@ class ReActAgent:
             on_step: ``on_step(episode, log)`` runs after every step, also when a step raises.
         """
         log = log if log is not None else AgentLog(memory=list(memory))
+        t0 = time.perf_counter()
+        self.pin_head(episode.start.task_type)
+        log.seconds["route"] += time.perf_counter() - t0
         while True:
             try:
                 self.step(episode, log, reference)
@@ -110,6 +113,16 @@ class ReActAgent:
             return Decision("think", f"{ctx.THINK_PREFIX} {text}", reply, seconds={"route": t1 - t0})
         return Decision("env", text if kind == "action" else FALLBACK_ACTION, reply, error,
                         seconds={"route": t1 - t0, "choose": time.perf_counter() - t1})
+
+    def pin_head(self, task_type: str) -> None:
+        """Let the LM keep the KV cache of this task type's routing-prompt head (header and
+        demonstrations, :func:`agent_shell.context.react_head`), so every episode of the type
+        encodes only its own tokens (a no-op for backends without a prefix cache)."""
+        from agent_shell.lm.protocol import pin_prefix
+
+        if task_type in self.demos:  # an unknown type fails in prompt() with its own message
+            cfg = self.config
+            pin_prefix(self.lm, ctx.react_head(cfg.header, self.demos[task_type], cfg.task_header, cfg.layout))
 
     def route(self, prompt: ctx.Context) -> str:
         """The routing reply: greedy, one transcript line."""

@@ -29,7 +29,8 @@ COMMON_OPTIONS = {
     "env": click.option("--env", "env", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True,
                         help="Benchmark (task ids: `cb-agent tasks --env ENV`)."),
     "model": click.option("--model", default=None, help="Backbone name or local path (default: the offline "
-                          "SmolLM2-135M-Instruct)."),
+                          "SmolLM2-135M-Instruct), or BACKEND:ARG for another LM backend (vllm:PATH, or a "
+                          "plug-in; `cb-agent backends` lists them)."),
     "dtype": click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto",
                           show_default=True, help="Backbone dtype; auto = bfloat16 on a GPU or a CPU with native "
                           "bf16 (avx512_bf16/amx), else float32 (emulated bf16 is several times slower)."),
@@ -92,6 +93,15 @@ RUN_OPTIONS = {
     "concept_data": click.option("--concept-data", type=click.Choice(["expert", "ical"]), default="expert",
                                  show_default=True, help="CB-Agent's concept fitting data: the expert demonstrations, "
                                  "or the won ICAL examples of the --demos memory (with their thoughts)."),
+    "workers": click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+                            help="Episodes played at once, each worker with its own env and backbone, on a local "
+                                 "Ray cluster (needs the ray extra when > 1)."),
+    "shared_lm": click.option("--shared-lm", is_flag=True,
+                              help="With --workers: one backbone per device behind a Ray actor that batches the "
+                                   "workers' scoring calls; workers never load the model."),
+    "ray_address": click.option("--ray-address", default=None,
+                                help="Join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a "
+                                     "local one."),
 }
 
 

@@ -19,10 +19,12 @@ from agent_shell.commands._common import make_console
 @click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--chart", "chart_path", type=click.Path(dir_okay=False), default=None,
               help="Where to write the bar chart (default: beside the first RESULTS file, .png).")
-def report(results, chart_path) -> None:
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the table as Markdown here (title line, then the table).")
+def report(results, chart_path, markdown_path) -> None:
     """Summarise RESULTS (JSONL files written by `cb-agent run`)."""
 
-    from agent_shell.reporting import bar_chart, describe_run, differing_settings, rich_table, summarize
+    from agent_shell.reporting import bar_chart, describe_run, differing_settings, markdown_table, rich_table, summarize
     from agent_shell.runner import read_results
 
     records = [r for path in results for r in read_results(path)]
@@ -36,5 +38,9 @@ def report(results, chart_path) -> None:
         console.print(f"settings differ between the episodes ({', '.join(differing)}): one row per setting",
                       markup=False)
     console.print(rich_table(rows, title=f"{title}: success per task type"))
+    if markdown_path:
+        note = f" (settings differ: {', '.join(differing)})" if differing else ""
+        Path(markdown_path).write_text(f"{title}: success per task type{note}\n\n{markdown_table(rows)}")
+        click.echo(f"markdown: {markdown_path}")
     chart = bar_chart(rows, chart_path or Path(results[0]).with_suffix(".png"), f"{title}: success rate by task type")
     click.echo(f"chart: {chart}")

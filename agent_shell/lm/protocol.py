@@ -74,3 +74,29 @@ class LanguageModel(Protocol):
         cache, for a second stream of contexts (scoring contexts beside routing prompts, reviews);
         a backend without such state returns itself."""
         ...
+
+
+def pin_prefix(lm: LanguageModel, head: Context) -> int:
+    """Ask ``lm`` to keep the KV cache of a fixed prompt head for the contexts that start with it
+    (a backend with a prefix cache has ``pin_prefix``, e.g. :meth:`agent_shell.lm.hf.HFLanguageModel.pin_prefix`);
+    an optional capability: a backend without it is left alone. Returns the tokens pinned (0: none)."""
+    pin = getattr(lm, "pin_prefix", None)
+    return int(pin(head)) if callable(pin) else 0
+
+
+def check_candidates(candidates: Sequence[str]) -> list[str]:
+    """The candidate set as a list, after the checks every backend's ``score`` makes.
+
+    Raises:
+        ValueError: one string instead of a sequence, an empty list, or an empty (or non-string)
+            candidate, naming its index.
+    """
+    if isinstance(candidates, str):
+        raise ValueError("candidates must be a sequence of strings, got one string")
+    actions = list(candidates)
+    if not actions:
+        raise ValueError("empty candidate list: score() needs at least one candidate")
+    for i, a in enumerate(actions):
+        if not isinstance(a, str) or not a:
+            raise ValueError(f"candidate {i} is {a!r}: every candidate must be a non-empty string")
+    return actions

@@ -184,3 +184,25 @@ def test_the_scoring_context_is_built_once_per_step(monkeypatch, action_space):
     config = AgentConfig(action_space=action_space, n_samples=3)
     env, ep, log, _ = play(CBAgent(lm, DEMOS, None, config), max_steps=2)
     assert len(ep.steps) == 2 and len(built) == 2  # one per step: routing, sampling and scoring share it
+
+
+class PinningLM(FakeLM):
+    """A double with a prefix cache: records the heads it is asked to pin."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.pinned = []
+
+    def pin_prefix(self, head):
+        self.pinned.append(head)
+        return len(head)
+
+
+@pytest.mark.parametrize("name", ["react", "prior-only"])
+def test_agents_pin_the_routing_head_of_the_task_type_and_every_prompt_starts_with_it(name):
+    lm = PinningLM([" go to desk 1", " take key 1 from desk 1"])
+    agent = build_agent(name, lm, DEMOS).agent
+    play(agent, "a/1")
+    play(agent, "b/1")
+    assert [("DEMO-FETCH" in h, "DEMO-OPEN" in h) for h in lm.pinned] == [(True, False), (False, True)]
+    assert lm.prompts and all(p.startswith(lm.pinned[0]) or p.startswith(lm.pinned[1]) for p in lm.prompts)

@@ -44,6 +44,23 @@ def test_summarize_and_chart(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_markdown_table_has_one_line_per_row_with_counts_and_intervals(tmp_path):
+    from agent_shell.reporting import markdown_table
+
+    rows = summarize([record("cb-agent", "fetch", True), record("cb-agent", "fetch", False),
+                      {**record("react", "fetch", False), "error": {"type": "EngineError"}}])
+    lines = markdown_table(rows).splitlines()
+    assert len(lines) == 2 + len(rows) and lines[0].endswith("| errors |")
+    assert lines[2].startswith("| cb-agent | fetch | 1/2 | 50.0% | [9.5, 90.5] | 10.0 | 2.0 | 4.0 | 2.0 | 2 |")
+    assert "| react | all | **0/0** |" in lines[-1] and lines[-1].endswith("| 1 |")
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({**record("react", "fetch", bool(i)), "task_id": f"t/{i}"}) + b"\n"
+                              for i in range(3)))
+    res = CliRunner().invoke(main, ["report", str(path), "--markdown", str(tmp_path / "r.md")])
+    assert res.exit_code == 0, res.output
+    assert "| react | all | **2/3** |" in (tmp_path / "r.md").read_text()
+
+
 def test_summarize_separates_renderings_and_layouts():
     recs = [record("react", "open", True), {**record("react", "open", False), "rendering": "causal"},
             {**record("react", "open", False), "rendering": "experience", "layout": "chat"},

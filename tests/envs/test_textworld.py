@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from envs import Episode, make_env
-from envs.textworld import TextWorldEnv
+from envs.textworld import GAMES, KINDS, TextWorldEnv, tw_make_command
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +35,26 @@ def test_train_and_test_seeds_are_disjoint():
     env = TextWorldEnv(n_train=5, n_test=5)
     train, test = env.tasks("train"), env.tasks("test")
     assert {t.split("/")[-1] for t in train}.isdisjoint({t.split("/")[-1] for t in test})
-    assert len(train) == 10 and {env.task_type_of(t) for t in train} == {"cooking", "custom"}
+    assert len(train) == 5 * len(KINDS) and {env.task_type_of(t) for t in train} == set(KINDS)
+    assert [env.task_type_of(t) for t in train[::5]][:2] == ["cooking", "custom"]  # default slices stay theirs
     with pytest.raises(ValueError, match="overlap"):
         TextWorldEnv(n_train=10, train_seed0=1, test_seed0=5)
     with pytest.raises(ValueError, match="outside the train seeds"):
         env.reset("cooking/train/100001")
     with pytest.raises(ValueError, match="unknown TextWorld split"):
         env.tasks("valid")
+
+
+def test_difficulty_levels_pass_their_flags_and_only_cooking_takes_the_split(tmp_path):
+    easy = tw_make_command("cooking-1", "test", 7, tmp_path / "g.z8")
+    assert easy[1:8] == ["tw-cooking", "--recipe", "1", "--take", "1", "--go", "1"]
+    assert easy[easy.index("--split") + 1] == "test" and easy[easy.index("--seed") + 1] == "7"
+    custom = tw_make_command("custom-2", "train", 3, tmp_path / "g.z8")
+    assert custom[1:8] == ["custom", "--world-size", "2", "--nb-objects", "4", "--quest-length", "2"]
+    assert "--split" not in custom
+    assert KINDS[:2] == ("cooking", "custom") and set(KINDS) == set(GAMES)
+    with pytest.raises(ValueError, match="unknown TextWorld game kind 'cooking-9'"):
+        tw_make_command("cooking-9", "train", 1, tmp_path / "g.z8")
 
 
 # -- issue 12: one input is one command ------------------------------------------------------------

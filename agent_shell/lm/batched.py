@@ -1,0 +1,144 @@
+"""Candidate sets of several contexts scored in ONE forward pass, each over its own KV prefix.
+
+Concurrent episodes ask the same backbone to score their candidate sets at about the same time.
+:func:`score_many` takes such requests, brings each request's stream cache up to its context
+(:class:`agent_shell.lm.kv_cache.PrefixCache`: only the step's new tokens are encoded), and
+then scores all candidate sets in one batched pass: row b holds request b's candidates packed
+as in :func:`agent_shell.lm.scoring.score_packed`, its keys and values are request b's prefix
+(right-padded to the longest prefix, the padding masked out), and its position ids continue
+its own prefix. The numbers are those of one :meth:`HFLanguageModel.score` call per request
+(within float rounding; ``tests/lm/test_lm_batched.py``, 1e-4 nats).
+
+Must not import the agents or the environments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from agent_shell.lm.formatting import templated
+from agent_shell.lm.kv_cache import PrefixCache, new_cache, snapshot
+from agent_shell.lm.protocol import CandidateScores, Context, check_candidates
+from agent_shell.lm.scoring import gather, head_pass
+from agent_shell.lm.tokenization import TokenizedContinuation, common_prefix_len
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """One ``score(context, candidates, action_prefix)`` call of one stream (an episode's view)."""
+
+    stream: PrefixCache
+    context: Context
+    candidates: tuple[str, ...]
+    action_prefix: str
+
+
+def _tokenize(lm: Any, req: ScoreRequest) -> tuple[list[TokenizedContinuation], int]:
+    """(tokenized candidates, cached length s) after the checks of :meth:`HFLanguageModel.score`."""
+    actions = check_candidates(req.candidates)
+    toks = lm.tokens.continuations(lm.render(req.context, req.action_prefix), actions, templated(req.context))
+    longest = max(len(t.ids) for t in toks)
+    if longest > lm.max_context_tokens:
+        raise ValueError(f"context is too long: {longest} tokens exceed the window of {lm.max_context_tokens} "
+                         f"tokens of {lm.name!r}")
+    if min(t.first for t in toks) < 1:
+        raise ValueError("nothing to condition on: the rendered context and prefix are empty")
+    shared = min(min(t.first for t in toks), min(common_prefix_len(toks[0].ids, t.ids) for t in toks))
+    return toks, shared - 1
+
+
+@torch.inference_mode()
+def score_many(lm: Any, requests: Sequence[ScoreRequest]) -> list[CandidateScores]:
+    """Score every request's candidate set; all candidate sets go through one forward pass.
+
+    Args:
+        lm: an :class:`agent_shell.lm.hf.HFLanguageModel` (its model, tokenizer and dtype).
+        requests: the calls; each request's ``stream`` keeps that stream's context cache.
+
+    Returns:
+        One :class:`CandidateScores` per request, in order.
+
+    Raises:
+        ValueError: as :meth:`HFLanguageModel.score` for any request (no request is scored then).
+    """
+    prepared = [_tokenize(lm, r) for r in requests]
+    prefixes = []
+    for req, (toks, s) in zip(requests, prepared):
+        cache = req.stream.prefill(toks[0].ids[:s], lm._forward)
+        prefixes.append(snapshot(cache))  # tensors shared, nothing copied
+    dev, dtype = lm.device, lm.dtype
+    n_rows = len(requests)
+    seg_lens = [[len(t.ids) - s for t in toks] for toks, s in prepared]
+    width = max(sum(lens) for lens in seg_lens)
+    depth = max(s for _, s in prepared)
+    # keys/values: each request's prefix, right-padded to `depth`
+    cache = new_cache(lm.model)
+    for layer_index, layer in enumerate(cache.layers):
+        ks, vs = [], []
+        for (toks, s), saved in zip(prepared, prefixes):
+            k, v = saved[layer_index]
+            if k is None or s == 0:
+                shape = (1, *_kv_shape(prefixes, layer_index))
+                k = v = torch.zeros(shape[0], shape[1], 0, shape[2], dtype=dtype, device=dev)
+            pad = depth - k.shape[-2]
+            ks.append(torch.nn.functional.pad(k, (0, 0, 0, pad)))
+            vs.append(torch.nn.functional.pad(v, (0, 0, 0, pad)))
+        keys, values = torch.cat(ks), torch.cat(vs)
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+    input_ids = torch.zeros(n_rows, width, dtype=torch.long)
+    positions = torch.zeros(n_rows, width, dtype=torch.long)
+    allowed = torch.zeros(n_rows, width, depth + width, dtype=torch.bool)
+    allowed[:, torch.arange(width), depth + torch.arange(width)] = True  # padding rows see themselves
+    keep_rows: list[list[int]] = []  # per request: (row-local) positions whose head output is needed
+    for b, ((toks, s), lens) in enumerate(zip(prepared, seg_lens)):
+        start, keep = 0, []
+        for t, n in zip(toks, lens):
+            seg = slice(start, start + n)
+            input_ids[b, seg] = torch.tensor(t.ids[s:])
+            positions[b, seg] = s + torch.arange(n)
+            allowed[b, seg, :s] = True
+            allowed[b, seg, depth + start:depth + start + n] = torch.ones(n, n, dtype=torch.bool).tril()
+            keep.extend(range(start + t.first - 1 - s, start + n))
+            start += n
+        keep_rows.append(keep)
+    mask = torch.zeros(n_rows, 1, width, depth + width, dtype=dtype)
+    mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+    keep_all = sorted({k for keep in keep_rows for k in keep})
+    column = {k: i for i, k in enumerate(keep_all)}
+    logits, head_in = head_pass(lm._forward, lm._head, cache, input_ids.to(dev), torch.tensor(keep_all, device=dev),
+                                position_ids=positions.to(dev), attention_mask=mask.to(dev))
+    logits = logits.reshape(n_rows, len(keep_all), -1)
+    head_in = head_in.reshape(n_rows, len(keep_all), -1)
+    out = []
+    for b, (toks, s) in enumerate(prepared):
+        rows = [column[k] for k in keep_rows[b]]
+        pred_rows, targets, owner, final_rows = [], [], [], []
+        r = 0
+        for m, t in enumerate(toks):
+            n_keep = t.n_action + 1  # the token before each action token ... the final action token
+            pred_rows.extend(range(r, r + t.n_action))
+            targets.extend(t.ids[t.first:])
+            owner.extend([m] * t.n_action)
+            final_rows.append(r + t.n_action)
+            r += n_keep
+        log_q, hidden = gather(logits[b, rows], head_in[b, rows], pred_rows, targets, owner, final_rows, len(toks))
+        out.append(CandidateScores(log_q=log_q, n_tokens=np.array([t.n_action for t in toks], np.int32),
+                                   hidden=hidden))
+    return out
+
+
+def _kv_shape(prefixes: list, layer_index: int) -> tuple[int, int]:
+    """(heads, head dim) of a layer, from any request whose prefix is not empty."""
+    for saved in prefixes:
+        k = saved[layer_index][0]
+        if k is not None and k.numel():
+            return k.shape[1], k.shape[3]
+    raise ValueError("no request has a cached prefix to take the key shape from")
+
+
+__all__ = ["ScoreRequest", "score_many"]

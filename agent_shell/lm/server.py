@@ -1,0 +1,160 @@
+"""One backbone shared by concurrent episodes: a Ray actor per device that batches their calls.
+
+:class:`LMServer` holds the model (the only process that loads it) and one prefix cache per
+*stream* (an episode worker's routing view, its scoring fork, ...; all share the pinned heads).
+Concurrent ``score`` requests that arrive within ``wait_ms`` of each other are scored in one
+forward pass (:func:`agent_shell.lm.batched.score_many`: every candidate set over its own KV
+prefix); ``generate`` requests are served one at a time on their stream's cache (not batched
+yet). :class:`RemoteLM` is the client: it implements the :class:`LanguageModel` protocol, so env
+workers build their agents on it and never load the model.
+
+Ray is imported only in :func:`start_lm_server` (``pip install 'cb-agent[ray]'``). Must not import
+the agents or the environments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any, Sequence
+
+from agent_shell.lm.protocol import CandidateScores, Context
+
+
+class LMServer:
+    """The actor's body: a loaded backbone, per-stream caches, a batching loop for ``score``.
+
+    Args:
+        model, dtype, device: as :func:`agent_shell.lm.load_language_model`.
+        wait_ms: how long the first request of a batch waits for others (milliseconds).
+        max_batch: most requests scored in one pass.
+        threads: torch threads of the actor (None: leave torch's default).
+    """
+
+    def __init__(self, model: str | None = None, dtype: str = "auto", device: str | None = None,
+                 wait_ms: float = 5.0, max_batch: int = 16, threads: int | None = None):
+        import torch
+
+        from agent_shell.lm import load_language_model
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.lm = load_language_model(model, dtype=dtype, device=device)
+        self.views: dict[str, Any] = {}
+        self.wait_s = wait_ms / 1000
+        self.max_batch = max_batch
+        self.pending: list[tuple[Any, asyncio.Future]] = []
+        self.batches: list[int] = []  # sizes of the batched passes so far
+        self._wake: asyncio.Event | None = None
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.lm.name, "hidden_size": self.lm.hidden_size, "dtype": str(self.lm.dtype),
+                "batches": list(self.batches)}
+
+    def _view(self, stream: str) -> Any:
+        if stream not in self.views:
+            self.views[stream] = self.lm.fork()
+        return self.views[stream]
+
+    async def score(self, stream: str, context: Context, candidates: Sequence[str],
+                    action_prefix: str) -> CandidateScores:
+        from agent_shell.lm.batched import ScoreRequest
+
+        request = ScoreRequest(self._view(stream).cache, context, tuple(candidates), action_prefix)
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append((request, future))
+        if self._wake is None:
+            self._wake = asyncio.Event()
+            asyncio.get_running_loop().create_task(self._drain())
+        self._wake.set()
+        return await future
+
+    async def _drain(self) -> None:
+        from agent_shell.lm.batched import score_many
+
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(self.wait_s)  # let concurrent requests arrive
+            while self.pending:
+                batch, self.pending = self.pending[:self.max_batch], self.pending[self.max_batch:]
+                try:
+                    results = score_many(self.lm, [r for r, _ in batch])
+                except Exception:  # noqa: BLE001 - score one by one, so each caller gets its own error
+                    results = []
+                    for request, _ in batch:
+                        try:
+                            results.append(score_many(self.lm, [request])[0])
+                        except Exception as err:  # noqa: BLE001
+                            results.append(err)
+                self.batches.append(len(batch))
+                for (_, future), result in zip(batch, results):
+                    if isinstance(result, Exception):
+                        future.set_exception(result)
+                    else:
+                        future.set_result(result)
+
+    async def generate(self, stream: str, prompt: Context, max_new_tokens: int = 64, stop: Sequence[str] = (),
+                       temperature: float = 0.0, n: int = 1, seed: int | None = None) -> list[str]:
+        return self._view(stream).generate(prompt, max_new_tokens, stop, temperature, n, seed)
+
+    async def pin_prefix(self, head: Context) -> int:
+        return self.lm.pin_prefix(head)
+
+
+class RemoteLM:
+    """A :class:`LanguageModel` whose calls go to an :class:`LMServer` actor (one stream per view).
+
+    Args:
+        server: the actor handle (picklable: pass it to env workers).
+        info: the server's :meth:`LMServer.info` (fetched when None).
+    """
+
+    def __init__(self, server: Any, info: dict[str, Any] | None = None, stream: str | None = None):
+        import ray
+
+        self.server = server
+        info = info if info is not None else ray.get(server.info.remote())
+        self._info = info
+        self.name: str = info["name"]
+        self.hidden_size: int = int(info["hidden_size"])
+        self.dtype: str = info["dtype"]
+        self.stream = stream or uuid.uuid4().hex
+
+    def fork(self) -> "RemoteLM":
+        """A new stream (its own prefix cache on the server)."""
+        return RemoteLM(self.server, self._info)
+
+    def score(self, context: Context, candidates: Sequence[str], action_prefix: str) -> CandidateScores:
+        import ray
+
+        if isinstance(candidates, str):
+            raise ValueError("candidates must be a sequence of strings, got one string")
+        return ray.get(self.server.score.remote(self.stream, context, list(candidates), action_prefix))
+
+    def generate(self, prompt: Context, max_new_tokens: int = 64, stop: Sequence[str] = (), temperature: float = 0.0,
+                 n: int = 1, seed: int | None = None) -> list[str]:
+        import ray
+
+        return ray.get(self.server.generate.remote(self.stream, prompt, max_new_tokens, tuple(stop), temperature, n,
+                                                   seed))
+
+    def pin_prefix(self, head: Context) -> int:
+        import ray
+
+        return ray.get(self.server.pin_prefix.remote(head))
+
+
+def start_lm_server(model: str | None = None, dtype: str = "auto", *, num_gpus: float = 0, num_cpus: float = 1,
+                    **kwargs: Any) -> Any:
+    """Start one :class:`LMServer` actor (one per device: ``num_gpus=1`` on a GPU) and wait until
+    its model is loaded; returns the handle (a connected Ray is required)."""
+    import ray
+
+    actor = ray.remote(num_gpus=num_gpus, num_cpus=num_cpus, max_concurrency=256)(LMServer).remote(
+        model, dtype, **kwargs)
+    ray.get(actor.info.remote())
+    return actor
+
+
+__all__ = ["LMServer", "RemoteLM", "start_lm_server"]

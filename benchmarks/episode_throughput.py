@@ -1,0 +1,158 @@
+"""Episode throughput on Ray: 1 vs 2 workers, and the batched LM actor vs per-episode calls.
+
+Part A plays the same ALFWorld valid_unseen episodes (prior-only, the offline SmolLM2, a short
+step budget) with ``run_parallel`` on 1 and then 2 workers, each worker with its own env and
+backbone (one torch thread), and reports episodes per hour and the speed-up (target on 2 cores:
+2 workers >= 1.7x one). Part B replays recorded scoring calls (expert trajectories' contexts and
+candidate sets) from 4 and 8 concurrent streams against two LM server actors side by side: one
+that batches concurrent calls into one pass (``wait_ms`` 5, up to 16 per pass) and one that
+serves each call on its own (``max_batch`` 1, i.e. per-episode calls); it reports calls per
+second and the mean latency of a call. Both parts run in one Ray session; the machine's load
+average is reported, since a shared machine depresses and disturbs every figure.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/episode_throughput.py --episodes 4 --max-steps 8
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/episode_throughput.py --tiny     # 2 episodes, 2 steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def part_a(args) -> dict:
+    from agent_shell.commands._common import prepare
+    from agent_shell.commands.run import build_players
+    from agent_shell.parallel import run_parallel
+    from agent_shell.run_config import RunConfig
+    from envs import make_env
+
+    config = RunConfig(env="alfworld", agents=("prior-only",), dtype=args.dtype, budget=args.max_steps,
+                       per_type=0, games=args.episodes)
+    env = make_env("alfworld")
+    try:
+        task_ids = config.task_ids(env)
+        types = sorted({env.task_type_of(t) for t in task_ids})
+        prepare(config, False, echo=lambda line: None, env=env, task_types=types)  # fills the caches once
+    finally:
+        env.close()
+    players = functools.partial(build_players, config, types)
+    out = {"episodes": len(task_ids), "budget": args.max_steps}
+    for workers in (1, 2):
+        with tempfile.TemporaryDirectory() as tmp:
+            t = time.perf_counter()
+            summary = run_parallel(players, ["prior-only"], task_ids, Path(tmp) / "results.jsonl", args.max_steps,
+                                   workers=workers, meta={"seed": 0})
+            wall = time.perf_counter() - t
+        steps = sum(r["steps"] for r in summary["prior-only"].records)
+        out[f"workers_{workers}"] = {"wall_s": round(wall, 1), "episodes_per_hour": round(3600 * len(task_ids) / wall, 1),
+                                     "steps": steps}
+    out["speedup_2_vs_1"] = round(out["workers_1"]["wall_s"] / out["workers_2"]["wall_s"], 2)
+    out["note"] = "wall time includes each worker's start (env + backbone load)"
+    return out
+
+
+def recorded_calls(n: int) -> list[tuple[str, list[str]]]:
+    """(scoring context, candidate set) of recorded expert steps."""
+    from agent_shell import context as ctx
+    from agent_shell.candidates import fixed_action_space
+    from envs.paths import cache_dir
+    from envs.trajectory import read_trajectories
+
+    calls = []
+    for traj in read_trajectories(cache_dir() / "expert" / "alfworld" / "train.jsonl"):
+        for i, s in enumerate(traj.steps):
+            if s.kind == "env" and len(calls) < n:
+                calls.append((ctx.scoring_context(traj.instruction, traj.observation, traj.steps[:i]),
+                              fixed_action_space(s.candidates)))
+    return calls
+
+
+def part_b(args) -> dict:
+    import ray
+
+    from agent_shell.context import action_prefix
+    from agent_shell.lm.server import RemoteLM, start_lm_server
+
+    servers = {"batched": start_lm_server(None, args.dtype, threads=2, wait_ms=5, max_batch=16),
+               "per_episode": start_lm_server(None, args.dtype, threads=2, max_batch=1, wait_ms=0)}
+    out = {}
+    try:
+        for k in args.concurrency:
+            calls = recorded_calls(k * args.calls_per_stream)
+            for label, server in servers.items():  # side by side: same calls, one after the other
+                streams = [RemoteLM(server) for _ in range(k)]
+
+                def replay(i: int) -> list[float]:
+                    lat = []
+                    for context, candidates in calls[i::k]:
+                        t = time.perf_counter()
+                        streams[i].score(context, candidates, action_prefix("text"))
+                        lat.append(time.perf_counter() - t)
+                    return lat
+
+                t = time.perf_counter()
+                with ThreadPoolExecutor(k) as pool:
+                    latencies = [x for lat in pool.map(replay, range(k)) for x in lat]
+                wall = time.perf_counter() - t
+                out[f"{label}_{k}"] = {"calls_per_s": round(len(latencies) / wall, 3),
+                                       "mean_latency_s": round(sum(latencies) / len(latencies), 3)}
+            out[f"throughput_ratio_{k}"] = round(out[f"batched_{k}"]["calls_per_s"]
+                                                 / out[f"per_episode_{k}"]["calls_per_s"], 2)
+        out["batch_sizes"] = ray.get(servers["batched"].info.remote())["batches"][-20:]
+    finally:
+        for server in servers.values():
+            ray.kill(server)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--episodes", type=int, default=4)
+    parser.add_argument("--max-steps", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--calls-per-stream", type=int, default=3)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--part", choices=["a", "b", "both"], default="both")
+    parser.add_argument("--tiny", "--smoke", action="store_true", help="2 episodes of 2 steps, 1 call per stream")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.episodes, args.max_steps, args.calls_per_stream = 2, 2, 1
+
+    from agent_shell.parallel import start_ray
+
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                os.environ.get("PYTHONPATH", "")])
+    figures = {"load_average_before": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
+               "dtype": args.dtype}
+    owns = start_ray(2)
+    import ray
+
+    try:
+        if args.part in ("a", "both"):
+            figures["workers"] = part_a(args)
+            print(json.dumps({"workers": figures["workers"]}), flush=True)  # each part as soon as it is measured
+        if args.part in ("b", "both"):
+            figures["lm_actor"] = part_b(args)
+    finally:
+        if owns:
+            ray.shutdown()
+    figures["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(figures, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(figures, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

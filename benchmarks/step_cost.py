@@ -1,0 +1,112 @@
+"""Per-step LM cost of CB-Agent against its floor, on recorded ALFWorld steps, side by side.
+
+A CB-Agent step makes two LM calls: the routing peek under the ReAct prompt (header and
+demonstrations pinned once per task type, the episode's history cached) and the scoring of the
+candidate set on the scoring context (its own cached stream). The *floor* is what the step's new
+tokens must cost at least: ONE forward pass over only those tokens (the latest observation, the
+action and every candidate's tokens) on top of the already cached context, with the LM head at
+the candidate tokens. Both are replayed on the same recorded steps (expert trajectories of
+ALFWorld's train split that are not the demonstrations), alternating step by step so that both
+share the load of a busy machine. Target: cb-agent <= 1.5x the floor.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/step_cost.py --episodes 3 --steps 10 --dtype float32
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/step_cost.py --tiny        # 1 episode, 3 steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--expert", default=None, help="expert trajectories JSONL (default: the cache's "
+                        "expert/alfworld/train.jsonl, written by any cb-agent run)")
+    parser.add_argument("--episodes", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10, help="steps replayed per episode")
+    parser.add_argument("--demos-per-type", type=int, default=2)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--tiny", "--smoke", action="store_true", help="1 episode, 3 steps")
+    parser.add_argument("--out", default=None, help="write the figures here as JSON")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.episodes, args.steps = 1, 3
+
+    import torch
+
+    from agent_shell import context as ctx
+    from agent_shell.agents import AgentConfig, CBAgent
+    from agent_shell.candidates import fixed_action_space
+    from agent_shell.demos import rendered_demos
+    from agent_shell.lm import load_language_model
+    from agent_shell.lm.kv_cache import restore, snapshot
+    from envs.paths import cache_dir
+    from envs.trajectory import read_trajectories
+
+    path = Path(args.expert) if args.expert else cache_dir() / "expert" / "alfworld" / "train.jsonl"
+    trajectories = [t for t in read_trajectories(path) if t.won]
+    by_type = defaultdict(list)
+    for t in trajectories:
+        by_type[t.task_type].append(t)
+    demos = rendered_demos([t for ts in by_type.values() for t in ts[:args.demos_per_type]])
+    held_out = [t for ts in by_type.values() for t in ts[args.demos_per_type:]][:args.episodes]
+    if not held_out:
+        raise SystemExit(f"{path}: no trajectories beyond the {args.demos_per_type} demonstrations per type")
+
+    lm = load_language_model(None, dtype=args.dtype)
+    config = AgentConfig.for_env("alfworld")
+    agent = CBAgent(lm, demos, None, config, scorer=lm.fork())
+    floor_lm = lm.fork()
+    prefix = ctx.action_prefix("text")
+    cb_s, floor_s, new_tokens, n = 0.0, 0.0, 0, 0
+    for traj in held_out:
+        agent.pin_head(traj.task_type)
+        env_steps = [i for i, s in enumerate(traj.steps) if s.kind == "env"][:args.steps]
+        for i in env_steps:
+            history = traj.steps[:i]
+            scoring = ctx.scoring_context(traj.instruction, traj.observation, history)
+            candidates = fixed_action_space(traj.steps[i].candidates)
+            # cb-agent's LM work on this step: routing peek + candidate scoring
+            t = time.perf_counter()
+            agent.route(ctx.react_prompt(config.header, demos[traj.task_type], scoring, config.task_header))
+            agent.scorer.score(scoring, candidates, prefix)
+            cb_s += time.perf_counter() - t
+            # the floor: one forward over the step's new tokens on the cached earlier context
+            before = ctx.scoring_context(traj.instruction, traj.observation, history[:-1]) if history else ""
+            old_ids = floor_lm.encode(before) if before else floor_lm.encode("")[:1]
+            step_text = scoring[len(before):] + "".join(prefix + c for c in candidates)
+            new_ids = floor_lm.tokens.tokenizer(step_text, add_special_tokens=False)["input_ids"]
+            with torch.inference_mode():
+                cache = floor_lm.cache.prefill(old_ids, floor_lm._forward)
+                saved = snapshot(cache)
+                t = time.perf_counter()
+                n_cand = len(floor_lm.tokens.tokenizer("".join(prefix + c for c in candidates),
+                                                       add_special_tokens=False)["input_ids"])
+                floor_lm._forward(torch.tensor([new_ids]), cache,
+                                  position_ids=torch.arange(len(old_ids), len(old_ids) + len(new_ids))[None],
+                                  logits_to_keep=n_cand)
+                floor_s += time.perf_counter() - t
+                restore(cache, saved)
+            new_tokens += len(new_ids)
+            n += 1
+    load = os.getloadavg()
+    figures = {"steps": n, "dtype": str(lm.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
+               "cb_agent_s_per_step": cb_s / n, "floor_s_per_step": floor_s / n, "ratio": cb_s / floor_s,
+               "mean_new_tokens_per_step": new_tokens / n, "target_ratio": 1.5,
+               "load_average_1_5_15": [round(x, 2) for x in load]}
+    print(json.dumps(figures, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(figures, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

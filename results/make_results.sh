@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Regenerates the README's "Results" (the figure and Tables 1-4) at this project's scale.
+#
+#   bash results/make_results.sh figure|table1|table2|table3|table4|all   [more targets ...]
+#
+# Resumable: every `cb-agent run` uses --resume (an interrupted target continues where it stopped),
+# expert trajectories, features and concepts are cached ($CB_AGENT_CACHE, default ~/.cache/cb-agent),
+# so rerunning a finished target only re-reads its results. Runs go to $RUNS (default runs/results);
+# tables, figure and compressed results files are written to results/.
+# Environment: CB (the cb-agent executable, default `cb-agent`), RUNS, OMP_NUM_THREADS (default 1),
+# ALF_PER_TYPE (Table 1 games per task type, default 5 = 30 games; 0 = all 134),
+# TW_GAMES (Table 3 test games per level, default 10), SW_TASKS (Table 2 tasks, default all 30).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CB=${CB:-cb-agent}
+RUNS=${RUNS:-runs/results}
+ALF_PER_TYPE=${ALF_PER_TYPE:-5}
+TW_GAMES=${TW_GAMES:-10}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# float32 everywhere: --dtype auto picks bfloat16 on CPUs with native bf16 and results would differ by machine
+COMMON=(--dtype float32)
+mkdir -p results "$RUNS"
+
+# finish RESULTS_JSONL NAME: Markdown table + chart into results/, the results file compressed beside them
+finish() {
+  "$CB" report "$1" --markdown "results/$2.md" --chart "results/$2.png"
+  gzip -c "$1" > "results/$2.results.jsonl.gz"
+}
+
+figure() {  # seed figure: t-SNE of concepts, 20 samples of 5 trajectories per ALFWorld task type
+  "$CB" concepts-tsne --env alfworld "${COMMON[@]}" --pool-per-type 20 --sample-size 5 --samples 20 \
+    --out results/concepts_tsne.png
+}
+
+table4() {  # concept data size: held-out valid_unseen decision accuracy vs trajectories per type
+  "$CB" concept-data-size --env alfworld "${COMMON[@]}" --sizes 2,5,10,20 --heldout-per-type 5 \
+    --out results/table4_concept_data_size.json
+}
+
+table1() {  # ALFWorld valid_unseen, budget 50; grown one game per type at a time (balanced partial results)
+  local out="$RUNS/alfworld" k last=$ALF_PER_TYPE
+  [ "$last" -eq 0 ] && last=27  # valid_unseen has at most 27 games of a type
+  for k in $(seq 1 "$last"); do
+    "$CB" run --env alfworld "${COMMON[@]}" --agent react --agent prior-only --agent cb-agent \
+      --per-type "$k" --games 0 --max-steps 50 --out-dir "$out" --resume
+  done
+  finish "$out/results.jsonl" table1_alfworld
+}
+
+table1_reflexion() {  # the Reflexion rows of Table 1 (two trials each)
+  local out="$RUNS/alfworld-reflexion" k
+  for k in $(seq 1 "$ALF_PER_TYPE"); do
+    "$CB" run --env alfworld "${COMMON[@]}" --agent reflexion-react --agent reflexion-cb-agent \
+      --per-type "$k" --games 0 --max-steps 50 --out-dir "$out" --resume
+  done
+  finish "$out/results.jsonl" table1_alfworld_reflexion
+}
+
+table1_features() {  # issue 19's extra features on the Table 1 games (needs `run --features`)
+  local out="$RUNS/alfworld-features" k
+  for k in $(seq 1 "$ALF_PER_TYPE"); do
+    "$CB" run --env alfworld "${COMMON[@]}" --agent cb-agent --features lm-hidden,goal-similarity,novelty \
+      --per-type "$k" --games 0 --max-steps 50 --out-dir "$out" --resume
+  done
+  finish "$out/results.jsonl" table1_alfworld_features
+}
+
+# games LEVEL N: --game options for the first N test seeds of a TextWorld level
+games() { local s; for s in $(seq 100001 $((100000 + $2))); do printf -- '--game %s/test/%s ' "$1" "$s"; done; }
+
+table3() {  # TextWorld levels: concepts from 2 train walkthroughs per level, disjoint test seeds, budget 20;
+            # grown in rounds of test seeds over all levels at once (balanced partial results)
+  local level n args out="$RUNS/textworld"
+  for n in $(seq 3 3 "$TW_GAMES"; [ $((TW_GAMES % 3)) -ne 0 ] && echo "$TW_GAMES"); do
+    args=()
+    for level in ${TW_LEVELS:-custom-1 cooking-1}; do args+=($(games "$level" "$n")); done
+    "$CB" run --env textworld --split test "${COMMON[@]}" --agent react --agent prior-only --agent cb-agent \
+      "${args[@]}" --max-steps 20 --out-dir "$out" --resume
+  done
+  finish "$out/results.jsonl" table3_textworld
+}
+
+table2() {  # ScienceWorld: one test variation of each task, open action space (20 sampled replies, T = 0.7)
+  local tasks out="$RUNS/scienceworld" t
+  tasks=$("$CB" tasks --env scienceworld --split test | awk -F/ '!seen[$1]++' | head -n "${SW_TASKS:-30}")
+  local args=()
+  for t in $tasks; do args+=(--game "$t"); done
+  "$CB" run --env scienceworld --split test "${COMMON[@]}" --agent react --agent prior-only --agent cb-agent \
+    --action-space open "${args[@]}" --max-steps 50 --out-dir "$out" --resume
+  finish "$out/results.jsonl" table2_scienceworld
+}
+
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && { echo "usage: $0 figure|table1|table1_reflexion|table1_features|table2|table3|table4|all ..." >&2; exit 2; }
+for target in "${targets[@]}"; do
+  case "$target" in
+    all) figure; table4; table3; table1; table1_reflexion; table2 ;;
+    figure|table1|table1_reflexion|table1_features|table2|table3|table4) "$target" ;;
+    *) echo "unknown target $target" >&2; exit 2 ;;
+  esac
+done

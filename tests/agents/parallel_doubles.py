@@ -1,0 +1,48 @@
+"""Players for the parallel-runner tests, built inside Ray workers (importable, picklable).
+
+``make_players(kill_on=..., raise_on=..., marker_dir=...)`` gives a :class:`ScriptedEnv` and the
+agents of :data:`AGENTS` over a stateless looping LM (its reply depends only on the prompt, so
+an episode's record does not depend on which episodes the worker played before). ``kill_on``:
+tasks whose first ``kills`` resets SIGKILL the worker process (counted in files under
+``marker_dir``, shared by all workers); ``raise_on``: tasks whose every reset raises.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from agent_doubles import FakeLM, ScriptedEnv
+from agent_shell.agents import build_agent
+
+AGENTS = ("react", "prior-only")
+DEMOS = {"fetch": ["d"], "open": ["d"]}
+LOOP = [" think: plan", " go to desk 1", " open box 1", " take key 1 from desk 1", " go to hall 1"] * 4
+
+
+def loop_reply(prompt, temperature, n):
+    return [LOOP[prompt.split("Here is the task.")[-1].count("\n> ") % len(LOOP)]] * n
+
+
+class FaultyEnv(ScriptedEnv):
+    def __init__(self, kill_on=(), kills=1, raise_on=(), marker_dir=None):
+        super().__init__()
+        self.kill_on, self.kills, self.raise_on = set(kill_on), kills, set(raise_on)
+        self.marker_dir = Path(marker_dir) if marker_dir else None
+
+    def reset(self, task_id):
+        if task_id in self.raise_on:
+            raise RuntimeError(f"engine crashed on {task_id}")
+        if task_id in self.kill_on:
+            marker = self.marker_dir / task_id.replace("/", "_")
+            with open(marker, "a") as f:
+                f.write("x")
+            if marker.stat().st_size <= self.kills:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().reset(task_id)
+
+
+def make_players(kill_on=(), kills=1, raise_on=(), marker_dir=None):
+    env = FaultyEnv(kill_on, kills, raise_on, marker_dir)
+    return env, {name: build_agent(name, FakeLM(loop_reply), DEMOS) for name in AGENTS}

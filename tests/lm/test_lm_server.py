@@ -1,0 +1,39 @@
+"""One backbone behind a Ray actor, shared by concurrent streams: their score calls are batched
+into shared passes and give the numbers of unbatched calls (fp32, 1e-4 nats)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from agent_shell.context import action_prefix
+from test_lm_batched import REQUESTS
+
+PREFIX = action_prefix("text")
+
+
+def test_concurrent_streams_are_batched_with_unbatched_numbers(ray_cluster, fresh):
+    from agent_shell.lm.server import RemoteLM, start_lm_server
+
+    server = start_lm_server(None, "float32", threads=1, wait_ms=50)
+    try:
+        lm = RemoteLM(server)
+        assert lm.hidden_size == 576
+        streams = [lm] + [lm.fork() for _ in REQUESTS[1:]]
+        assert len({s.stream for s in streams}) == len(REQUESTS)
+        with ThreadPoolExecutor(len(REQUESTS)) as pool:
+            got = list(pool.map(lambda sr: sr[0].score(sr[1][0], sr[1][1], PREFIX), zip(streams, REQUESTS)))
+        assert max(ray_cluster.get(server.info.remote())["batches"]) > 1  # some calls shared a pass
+        for g, (context, cands) in zip(got, REQUESTS):
+            r = fresh(reuse_cache=False).score(context, cands, PREFIX)
+            assert np.array_equal(g.n_tokens, r.n_tokens)
+            assert np.abs(g.log_q - r.log_q).max() < 1e-4
+            assert np.abs(g.hidden - r.hidden).max() / np.abs(r.hidden).max() < 1e-4
+        assert streams[0].generate(REQUESTS[0][0] + "\n>", max_new_tokens=6, stop=("\n",)) == \
+            fresh(reuse_cache=False).generate(REQUESTS[0][0] + "\n>", max_new_tokens=6, stop=("\n",))
+        with pytest.raises(ValueError, match="non-empty string"):
+            lm.score("context", ["ok", ""], PREFIX)
+    finally:
+        ray_cluster.kill(server)
