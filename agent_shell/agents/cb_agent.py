@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -57,15 +57,15 @@ class CBAgent(ReActAgent):
             second view of the same backbone with its own prefix cache, keeps routing prompts
             (with demonstrations) and scoring contexts (without) from evicting each other's KV
             cache every step.
-        reviewer: see :class:`ReActAgent`.
+        reviewer, calibrator: see :class:`ReActAgent`.
     """
 
     name = "cb-agent"
 
     def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], concepts: Mapping[str, Concept] | None,
                  config: AgentConfig = AgentConfig(), scorer: LanguageModel | None = None,
-                 reviewer: LanguageModel | None = None):
-        super().__init__(lm, demos, config, reviewer)
+                 reviewer: LanguageModel | None = None, calibrator: Any = None):
+        super().__init__(lm, demos, config, reviewer, calibrator)
         self.scorer = lm if scorer is None else scorer
         self.concepts = None if concepts is None else dict(concepts)
         if concepts is None:
