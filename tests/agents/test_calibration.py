@@ -454,3 +454,36 @@ def test_run_refuses_a_calibrator_without_its_rendering(tmp_path, doubles):
     assert res.exit_code == 2 and "only with --history calibrator" in res.output
     res = CliRunner().invoke(main, ["probe", str(cal), "--history", "calibrator"])
     assert res.exit_code == 2 and "needs --calibrator" in res.output
+
+
+def test_probe_and_recovery_use_the_calibrator_under_its_rendering(tmp_path):
+    from agent_shell import studies
+
+    steps = [env_step("go to window 1", "Nothing happens."), env_step("go to window 1", "Nothing happens."),
+             env_step("examine wall 1", "A plain wall.")]
+    (item,) = studies.mine_probe_items(recorded_trials([recorded(tmp_path, steps, task_id="a/1")]))
+    lm = FakeLM(lambda prompt, t, n: ["The window cannot be used."] * n if "Latest action" in prompt
+                else [" go to desk 1"] * n)
+    cal = calibrator_for(lm)
+    config = AgentConfig(rendering="calibrator")
+    cache = studies.ReviewCache(lm)
+    with pytest.raises(ValueError, match="--calibrator"):
+        studies.probe_record(item, "calibrator", "react", ReActAgent(lm, DEMOS, config), cache)
+    rec = studies.probe_record(item, "calibrator", "react", ReActAgent(lm, DEMOS, config, calibrator=cal), cache)
+    assert rec["experiences_kept"].endswith("/2") and all(r.options for r in cache.reviews.values())
+    # the plain reviews of the same transitions are cached apart
+    studies.probe_record(item, "experience", "react", ReActAgent(lm, DEMOS, AgentConfig(rendering="experience")),
+                         cache)
+    assert len(cache.reviews) == 4 and sum(not r.options for r in cache.reviews.values()) == 2
+
+    ep = Episode(ScriptedEnv(), "b/1", 9)
+    for a in ["go to window 1"] * 9:
+        ep.act(a)
+    path = tmp_path / "failed.jsonl"
+    append_jsonl(path, {"schema": "cb-agent/episode-v1", "agent": "react", "task_id": "b/1", "task_type": "open",
+                        "success": False, "trials": [{"won": False, "trajectory": ep.trajectory().to_record()}]})
+    (ritem,) = studies.select_recovery_items(recorded_trials([path]))
+    line = studies.recovery_record(ScriptedEnv(), ritem, "history", "react",
+                                   ReActAgent(lm, DEMOS, config, calibrator=cal), new_actions=2)
+    reviews = line["log"]["reviews"]
+    assert len(reviews) == ritem.k + 2 - 1 and all(r["options"] == ["The window cannot be used."] for r in reviews)
