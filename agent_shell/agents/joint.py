@@ -31,11 +31,10 @@ from dataclasses import replace
 from agent_shell import context as ctx
 from agent_shell.agents.cb_agent import CBAgent
 from agent_shell.agents.react import ReActAgent
-from agent_shell.agents.step import AgentLog, Decision, EpisodeDone, LimitReached, View
+from agent_shell.agents.step import Decision, View
 from agent_shell.candidates import FALLBACK_ACTION, read_reply
 from agent_shell.experience import NO_UPDATE, Review, parse_review
 from agent_shell.history import EXPERIENCE_LABEL
-from envs.episode import Episode
 
 #: How the header asks for the two-line reply.
 JOINT_FORMAT = (f"Reply in two lines: first '{EXPERIENCE_LABEL} ' followed by one short general implication of "
@@ -78,7 +77,7 @@ def preceding_transition(view: View) -> int | None:
 class JointMixin:
     """The joint step: one generation = calibration block + action line (see the module doc)."""
 
-    joint = True
+    separate_review = False  # the reply's calibration block is the review
 
     def check_joint(self) -> None:
         """Text layout only; the history shows the kept experiences (rendering "experience"),
@@ -112,19 +111,6 @@ class JointMixin:
             experience, invalid = parse_review(block, view.candidates, shown)
             review = Review(index, block, experience, invalid)
         return reply, action_line, None, review
-
-    def step(self, episode: Episode, log: AgentLog, reference: ctx.Reference | None = None) -> None:
-        """One joint step: decide (the decision carries the review), execute, record."""
-        if episode.done:
-            raise EpisodeDone()
-        if episode.budget_left <= 0:
-            raise LimitReached()
-        decision = self.next_action(View.of(episode, log.memory, log.experiences, reference))
-        log.add(decision, len(episode.steps))
-        t0 = time.perf_counter()
-        episode.act(decision.action)
-        if decision.kind == "env":
-            log.seconds["env"] += time.perf_counter() - t0
 
 
 class JointReActAgent(JointMixin, ReActAgent):

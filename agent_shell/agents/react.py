@@ -52,6 +52,9 @@ class ReActAgent:
     """
 
     name = "react"
+    #: Renderings "experience" / "calibrator": review each transition in a separate call after the
+    #: step (the joint actor reviews inside its own reply instead).
+    separate_review = True
 
     def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], config: AgentConfig = AgentConfig(),
                  reviewer: LanguageModel | None = None, calibrator: Any = None):
@@ -101,7 +104,7 @@ class ReActAgent:
             return
         t1 = time.perf_counter()
         log.seconds["env"] += t1 - t0
-        if self.config.rendering in REVIEWED and not episode.done:
+        if self.separate_review and self.config.rendering in REVIEWED and not episode.done:
             log.add_review(self.review(View.of(episode)))
             log.seconds["review"] += time.perf_counter() - t1
 
