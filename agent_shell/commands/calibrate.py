@@ -74,6 +74,9 @@ def label(results, actors, judge, k, temperature, content_screening, max_transit
     if splits != {"train"}:
         raise click.ClickException(f"calibration labels come from training games only; {', '.join(results)} hold "
                                    f"trials of split(s) {sorted(map(str, splits))}")
+    if config.demo_split != "train":
+        raise click.ClickException(f"--demo-split {config.demo_split}: the recipients' demonstrations must come from "
+                                   "the training split too (evaluation games stay unseen)")
     items = lab.mine_transitions(trials, max_transitions)
     if not items:
         raise click.ClickException(f"no reviewable transition followed by an environment step in {len(trials)} trials")

@@ -105,7 +105,8 @@ def eval_decisions(config: RunConfig, heldout_split: str, heldout_per_type: int,
         used = {t.task_id for t in setup.demo_trajectories}
         heldout = [t for t in trajs if t.task_id not in used]
         console.print(f"held out: {len(heldout)} won expert trajectories from {heldout_split}")
-        features = collect_features(setup.lm, heldout, config.rendering, cache_dir=setup.cache, layout=config.layout)
+        features = collect_features(setup.lm, heldout, config.rendering, cache_dir=setup.cache, layout=config.layout,
+                                    calibrator=setup.calibrator)
         console.print(f"held-out decisions: {sum(f.n_decisions for f in features.values())}; "
                       f"{skipped_summary(features)}")
     finally:
