@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "ical": "agent_shell.commands.ical:ical",
     "tasks": "agent_shell.commands.tasks:tasks",
     "backends": "agent_shell.commands.backends:backends",
+    "calibrate": "agent_shell.commands.calibrate:calibrate",
 }
 
 

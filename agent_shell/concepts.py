@@ -40,6 +40,7 @@ import numpy as np
 from agent_shell.candidates import drop_excluded
 from agent_shell.context import Context, action_prefix, check_layout, check_rendering, scoring_context
 from agent_shell.expert_decisions import decision_examples
+from agent_shell.history import REVIEWED
 from agent_shell.lm.formatting import PLAIN
 from agent_shell.features import DecisionInput, FeatureSet, check_extractors, recorded_extractors
 from agent_shell.lm.protocol import LanguageModel
@@ -181,7 +182,7 @@ def trajectory_features(lm: LanguageModel, texts: Sequence[DecisionText], render
 def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rendering: str = "raw",
                      cache_dir: str | os.PathLike | None = None,
                      on_trajectory: Callable[[Trajectory], None] | None = None, layout: str = "text",
-                     reviewer: LanguageModel | None = None,
+                     reviewer: LanguageModel | None = None, calibrator: Any = None,
                      feature_set: FeatureSet | None = None) -> dict[str, TypeFeatures]:
     """Features of every won trajectory, grouped by task type (lost ones are only counted).
 
@@ -189,7 +190,8 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rend
     computed (or read from the cache) after the LM's scores.
     Rendering "experience": each trajectory's transitions are first reviewed by ``reviewer``
     (default ``lm``; :func:`agent_shell.experience.review_trajectory`, cached), and the kept
-    experiences enter its contexts as they would while acting.
+    experiences enter its contexts as they would while acting; rendering "calibrator": the
+    same with ``calibrator`` choosing the experiences.
     """
     from agent_shell.lm.protocol import CandidateScores
 
@@ -203,10 +205,13 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rend
             tf.n_lost += 1
             continue
         experiences = None
-        if rendering == "experience":
+        if rendering in REVIEWED:
             from agent_shell.experience import review_trajectory
 
-            experiences = review_trajectory(reviewer if reviewer is not None else lm, traj, cache_dir)
+            if rendering == "calibrator" and calibrator is None:
+                raise ValueError("rendering 'calibrator' needs a fitted calibrator to write the experiences")
+            experiences = review_trajectory(reviewer if reviewer is not None else lm, traj, cache_dir,
+                                            calibrator if rendering == "calibrator" else None)
         inputs, skipped = decision_inputs(traj, rendering, layout, experiences)
         texts = [(d.context, list(d.candidates), e) for d, e in inputs]
         rows, seconds = trajectory_features(lm, texts, rendering, cache_dir, layout)

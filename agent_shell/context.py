@@ -39,7 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence, Union
 
-from agent_shell.history import (CHECK_REMINDER, EXPERIENCE_LABEL, INTERVENTIONS, RENDERINGS, HistoryView, StepLike,
+from agent_shell.history import (CHECK_REMINDER, EXPERIENCE_LABEL, INTERVENTIONS, RENDERINGS, REVIEWED, HistoryView,
+                                 StepLike,
                                  action_line, check_rendering, demo_rendering, render)
 from envs.episode import THINK_FEEDBACK, THINK_PREFIX
 
@@ -120,7 +121,7 @@ def _segments(steps: Sequence[StepLike], rendering: str, experiences: Mapping[in
 
 
 def _reference_pieces(reference: Reference, rendering: str, seed: int) -> list[tuple[str, str | None, str]]:
-    body = render(reference.steps, "raw" if rendering == "experience" else rendering, None, seed)
+    body = render(reference.steps, "raw" if rendering in REVIEWED else rendering, None, seed)
     text = "\n".join([reference.header()] + [_entry_text(e.action, e.observation) for e in body.entries]
                      + [Reference.footer])
     return [("note", None, text)]

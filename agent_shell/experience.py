@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from agent_shell.context import render_history, render_task
 from agent_shell.lm.formatting import PLAIN
@@ -60,15 +60,21 @@ class Review:
         reply: the LM's raw reply.
         experience: the kept experience, or None (``NO UPDATE`` or invalid).
         invalid: why the reply was rejected ("" when valid).
+        options: a calibrated review's candidate experiences (the kept one, if any, among them;
+            :meth:`agent_shell.calibration.Calibrator.review`); empty for a plain review.
     """
 
     step: int
     reply: str
     experience: str | None
     invalid: str = ""
+    options: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
-        return {"step": self.step, "reply": self.reply, "experience": self.experience, "invalid": self.invalid}
+        out = {"step": self.step, "reply": self.reply, "experience": self.experience, "invalid": self.invalid}
+        if self.options:
+            out["options"] = list(self.options)
+        return out
 
 
 def review_prompt(instruction: str, observation: str, steps: Sequence[StepLike], index: int) -> str:
@@ -184,14 +190,17 @@ def candidates_after(steps: Sequence[Step], index: int) -> list[str]:
 
 
 def review_trajectory(lm: LanguageModel, trajectory: Trajectory,
-                      cache_dir: str | os.PathLike | None = None) -> dict[int, str]:
+                      cache_dir: str | os.PathLike | None = None, calibrator: Any = None) -> dict[int, str]:
     """Experiences of every non-terminal transition of an expert ``trajectory`` (step -> text).
 
+    ``calibrator``: a :class:`agent_shell.calibration.Calibrator` that writes the experiences
+    (rendering "calibrator") instead of the plain greedy review.
     Cached in ``<cache_dir>/experiences/<key>.json``; the key hashes the backbone, its dtype,
-    :data:`REVIEW_VERSION` and the trajectory's text.
+    :data:`REVIEW_VERSION`, the calibrator's fingerprint (if any) and the trajectory's text.
     """
     steps = trajectory.steps
-    payload = json.dumps([REVIEW_VERSION, lm.name, PLAIN, str(getattr(lm, "dtype", "")),
+    tag = [calibrator.fingerprint] if calibrator is not None else []
+    payload = json.dumps([REVIEW_VERSION, lm.name, PLAIN, str(getattr(lm, "dtype", "")), *tag,
                           trajectory.instruction, trajectory.observation,
                           [(s.kind, s.action, s.observation, s.done) for s in steps]], ensure_ascii=False)
     key = hashlib.sha256(payload.encode()).hexdigest()[:32]
@@ -201,8 +210,12 @@ def review_trajectory(lm: LanguageModel, trajectory: Trajectory,
     out: dict[int, str] = {}
     reviews = []
     for i in reviewable(steps):
-        r = review_transition(lm, trajectory.instruction, trajectory.observation, steps, i,
-                              candidates_after(steps, i))
+        if calibrator is not None:
+            r = calibrator.review(lm, trajectory.instruction, trajectory.observation, steps, i,
+                                  candidates_after(steps, i))
+        else:
+            r = review_transition(lm, trajectory.instruction, trajectory.observation, steps, i,
+                                  candidates_after(steps, i))
         reviews.append(r.to_dict())
         if r.experience is not None:
             out[i] = r.experience

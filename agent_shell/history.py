@@ -15,6 +15,9 @@ steps (objects with ``kind`` / ``action`` / ``observation``, e.g. :class:`envs.t
 * ``check`` - raw plus :data:`CHECK_REMINDER` after the history, right before the next action.
 * ``experience`` - raw plus, beside each transition, the experience an LM review call kept for
   it (see :mod:`agent_shell.experience`); a transition reviewed as ``NO UPDATE`` shows nothing.
+* ``calibrator`` - shown as ``experience``, but the experiences are written by the learned
+  calibrator (:mod:`agent_shell.calibration`: sampled candidates, the calibrator chooses one or
+  NO UPDATE).
 * Interventions (diagnostics): ``recent3`` (only the three latest steps, with a count of the
   hidden ones), ``obs-only`` (observations of environment steps only; actions and thoughts
   removed), ``shuffle-all`` (the environment-action strings reassigned by a random permutation
@@ -188,11 +191,16 @@ RENDERINGS: dict[str, Rendering] = {
     "causal": render_causal,
     "check": render_check,
     "experience": render_experience,
+    "calibrator": render_experience,
     "recent3": render_recent3,
     "obs-only": render_obs_only,
     "shuffle-all": render_shuffle_all,
     "shuffle-old": render_shuffle_old,
 }
+
+#: Renderings whose experiences come from a review of each transition (plain LM review, or the
+#: learned calibrator): agents review after every non-terminal environment step.
+REVIEWED = frozenset({"experience", "calibrator"})
 
 #: Renderings that are diagnostics of the agent's own history: demonstrations stay raw.
 INTERVENTIONS = frozenset({"recent3", "obs-only", "shuffle-all", "shuffle-old"})

@@ -63,6 +63,9 @@ class RunConfig:
         ray_address: a Ray cluster to join (None: start a local one when ``workers > 1``).
         shared_lm: workers share one backbone per device behind a batching Ray actor
             (:mod:`agent_shell.lm.server`) instead of loading their own.
+        calibrator: rendering "calibrator": the fitted calibrator file (``cb-agent calibrate fit``);
+            required by that rendering (``cb-agent run`` refuses it with any other; the studies
+            use it for their "calibrator" rendering only).
 
     Raises:
         ValueError: an unknown name or an out-of-range number, naming the field.
@@ -95,11 +98,13 @@ class RunConfig:
     workers: int = 1
     ray_address: str | None = None
     shared_lm: bool = False
+    calibrator: str | None = None
 
     #: Fields recorded in every results line and compared on resume (with ``model``, the
     #: loaded backbone's name).
     SETTINGS = ("env", "split", "dtype", "seed", "rendering", "layout", "action_space", "demos_per_type",
-                "demo_split", "lam", "gamma", "features", "reflexion_trials", "budget", "demos", "concept_data")
+                "demo_split", "lam", "gamma", "features", "reflexion_trials", "budget", "demos", "concept_data",
+                "calibrator")
 
     def __post_init__(self) -> None:
         from agent_shell.lm.dtypes import dtype_name
@@ -124,6 +129,8 @@ class RunConfig:
 
         if parse_demos(self.demos) is None and self.concept_data == "ical":
             raise ValueError("concept_data='ical' needs demos='ical:MEMORY'")
+        if self.rendering == "calibrator" and self.calibrator is None:
+            raise ValueError("calibrator: --history calibrator needs --calibrator FILE (cb-agent calibrate fit)")
         if self.concept_data not in ("expert", "ical"):
             raise ValueError(f"concept_data={self.concept_data!r} is not one of ['expert', 'ical']")
         object.__setattr__(self, "agents", agents)
@@ -170,15 +177,19 @@ class RunConfig:
 
         Raises:
             ValueError: one line: an unknown split or game id, a game of another split than
-                ``split``, or ``demo_split == split`` (the agents would be evaluated on the games of
-                their own demonstrations).
+                ``split``, or ``demo_split == split`` without explicit ``game_ids`` (a slice would
+                evaluate the agents on the games of their own demonstrations). With explicit
+                ``game_ids`` the split may be the demonstrations' (e.g. recording training runs for
+                the calibrator, :mod:`agent_shell.calibration`); the caller then refuses any game
+                that is a demonstration (:func:`check_not_demos`) once they are known.
         """
         from envs import check_tasks
         from envs.collect import select_tasks
 
-        if self.demo_split == self.split:
+        if self.demo_split == self.split and not self.game_ids:
             raise ValueError(f"--demo-split {self.demo_split} is the evaluation split: the agents would be evaluated "
-                             "on the games of their own demonstrations; choose another split")
+                             "on the games of their own demonstrations; choose another split (or name games "
+                             "with --game that are no demonstrations)")
         check_tasks(env, self.demo_split, [])
         if self.game_ids:
             return check_tasks(env, self.split, self.game_ids)
@@ -187,4 +198,12 @@ class RunConfig:
         return ids[:self.games] if self.games else ids
 
 
-__all__ = ["ACTION_SPACES", "RunConfig"]
+def check_not_demos(task_ids: list[str], demo_ids: list[str]) -> None:
+    """Raise ValueError (one line) when a played game is one of the demonstrations' games."""
+    shared = sorted(set(task_ids) & set(demo_ids))
+    if shared:
+        raise ValueError(f"game {shared[0]!r} is one of the expert demonstrations ({len(shared)} such game(s)): "
+                         "the agents would play the games of their own demonstrations; choose other --game ids")
+
+
+__all__ = ["ACTION_SPACES", "RunConfig", "check_not_demos"]

@@ -1,9 +1,9 @@
-"""Routing speed: ReAct's whole-line routing reply vs. CB-Agent's 2-token peek, side by side.
+"""Routing speed: ReAct's whole-line routing reply vs. CB-Agent's peek (1-2 tokens), side by side.
 
 CB-Agent and prior-only never execute the routing reply's text; they only need to know whether
-the step is a think step. :meth:`agent_shell.agents.CBAgent.route` therefore stops after
-:data:`agent_shell.agents.cb_agent.ROUTE_PEEK_TOKENS` tokens unless those could still begin
-``think:``. This script replays the ReAct routing prompts of recorded episodes (a results file
+the step is a think step. :meth:`agent_shell.agents.CBAgent.route` therefore stops at the first
+token that shows letters (at most :data:`agent_shell.agents.cb_agent.ROUTE_PEEK_TOKENS` tokens)
+unless they could still begin ``think:``. This script replays the ReAct routing prompts of recorded episodes (a results file
 of ``cb-agent run``) step by step through two views of one backbone, each with its own prefix
 KV cache (as in a real episode), alternating the two methods step by step so that they share the
 load of a busy machine, and reports the seconds per routing call, their ratio, and whether both

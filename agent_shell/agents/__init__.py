@@ -7,10 +7,11 @@ them alike.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from agent_shell.agents.cb_agent import CBAgent
 from agent_shell.agents.config import AgentConfig
+from agent_shell.agents.joint import JointCBAgent, JointReActAgent
 from agent_shell.agents.react import ReActAgent
 from agent_shell.agents.reflexion import Reflexion, ReflexionResult, Trial
 from agent_shell.agents.step import AgentLog, AgentStop, Decision, EpisodeDone, LimitReached, View
@@ -23,24 +24,27 @@ if TYPE_CHECKING:
 
 #: Agent names accepted by :func:`build_agent` and ``cb-agent run --agent``.
 AGENT_NAMES = ("cb-agent", "prior-only", "react", "reflexion-cb-agent", "reflexion-prior-only",
-               "reflexion-react")
+               "reflexion-react", "joint-react", "joint-cb-agent")
 
 
 def needs_concepts(name: str) -> bool:
     """True for agents that use fitted concepts (CB-Agent and its Reflexion variant)."""
-    return name.removeprefix("reflexion-") == "cb-agent"
+    return name.removeprefix("reflexion-").removeprefix("joint-") == "cb-agent"
 
 
 def build_agent(name: str, lm: LanguageModel, demos: Mapping[str, Sequence[str]],
                 concepts: Mapping[str, Concept] | None = None, config: AgentConfig = AgentConfig(),
                 reflexion_trials: int = 2, scorer: LanguageModel | None = None,
-                reviewer: LanguageModel | None = None, features: FeatureSet | None = None) -> Reflexion:
+                reviewer: LanguageModel | None = None, calibrator: Any = None,
+                features: FeatureSet | None = None) -> Reflexion:
     """The agent called ``name`` (see :data:`AGENT_NAMES`), wrapped in its trial loop.
 
     ``scorer`` (CB-Agent and prior-only): the LM view that scores candidates (default ``lm``);
-    ``reviewer``: the LM view that writes experience reviews (default ``lm``); ``features``
+    ``reviewer``: the LM view that writes experience reviews (default ``lm``); ``calibrator``:
+    rendering "calibrator" (:class:`agent_shell.calibration.Calibrator`); ``features``
     (CB-Agent): the :class:`agent_shell.features.FeatureSet` the concepts were fitted with
-    (default ``lm-hidden``).
+    (default ``lm-hidden``). ``joint-react`` / ``joint-cb-agent``: the joint actor
+    (:mod:`agent_shell.agents.joint`).
 
     Raises ValueError for an unknown name, or for ``cb-agent`` without concepts.
     """
@@ -48,16 +52,19 @@ def build_agent(name: str, lm: LanguageModel, demos: Mapping[str, Sequence[str]]
         raise ValueError(f"unknown agent {name!r}; known: {list(AGENT_NAMES)}")
     base = name.removeprefix("reflexion-")
     if base == "react":
-        agent: ReActAgent = ReActAgent(lm, demos, config, reviewer)
+        agent: ReActAgent = ReActAgent(lm, demos, config, reviewer, calibrator)
+    elif base == "joint-react":
+        agent = JointReActAgent(lm, demos, config, reviewer, calibrator)
     elif base == "prior-only":
-        agent = CBAgent(lm, demos, None, config, scorer, reviewer)
+        agent = CBAgent(lm, demos, None, config, scorer, reviewer, calibrator)
     else:
         if concepts is None:
             raise ValueError(f"agent {name!r} needs fitted concepts, got None")
-        agent = CBAgent(lm, demos, concepts, config, scorer, reviewer, features)
+        cls = JointCBAgent if base == "joint-cb-agent" else CBAgent
+        agent = cls(lm, demos, concepts, config, scorer, reviewer, calibrator, features)
     return Reflexion(agent, trials=reflexion_trials if name.startswith("reflexion-") else 1)
 
 
 __all__ = ["AGENT_NAMES", "AgentConfig", "AgentLog", "AgentStop", "CBAgent", "Decision", "EpisodeDone",
-           "FormatError", "LimitReached", "ReActAgent", "Reflexion", "ReflexionResult", "Trial", "View",
-           "build_agent", "needs_concepts"]
+           "FormatError", "JointCBAgent", "JointReActAgent", "LimitReached", "ReActAgent", "Reflexion",
+           "ReflexionResult", "Trial", "View", "build_agent", "needs_concepts"]

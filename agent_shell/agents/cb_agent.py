@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -43,7 +43,8 @@ from agent_shell.lm.protocol import CandidateScores, LanguageModel
 if TYPE_CHECKING:
     from cb_core import Concept
 
-#: Tokens of a routing reply CB-Agent reads before it knows the step is no think step.
+#: Most tokens of a routing reply CB-Agent reads before it knows the step is no think step (it
+#: stops at the first token that shows letters: one token for most replies).
 ROUTE_PEEK_TOKENS = 2
 
 
@@ -60,7 +61,7 @@ class CBAgent(ReActAgent):
             second view of the same backbone with its own prefix cache, keeps routing prompts
             (with demonstrations) and scoring contexts (without) from evicting each other's KV
             cache every step.
-        reviewer: see :class:`ReActAgent`.
+        reviewer, calibrator: see :class:`ReActAgent`.
         features: what the concepts see (:class:`agent_shell.features.FeatureSet`; default
             ``lm-hidden``); extracted only when a concept is used (never for prior-only).
     """
@@ -69,8 +70,9 @@ class CBAgent(ReActAgent):
 
     def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], concepts: Mapping[str, Concept] | None,
                  config: AgentConfig = AgentConfig(), scorer: LanguageModel | None = None,
-                 reviewer: LanguageModel | None = None, features: FeatureSet | None = None):
-        super().__init__(lm, demos, config, reviewer)
+                 reviewer: LanguageModel | None = None, calibrator: Any = None,
+                 features: FeatureSet | None = None):
+        super().__init__(lm, demos, config, reviewer, calibrator)
         self.scorer = lm if scorer is None else scorer
         self.features = features if features is not None else FeatureSet.from_spec()
         self.concepts = None if concepts is None else dict(concepts)
@@ -98,15 +100,20 @@ class CBAgent(ReActAgent):
 
     def route(self, prompt: ctx.Context) -> str:
         """The routing reply, read only as far as needed: CB-Agent never executes the reply's
-        action text, so generation stops after :data:`ROUTE_PEEK_TOKENS` tokens unless they can
-        still begin ``think:`` (then the whole line is generated, as ReAct does). The step's kind
-        is the same as with the whole reply; only the recorded reply is shorter, and a reply
-        whose first letters come after the peeked tokens counts as an action, not as malformed.
+        action text, so generation stops after the first token that shows letters (at most
+        :data:`ROUTE_PEEK_TOKENS` tokens) unless they can still begin ``think:`` (then the whole
+        line is generated, as ReAct does). The step's kind is the same as with the whole reply;
+        only the recorded reply is shorter, and a reply whose first letters come after the
+        peeked tokens counts as an action, not as malformed. A second peek (a first token without
+        letters, e.g. a ``>`` mark) reuses the prompt's cache: two one-token passes.
         """
-        peek = self.lm.generate(prompt, max_new_tokens=ROUTE_PEEK_TOKENS, stop=("\n",), temperature=0.0,
-                                n=1, seed=self.config.seed)[0]
-        # read the peek as parse_reply reads a reply: leading ">" marks are no part of it
-        head = peek.split("\n", 1)[0].strip().lstrip(ctx.ACTION_MARK).strip().lower()
+        for budget in range(1, ROUTE_PEEK_TOKENS + 1):
+            peek = self.lm.generate(prompt, max_new_tokens=budget, stop=("\n",), temperature=0.0,
+                                    n=1, seed=self.config.seed)[0]
+            # read the peek as parse_reply reads a reply: leading ">" marks are no part of it
+            head = peek.split("\n", 1)[0].strip().lstrip(ctx.ACTION_MARK).strip().lower()
+            if head or not peek:  # letters, or the reply ended
+                break
         if not head or ctx.THINK_PREFIX.startswith(head) or head.startswith(ctx.THINK_PREFIX.rstrip(":")):
             return super().route(prompt)
         return peek

@@ -24,13 +24,14 @@ step, so a crash never loses a step.
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from agent_shell import context as ctx
 from agent_shell.agents.config import AgentConfig
 from agent_shell.agents.step import AgentLog, AgentStop, Decision, EpisodeDone, LimitReached, View
 from agent_shell.candidates import FALLBACK_ACTION, read_reply
 from agent_shell.experience import Review, review_transition
+from agent_shell.history import REVIEWED
 from agent_shell.lm.protocol import LanguageModel
 from envs.episode import Episode
 
@@ -46,13 +47,19 @@ class ReActAgent:
         config: :class:`AgentConfig`.
         reviewer: the LM view that writes experience reviews (default ``lm``); a separate view
             keeps its own prefix KV cache (:meth:`LanguageModel.fork`).
+        calibrator: rendering "calibrator": the :class:`agent_shell.calibration.Calibrator` that
+            chooses the experience among the reviewer's sampled candidates (or NO UPDATE).
     """
 
     name = "react"
+    #: Renderings "experience" / "calibrator": review each transition in a separate call after the
+    #: step (the joint actor reviews inside its own reply instead).
+    separate_review = True
 
     def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], config: AgentConfig = AgentConfig(),
-                 reviewer: LanguageModel | None = None):
+                 reviewer: LanguageModel | None = None, calibrator: Any = None):
         self.lm = lm
+        self.calibrator = calibrator
         self.demo_source = demos if hasattr(demos, "for_task") else None
         self.demos = {} if self.demo_source is not None else {k: list(v) for k, v in demos.items()}
         self.config = config
@@ -84,7 +91,7 @@ class ReActAgent:
 
     def step(self, episode: Episode, log: AgentLog, reference: ctx.Reference | None = None) -> None:
         """One step: decide (:meth:`next_action`), execute, record, then review the transition
-        (rendering "experience"). Raises EpisodeDone / LimitReached at the end."""
+        (renderings "experience" and "calibrator"). Raises EpisodeDone / LimitReached at the end."""
         if episode.done:
             raise EpisodeDone()
         if episode.budget_left <= 0:
@@ -97,7 +104,7 @@ class ReActAgent:
             return
         t1 = time.perf_counter()
         log.seconds["env"] += t1 - t0
-        if self.config.rendering == "experience" and not episode.done:
+        if self.separate_review and self.config.rendering in REVIEWED and not episode.done:
             log.add_review(self.review(View.of(episode)))
             log.seconds["review"] += time.perf_counter() - t1
 
@@ -130,8 +137,16 @@ class ReActAgent:
                                 temperature=0.0, n=1, seed=self.config.seed)[0]
 
     def review(self, view: View) -> Review:
-        """Experience review of the latest transition of ``view.steps`` (rendering "experience");
-        ``view.candidates`` are the options after it. See :mod:`agent_shell.experience`."""
+        """Experience review of the latest transition of ``view.steps`` (rendering "experience";
+        "calibrator": the calibrator's choice among sampled candidates); ``view.candidates`` are
+        the options after it. See :mod:`agent_shell.experience`.
+
+        Raises ValueError for rendering "calibrator" without a calibrator."""
+        if self.config.rendering == "calibrator":
+            if self.calibrator is None:
+                raise ValueError("rendering 'calibrator' needs a fitted calibrator (--calibrator FILE)")
+            return self.calibrator.review(self.reviewer, view.start.instruction, view.start.observation, view.steps,
+                                          len(view.steps) - 1, view.candidates, self.config.seed)
         return review_transition(self.reviewer, view.start.instruction, view.start.observation, view.steps,
                                  len(view.steps) - 1, view.candidates, self.config.review_tokens)
 
@@ -146,15 +161,17 @@ class ReActAgent:
     def prompt(self, view: View, context: ctx.Context | None = None) -> ctx.Context:
         """The ReAct routing prompt with the demonstrations of the task type, around ``context``
         (default: :meth:`scoring_context` of ``view``)."""
+        context = self.scoring_context(view) if context is None else context
+        return ctx.react_prompt(self.config.header, self.task_demos(view), context, self.config.task_header)
+
+    def task_demos(self, view: View) -> Sequence[str]:
+        """The rendered demonstrations for ``view``'s task (ValueError when its type has none)."""
         task_type = view.start.task_type
         if self.demo_source is not None:
-            demos = self.demo_source.for_task(view.start)
-        elif task_type not in self.demos:
+            return self.demo_source.for_task(view.start)
+        if task_type not in self.demos:
             raise ValueError(f"no demonstrations for task type {task_type!r}; have {sorted(self.demos)}")
-        else:
-            demos = self.demos[task_type]
-        context = self.scoring_context(view) if context is None else context
-        return ctx.react_prompt(self.config.header, demos, context, self.config.task_header)
+        return self.demos[task_type]
 
 
 __all__ = ["ReActAgent"]

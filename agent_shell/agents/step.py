@@ -96,6 +96,8 @@ class Decision:
         p_chosen: P(chosen | x) (1.0 for a single candidate; None for ReAct).
         seconds: wall time by phase: ``route`` (contexts and routing) and ``choose`` (candidate
             set and scoring).
+        review: the joint actor's calibration block as a :class:`Review` of the preceding
+            transition (recorded in the log, a kept experience enters its experiences), or None.
     """
 
     kind: Literal["think", "env"]
@@ -107,6 +109,7 @@ class Decision:
     log_probs: tuple[float, ...] | None = None
     p_chosen: float | None = None
     seconds: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    review: Review | None = None
 
     @property
     def thought(self) -> str | None:
@@ -159,6 +162,8 @@ class AgentLog:
             self.decisions.append(decision.record(step))
         for phase, seconds in decision.seconds.items():
             self.seconds[phase] += seconds
+        if decision.review is not None:
+            self.add_review(decision.review)
 
     def add_review(self, review: Review) -> None:
         """Record an experience review; a kept experience enters :attr:`experiences`."""

@@ -13,7 +13,7 @@ from typing import Any, Callable, Collection
 import click
 
 from agent_shell.agents import AGENT_NAMES
-from agent_shell.history import RENDERINGS
+from agent_shell.history import RENDERINGS, REVIEWED
 from agent_shell.lm.protocol import LanguageModel
 from agent_shell.run_config import ACTION_SPACES, RunConfig
 from envs.protocol import Environment
@@ -42,7 +42,8 @@ COMMON_OPTIONS = {
                               default="raw", show_default=True,
                               help="History rendering, the same for demonstrations, fitting and acting: raw, "
                                    "causal (outcome labels), check (re-check reminder), experience (LM review "
-                                   "calls, NO UPDATE), and the interventions recent3, obs-only, shuffle-all, "
+                                   "calls, NO UPDATE), calibrator (experiences chosen by the learned calibrator, "
+                                   "--calibrator), and the interventions recent3, obs-only, shuffle-all, "
                                    "shuffle-old."),
     "layout": click.option("--layout", type=click.Choice(["text", "chat"]), default="text", show_default=True,
                            help="One text prompt, or user/assistant chat messages (chat template)."),
@@ -56,6 +57,9 @@ COMMON_OPTIONS = {
                                   "goal-similarity (MiniLM cosines with the task and the latest observation, "
                                   "names in the task), novelty (repeats and their outcomes), or a third-party "
                                   "extractor (entry-point group cb_agent.feature_extractors)."),
+    "calibrator": click.option("--calibrator", type=click.Path(exists=True, dir_okay=False), default=None,
+                               help="Fitted calibrator file (`cb-agent calibrate fit`); needed by --history "
+                                    "calibrator, which shows the experiences it writes."),
     "cache_dir": click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
                               help="Cache for expert trajectories, features and concepts "
                                    "(default: $CB_AGENT_CACHE or ~/.cache/cb-agent)."),
@@ -156,6 +160,7 @@ class Setup:
     features: dict = field(default_factory=dict)
     concepts: dict | None = None
     concepts_dir: Path | None = None
+    calibrator: Any = None
     cache: Path | None = None
     timings: dict = field(default_factory=dict)
 
@@ -197,15 +202,17 @@ def prepare(config: RunConfig, need_concepts: bool, echo: Callable[[str], None] 
         lm = load_language_model(config.model, dtype=config.dtype)
     setup.lm = lm
     setup.timings["load_lm_s"] = time.perf_counter() - t
+    if config.calibrator is not None:
+        setup.calibrator = load_calibrator(config.calibrator, lm)
     experiences_of = None
-    if config.rendering == "experience":
+    if config.rendering in REVIEWED:
         from agent_shell.experience import review_trajectory
 
         t = time.perf_counter()
         reviewed = {}
         for i, traj in enumerate(setup.demo_trajectories, 1):
             echo(f"experience reviews {i}/{len(setup.demo_trajectories)}: {traj.task_id}")
-            reviewed[traj.task_id] = review_trajectory(lm, traj, cache)
+            reviewed[traj.task_id] = review_trajectory(lm, traj, cache, setup.calibrator)
         experiences_of = lambda traj: reviewed.get(traj.task_id)  # noqa: E731
         setup.timings["reviews_s"] = time.perf_counter() - t
     setup.demos = rendered_demos(setup.demo_trajectories, config.rendering, experiences_of)
@@ -213,15 +220,29 @@ def prepare(config: RunConfig, need_concepts: bool, echo: Callable[[str], None] 
          f"types ({config.demo_split}, {config.demos_per_type} per type), history {config.rendering}")
     if need_concepts:
         setup.features, setup.concepts, setup.concepts_dir = fit_from_trajectories(
-            config, setup.lm, setup.demo_trajectories, cache, echo, setup.timings)
+            config, setup.lm, setup.demo_trajectories, cache, echo, setup.timings, setup.calibrator)
     return setup
+
+
+def load_calibrator(path: str, lm: LanguageModel) -> Any:
+    """The calibrator file at ``path``, checked against ``lm`` (click.ClickException on a bad file
+    or a mismatch: another backbone, dtype or review prompt)."""
+    from agent_shell.calibration import Calibrator
+
+    try:
+        calibrator = Calibrator.load(path)
+        calibrator.check(lm)
+    except (ValueError, FileNotFoundError) as err:
+        raise click.ClickException(f"calibrator {path}: {err}") from None
+    return calibrator
 
 
 def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: list, cache: Path,
                           echo: Callable[[str], None] = click.echo,
-                          timings: dict | None = None) -> tuple[dict, dict, Path | None]:
+                          timings: dict | None = None, calibrator: Any = None) -> tuple[dict, dict, Path | None]:
     """Features (cached) and concepts (cached) of ``trajectories`` under ``config``'s rendering,
-    layout, feature set, lam and gamma; reports skipped expert steps."""
+    layout, feature set, lam and gamma; reports skipped expert steps. ``calibrator`` (rendering
+    "calibrator") writes the trajectories' experiences; its concepts are cached apart per calibrator."""
     from agent_shell.concepts import cached_concepts, check_concept_matches, collect_features, skipped_summary
     from cb_core.cache import enable_persistent_cache
 
@@ -235,14 +256,15 @@ def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: li
         echo(f"features {len(done)}/{len(trajectories)}: {traj.task_id}")
 
     features = collect_features(lm, trajectories, config.rendering, cache_dir=cache, on_trajectory=on_trajectory,
-                                layout=config.layout, feature_set=config.feature_set)
+                                layout=config.layout, feature_set=config.feature_set, calibrator=calibrator)
     timings["features_s"] = time.perf_counter() - t
     timings["features_lm_s"] = sum(f.lm_seconds for f in features.values())
     echo(f"features: {sum(f.n_decisions for f in features.values())} decisions "
          f"({timings['features_lm_s']:.1f} s of LM and extractor time; 0 when cached); {skipped_summary(features)}")
     t = time.perf_counter()
+    concept_cache = cache if calibrator is None else cache / "calibrated" / calibrator.fingerprint
     concepts, folder = cached_concepts(features, lm, config.rendering, config.lam, config.gamma, env_name=config.env,
-                                       cache_dir=cache, layout=config.layout, feature_set=config.feature_set)
+                                       cache_dir=concept_cache, layout=config.layout, feature_set=config.feature_set)
     for concept in concepts.values():
         check_concept_matches(concept, lm, config.rendering, config.layout, config.feature_set)
     timings["fit_s"] = time.perf_counter() - t

@@ -21,7 +21,7 @@ ACTORS = ("react", "prior-only", "cb-agent")
 #: The backbone options of a study; the command receives them as one ``config:`` :class:`RunConfig`
 #: (its ``env`` and ``rendering`` are set per study and per rendering).
 study_options = config_options(
-    "model", "dtype", "demo_split", "demos_per_type", "layout", "cache_dir", "seed",
+    "model", "dtype", "demo_split", "demos_per_type", "layout", "calibrator", "cache_dir", "seed",
     seed=click.option("--seed", type=int, default=0, show_default=True,
                       help="Seed of the agents' generations and of the shuffle renderings."))
 
@@ -45,7 +45,9 @@ class AgentFactory:
         from agent_shell.commands._common import prepare
 
         if rendering not in self.setups:
-            self.setups[rendering] = prepare(replace(self.config, rendering=rendering), self.need_concepts,
+            calibrator = self.config.calibrator if rendering == "calibrator" else None
+            self.setups[rendering] = prepare(replace(self.config, rendering=rendering, calibrator=calibrator),
+                                             self.need_concepts,
                                              echo=self.echo, env=self.env, lm=self.lm, task_types=self.task_types)
         return self.setups[rendering]
 
@@ -56,11 +58,11 @@ class AgentFactory:
         config = AgentConfig.for_env(self.config.env, rendering=rendering, layout=self.config.layout,
                                      seed=self.config.seed)
         if actor == "react":
-            return ReActAgent(setup.lm, setup.demos, config, self.reviewer)
+            return ReActAgent(setup.lm, setup.demos, config, self.reviewer, setup.calibrator)
         concepts = setup.concepts if actor == "cb-agent" else None
         if actor == "cb-agent" and concepts is None:
             raise click.ClickException("cb-agent needs concepts (internal: the factory was built without them)")
-        return CBAgent(setup.lm, setup.demos, concepts, config, self.scorer, self.reviewer)
+        return CBAgent(setup.lm, setup.demos, concepts, config, self.scorer, self.reviewer, setup.calibrator)
 
 
 def play_study(study: str, out: str, keys: set[tuple[str, str, str, str]], resume: bool, config: RunConfig,

@@ -106,7 +106,7 @@ def eval_decisions(config: RunConfig, heldout_split: str, heldout_per_type: int,
         heldout = [t for t in trajs if t.task_id not in used]
         console.print(f"held out: {len(heldout)} won expert trajectories from {heldout_split}")
         features = collect_features(setup.lm, heldout, config.rendering, cache_dir=setup.cache, layout=config.layout,
-                                    feature_set=config.feature_set)
+                                    feature_set=config.feature_set, calibrator=setup.calibrator)
         console.print(f"held-out decisions: {sum(f.n_decisions for f in features.values())}; "
                       f"{skipped_summary(features)}")
     finally:

@@ -36,6 +36,8 @@ def probe(results, renderings, actors, max_items, out, resume, config: RunConfig
     from agent_shell import studies
 
     console = make_console()
+    if "calibrator" in renderings and config.calibrator is None:
+        raise click.UsageError("--history calibrator needs --calibrator FILE (cb-agent calibrate fit)")
     renderings, actors = tuple(dict.fromkeys(renderings)), tuple(dict.fromkeys(actors))
     trials = studies.recorded_trials(results)
     items = studies.mine_probe_items(trials, max_items)

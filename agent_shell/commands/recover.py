@@ -45,6 +45,8 @@ def recover(results, conditions, renderings, actors, max_items, new_actions, out
     from agent_shell import studies
 
     console = make_console()
+    if "calibrator" in renderings and config.calibrator is None:
+        raise click.UsageError("--history calibrator needs --calibrator FILE (cb-agent calibrate fit)")
     conditions, renderings, actors = (tuple(dict.fromkeys(x)) for x in (conditions, renderings, actors))
     trials = studies.recorded_trials(results)
     items = studies.select_recovery_items(trials, max_items)

@@ -23,7 +23,8 @@ import click
 
 from agent_shell.commands._common import (COMMON_OPTIONS, RUN_OPTIONS, config_options, fit_from_trajectories,
                                           make_console, prepare)
-from agent_shell.run_config import RunConfig
+from agent_shell.history import REVIEWED
+from agent_shell.run_config import RunConfig, check_not_demos
 
 
 @click.command()
@@ -38,6 +39,8 @@ def run(config: RunConfig) -> None:
     from envs import make_env
 
     console = make_console()
+    if config.calibrator is not None and config.rendering != "calibrator":
+        raise click.UsageError(f"--calibrator {config.calibrator} is used only with --history calibrator")
     results_path = config.results_path
     settings = config.settings()
     env = make_env(config.env)
@@ -55,6 +58,11 @@ def run(config: RunConfig) -> None:
             raise click.ClickException(str(err)) from None
         task_types = None if type_of is None else sorted({type_of(t) for t in task_ids})
         setup = set_up(config, env, task_types, console.print)
+        if config.split == config.demo_split:  # explicit --game ids: never one of the demonstrations' games
+            try:
+                check_not_demos(task_ids, [t.task_id for t in setup.demo_trajectories])
+            except ValueError as err:
+                raise click.ClickException(str(err)) from None
         meta = {**settings, "model": setup.lm.name,
                 "concepts_dir": str(setup.concepts_dir) if setup.concepts_dir else None}
         console.print(f"{len(task_ids)} {config.split} games x {len(config.agents)} agent(s), budget {config.budget} "
@@ -170,9 +178,9 @@ def players_of(config: RunConfig, setup: Any) -> dict[str, Any]:
     agent_config = AgentConfig.for_env(config.env, rendering=config.rendering, layout=config.layout,
                                        action_space=config.action_space, seed=config.seed)
     scorer = setup.lm.fork()  # scoring contexts and routing prompts keep separate KV caches
-    reviewer = setup.lm.fork() if config.rendering == "experience" else None
+    reviewer = setup.lm.fork() if config.rendering in REVIEWED else None
     return {name: build_agent(name, setup.lm, setup.demos, setup.concepts, agent_config, config.reflexion_trials,
-                              scorer, reviewer, config.feature_set) for name in config.agents}
+                              scorer, reviewer, setup.calibrator, config.feature_set) for name in config.agents}
 
 
 def build_players(config: RunConfig, task_types: list[str] | None, server: Any = None) -> tuple[Any, dict[str, Any]]:

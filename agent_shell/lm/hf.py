@@ -32,7 +32,7 @@ import torch
 from agent_shell.lm.decoding import check_generation, decode, eos_ids, sampler
 from agent_shell.lm.dtypes import default_device, resolve_dtype
 from agent_shell.lm.formatting import PLAIN, Formatter, templated
-from agent_shell.lm.kv_cache import HeadStore, PrefixCache, restore, snapshot
+from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache, restore, snapshot
 from agent_shell.lm.protocol import CandidateScores, Context, check_candidates
 from agent_shell.lm.scoring import (CANDIDATE_LAYOUTS, action_positions, captured_output, pool_states, score_batched,
                                     score_packed)
@@ -241,24 +241,43 @@ class HFLanguageModel:
         # cache all shared tokens but the last, so every candidate's segment starts with a token
         # whose output predicts its first (or only) action token
         s = shared - 1
-        cache = self.cache.prefill(toks[0].ids[:s], self._forward)
-        saved = snapshot(cache) if self.cache.cache is cache else None
         hooked = captured_output(capture[0]) if capture is not None else contextlib.nullcontext([])
-        try:
-            with hooked as outputs:
-                if self.candidate_layout == "packed":
-                    log_q, hidden = score_packed(self._forward, self._head, cache, s, toks, self.dtype, self.device)
-                else:
+        offset = 0  # context tokens leading the candidates' pass (packed layout)
+        with hooked as outputs:
+            if self.candidate_layout == "packed":
+                (log_q, hidden), offset = self._score_in_one_pass(toks, s)
+            else:
+                cache = self.cache.prefill(toks[0].ids[:s], self._forward)
+                saved = snapshot(cache) if self.cache.cache is cache else None
+                try:
                     log_q, hidden = score_batched(self._forward, self._head, cache, s, toks,
                                                   self.tokenizer.pad_token_id, self.device)
-        finally:
-            if saved is not None:
-                restore(cache, saved)
+                finally:
+                    if saved is not None:
+                        restore(cache, saved)
         n_tokens = np.array([t.n_action for t in toks], dtype=np.int32)
         states = None
         if capture is not None:  # outputs[-1]: the candidates' pass, [B, T, d]
-            states = pool_states(outputs[-1], action_positions(toks, s, self.candidate_layout), capture[1])
+            positions = action_positions(toks, s, self.candidate_layout, offset)
+            states = pool_states(outputs[-1], positions, capture[1])
         return CandidateScores(log_q=log_q, n_tokens=n_tokens, hidden=hidden), states
+
+    def _score_in_one_pass(self, toks: Sequence[TokenizedContinuation],
+                           s: int) -> tuple[tuple[np.ndarray, np.ndarray], int]:
+        """Packed scoring with the context's uncached tokens in the same forward pass as the
+        candidates (one pass per step, as its floor); the stream then keeps the context's ``s``
+        tokens. A context with more than :data:`PREFILL_CHUNK` new tokens encodes the excess first.
+        Returns ((log_q, hidden), the number of context tokens leading that pass)."""
+        ids = toks[0].ids
+        cache, start = self.cache.start(ids[:s])
+        lo = max(start, s - PREFILL_CHUNK)
+        self.cache.encode(cache, ids, start, self._forward, stop=lo)
+        self.cache.encoded_tokens += s - lo
+        out = score_packed(self._forward, self._head, cache, s, toks, self.dtype, self.device, start=lo)
+        restore(cache, snapshot(cache), s)  # the context stays, the candidates go
+        if s and self.cache.reusable(cache):
+            self.cache.keep(cache, ids[:s])
+        return out, s - lo
 
     # ------------------------------------------------------------------ generation
     @torch.inference_mode()
@@ -289,12 +308,11 @@ class HFLanguageModel:
             return [""] * n
         rows = n if temperature > 0 else 1
         generator = sampler(temperature, seed, self.device)
-        cache = self.cache.prefill(ids[:-1], self._forward)
-        reusable = self.cache.cache is cache
-        self.cache.reset()  # detached until generation finishes cleanly
-        out = self._forward(torch.tensor([ids[-1:]], device=self.device), cache,
-                            position_ids=torch.tensor([[len(ids) - 1]], device=self.device), logits_to_keep=1)
-        prompt_kv = snapshot(cache) if reusable else None
+        # the prompt's new tokens (at least its last one) in one pass; the cache stays detached
+        # until generation finishes cleanly
+        cache, start = self.cache.start(ids[:-1])
+        out = self.cache.encode(cache, ids, start, self._forward)
+        prompt_kv = snapshot(cache) if self.cache.reusable(cache) else None
         texts = decode(self._forward, self.tokenizer, self._eos_ids, cache, out.logits[:, -1].float(), len(ids), rows,
                        budget, stop, temperature, generator, self.device)
         if prompt_kv is not None:

@@ -144,13 +144,11 @@ class PrefixCache:
         """Store ``cache`` as covering exactly ``ids``."""
         self.cache, self.ids = cache, tuple(ids)
 
-    def prefill(self, ids: Sequence[int], forward: Forward) -> Any:
-        """A batch-1 cache holding exactly ``ids``, reusing the stored cache's common prefix.
-
-        The stored cache is detached while it is being changed, so an exception never leaves a
-        cache whose contents disagree with its recorded ids. The result is stored again when it
-        can be reused (then ``self.cache is`` the returned cache).
-        """
+    def start(self, ids: Sequence[int]) -> tuple[Any, int]:
+        """(cache, n): a batch-1 cache already holding the first ``n`` tokens of ``ids`` (the longest
+        prefix the stored cache or a pinned head shares with them; an empty cache and 0 when none
+        does), for the caller to encode ``ids[n:]`` itself. The stored cache is detached: store
+        the result with :meth:`keep` once it holds what it should."""
         ids = tuple(ids)
         cache, start = None, 0
         if self.cache is not None and self.reuse:
@@ -165,12 +163,32 @@ class PrefixCache:
         self.reset()
         if cache is None:
             cache = new_cache(self.model)
-        self.encoded_tokens += len(ids) - start
-        for lo in range(start, len(ids), PREFILL_CHUNK):
-            hi = min(lo + PREFILL_CHUNK, len(ids))
-            chunk = torch.tensor([ids[lo:hi]], device=self.device)
+        return cache, start
+
+    def encode(self, cache: Any, ids: Sequence[int], start: int, forward: Forward, stop: int | None = None) -> Any:
+        """Encode ``ids[start:stop]`` (default: to the end) into ``cache`` (which holds ``ids[:start]``)
+        in chunks of at most :data:`PREFILL_CHUNK` tokens; returns the last chunk's model output
+        (its logits at the chunk's last token), or None when there was nothing to encode."""
+        stop = len(ids) if stop is None else stop
+        self.encoded_tokens += max(stop - start, 0)
+        out = None
+        for lo in range(start, stop, PREFILL_CHUNK):
+            hi = min(lo + PREFILL_CHUNK, stop)
+            chunk = torch.tensor([tuple(ids[lo:hi])], device=self.device)
             pos = torch.arange(lo, hi, device=self.device)[None]
-            forward(chunk, cache, position_ids=pos, logits_to_keep=1)
+            out = forward(chunk, cache, position_ids=pos, logits_to_keep=1)
+        return out
+
+    def prefill(self, ids: Sequence[int], forward: Forward) -> Any:
+        """A batch-1 cache holding exactly ``ids``, reusing the stored cache's common prefix.
+
+        The stored cache is detached while it is being changed, so an exception never leaves a
+        cache whose contents disagree with its recorded ids. The result is stored again when it
+        can be reused (then ``self.cache is`` the returned cache).
+        """
+        ids = tuple(ids)
+        cache, start = self.start(ids)
+        self.encode(cache, ids, start, forward)
         if len(ids) and self.reusable(cache):
             self.keep(cache, ids)
         return cache

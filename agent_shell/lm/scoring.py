@@ -1,10 +1,12 @@
 """Packed scoring: every candidate's remaining tokens in ONE forward pass over a cached context.
 
 All candidates share the tokens before the first action token; those ``s`` tokens are in the KV
-cache. By default (``"packed"``) the candidates' remaining tokens are packed into a single row,
-each segment attending to the cached context and causally to itself only (a block-diagonal 4D
-mask with per-segment position ids), which costs the same as one forward over context plus all
-candidate tokens and never copies the context's KV M times. ``"batched"`` uses M right-padded rows
+cache (or the part of them a stream has not encoded yet leads the packed row, so that a step's
+new context tokens and its candidates cost one pass). By default (``"packed"``) the candidates'
+remaining tokens are packed into a single row, each segment attending to the context and
+causally to itself only (a block-diagonal 4D mask with per-segment position ids), which costs
+the same as one forward over context plus all candidate tokens and never copies the context's
+KV M times. ``"batched"`` uses M right-padded rows
 with a padding mask instead (for models that ignore custom 4D masks). The LM head runs only at the
 positions that predict action tokens and at each final action token, whose head input is the
 candidate's hidden state (seed App. B).
@@ -41,30 +43,43 @@ def head_pass(forward: Forward, head: torch.nn.Module, cache: Any, input_ids: to
 
 def score_packed(forward: Forward, head: torch.nn.Module, cache: Any, s: int,
                  toks: Sequence[TokenizedContinuation], dtype: torch.dtype,
-                 device: torch.device) -> tuple[np.ndarray, np.ndarray]:
+                 device: torch.device, start: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(log_q [M] float32, hidden [M, d] float32) with the candidates packed into one row after
-    the ``s`` cached tokens."""
+    the ``s`` context tokens.
+
+    ``cache`` holds the first ``start`` (default ``s``) tokens; the context's remaining tokens
+    ``toks[0].ids[start:s]`` lead the same row (causal among themselves, seen by every
+    candidate), so the context's new tokens and all candidates cost one forward pass. The cache
+    then holds the context and the candidates: cut it back to ``s`` tokens to keep the context.
+    """
+    start = s if start is None else start
+    head_ids = list(toks[0].ids[start:s])
+    n_head = len(head_ids)
     segs = [t.ids[s:] for t in toks]
     lens = torch.tensor([len(g) for g in segs])
     total = int(lens.sum())
-    input_ids = torch.tensor([[i for g in segs for i in g]], device=device)
+    input_ids = torch.tensor([head_ids + [i for g in segs for i in g]], device=device)
     seg_id = torch.repeat_interleave(torch.arange(len(segs)), lens)
     starts = torch.cumsum(lens, 0) - lens
     local = torch.arange(total) - starts[seg_id]
-    allowed = (seg_id[:, None] == seg_id[None, :]) & (local[None, :] <= local[:, None])
-    mask = torch.zeros(1, 1, total, s + total, dtype=dtype)
-    mask[0, 0, :, s:].masked_fill_(~allowed, torch.finfo(dtype).min)
+    allowed = torch.zeros(n_head + total, n_head + total, dtype=torch.bool)
+    allowed[:n_head, :n_head] = torch.ones(n_head, n_head, dtype=torch.bool).tril()  # the context: causal
+    allowed[n_head:, :n_head] = True  # every candidate sees the whole context
+    allowed[n_head:, n_head:] = (seg_id[:, None] == seg_id[None, :]) & (local[None, :] <= local[:, None])
+    mask = torch.zeros(1, 1, n_head + total, start + n_head + total, dtype=dtype)
+    mask[0, 0, :, start:].masked_fill_(~allowed, torch.finfo(dtype).min)
+    positions = torch.cat([torch.arange(start, s), s + local])
     # rows: the token before each action token (predicts it) ... the final action token
     keep, targets, owner, final_rows = [], [], [], []
     for m, t in enumerate(toks):
-        lo = int(starts[m]) + (t.first - 1 - s)
-        hi = int(starts[m]) + len(segs[m]) - 1  # final action token
+        lo = n_head + int(starts[m]) + (t.first - 1 - s)
+        hi = n_head + int(starts[m]) + len(segs[m]) - 1  # final action token
         keep.extend(range(lo, hi + 1))
         targets.extend(t.ids[t.first:])
         owner.extend([m] * t.n_action)
         final_rows.append(len(keep) - 1)
     logits, head_in = head_pass(forward, head, cache, input_ids, torch.tensor(keep, device=device),
-                                position_ids=(s + local).to(device)[None], attention_mask=mask.to(device))
+                                position_ids=positions.to(device)[None], attention_mask=mask.to(device))
     # logits row r predicts the next token; drop each candidate's final row
     pred_rows = [r for m in range(len(toks)) for r in range(final_rows[m] - toks[m].n_action, final_rows[m])]
     return gather(logits, head_in, pred_rows, targets, owner, final_rows, len(toks))
@@ -118,11 +133,12 @@ def gather(logits: torch.Tensor, head_in: torch.Tensor, pred_rows: list[int], ta
     return log_q.float().cpu().numpy(), hidden.cpu().numpy()
 
 
-def action_positions(toks: Sequence[TokenizedContinuation], s: int, layout: str) -> list[tuple[int, list[int]]]:
+def action_positions(toks: Sequence[TokenizedContinuation], s: int, layout: str,
+                     offset: int = 0) -> list[tuple[int, list[int]]]:
     """Per candidate, (batch row, positions of its action tokens) in the candidates' pass of
-    :func:`score_packed` (``layout="packed"``: one row, segments side by side) or
-    :func:`score_batched` (``"batched"``: row m, right-padded)."""
-    out, start = [], 0
+    :func:`score_packed` (``layout="packed"``: one row, segments side by side after ``offset``
+    context tokens) or :func:`score_batched` (``"batched"``: row m, right-padded)."""
+    out, start = [], offset
     for m, t in enumerate(toks):
         seg = len(t.ids) - s
         if layout == "packed":

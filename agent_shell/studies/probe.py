@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 from agent_shell.agents import Decision, ReActAgent, View
 from agent_shell.candidates import fixed_action_space
 from agent_shell.experience import Review, candidates_after, review_transition, reviewable
-from agent_shell.history import RENDERINGS, StepLike
+from agent_shell.history import RENDERINGS, REVIEWED, StepLike
 from agent_shell.lm.protocol import LanguageModel
 from agent_shell.studies.recorded import AgentFactory, RecordedTrial, norm, run_cells
 from agent_shell.studies.tables import RateRow, rate_rows
@@ -115,15 +115,22 @@ class ReviewCache:
         self.reviews: dict[tuple, Review] = {}
         self.calls = 0
 
-    def experiences(self, recorded: RecordedTrial, n_steps: int) -> tuple[dict[int, str], list[Review]]:
-        """(step -> kept experience, the reviews) of the non-terminal transitions of ``steps[:n_steps]``."""
+    def experiences(self, recorded: RecordedTrial, n_steps: int,
+                    calibrator: Any = None) -> tuple[dict[int, str], list[Review]]:
+        """(step -> kept experience, the reviews) of the non-terminal transitions of ``steps[:n_steps]``;
+        ``calibrator`` (rendering "calibrator"): its calibrated reviews instead (cached apart)."""
         traj = recorded.trajectory
         out, reviews = {}, []
+        tag = calibrator.fingerprint if calibrator is not None else ""
         for i in reviewable(traj.steps[:n_steps]):
-            key = (recorded.key, i)
+            key = (tag, recorded.key, i)
             if key not in self.reviews:
-                self.reviews[key] = review_transition(self.lm, traj.instruction, traj.observation, traj.steps, i,
-                                                      candidates_after(traj.steps, i), self.review_tokens)
+                if calibrator is not None:
+                    self.reviews[key] = calibrator.review(self.lm, traj.instruction, traj.observation, traj.steps, i,
+                                                          candidates_after(traj.steps, i))
+                else:
+                    self.reviews[key] = review_transition(self.lm, traj.instruction, traj.observation, traj.steps,
+                                                          i, candidates_after(traj.steps, i), self.review_tokens)
                 self.calls += 1
             r = self.reviews[key]
             reviews.append(r)
@@ -154,10 +161,13 @@ def probe_record(item: ProbeItem, rendering: str, actor: str, agent: ReActAgent,
     t0 = time.perf_counter()
     traj = item.recorded.trajectory
     experiences, kept = None, None
-    if rendering == "experience":
+    if rendering in REVIEWED:
         if reviews is None:
-            raise ValueError("rendering 'experience' needs a ReviewCache (the reviewer LM)")
-        experiences, reviewed = reviews.experiences(item.recorded, item.j + 1)
+            raise ValueError(f"rendering {rendering!r} needs a ReviewCache (the reviewer LM)")
+        calibrator = getattr(agent, "calibrator", None) if rendering == "calibrator" else None
+        if rendering == "calibrator" and calibrator is None:
+            raise ValueError("rendering 'calibrator' needs a fitted calibrator (--calibrator FILE)")
+        experiences, reviewed = reviews.experiences(item.recorded, item.j + 1, calibrator)
         kept = f"{len(experiences)}/{len(reviewed)}"
     answer = probe_answer(agent.next_action(item.view(experiences)))
     space = {norm(c) for c in fixed_action_space(item.next_candidates)}
@@ -188,7 +198,7 @@ def run_probe(items: Sequence[ProbeItem], renderings: Sequence[str], actors: Seq
             rendering and the fixed action space).
         out: JSONL file (created with its folder).
         resume: skip finished keys; without it, a finished key raises ValueError (never a duplicate).
-        reviews: the review cache (needed for rendering "experience").
+        reviews: the review cache (needed for renderings "experience" and "calibrator").
         meta: extra fields for every line (model, dtype, seed, ...).
         on_record: called after each line with its record (None for a skipped key).
 

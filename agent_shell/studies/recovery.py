@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 from agent_shell.agents import AgentLog, ReActAgent, View
 from agent_shell.context import Reference
 from agent_shell.experience import candidates_after, reviewable
-from agent_shell.history import action_line
+from agent_shell.history import REVIEWED, action_line
 from agent_shell.runner import loop_statistics
 from agent_shell.studies.recorded import AgentFactory, RecordedTrial, norm, run_cells
 from agent_shell.studies.tables import RateRow, rate_rows
@@ -123,7 +123,7 @@ def recovery_record(env: Environment, item: RecoveryItem, condition: str, actor:
     k = item.k
     episode, mismatches, ended = replay(env, item, k + new_actions)
     reference = Reference(at=k, steps=item.segment) if condition == "reference" else None
-    log = review_replayed(agent, episode, item) if agent.config.rendering == "experience" else AgentLog()
+    log = review_replayed(agent, episode, item) if agent.config.rendering in REVIEWED else AgentLog()
     log = agent.run(episode, reference=reference, log=log, on_step=on_step)
     new = episode.steps[k:]
     segment_actions = {norm(s.action) for s in item.segment if s.kind == "env"}

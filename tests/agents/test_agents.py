@@ -159,7 +159,7 @@ def test_next_action_decides_without_executing_and_returns_the_scores():
     lm = FakeLM([" go to desk 1"], prefer="desk")
     decision = CBAgent(lm, DEMOS, None).next_action(view)
     assert env.engine_actions == [] and episode.steps == []  # nothing was executed
-    assert decision.kind == "env" and decision.reply == " go to" and decision.format_error is None  # the peek
+    assert decision.kind == "env" and decision.reply == " go" and decision.format_error is None  # the peek
     assert decision.candidates == ("go to window 1", "go to desk 1", "examine wall 1")
     assert decision.action == decision.candidates[decision.chosen] == "go to desk 1"
     probs = np.exp(decision.log_probs)

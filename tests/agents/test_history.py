@@ -50,6 +50,12 @@ EXPECTED = {
                    "> take key 1 from desk 1\nYou pick up the key 1 from the desk 1.\n"
                    "> go to door 1\nThe door 1 is closed.\nExperience: Doors here start closed.\n"
                    "> open door 1\nYou open the door 1."),
+    # the calibrator writes different experiences, but shows them exactly as the Experience rendering
+    "calibrator": ("> go to desk 1\nOn the desk 1, you see a key 1.\nExperience: Desks can hold keys.\n"
+                   "> think: I need the key.\nOK.\n"
+                   "> take key 1 from desk 1\nYou pick up the key 1 from the desk 1.\n"
+                   "> go to door 1\nThe door 1 is closed.\nExperience: Doors here start closed.\n"
+                   "> open door 1\nYou open the door 1."),
     "recent3": ("(2 earlier steps are not shown.)\n"
                 "> take key 1 from desk 1\nYou pick up the key 1 from the desk 1.\n"
                 "> go to door 1\nThe door 1 is closed.\n"

@@ -51,16 +51,21 @@ def test_cb_agent_records_the_whole_thought(layout):
     assert ep.steps[0].kind == "think" and ep.steps[0].action == "think: the key is on the desk 1"
     assert log.replies[0] == " think: the key is on the desk 1"
     # the think step: a peek, then the whole line on the same prompt
-    assert lm.budgets[:2] == [ROUTE_PEEK_TOKENS, AgentConfig().reply_tokens] and lm.prompts[0] == lm.prompts[1]
+    assert lm.budgets[:2] == [1, AgentConfig().reply_tokens] and lm.prompts[0] == lm.prompts[1]
 
 
 def test_cb_agent_reads_only_the_peek_of_an_action_reply():
     lm = CountingLM([" go to window 1 and then to the desk 1"], prefer="desk")
     ep, log = play(CBAgent(lm, DEMOS, None), max_steps=2)
-    assert ROUTE_PEEK_TOKENS <= 2
-    assert lm.budgets == [ROUTE_PEEK_TOKENS] * 2  # one generate call of <= 2 tokens per step
-    assert log.replies == [" go to"] * 2 and [s.kind for s in ep.steps] == ["env", "env"]
+    assert lm.budgets == [1] * 2  # one generate call of one token per step: its letters show the kind
+    assert log.replies == [" go"] * 2 and [s.kind for s in ep.steps] == ["env", "env"]
     assert ep.steps[0].action == "go to desk 1"  # chosen from the candidates, not the reply
+
+
+def test_cb_agent_peeks_a_second_token_when_the_first_shows_no_letters():
+    lm = CountingLM([" > go to window 1"], prefer="desk")
+    ep, log = play(CBAgent(lm, DEMOS, None), max_steps=1)
+    assert lm.budgets == [1, ROUTE_PEEK_TOKENS] and log.replies == [" > go"] and ep.steps[0].kind == "env"
 
 
 @pytest.mark.parametrize("reply", [" > think: the key is on the desk 1", "> think: the key is on the desk 1",

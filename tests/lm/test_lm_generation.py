@@ -52,7 +52,13 @@ def test_prompt_cache_reuse_is_exact(fresh, lm32):
     lm = fresh()
     (first,) = lm.generate(PROMPT, max_new_tokens=8)
     longer = PROMPT + first + "\nOK.\n> go to fridge 1\nThe fridge 1 is closed.\n> think: Now I"
+    passes = []
+    inner = lm._forward
+    lm._forward = lambda input_ids, cache, **kw: passes.append(input_ids.shape[1]) or inner(input_ids, cache, **kw)
     (reused,) = lm.generate(longer, max_new_tokens=8)
+    lm._forward = inner
+    # the prompt's new tokens in one pass (it gives the first reply token), then one pass per token
+    assert passes[0] < len(lm.encode(longer)) // 2 and passes[1:] == [1] * (len(passes) - 1) and len(passes) <= 8
     assert len(lm.cache.ids) == len(lm.encode(longer))
     assert reused == hf_greedy(lm32, longer, 8)
     # scoring after generation shares the same cache and stays exact

@@ -152,6 +152,7 @@ def test_cache_reuse_over_an_extended_context_equals_a_fresh_call(fresh):
     reused = lm.score(step2, ALFWORLD_CANDIDATES, PREFIX)
     n_context = len(lm.encode(step2))
     assert sum(counted) < n_context // 2, (counted, n_context)  # the old prefix was not re-encoded
+    assert len(counted) == 1  # the step's new context tokens and all candidates in one pass
     reference = fresh(reuse_cache=False).score(step2, ALFWORLD_CANDIDATES, PREFIX)
     np.testing.assert_allclose(reused.log_q, reference.log_q, atol=1e-4)
     np.testing.assert_allclose(reused.hidden, reference.hidden, atol=1e-4)
@@ -160,6 +161,25 @@ def test_cache_reuse_over_an_extended_context_equals_a_fresh_call(fresh):
         again = lm.score(ctx, ALFWORLD_CANDIDATES, PREFIX)
         ref = fresh(reuse_cache=False).score(ctx, ALFWORLD_CANDIDATES, PREFIX)
         np.testing.assert_allclose(again.log_q, ref.log_q, atol=1e-4)
+
+
+def test_a_context_longer_than_a_prefill_chunk_scores_as_one_call(fresh, lm32, monkeypatch):
+    """The new tokens beyond one chunk are encoded first, the last chunk rides with the candidates."""
+    import agent_shell.lm.hf as hf
+    import agent_shell.lm.kv_cache as kv_cache
+
+    monkeypatch.setattr(hf, "PREFILL_CHUNK", 16)
+    monkeypatch.setattr(kv_cache, "PREFILL_CHUNK", 16)
+    lm = fresh()
+    counted: list[int] = []
+    inner = lm._forward
+    lm._forward = lambda input_ids, cache, **kw: counted.append(input_ids.shape[1]) or inner(input_ids, cache, **kw)
+    context, candidates = make_context(1), ALFWORLD_CANDIDATES[:3]
+    got = lm.score(context, candidates, PREFIX)
+    assert len(counted) >= 3 and counted[-2] <= 16  # chunks of the context, then the packed row
+    for m, (log_q, n_tok, hidden) in enumerate(naive_score(lm32, context, a) for a in candidates):
+        assert got.n_tokens[m] == n_tok and abs(got.log_q[m] - log_q) < 1e-4
+        assert np.abs(got.hidden[m] - hidden).max() / np.abs(hidden).max() < 1e-4
 
 
 def test_bad_inputs_raise_clear_errors(lm32):

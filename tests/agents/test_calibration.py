@@ -1,0 +1,489 @@
+"""Action calibration (issue 15): judges, labels, the calibrator, the rendering and the joint actor,
+with FakeLM / ScriptedEnv."""
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import agent_shell.lm
+import envs
+from agent_doubles import FakeLM, ScriptedEnv
+from agent_shell.agents import AgentConfig, CBAgent, ReActAgent, build_agent, needs_concepts
+from agent_shell.agents.joint import JointCBAgent, JointFormatError, parse_joint_reply
+from agent_shell.calibration import (Calibrator, ContentScreen, ExpertDistanceJudge, LMJudge, Pair, Transition,
+                                     accuracy, fit_calibrator, judge_pair, label_counts, label_record,
+                                     mine_transitions, predictions, propose, read_labels, record_features, retained,
+                                     run_labels, split_tasks, transition_label)
+from agent_shell.cli import main
+from agent_shell.experience import NO_UPDATE
+from agent_shell.history import RENDERINGS
+from agent_shell.run_config import RunConfig
+from agent_shell.studies import recorded_trials
+from envs.episode import Episode
+from envs.protocol import TaskStart
+from envs.storage import append_jsonl
+from envs.trajectory import Step, Trajectory
+
+START = TaskStart("a/1", "fetch", "Your task is to: solve a/1.", "You are in a small room.")
+DEMOS = {"fetch": ["DEMO-FETCH"], "open": ["DEMO-OPEN"]}
+CANDS = ["look", "inventory", "help", "go to window 1", "go to desk 1", "examine wall 1"]
+
+
+def env_step(action, obs, cands=CANDS, done=False):
+    return Step("env", action, obs, list(cands), done, False, 0.0)
+
+
+# ------------------------------------------------------------------------------------- judges
+
+
+class CountingJudge:
+    name = "counting"
+
+    def __init__(self):
+        self.calls = 0
+
+    def compare(self, pair):
+        self.calls += 1
+        from agent_shell.calibration import Verdict
+        return Verdict("with", self.name)
+
+
+def test_identical_executable_actions_are_ties_without_a_judge_call():
+    judge = CountingJudge()
+    for a, b in [("go to desk 1", " Go  to DESK 1"), ("think: a", "think: b")]:
+        v = judge_pair(judge, Pair(START, (), a, b))
+        assert (v.outcome, v.judge) == ("tie", "same-action")
+    assert judge.calls == 0
+    assert judge_pair(judge, Pair(START, (), "go to desk 1", "think: x")).judge == "counting" and judge.calls == 1
+
+
+class ABLM(FakeLM):
+    """Scores "A"/"B": prefers the letter whose action contains ``good`` (or always "A")."""
+
+    def __init__(self, good=None):
+        super().__init__()
+        self.good = good
+
+    def score(self, context, candidates, action_prefix):
+        scores = super().score(context, candidates, action_prefix)
+        if candidates == ["A", "B"]:
+            a_line = context.split("\nA: ", 1)[1].split("\n", 1)[0]
+            prefer_a = self.good is None or self.good in a_line
+            scores = type(scores)(np.asarray([-1.0, -2.0] if prefer_a else [-2.0, -1.0], np.float32),
+                                  scores.n_tokens, scores.hidden)
+        return scores
+
+
+def test_lm_judge_asks_twice_in_both_orders_and_ties_when_inconsistent():
+    pair = Pair(START, (env_step("go to window 1", "Nothing happens."),), "go to window 1", "go to desk 1 good")
+    judge = LMJudge(ABLM(good="good"))
+    v = judge.compare(pair)
+    assert (v.outcome, v.effect, v.judge) == ("with", "improvement", "lm") and judge.calls == 2
+    assert v.detail["order1"]["answer"] == "B" and v.detail["order2"]["answer"] == "A"
+    flipped = LMJudge(ABLM(good="good")).compare(Pair(START, (), "go to desk 1 good", "go to window 1"))
+    assert flipped.outcome == "without" and flipped.effect == "degradation"
+    biased = LMJudge(ABLM(good=None)).compare(pair)  # always "A": position, not action
+    assert biased.outcome == "tie" and biased.reason == "inconsistent across orders"
+    # the prompt is blind: it never says which action had the experience
+    prompt = judge.prompt(pair, pair.without, pair.with_)
+    assert "experience" not in prompt.lower() and "A: go to window 1" in prompt and "B: go to desk 1 good" in prompt
+
+
+def test_expert_distance_judge_counts_expert_steps_after_each_action():
+    env = ScriptedEnv()
+    judge = ExpertDistanceJudge(env)
+    v = judge.compare(Pair(START, (), "go to window 1", "go to desk 1"))
+    assert (v.outcome, v.judge) == ("with", "expert-distance")
+    assert v.detail["without"]["distance"] == 2 and v.detail["with"]["distance"] == 1
+    # the action that wins beats everything; the replayed prefix reproduces the recording
+    history = (env_step("go to desk 1", "You go to desk 1."),)
+    w = judge.compare(Pair(START, history, "take key 1 from desk 1", "go to window 1"))
+    assert w.outcome == "without" and w.detail["without"] == {"distance": 0, "won_by_action": True,
+                                                              "mismatch": False, "gave_up": False}
+    # a think step executes nothing: the same distance as an action without effect
+    t = judge.compare(Pair(START, (), "think: where is the key?", "go to window 1"))
+    assert t.outcome == "tie" and t.detail["with"]["distance"] == 2
+    replays = judge.replays
+    judge.compare(Pair(START, (), "go to window 1", "go to desk 1"))  # memoised: no new replay
+    assert judge.replays == replays
+    # an action without effect shares the unchanged state's rollout: the engine sees only the action itself
+    before = len(env.engine_actions)
+    assert judge.distance("a/1", (), "examine wall 1")["distance"] == 2
+    assert env.engine_actions[before:] == ["examine wall 1"]
+    bad = judge.distance("a/1", (env_step("go to desk 1", "Something else."),), "examine wall 1")
+    assert bad["mismatch"] is True
+
+
+def test_expert_distance_judge_needs_an_expert():
+    class NoExpert(ScriptedEnv):
+        expert_name = None
+
+    with pytest.raises(ValueError, match="has no expert"):
+        ExpertDistanceJudge(NoExpert())
+
+
+# ------------------------------------------------------------------------------------- labels
+
+
+def test_label_rule_and_transition_label():
+    assert retained(0, 0) and retained(2, 1) and retained(1, 0)
+    assert not retained(1, 1) and not retained(0, 1)
+    # candidates 0..2 + NO UPDATE (3): the retained one with the largest key; none retained -> NO UPDATE
+    assert transition_label([(True, (0, 0)), (False, (5, 5)), (True, (1, 1))]) == 2
+    assert transition_label([(True, (1, 1)), (True, (1, 1))]) == 0
+    assert transition_label([(False, (1,)), (False, (2,))]) == 2
+    assert transition_label([]) == 0
+
+
+def recorded(tmp_path, steps, task_id="a/3", split="train", name="r.jsonl"):
+    traj = Trajectory("scripted", task_id, "fetch", f"Your task is to: solve {task_id}.", "You are in a small room.",
+                      list(steps), False, 0.0, meta={"split": split})
+    path = tmp_path / name
+    append_jsonl(path, {"schema": "cb-agent/episode-v1", "agent": "react", "task_id": task_id, "task_type": "fetch",
+                        "success": False, "trials": [{"won": False, "trajectory": traj.to_record(), "log": {}}]})
+    return path
+
+
+PLAYED = [env_step("go to window 1", "Nothing happens."), env_step("examine wall 1", "A plain wall."),
+          Step("think", "think: hmm", "OK.", None, False, False, 0.0), env_step("go to window 1", "Nothing happens."),
+          env_step("go to window 1", "Nothing happens.", done=True)]
+
+
+def test_transitions_need_a_following_environment_step(tmp_path):
+    trials = recorded_trials([recorded(tmp_path, PLAYED)])
+    # 0 and 1 are followed by env steps (1 via the thought); 3 is followed by the terminal step; 4 ends
+    assert [t.i for t in mine_transitions(trials)] == [0, 1, 3]
+    assert [t.i for t in mine_transitions(trials, 2)] == [0, 1]
+    assert mine_transitions(trials)[0].key == "react:a/3#0@0"
+
+
+def review_replies(prompt, temperature, n):
+    if "Experience:" in prompt and "Latest action" in prompt:
+        return ["The window cannot be used.", "The window cannot be used.", NO_UPDATE, "go to desk 1"][:n]
+    return [" go to desk 1" if "The window cannot be used" in prompt else " go to window 1"] * n
+
+
+def test_propose_keeps_distinct_valid_experiences_and_records_every_reply(tmp_path):
+    t = mine_transitions(recorded_trials([recorded(tmp_path, PLAYED)]))[0]
+    candidates, proposals = propose(FakeLM(review_replies), t, k=4)
+    assert candidates == ["The window cannot be used."]
+    assert [p["invalid"] for p in proposals] == ["", "", "", "plan or next action"]
+    with pytest.raises(ValueError, match="k"):
+        propose(FakeLM(review_replies), t, k=0)
+
+
+def actors(lm):
+    config = AgentConfig(rendering="experience")
+    return {"react": ReActAgent(lm, DEMOS, config), "prior-only": CBAgent(lm, DEMOS, None, config)}
+
+
+def test_label_record_judges_each_actor_with_and_without_each_candidate(tmp_path):
+    t = mine_transitions(recorded_trials([recorded(tmp_path, PLAYED)]))[0]
+    lm = FakeLM(review_replies)
+    record = label_record(t, actors(lm), ExpertDistanceJudge(ScriptedEnv()), lm, ContentScreen(lm), k=4)
+    assert record["options"] == ["The window cannot be used.", NO_UPDATE]
+    assert (record["split"], record["role"], record["task_id"], record["i"]) == ("train", "calibrator-training",
+                                                                                  "a/3", 0)
+    react = record["actors"]["react"]
+    # the experience changed ReAct's action from the useless window to the desk (a/3's first solution step
+    # is "go to bed 1", so both leave the expert 2 steps: a tie by the expert judge)
+    assert react["without"]["action"] == "go to window 1" and react["with"][0]["action"] == "go to desk 1"
+    cand = record["candidates"][0]
+    assert cand["verdicts"]["react"]["judge"] == "expert-distance"
+    assert cand["improvements"] + cand["degradations"] + cand["ties"] == 2
+    assert cand["retained"] == retained(cand["improvements"], cand["degradations"])
+    assert record["label"] == (0 if cand["retained"] else 1)
+    assert record["content_label"] == (0 if cand["screen"]["retained"] else 1)
+    counts = label_counts([record])
+    assert counts["candidates"] == 1 and counts["improvements"] + counts["degradations"] + counts["ties"] == 2
+    assert counts["splits"] == ["train"]
+
+
+def test_label_record_counts_an_improvement_the_expert_can_see(tmp_path):
+    # a/1: the experience moves ReAct from the window to the desk, one expert step closer
+    steps = [env_step("go to window 1", "Nothing happens."), env_step("examine wall 1", "A plain wall.")]
+    t = mine_transitions(recorded_trials([recorded(tmp_path, steps, task_id="a/1")]))[0]
+    lm = FakeLM(review_replies)
+    record = label_record(t, {"react": ReActAgent(lm, DEMOS, AgentConfig(rendering="experience"))},
+                          ExpertDistanceJudge(ScriptedEnv()), lm, None, k=2)
+    v = record["candidates"][0]["verdicts"]["react"]
+    assert (v["effect"], v["detail"]["without"]["distance"], v["detail"]["with"]["distance"]) == ("improvement", 2, 1)
+    assert record["label"] == 0 and record["label_text"] == "The window cannot be used."
+    assert "content_label" not in record
+
+
+def test_run_labels_appends_and_resumes(tmp_path):
+    items = mine_transitions(recorded_trials([recorded(tmp_path, PLAYED)]))
+    out = tmp_path / "labels.jsonl"
+    calls = []
+
+    def label(t):
+        calls.append(t.key)
+        return {"schema": "cb-agent/calibration-label-v1", "item": t.key, "candidates": []}
+
+    run_labels(items[:2], out, label)
+    with pytest.raises(ValueError, match="--resume"):
+        run_labels(items, out, label)
+    written = run_labels(items, out, label, resume=True, meta={"model": "m"})
+    assert [r["item"] for r in written] == [items[2].key] and calls == [t.key for t in items]
+    assert [r["item"] for r in read_labels(out)] == [t.key for t in items] and written[0]["model"] == "m"
+
+
+# ------------------------------------------------------------------------------------- the calibrator
+
+
+def label_line(task_id, i, options, label, content_label=None):
+    r = {"schema": "cb-agent/calibration-label-v1", "item": f"react:{task_id}#0@{i}", "split": "train",
+         "task_id": task_id, "task_type": "fetch", "instruction": f"Your task is to: solve {task_id}.",
+         "observation": "You are in a small room.", "i": i,
+         "history": [{"kind": "env", "action": f"go to shelf {j}", "observation": "Nothing happens."}
+                     for j in range(i + 1)],
+         "options": options + [NO_UPDATE], "label": label, "candidates": [], "judge": "expert-distance"}
+    if content_label is not None:
+        r["content_label"] = content_label
+    return r
+
+
+def test_split_tasks_is_task_disjoint_and_deterministic():
+    records = [label_line(f"t/{j}", 0, ["x"], 0) for j in range(7)] * 2
+    fit_tasks, held = split_tasks(records, 3)
+    assert held == ["t/2", "t/5"] and not set(fit_tasks) & set(held) and len(fit_tasks) == 5
+    with pytest.raises(ValueError):
+        split_tasks(records, 1)
+
+
+class DrawerLM(FakeLM):
+    """FakeLM whose hidden coordinate 0 is 3 for an option that mentions a drawer."""
+
+    def score(self, context, candidates, action_prefix):
+        s = super().score(context, candidates, action_prefix)
+        hidden = s.hidden.copy()
+        hidden[:, 0] = [3.0 if "drawer" in c else 0.0 for c in candidates]
+        return type(s)(s.log_q, s.n_tokens, hidden)
+
+
+def test_calibrator_fits_saves_loads_and_refuses_another_backbone(tmp_path):
+    lm = DrawerLM(hidden_size=8)
+    # the label is always the option mentioning "drawer" (at varying positions)
+    records = []
+    for j in range(24):
+        opts = [f"Shelf {j} is empty.", f"The drawer {j} holds things.", f"Walls are plain {j}."]
+        pos = j % 3
+        opts.insert(pos, opts.pop(1))
+        records.append(label_line(f"t/{j % 6}", j, opts, pos, content_label=0))
+    feats = [record_features(lm, r) for r in records]
+    assert feats[0][0].shape == (4, 8)
+    cal = fit_calibrator(lm, records, feats, "label", lam=0.01, extra={"k": 3, "temperature": 0.5})
+    assert cal.metadata["task_type"] == "calibrator" and cal.metadata["label_field"] == "label"
+    assert cal.metadata["fit"]["converged"]
+    train_acc = accuracy(predictions(cal, feats), records, "label")["top1"]
+    prior_acc = accuracy(predictions(None, feats), records, "label")["top1"]
+    assert train_acc["n"] == 24 and train_acc["k"] == 24 > prior_acc["k"]  # the fit learns the drawer rule
+    path = tmp_path / "cal.safetensors"
+    cal.save(path)
+    again = Calibrator.load(path)
+    assert np.array_equal(again.concept.alpha, cal.concept.alpha) and (again.k, again.temperature) == (3, 0.5)
+    assert predictions(again, feats) == predictions(cal, feats) and again.fingerprint == cal.fingerprint
+    again.check(lm)
+    with pytest.raises(ValueError, match="backbone"):
+        again.check(DrawerLM(name="other-lm"))
+    with pytest.raises(ValueError, match="content_label"):
+        fit_calibrator(lm, [label_line("t/0", 0, ["x"], 0)], feats[:1], "content_label")
+    with pytest.raises(ValueError, match="no transition"):
+        fit_calibrator(lm, [], [], "label")
+
+
+def test_accuracy_counts_when_and_what():
+    records = [label_line("t/0", 0, ["a", "b"], 0), label_line("t/0", 1, ["a", "b"], 2),
+               label_line("t/0", 2, ["a", "b"], 1), label_line("t/0", 3, ["a", "b"], 1)]
+    acc = accuracy([0, 2, 0, 2], records, "label")
+    assert acc["top1"]["k"] == 2 and acc["when"]["k"] == 3
+    assert (acc["what"]["k"], acc["what"]["n"]) == (1, 2)  # records 0 and 2 update in label and prediction
+
+
+def calibrator_for(lm, tmp_path=None):
+    records = [label_line(f"t/{j}", j, [f"The desk {j} holds a key.", f"Walls {j} are plain."], j % 2)
+               for j in range(6)]
+    return fit_calibrator(lm, records, [record_features(lm, r) for r in records], "label",
+                          extra={"k": 3, "temperature": 0.7})
+
+
+def test_calibrated_review_chooses_among_sampled_candidates():
+    lm = FakeLM(lambda prompt, t, n: ["The window cannot be used.", "Walls stay plain here.", NO_UPDATE][:n])
+    cal = calibrator_for(lm)
+    steps = [env_step("go to window 1", "Nothing happens.")]
+    review = cal.review(lm, START.instruction, START.observation, steps, 0, CANDS)
+    assert review.options == ("The window cannot be used.", "Walls stay plain here.")
+    assert review.experience in review.options + (None,) and review.to_dict()["options"] == list(review.options)
+
+
+def test_calibrator_rendering_in_an_episode(tmp_path):
+    assert RENDERINGS["calibrator"] is RENDERINGS["experience"]
+    lm = FakeLM(lambda prompt, t, n: ["The window cannot be used."] * n if "Latest action" in prompt
+                else ["> go to window 1"] * n)
+    cal = calibrator_for(lm)
+    config = AgentConfig(rendering="calibrator")
+    with pytest.raises(ValueError, match="calibrator"):
+        ReActAgent(lm, DEMOS, config).run(Episode(ScriptedEnv(), "a/1", 3))
+    log = ReActAgent(lm, DEMOS, config, calibrator=cal).run(Episode(ScriptedEnv(), "a/1", 3))
+    assert len(log.reviews) == 2 and all(r["options"] == ["The window cannot be used."] for r in log.reviews)
+    kept = [r for r in log.reviews if r["experience"]]
+    assert set(log.experiences) == {r["step"] for r in kept}
+    with pytest.raises(ValueError, match="--calibrator"):
+        RunConfig(rendering="calibrator")
+    assert RunConfig(rendering="calibrator", calibrator="c.safetensors").settings()["calibrator"] == "c.safetensors"
+
+
+# ------------------------------------------------------------------------------------- the joint actor
+
+
+def test_joint_reply_is_parsed_strictly():
+    assert parse_joint_reply(" The drawer is empty.\n> go to desk 1\nextra") == ("The drawer is empty.", "> go to desk 1")
+    for reply, reason in [("\n> go to desk 1", "empty calibration block"), (" NO UPDATE", "no action line"),
+                          (" NO UPDATE\ngo to desk 1", "does not start with '>'"), ("   \n", "empty calibration")]:
+        with pytest.raises(JointFormatError, match=reason):
+            parse_joint_reply(reply)
+
+
+def test_joint_react_keeps_its_experiences_and_counts_malformed_replies():
+    replies = iter([" NO UPDATE\n> go to window 1", " The window cannot be used.\n> go to desk 1",
+                    " garbage without an action line", " NO UPDATE\n> think: next the key"])
+    lm = FakeLM(lambda prompt, t, n: [next(replies)])
+    agent = build_agent("joint-react", lm, DEMOS).agent
+    assert agent.config.rendering == "experience"
+    env = ScriptedEnv()
+    episode = Episode(env, "a/1", 4)
+    log = agent.run(episode)
+    assert [s.action for s in episode.steps] == ["go to window 1", "go to desk 1", "look", "think: next the key"]
+    assert log.experiences == {0: "The window cannot be used."}  # step 0 reviewed by the second reply
+    assert [r["step"] for r in log.reviews] == [0, 2] and log.reviews[1]["experience"] is None
+    assert [e["reason"] for e in log.format_errors] == ["no action line after the calibration block"]
+    assert "Experience: The window cannot be used." in lm.prompts[2] and lm.prompts[0].endswith("Experience:")
+    assert env.engine_actions == ["go to window 1", "go to desk 1", "look"]
+
+
+def test_joint_cb_agent_chooses_among_candidates():
+    lm = FakeLM(lambda prompt, t, n: [" NO UPDATE\n> fly to the moon"], prefer="go to desk 1")
+    with pytest.raises(ValueError, match="needs fitted concepts"):
+        build_agent("joint-cb-agent", lm, DEMOS, concepts=None)
+    agent = JointCBAgent(lm, DEMOS, None)
+    assert agent.name == "joint-prior-only"
+    d = agent.next_action(agent_view())
+    assert d.kind == "env" and d.action == "go to desk 1" and d.candidates is not None and d.format_error is None
+    with pytest.raises(ValueError, match="text only"):
+        JointCBAgent(lm, DEMOS, None, AgentConfig(layout="chat"))
+    with pytest.raises(ValueError, match="raw or experience"):
+        JointCBAgent(lm, DEMOS, None, AgentConfig(rendering="causal"))
+
+
+def agent_view():
+    from agent_shell.agents import View
+    return View(START, (env_step("go to window 1", "Nothing happens."),), tuple(CANDS))
+
+
+# ------------------------------------------------------------------------------------- the CLI
+
+
+@pytest.fixture()
+def doubles(monkeypatch, tmp_path):
+    monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(envs, "make_env", lambda name, **kw: ScriptedEnv())
+    monkeypatch.setattr(agent_shell.lm, "load_language_model",
+                        lambda name=None, dtype="bfloat16", **_: FakeLM(review_replies))
+
+
+def test_calibrate_label_fit_eval_commands(tmp_path, doubles):
+    results = recorded(tmp_path, PLAYED)
+    out = tmp_path / "labels.jsonl"
+    args = ["calibrate", "label", str(results), "--actor", "react", "--actor", "prior-only", "--k", "3",
+            "--out", str(out)]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    records = read_labels(out)
+    assert len(records) == 3 and all(r["judge"] == "expert-distance" and r["model"] == "fake-lm" for r in records)
+    assert "Calibration labels: 3 transitions" in res.output
+    counts = __import__("json").loads((tmp_path / "labels.jsonl.counts.json").read_text())
+    assert counts["transitions"] == 3
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 1 and "--resume" in again.output
+    resumed = CliRunner().invoke(main, args + ["--resume"])
+    assert resumed.exit_code == 0 and "0 to label" in resumed.output, resumed.output
+    one = CliRunner().invoke(main, ["calibrate", "label", str(results), "--actor", "react", "--out", str(out)])
+    assert one.exit_code == 2 and "at least two" in one.output
+    test_split = recorded(tmp_path, PLAYED, split="test", name="t.jsonl")
+    refused = CliRunner().invoke(main, ["calibrate", "label", str(test_split), "--out", str(tmp_path / "x.jsonl")])
+    assert refused.exit_code == 1 and "training games only" in refused.output
+    demo = recorded(tmp_path, PLAYED, task_id="a/1", name="d.jsonl")  # a/1 is a demonstration game
+    refused = CliRunner().invoke(main, ["calibrate", "label", str(demo), "--actor", "react", "--actor", "prior-only",
+                                        "--out", str(tmp_path / "y.jsonl")])
+    assert refused.exit_code == 1 and "expert demonstrations" in refused.output, refused.output
+
+    lines = [label_line(f"t/{j}", j, [f"The desk {j} holds a key.", f"Walls {j} are plain."], j % 3, j % 2)
+             for j in range(9)]
+    labels = tmp_path / "synthetic.jsonl"
+    for r in lines:
+        append_jsonl(labels, r)
+    cal = tmp_path / "cal.safetensors"
+    res = CliRunner().invoke(main, ["calibrate", "fit", str(labels), "--out", str(cal)])
+    assert res.exit_code == 0, res.output
+    assert "Held-out accuracy (3 transitions of 3 training tasks" in res.output
+    ev = __import__("json").loads((tmp_path / "cal.safetensors.eval.json").read_text())
+    assert ev["heldout_tasks"] == ["t/2", "t/5", "t/8"] and set(ev["accuracy"]["calibrator"]) == {"label",
+                                                                                                   "content_label"}
+    res = CliRunner().invoke(main, ["calibrate", "eval", str(labels), "--calibrator", str(cal)])
+    assert res.exit_code == 0 and "Accuracy on 3 transitions (held-out tasks)" in res.output, res.output
+
+
+def test_training_runs_name_games_that_are_no_demonstrations():
+    from agent_shell.run_config import check_not_demos
+
+    env = ScriptedEnv()
+    assert RunConfig(split="train", demo_split="train", game_ids=("a/3",)).task_ids(env) == ["a/3"]
+    with pytest.raises(ValueError, match="is the evaluation split"):
+        RunConfig(split="train", demo_split="train").task_ids(env)
+    check_not_demos(["a/3"], ["a/1", "a/2"])
+    with pytest.raises(ValueError, match="'a/1' is one of the expert demonstrations"):
+        check_not_demos(["a/3", "a/1"], ["a/1", "a/2"])
+    assert needs_concepts("joint-cb-agent") and not needs_concepts("joint-react")
+
+
+def test_run_refuses_a_calibrator_without_its_rendering(tmp_path, doubles):
+    cal = tmp_path / "c.safetensors"
+    cal.write_bytes(b"x")
+    res = CliRunner().invoke(main, ["run", "--env", "textworld", "--calibrator", str(cal)])
+    assert res.exit_code == 2 and "only with --history calibrator" in res.output
+    res = CliRunner().invoke(main, ["probe", str(cal), "--history", "calibrator"])
+    assert res.exit_code == 2 and "needs --calibrator" in res.output
+
+
+def test_probe_and_recovery_use_the_calibrator_under_its_rendering(tmp_path):
+    from agent_shell import studies
+
+    steps = [env_step("go to window 1", "Nothing happens."), env_step("go to window 1", "Nothing happens."),
+             env_step("examine wall 1", "A plain wall.")]
+    (item,) = studies.mine_probe_items(recorded_trials([recorded(tmp_path, steps, task_id="a/1")]))
+    lm = FakeLM(lambda prompt, t, n: ["The window cannot be used."] * n if "Latest action" in prompt
+                else [" go to desk 1"] * n)
+    cal = calibrator_for(lm)
+    config = AgentConfig(rendering="calibrator")
+    cache = studies.ReviewCache(lm)
+    with pytest.raises(ValueError, match="--calibrator"):
+        studies.probe_record(item, "calibrator", "react", ReActAgent(lm, DEMOS, config), cache)
+    rec = studies.probe_record(item, "calibrator", "react", ReActAgent(lm, DEMOS, config, calibrator=cal), cache)
+    assert rec["experiences_kept"].endswith("/2") and all(r.options for r in cache.reviews.values())
+    # the plain reviews of the same transitions are cached apart
+    studies.probe_record(item, "experience", "react", ReActAgent(lm, DEMOS, AgentConfig(rendering="experience")),
+                         cache)
+    assert len(cache.reviews) == 4 and sum(not r.options for r in cache.reviews.values()) == 2
+
+    ep = Episode(ScriptedEnv(), "b/1", 9)
+    for a in ["go to window 1"] * 9:
+        ep.act(a)
+    path = tmp_path / "failed.jsonl"
+    append_jsonl(path, {"schema": "cb-agent/episode-v1", "agent": "react", "task_id": "b/1", "task_type": "open",
+                        "success": False, "trials": [{"won": False, "trajectory": ep.trajectory().to_record()}]})
+    (ritem,) = studies.select_recovery_items(recorded_trials([path]))
+    line = studies.recovery_record(ScriptedEnv(), ritem, "history", "react",
+                                   ReActAgent(lm, DEMOS, config, calibrator=cal), new_actions=2)
+    reviews = line["log"]["reviews"]
+    assert len(reviews) == ritem.k + 2 - 1 and all(r["options"] == ["The window cannot be used."] for r in reviews)
