@@ -36,8 +36,10 @@ def test_candidate_states_match_a_plain_forward(fresh, layout, layer, pool):
 
 def test_negative_layers_count_from_the_end_and_bad_arguments_are_refused(lm32):
     n = len(lm32.model.get_decoder().layers)
-    np.testing.assert_array_equal(lm32.candidate_states(CONTEXT, CANDIDATES, "\n> ", -1),
-                                  lm32.candidate_states(CONTEXT, CANDIDATES, "\n> ", n))
+    # the second call reads the context from the KV cache, the first encodes it in the candidates'
+    # pass: the same numbers up to float32 rounding
+    np.testing.assert_allclose(lm32.candidate_states(CONTEXT, CANDIDATES, "\n> ", -1),
+                               lm32.candidate_states(CONTEXT, CANDIDATES, "\n> ", n), atol=2e-3, rtol=1e-3)
     last = lm32.candidate_states(CONTEXT, CANDIDATES, "\n> ", n)
     assert not np.allclose(last, lm32.score(CONTEXT, CANDIDATES, "\n> ").hidden, atol=1e-2)  # before the final norm
     with pytest.raises(ValueError, match=f"layer {n + 1} is outside"):
