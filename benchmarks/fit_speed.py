@@ -18,8 +18,14 @@ every figure is the median over rounds:
   from alpha = 0, stop at ||grad|| < 1e-4 or 1,500 steps; with the faster of 1 and all threads.
 * ``scipy L-BFGS-B f64``: numpy float64 objective and gradient, features computed before the
   timed call; scipy's own stop (gtol 1e-5).
-* ``cb_core newton`` / ``lbfgs`` / ``adam``: :func:`cb_core.fit` in float32, timed whole
-  (validation, padding, features, solve; compiled at the warm-up), each with its own stop.
+* ``cb_core subspace`` / ``newton`` / ``lbfgs`` / ``adam``: :func:`cb_core.fit` in float32,
+  timed whole (validation, padding, features, solve; compiled at the warm-up), each with its own
+  stop.
+
+The ``passes`` column counts reads of the feature (or hidden-state) matrix: the fits are
+memory-bound, so it is the cost that does not depend on the machine's load (torch: two per
+Adam step; scipy: two per function evaluation; cb_core: ``FitResult.n_passes``, the features'
+statistics included, host-side validation and padding not; lbfgs: not counted).
 
 Gap: every alpha is judged by one float64 numpy objective (written here from the seed's
 equations) against f*, the optimum of a float64 cb_core Newton fit to ||grad|| <= 1e-10.
@@ -56,7 +62,8 @@ import numpy as np
 SEED_LR, SEED_STEPS, SEED_TOL = 0.01, 1500, 1e-4
 GAP = 1e-6
 REGIMES = {"well": 0, "today": 16}  # regime -> rank of the hidden states' shared structure
-METHODS = ("torch adam", "scipy L-BFGS-B f64", "cb_core newton", "cb_core lbfgs", "cb_core adam")
+METHODS = ("torch adam", "scipy L-BFGS-B f64", "cb_core subspace", "cb_core newton",
+           "cb_core lbfgs", "cb_core adam")
 
 
 # ----------------------------------------------------------------------------------- the judge
@@ -155,7 +162,8 @@ def torch_worker(arrays, lam=1.0, gamma=0.8, eps=1e-6):
                 break
             opt.step()
         seconds = time.perf_counter() - t0
-        return seconds, step, trace[: step + 1].numpy().copy(), stamps[: step + 1]
+        # passes over phi: a forward (phi alpha) and a backward (phi^T r) per evaluation
+        return seconds, step, trace[: step + 1].numpy().copy(), stamps[: step + 1], 2 * (step + 1)
 
     return run
 
@@ -189,7 +197,7 @@ def scipy_worker(arrays, lam=1.0):
         res = scipy.optimize.minimize(fg, np.zeros(phi.shape[1]), jac=True, method="L-BFGS-B",
                                       options=dict(gtol=1e-5, maxiter=1000), callback=record)
         seconds = time.perf_counter() - t0
-        return seconds, int(res.nit), np.asarray(trace), np.asarray(stamps)
+        return seconds, int(res.nit), np.asarray(trace), np.asarray(stamps), 2 * int(res.nfev)
 
     return run
 
@@ -198,13 +206,15 @@ def cb_core_worker(npz, method):
     import cb_core
 
     dec = cb_core.load_decisions(npz)
-    solver = {"newton": cb_core.Newton, "lbfgs": cb_core.LBFGS, "adam": cb_core.Adam}[method]()
+    solver = {"subspace": cb_core.Subspace, "newton": cb_core.Newton, "lbfgs": cb_core.LBFGS,
+              "adam": cb_core.Adam}[method]()
 
     def run():
         t0 = time.perf_counter()
         r = cb_core.fit(dec, solver, certify="structural")
         seconds = time.perf_counter() - t0
-        return seconds, r.n_iter, r.alpha[None].astype(np.float64), np.array([seconds])
+        return (seconds, r.n_iter, r.alpha[None].astype(np.float64), np.array([seconds]),
+                r.n_passes)
 
     return run
 
@@ -225,10 +235,11 @@ def worker_main(method: str, out_dir: str) -> None:
                 run = cb_core_worker(arg, method.split()[-1])
             print("ready", flush=True)
             continue
-        seconds, iters, trace, stamps = run()
+        seconds, iters, trace, stamps, passes = run()
         path = os.path.join(out_dir, f"{method.replace(' ', '_')}-{k}.npz")
         np.savez(path, trace=trace, stamps=stamps)
-        print(json.dumps(dict(seconds=seconds, iters=int(iters), path=path)), flush=True)
+        print(json.dumps(dict(seconds=seconds, iters=int(iters), passes=passes, path=path)),
+              flush=True)
 
 
 class Worker:
@@ -281,7 +292,8 @@ def judge(out, model, f_star):
     """Gaps of the recorded iterates; time to the first within GAP (None if never)."""
     gaps = objectives(model, out["trace"]) - f_star
     hit = np.flatnonzero(gaps <= GAP)
-    return dict(seconds=out["seconds"], iters=out["iters"], final_gap=float(gaps[-1]),
+    return dict(seconds=out["seconds"], iters=out["iters"], passes=out["passes"],
+                final_gap=float(gaps[-1]),
                 to_gap=float(out["stamps"][hit[0]]) if hit.size else None,
                 min_gap=float(gaps.min()))
 
@@ -311,14 +323,18 @@ def run_problem(workers, n, d, regime, rounds, seed, tmp):
         to_gap = [x["to_gap"] for x in runs]
         table[m] = dict(seconds=statistics.median(x["seconds"] for x in runs),
                         iters=int(statistics.median(x["iters"] for x in runs)),
+                        passes=(None if None in [x["passes"] for x in runs]
+                                else int(statistics.median(x["passes"] for x in runs))),
                         final_gap=statistics.median(x["final_gap"] for x in runs),
                         to_gap=statistics.median(to_gap) if None not in to_gap else None,
                         rounds=len(runs))
-    print(f"{'method':<22}{'own stop (s)':>13}{'iters':>7}{'gap at stop':>13}"
+    print(f"{'method':<22}{'own stop (s)':>13}{'iters':>7}{'passes':>8}{'gap at stop':>13}"
           f"{'to gap<=1e-6 (s)':>18}")
     for m, r in table.items():
         to_gap = f"{r['to_gap']:.3f}" if r["to_gap"] is not None else "not reached"
-        print(f"{m:<22}{r['seconds']:>13.3f}{r['iters']:>7d}{r['final_gap']:>13.2e}{to_gap:>18}")
+        passes = "-" if r["passes"] is None else str(r["passes"])
+        print(f"{m:<22}{r['seconds']:>13.3f}{r['iters']:>7d}{passes:>8}{r['final_gap']:>13.2e}"
+              f"{to_gap:>18}")
     return dict(n=n, d=d, regime=regime, t=dec.n_rows, f_star=f_star, rows=table)
 
 

@@ -8,7 +8,8 @@ Public API (seed paper notation; see each docstring for shapes and the equation 
 * the model (Eq. 3, Eq. 6, App. B): :func:`features`, :func:`prior_log_probs`,
   :func:`log_probs`, :func:`objective`, :func:`gradient`, :func:`hessian`; the padded kernels
   they call in :mod:`cb_core.model`.
-* the fit: :func:`fit` ``(decisions, solver=Newton() | LBFGS() | Adam(), lam=, gamma=, eps=)``
+* the fit: :func:`fit` ``(decisions, solver=Subspace() | Newton() | LBFGS() | Adam(), lam=,
+  gamma=, eps=)``
   -> :class:`FitResult` with its :class:`Certificate`.
 * the concept: :class:`Concept` (alpha, gamma, eps, metadata; ``log_probs`` / ``choose`` on one
   candidate set, Eq. 7; ``save`` / ``load``).
@@ -31,11 +32,11 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 from cb_core._atomic import atomic_path  # noqa: F401  (kept importable; not part of the API)
 from cb_core.concept import Concept
 from cb_core.decisions import Decisions, decisions_from_lists, load_decisions, save_decisions
-from cb_core.fit import LBFGS, Adam, Certificate, FitResult, Newton, fit
+from cb_core.fit import LBFGS, Adam, Certificate, FitResult, Newton, Subspace, fit
 from cb_core.model import features, gradient, hessian, log_probs, objective, prior_log_probs
 
 __all__ = [
-    "Adam", "Certificate", "Concept", "Decisions", "FitResult", "LBFGS", "Newton",
+    "Adam", "Certificate", "Concept", "Decisions", "FitResult", "LBFGS", "Newton", "Subspace",
     "decisions_from_lists", "features", "fit", "gradient", "hessian", "load_decisions",
     "log_probs", "objective", "prior_log_probs", "save_decisions",
 ]

@@ -120,8 +120,10 @@ def _validate_arrays(
     n_tokens: np.ndarray,
     offsets: np.ndarray,
     expert: np.ndarray,
+    finite_hidden: bool = True,
 ) -> None:
-    """Raise ValueError naming the field or the first decision at fault."""
+    """Raise ValueError naming the field or the first decision at fault (``finite_hidden=False``
+    skips the one check that reads all of ``hidden``: for a caller that checks it on the way)."""
     if hidden.ndim != 2:
         raise ValueError(f"hidden must be [T, d], got shape {hidden.shape}")
     t, d = hidden.shape
@@ -158,7 +160,7 @@ def _validate_arrays(
         raise ValueError(f"decision {i}: expert index {expert[i]} outside its candidate set of "
                          f"size {sizes[i]}")
     seg = np.repeat(np.arange(n), sizes)
-    for name, arr in (("hidden", hidden), ("log_q", log_q)):
+    for name, arr in (("hidden", hidden), ("log_q", log_q))[0 if finite_hidden else 1:]:
         finite = np.isfinite(arr)
         if not finite.all():
             rows = np.flatnonzero(~finite.reshape(t, -1).all(axis=1))
@@ -171,13 +173,14 @@ def _validate_arrays(
                          f"(candidate {bad[0] - offsets[i]})")
 
 
-def _from_arrays(hidden, log_q, n_tokens, offsets, expert, *, float_dtype=np.float32) -> Decisions:
+def _from_arrays(hidden, log_q, n_tokens, offsets, expert, *, float_dtype=np.float32,
+                 finite_hidden: bool = True) -> Decisions:
     hidden = np.asarray(hidden)
     log_q = np.asarray(log_q)
     n_tokens = np.asarray(n_tokens)
     offsets = np.asarray(offsets)
     expert = np.asarray(expert)
-    _validate_arrays(hidden, log_q, n_tokens, offsets, expert)
+    _validate_arrays(hidden, log_q, n_tokens, offsets, expert, finite_hidden)
     sizes = np.diff(offsets)
     return Decisions(
         hidden=hidden.astype(float_dtype, copy=False),
@@ -189,9 +192,13 @@ def _from_arrays(hidden, log_q, n_tokens, offsets, expert, *, float_dtype=np.flo
     )
 
 
-def validate_decisions(decisions: Decisions) -> Decisions:
+def validate_decisions(decisions: Decisions, *, finite_hidden: bool = True) -> Decisions:
     """Check a :class:`Decisions` built by hand; returns it normalised (numpy; float64 stays
     float64, other floats become float32).
+
+    ``finite_hidden=False`` skips the check that every hidden state is finite (the only one that
+    reads all of ``hidden``), for a caller that checks it on its way through the data (the fit
+    does, in its features' statistics, and then calls this again to name the culprit).
 
     Raises:
         ValueError: naming the decision at fault (empty candidate set, expert index outside its
@@ -200,7 +207,7 @@ def validate_decisions(decisions: Decisions) -> Decisions:
     hidden = np.asarray(decisions.hidden)
     float_dtype = np.float64 if hidden.dtype == np.float64 else np.float32
     out = _from_arrays(hidden, decisions.log_q, decisions.n_tokens, decisions.offsets,
-                       decisions.expert, float_dtype=float_dtype)
+                       decisions.expert, float_dtype=float_dtype, finite_hidden=finite_hidden)
     seg = np.asarray(decisions.segment_ids)
     if seg.shape != out.segment_ids.shape or not np.array_equal(seg, out.segment_ids):
         raise ValueError("segment_ids disagree with offsets")
@@ -335,9 +342,10 @@ def to_padded(decisions: Decisions, *, dtype: Any = None, n_pad: int | None = No
     if dtype is None:
         dtype = np.float64 if hidden.dtype == np.float64 else np.float32
     h = _aligned_zeros((n_pad, m_pad, hidden.shape[1]), dtype)
-    for i in range(n):
-        a, b = offsets[i], offsets[i + 1]
-        np.subtract(hidden[a:b], hidden[a], out=h[i, : b - a], dtype=dtype)
+    with np.errstate(invalid="ignore", over="ignore"):  # a non-finite input is the fit's to name
+        for i in range(n):
+            a, b = offsets[i], offsets[i + 1]
+            np.subtract(hidden[a:b], hidden[a], out=h[i, : b - a], dtype=dtype)
     seg = np.repeat(np.arange(n), sizes)
     local = np.arange(seg.size) - offsets[seg]
     log_q = np.zeros((n_pad, m_pad), dtype)

@@ -4,6 +4,9 @@ One entry point, :func:`fit` ``(decisions, solver=..., lam=..., gamma=..., eps=.
 frozen solver object per method (hyperparameters only; the state of a run lives in a NamedTuple
 inside one jit-compiled ``lax.while_loop``):
 
+* :class:`Subspace`: sequential subspace optimisation: each step minimises Eq. 6 exactly over
+  span{gradient, last ``memory`` steps} by a few damped Newton iterations in those coordinates
+  (two passes over the hidden states per step; the images Phi d of the kept steps are stored).
 * :class:`Newton`: Newton-CG. Each step solves H d = -g by conjugate gradients with
   Hessian-vector products (two passes over the hidden states each, :func:`cb_core.model.hvp`),
   to the forcing tolerance max(min(forcing, sqrt(||g||)) ||g||, tol / 4), then an exact line
@@ -39,10 +42,10 @@ from jax import lax
 
 from cb_core.cache import call_compiled
 from cb_core.decisions import Decisions, to_padded, validate_decisions
-from cb_core.model import (Problem, _log_softmax, _matvec, _rmatvec, hessian_factor, prepare,
-                           problem_objective, value_and_grad, value_and_grad_at)
+from cb_core.model import (Problem, _expert_nll, _log_softmax, _matvec, _rmatvec, hessian_factor,
+                           prepare, problem_objective, value_and_grad, value_and_grad_at)
 
-__all__ = ["Adam", "Certificate", "FitResult", "LBFGS", "Newton", "Solver", "fit",
+__all__ = ["Adam", "Certificate", "FitResult", "LBFGS", "Newton", "Solver", "Subspace", "fit",
            "EXACT_EIG_MAX_DIM", "DEFAULT_SOLVER"]
 
 #: ``certify="auto"`` measures the Hessian's smallest eigenvalue when min(T_pad, m) is at most this.
@@ -82,14 +85,17 @@ class FitResult:
         alpha: [m = d + 1] numpy array, the concept (last entry: bias weight).
         loss: L(alpha) (Eq. 6, nats per decision, regulariser included).
         grad_norm: ||grad L(alpha)||_2.
-        n_iter: solver iterations (Newton steps, L-BFGS steps or Adam steps).
+        n_iter: solver iterations (subspace, Newton, L-BFGS or Adam steps).
         converged: grad_norm <= tol.
-        method: the solver's name ("newton", "lbfgs" or "adam").
+        method: the solver's name ("subspace", "newton", "lbfgs" or "adam").
         certificate: see :class:`Certificate`.
         n_decisions, hidden_size: N and d of the data.
         seconds: wall time of the fit call (compilation included on a first call).
         settings: lam, gamma, eps, tol, dtype, method and the solver's hyperparameters.
         n_hvp: Hessian-vector products (CG iterations) of a Newton fit, else 0.
+        n_passes: passes over the [N, M, d] hidden states made by the compiled fit (the
+            features' statistics included; a fit is memory-bound, so this is its cost); None
+            for lbfgs (its line search's evaluations are not counted).
     """
 
     alpha: np.ndarray
@@ -104,6 +110,7 @@ class FitResult:
     seconds: float
     settings: dict
     n_hvp: int = 0
+    n_passes: int | None = None
 
     @property
     def min_hessian_eig(self) -> float | None:
@@ -130,6 +137,7 @@ class SolverOutput(NamedTuple):
     grad_norm: Any  # []
     n_iter: Any  # [] int32
     n_hvp: Any  # [] int32
+    n_passes: Any  # [] int32, passes over the hidden states (-1: not counted)
 
 
 def _default_tol(dtype) -> float:
@@ -281,7 +289,128 @@ class Newton:
         out = lax.while_loop(cond, body, start)
         # the certificate's gradient from scratch (the tracked scores carry rounding drift)
         value, grad = value_and_grad(out.best.alpha, p, lam)
-        return SolverOutput(out.best.alpha, value, jnp.linalg.norm(grad), out.k, out.n_hvp)
+        # passes: the first gradient, per step its HVPs (2 each) and gradient, the last gradient
+        return SolverOutput(out.best.alpha, value, jnp.linalg.norm(grad), out.k, out.n_hvp,
+                            1 + 2 * out.n_hvp + out.k + 2)
+
+
+def _spd_solve(a, b):
+    """x = a^{-1} b for a small SPD [k, k] matrix, by an unrolled Cholesky (no LAPACK custom
+    call, so the compiled fit stays storable; k is static and small)."""
+    k = a.shape[0]
+    cols = []
+    for j in range(k):  # L column by column
+        lj = a[:, j] - sum((cols[i] * cols[i][j] for i in range(j)), jnp.zeros_like(b))
+        d = jnp.sqrt(jnp.maximum(lj[j], jnp.finfo(b.dtype).tiny))
+        cols.append(jnp.where(jnp.arange(k) >= j, lj / d, 0.0))
+    low = jnp.stack(cols, axis=1)
+    y = []
+    for i in range(k):  # L y = b
+        y.append((b[i] - sum((low[i, j] * y[j] for j in range(i)), 0.0)) / low[i, i])
+    x = [None] * k
+    for i in reversed(range(k)):  # L^T x = y
+        x[i] = (y[i] - sum((low[j, i] * x[j] for j in range(i + 1, k)), 0.0)) / low[i, i]
+    return jnp.stack(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class Subspace:
+    """Newton in a subspace (sequential subspace optimisation): each step minimises Eq. 6
+    exactly over span{gradient, last ``memory`` steps} by damped Newton in those few
+    coordinates.
+
+    Costs per step: one pass for the gradient and one for Phi g; the images Phi d of the past
+    steps are kept ([N, M, memory] floats), so the inner Newton iterations cost O(N M memory^2)
+    and no pass. On a quadratic with memory 1 this is conjugate gradients; unlike Newton-CG it
+    keeps its Krylov directions from one step to the next and re-linearises at every step.
+
+    Attributes:
+        tol: gradient-norm tolerance (default: 1e-3 in float32, 1e-7 in float64).
+        max_iter: steps.
+        memory: past steps kept in the subspace.
+        inner: damped Newton iterations of the subspace problem per step.
+        patience: stop after this many steps without progress (the float rounding floor);
+            the iterate with the smallest gradient norm is returned.
+    """
+
+    tol: float | None = None
+    max_iter: int = 500
+    memory: int = 8
+    inner: int = 6
+    patience: int = 10
+    name: ClassVar[str] = "subspace"
+
+    def minimise(self, p: Problem, lam, tol) -> SolverOutput:
+        m = p.hidden.shape[2] + 1
+        dtype = p.hidden.dtype
+        n, slots = p.prior.shape
+        k = self.memory + 1
+        onehot = (jnp.arange(slots)[None, :] == p.expert[:, None]).astype(dtype)
+
+        class Loop(NamedTuple):
+            alpha: Any
+            scores: Any  # [N, M] at alpha (tracked)
+            grad: Any
+            steps: Any  # [m, memory] past steps, newest first
+            images: Any  # [N, M, memory] their Phi d
+            best: _Progress
+            k: Any
+
+        def sub_value(c, s, w, da, gram):
+            """Eq. 6 at alpha + D c (up to the constant lam/2 ||alpha||^2)."""
+            return _expert_nll(s + w @ c, p) + lam * (da @ c + 0.5 * c @ gram @ c)
+
+        def sub_derivatives(c, s, w, da, gram):
+            prob = jnp.exp(_log_softmax(s + w @ c, p))
+            r = p.weight[:, None] * (prob - onehot) * p.mask
+            grad = jnp.einsum("nmk,nm->k", w, r) + lam * (da + gram @ c)
+            wp = jnp.einsum("nmk,nm->nk", w, prob)
+            cov = (jnp.einsum("nmk,nml->kl", w * (p.weight[:, None] * prob)[..., None], w)
+                   - jnp.einsum("nk,nl->kl", wp * p.weight[:, None], wp))
+            return grad, cov + lam * gram
+
+        def inner_step(_, c_args):
+            c, s, w, da, gram = c_args
+            grad, hess = sub_derivatives(c, s, w, da, gram)
+            hess = hess + 1e-6 * jnp.trace(hess) / k * jnp.eye(k, dtype=dtype)
+            delta = _spd_solve(hess, grad)
+            f0, slope = sub_value(c, s, w, da, gram), grad @ delta
+
+            def shorter(t):  # backtracking (Armijo) keeps every inner step a decrease
+                return (t > 1e-4) & (sub_value(c - t * delta, s, w, da, gram)
+                                     > f0 - 1e-4 * t * slope)
+
+            t = lax.while_loop(shorter, lambda t: 0.5 * t, jnp.asarray(1.0, dtype))
+            return c - t * delta, s, w, da, gram
+
+        def cond(c: Loop):
+            return (c.k < self.max_iter) & (c.best.grad_norm > tol) & (c.best.stalled < self.patience)
+
+        def body(c: Loop):
+            d = jnp.concatenate([c.grad[:, None], c.steps], axis=1)  # [m, k]
+            w = jnp.concatenate([_matvec(c.grad, p)[..., None], c.images], axis=2)
+            scale = 1.0 / jnp.maximum(jnp.linalg.norm(d, axis=0), jnp.finfo(dtype).tiny)
+            d, w = d * scale, w * scale
+            coef = lax.fori_loop(0, self.inner, inner_step,
+                                 (jnp.zeros(k, dtype), c.scores, w, d.T @ c.alpha, d.T @ d))[0]
+            step, image = d @ coef, w @ coef
+            alpha, s = c.alpha + step, c.scores + image
+            value, grad = value_and_grad_at(alpha, s, p, lam)
+            return Loop(alpha, s, grad, jnp.concatenate([step[:, None], c.steps[:, :-1]], axis=1),
+                        jnp.concatenate([image[..., None], c.images[..., :-1]], axis=2),
+                        c.best.update(alpha, jnp.linalg.norm(grad), value), c.k + 1)
+
+        alpha0 = jnp.zeros(m, dtype)
+        s0 = jnp.where(p.mask, p.prior, 0.0)  # the scores at alpha0 = 0: no pass
+        v0, g0 = value_and_grad_at(alpha0, s0, p, lam)
+        start = Loop(alpha0, s0, g0, jnp.zeros((m, self.memory), dtype),
+                     jnp.zeros((n, slots, self.memory), dtype),
+                     _Progress.start(alpha0, jnp.linalg.norm(g0), v0), jnp.asarray(0, jnp.int32))
+        out = lax.while_loop(cond, body, start)
+        value, grad = value_and_grad(out.best.alpha, p, lam)  # from scratch: no tracked drift
+        # passes: the first gradient, two per step, the last gradient
+        return SolverOutput(out.best.alpha, value, jnp.linalg.norm(grad), out.k,
+                            jnp.asarray(0, jnp.int32), 1 + 2 * out.k + 2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,7 +469,8 @@ class LBFGS:
                                               _Progress.start(alpha0, jnp.linalg.norm(g0), v0)))
         value, grad = value_and_grad(out.best.alpha, p, lam)
         return SolverOutput(out.best.alpha, value, jnp.linalg.norm(grad),
-                            otu.tree_get(out.state, "count"), jnp.asarray(0, jnp.int32))
+                            otu.tree_get(out.state, "count"), jnp.asarray(0, jnp.int32),
+                            jnp.asarray(-1, jnp.int32))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -384,10 +514,10 @@ class Adam:
         out = lax.while_loop(cond, body, Loop(alpha0, opt.init(alpha0), jnp.asarray(0, jnp.int32),
                                               v0, g0))
         return SolverOutput(out.alpha, out.value, jnp.linalg.norm(out.grad), out.k,
-                            jnp.asarray(0, jnp.int32))
+                            jnp.asarray(0, jnp.int32), 2 * (out.k + 1))
 
 
-Solver = Union[Newton, LBFGS, Adam]
+Solver = Union[Subspace, Newton, LBFGS, Adam]
 
 #: the default solver of :func:`fit`: the fastest reliable one in benchmarks/fit_speed.py (it
 #: reaches a gap <= 1e-6 first in both data regimes and at both sizes there)
@@ -399,8 +529,15 @@ DEFAULT_SOLVER: Solver = Newton()
 # ----------------------------------------------------------------------------------------------
 
 @functools.partial(jax.jit, static_argnums=0)
-def _solve(solver: Solver, padded, lam, gamma, eps, tol) -> SolverOutput:
-    return solver.minimise(prepare(padded, gamma, eps), lam, tol)
+def _solve(solver: Solver, padded, lam, gamma, eps, tol) -> tuple[SolverOutput, Any]:
+    """(the solver's output, [N_pad] bool: the decision's hidden states are finite)."""
+    p = prepare(padded, gamma, eps)
+    # a non-finite hidden state makes its set's mean non-finite: the statistics' pass doubles as
+    # the input check (fit() names the culprit); an overflow there only costs a host re-check
+    finite = jnp.all(jnp.isfinite(p.mean), axis=1)
+    out = solver.minimise(p, lam, tol)
+    # + the features' statistics (one pass)
+    return out._replace(n_passes=jnp.where(out.n_passes >= 0, out.n_passes + 1, -1)), finite
 
 
 @jax.jit
@@ -451,8 +588,8 @@ def fit(
 
     Args:
         decisions: ragged decisions (validated here).
-        solver: :class:`Newton`, :class:`LBFGS` or :class:`Adam` (hyperparameters, tolerance
-            and iteration cap); default :data:`DEFAULT_SOLVER`. A solver's ``tol=None`` means
+        solver: :class:`Subspace`, :class:`Newton`, :class:`LBFGS` or :class:`Adam`
+            (hyperparameters, tolerance and iteration cap); default :data:`DEFAULT_SOLVER`. A solver's ``tol=None`` means
             1e-3 in float32 (certified objective gap <= 5e-7 / lam) and 1e-7 in float64.
         lam: L2 strength lam > 0 (also the strong-convexity constant).
         gamma: length-normalisation exponent of the prior (App. B), >= 0.
@@ -465,14 +602,16 @@ def fit(
         FitResult with alpha [d + 1] (numpy, ``dtype``) and its :class:`Certificate`.
 
     Raises:
-        ValueError: lam <= 0 or non-finite, gamma/eps/tol/max_iter invalid, unknown solver or
-            dtype, or bad decisions (naming the decision at fault).
+        ValueError: lam <= 0 or non-finite, gamma/eps/tol/max_iter (or Subspace memory/inner)
+            invalid, unknown solver or dtype, or bad decisions (naming the decision at fault;
+            a non-finite hidden state is found by the compiled fit's first pass).
     """
     lam = _check_number("lam", lam, 0.0, strict=True)
     gamma = _check_number("gamma", gamma, 0.0, strict=False)
     eps = _check_number("eps", eps, 0.0, strict=True)
-    if not isinstance(solver, (Newton, LBFGS, Adam)):
-        raise ValueError(f"solver must be cb_core.fit.Newton(), LBFGS() or Adam(), got {solver!r}")
+    if not isinstance(solver, (Subspace, Newton, LBFGS, Adam)):
+        raise ValueError("solver must be cb_core.Subspace(), Newton(), LBFGS() or Adam(), "
+                         f"got {solver!r}")
     if certify not in ("auto", "exact", "structural"):
         raise ValueError(f"certify must be 'auto', 'exact' or 'structural', got {certify!r}")
     dt = jnp.dtype(dtype)
@@ -482,15 +621,22 @@ def fit(
                         strict=False)
     if not (isinstance(solver.max_iter, int) and solver.max_iter >= 0):
         raise ValueError(f"max_iter must be an int >= 0, got {solver.max_iter!r}")
+    if isinstance(solver, Subspace):
+        for name in ("memory", "inner"):
+            value = getattr(solver, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"Subspace {name} must be an int >= 1, got {value!r}")
     if not isinstance(decisions, Decisions):
         raise ValueError(f"decisions must be a cb_core.Decisions, got {type(decisions).__name__}")
     start = time.perf_counter()
-    dec = validate_decisions(decisions)
+    dec = validate_decisions(decisions, finite_hidden=False)  # checked in the compiled fit
     padded = to_padded(dec, dtype=np.dtype(dt.name))
     with _x64_context(dt):
         args = (padded,) + tuple(np.asarray(x, dt) for x in (lam, gamma, eps))
-        out = call_compiled("fit", _solve, (solver,), args + (np.asarray(tol, dt),),
-                            SolverOutput(*[0] * 5))
+        out, finite = call_compiled("fit", _solve, (solver,), args + (np.asarray(tol, dt),),
+                                    (SolverOutput(*[0] * 6), 0))
+        if not np.all(np.asarray(finite)[: dec.n_decisions]):
+            validate_decisions(decisions)  # names the decision with a non-finite hidden state
         m = dec.hidden_size + 1
         measure = certify == "exact" or (certify == "auto" and min(padded.mask.size, m)
                                          <= EXACT_EIG_MAX_DIM)
@@ -514,4 +660,5 @@ def fit(
                      converged=bool(gnorm <= tol), method=solver.name, certificate=cert,
                      n_decisions=dec.n_decisions, hidden_size=dec.hidden_size,
                      seconds=time.perf_counter() - start, settings=settings,
-                     n_hvp=int(out.n_hvp))
+                     n_hvp=int(out.n_hvp),
+                     n_passes=int(out.n_passes) if int(out.n_passes) >= 0 else None)

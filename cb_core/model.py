@@ -95,10 +95,15 @@ def prepare(padded: PaddedDecisions, gamma, eps) -> Problem:
     w = mask.astype(dtype)
     count = jnp.sum(w, axis=-1)  # [N]
     safe = jnp.maximum(count, 1.0)
-    mean = jnp.einsum("nm,nmd->nd", w, h) / safe[:, None]
+    # one pass for both sums (a variadic reduction; the mask fuses into it)
+    zero = jnp.zeros((), dtype)
+    hm = jnp.where(mask[..., None], h, zero)
+    total, squares = lax.reduce((hm, hm * hm), (zero, zero),
+                                lambda a, b: (a[0] + b[0], a[1] + b[1]), (1,))
+    mean = total / safe[:, None]
     # E[h^2] - mean^2 is well conditioned here: rows are shifted by their set's first row, so
     # |mean| is of the order of the spread (and a constant coordinate gives exactly 0)
-    var = jnp.maximum(jnp.einsum("nmd,nmd->nd", h, h) / safe[:, None] - mean * mean, 0.0)
+    var = jnp.maximum(squares / safe[:, None] - mean * mean, 0.0)
     inv_scale = 1.0 / jnp.maximum(jnp.sqrt(var), jnp.asarray(eps, dtype))
     bias = jnp.where(count > 0, lax.rsqrt(safe), 0.0)
     lq = jnp.asarray(padded.log_q, dtype) / jnp.asarray(padded.n_tokens).astype(dtype) ** gamma

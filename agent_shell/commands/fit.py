@@ -24,11 +24,14 @@ import click
               help="Prior length-normalisation exponent.")
 @click.option("--eps", default=1e-6, show_default=True, type=float, help="Feature std floor.")
 @click.option("--method", default="newton", show_default=True,
-              type=click.Choice(["newton", "lbfgs", "adam"]),
-              help="Solver: newton (Newton-CG), lbfgs (L-BFGS) or adam (the seed's protocol).")
+              type=click.Choice(["subspace", "newton", "lbfgs", "adam"]),
+              help="Solver: subspace (Newton over the gradient and the last steps), newton "
+                   "(Newton-CG), lbfgs (L-BFGS) or adam (the seed's protocol).")
 @click.option("--max-iter", default=None, type=int,
-              help="Iteration cap (default: newton 50, lbfgs 500, adam 1500).")
-@click.option("--tol", default=None, type=float, help="Gradient-norm tolerance (default: adam 1e-4; newton and lbfgs 1e-3 in float32, 1e-7 in float64).")
+              help="Iteration cap (default: subspace 500, newton 50, lbfgs 500, adam 1500).")
+@click.option("--tol", default=None, type=float,
+              help="Gradient-norm tolerance (default: adam 1e-4; the others 1e-3 in float32, "
+                   "1e-7 in float64).")
 @click.option("--float64", "float64", is_flag=True, help="Fit in float64.")
 @click.option("--certify", default="auto", show_default=True,
               type=click.Choice(["auto", "exact", "structural"]),
@@ -52,7 +55,8 @@ def fit(decisions, out, lam, gamma, eps, method, max_iter, tol, float64, certify
 
         enable_persistent_cache(cache_root() / "jax")
     timings = {"import_s": time.perf_counter() - start}
-    solver = {"newton": cb_core.Newton, "lbfgs": cb_core.LBFGS, "adam": cb_core.Adam}[method]
+    solver = {"subspace": cb_core.Subspace, "newton": cb_core.Newton, "lbfgs": cb_core.LBFGS,
+              "adam": cb_core.Adam}[method]
     options = {k: v for k, v in (("max_iter", max_iter), ("tol", tol)) if v is not None}
     try:
         t = time.perf_counter()
