@@ -30,6 +30,7 @@ except for pytree registration.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import zipfile
@@ -314,6 +315,17 @@ def _aligned_zeros(shape: tuple[int, ...], dtype: Any, align: int = 64) -> np.nd
     return buf[start:start + nbytes].view(dtype).reshape(shape)
 
 
+_COPY_THREADS = min(4, os.cpu_count() or 1)
+_COPY_CHUNK_BYTES = 8 << 20  # a thread per 8 MiB at least
+
+
+@functools.lru_cache(maxsize=1)
+def _copy_pool():
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(_COPY_THREADS, thread_name_prefix="cb_core-pad")
+
+
 def to_padded(decisions: Decisions, *, dtype: Any = None, n_pad: int | None = None,
               m_pad: int | None = None) -> PaddedDecisions:
     """Pad ragged decisions into the kernels' layout, once, on the host (numpy out).
@@ -326,7 +338,8 @@ def to_padded(decisions: Decisions, *, dtype: Any = None, n_pad: int | None = No
         m_pad: candidate slots, default :func:`bucket_size` (M_max) (minimum 8).
 
     Shape buckets make nearby data sizes share one compiled program. One pass over the hidden
-    states (the shift by each set's first row happens in the copy).
+    states (the shift by each set's first row happens in the copy, split over up to four threads
+    when it is large).
 
     Raises:
         ValueError: if n_pad < N or m_pad < M_max.
@@ -342,10 +355,20 @@ def to_padded(decisions: Decisions, *, dtype: Any = None, n_pad: int | None = No
     if dtype is None:
         dtype = np.float64 if hidden.dtype == np.float64 else np.float32
     h = _aligned_zeros((n_pad, m_pad, hidden.shape[1]), dtype)
-    with np.errstate(invalid="ignore", over="ignore"):  # a non-finite input is the fit's to name
-        for i in range(n):
-            a, b = offsets[i], offsets[i + 1]
-            np.subtract(hidden[a:b], hidden[a], out=h[i, : b - a], dtype=dtype)
+
+    def copy(lo: int, hi: int) -> None:
+        with np.errstate(invalid="ignore", over="ignore"):  # a non-finite input: the fit names it
+            for i in range(lo, hi):
+                a, b = offsets[i], offsets[i + 1]
+                np.subtract(hidden[a:b], hidden[a], out=h[i, : b - a], dtype=dtype)
+
+    workers = min(_COPY_THREADS, n, max(1, h.nbytes // _COPY_CHUNK_BYTES))
+    if workers > 1:  # numpy releases the GIL in the copy: the cores share a large one
+        cuts = np.searchsorted(offsets, np.linspace(0, offsets[-1], workers + 1)[1:-1])
+        bounds = np.concatenate([[0], cuts, [n]])
+        list(_copy_pool().map(copy, bounds[:-1], bounds[1:]))
+    else:
+        copy(0, n)
     seg = np.repeat(np.arange(n), sizes)
     local = np.arange(seg.size) - offsets[seg]
     log_q = np.zeros((n_pad, m_pad), dtype)
