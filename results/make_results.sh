@@ -9,7 +9,9 @@
 # tables, figure and compressed results files are written to results/.
 # Environment: CB (the cb-agent executable, default `cb-agent`), RUNS, OMP_NUM_THREADS (default 1),
 # ALF_PER_TYPE (Table 1 games per task type, default 5 = 30 games; 0 = all 134),
-# TW_GAMES (Table 3 test games per level, default 10), SW_TASKS (Table 2 tasks, default all 30).
+# TW_GAMES (Table 3 test games per level, default 10), TW_LEVELS (default custom-1 cooking-1 custom-2 cooking-2),
+# SW_TASKS (Table 2 tasks, default all 30), POOL (figure: trajectories per type sampled from, default 20),
+# SIZES (Table 4, default 2,5,10,20), HELDOUT (Table 4 held-out trajectories per type, default 5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CB=${CB:-cb-agent}
@@ -28,12 +30,12 @@ finish() {
 }
 
 figure() {  # seed figure: t-SNE of concepts, 20 samples of 5 trajectories per ALFWorld task type
-  "$CB" concepts-tsne --env alfworld "${COMMON[@]}" --pool-per-type 20 --sample-size 5 --samples 20 \
+  "$CB" concepts-tsne --env alfworld "${COMMON[@]}" --pool-per-type "${POOL:-20}" --sample-size 5 --samples 20 \
     --out results/concepts_tsne.png
 }
 
 table4() {  # concept data size: held-out valid_unseen decision accuracy vs trajectories per type
-  "$CB" concept-data-size --env alfworld "${COMMON[@]}" --sizes 2,5,10,20 --heldout-per-type 5 \
+  "$CB" concept-data-size --env alfworld "${COMMON[@]}" --sizes "${SIZES:-2,5,10,20}" --heldout-per-type "${HELDOUT:-5}" \
     --out results/table4_concept_data_size.json
 }
 
@@ -73,7 +75,7 @@ table3() {  # TextWorld levels: concepts from 2 train walkthroughs per level, di
   local level n args out="$RUNS/textworld"
   for n in $(seq 3 3 "$TW_GAMES"; [ $((TW_GAMES % 3)) -ne 0 ] && echo "$TW_GAMES"); do
     args=()
-    for level in ${TW_LEVELS:-custom-1 cooking-1}; do args+=($(games "$level" "$n")); done
+    for level in ${TW_LEVELS:-custom-1 cooking-1 custom-2 cooking-2}; do args+=($(games "$level" "$n")); done
     "$CB" run --env textworld --split test "${COMMON[@]}" --agent react --agent prior-only --agent cb-agent \
       "${args[@]}" --max-steps 20 --out-dir "$out" --resume
   done
