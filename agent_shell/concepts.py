@@ -179,6 +179,19 @@ def trajectory_features(lm: LanguageModel, texts: Sequence[DecisionText], render
     return rows, seconds
 
 
+def features_cached(lm: LanguageModel, trajectory: Trajectory, rendering: str,
+                    cache_dir: str | os.PathLike, layout: str = "text") -> bool:
+    """Whether :func:`collect_features` would read ``trajectory``'s features from ``cache_dir``
+    without LM time (a lost trajectory has none to compute: True). Rendering "experience" depends
+    on LM reviews of the trajectory and raises ValueError."""
+    if rendering == "experience":
+        raise ValueError("features_cached cannot tell for rendering 'experience' (it needs LM reviews)")
+    if not trajectory.won:
+        return True
+    texts, _ = decision_texts(trajectory, rendering, layout)
+    return not texts or (Path(cache_dir) / "features" / f"{feature_key(lm, rendering, texts, layout)}.npz").exists()
+
+
 def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rendering: str = "raw",
                      cache_dir: str | os.PathLike | None = None,
                      on_trajectory: Callable[[Trajectory], None] | None = None, layout: str = "text",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from pathlib import Path
 
 import click
@@ -27,22 +28,50 @@ from agent_shell.run_config import RunConfig
 OPTIONS = tuple(name for name in COMMON_OPTIONS if name != "demos_per_type")
 
 
-def pooled_features(config: RunConfig, pool: int, echo, need_heldout: tuple[str, int] | None = None):
+def pooled_features(config: RunConfig, pool: int, echo, need_heldout: tuple[str, int] | None = None,
+                    task_types: tuple[str, ...] = (), cached_only: bool = False):
     """(setup, task type -> one TypeFeatures per won trajectory, held-out features or None).
 
-    The pool: the first ``pool`` won expert trajectories per type of ``config.demo_split``; with
-    ``need_heldout = (split, per_type)`` also the held-out split's won expert trajectories (after
-    the pool when the split is the same), merged per type.
+    The pool: the first ``pool`` won expert trajectories per type of ``config.demo_split`` (of
+    ``task_types`` only, when given); with ``need_heldout = (split, per_type)`` also the held-out
+    split's won expert trajectories (after the pool when the split is the same), merged per type.
+    ``cached_only``: trajectories whose features are not in the cache yet are left out (counted
+    per type), so no LM time is spent.
     """
-    from agent_shell.concepts import collect_features
+    from agent_shell.concepts import collect_features, features_cached
     from agent_shell.demos import expert_demos
     from cb_core.cache import enable_persistent_cache
 
-    setup = prepare(dataclasses.replace(config, demos_per_type=pool), need_concepts=False, echo=echo)
+    from agent_shell.demos import tasks_by_type
+    from envs import make_env
+
+    env = make_env(config.env)
+    try:  # task types are checked before anything loads
+        known = tasks_by_type(env, config.demo_split)
+        unknown = sorted(set(task_types) - set(known))
+        if unknown:
+            raise click.ClickException(f"unknown task type(s) {', '.join(unknown)} in {config.env} "
+                                       f"{config.demo_split}; types: {', '.join(known)}")
+        setup = prepare(dataclasses.replace(config, demos_per_type=pool), need_concepts=False, echo=echo, env=env,
+                        task_types=set(task_types) or None)
+    except BaseException:
+        env.close()
+        raise
     enable_persistent_cache(setup.cache / "jax")
+
+    def usable(trajs: list) -> list:
+        if not cached_only:
+            return trajs
+        kept = [t for t in trajs if features_cached(setup.lm, t, config.rendering, setup.cache, config.layout)]
+        missing = Counter(t.task_type for t in trajs if t not in kept)
+        for task_type, n in sorted(missing.items()):
+            echo(f"{task_type}: {n} trajectories without cached features left out (--cached-only)")
+        return kept
+
     try:
         per_trajectory: dict[str, list] = {}
         start = time.perf_counter()
+        setup.demo_trajectories = usable(setup.demo_trajectories)
         for i, traj in enumerate(setup.demo_trajectories, 1):
             for task_type, tf in collect_features(setup.lm, [traj], config.rendering, cache_dir=setup.cache,
                                                   layout=config.layout).items():
@@ -56,10 +85,12 @@ def pooled_features(config: RunConfig, pool: int, echo, need_heldout: tuple[str,
             same = split == config.demo_split
             trajs = expert_demos(setup.env, pool + per_type if same else per_type, split=split,
                                  path=setup.cache / "expert" / config.env / f"{split}.jsonl",
+                                 task_types=set(task_types) or None,
                                  on_task=lambda tid: echo(f"collecting expert trajectory {tid}"))
             if same:  # the held-out trajectories follow the pool's
                 used = {t.task_id for t in setup.demo_trajectories}
                 trajs = [t for t in trajs if t.task_id not in used]
+            trajs = usable(trajs)
             heldout = collect_features(setup.lm, trajs, config.rendering, cache_dir=setup.cache, layout=config.layout)
             echo(f"held out: {len(trajs)} won expert trajectories of {split}, "
                  f"{sum(f.n_decisions for f in heldout.values())} decisions")
@@ -78,11 +109,16 @@ def pooled_features(config: RunConfig, pool: int, echo, need_heldout: tuple[str,
               help="Samples (concepts) per task type (all distinct subsets if there are fewer).")
 @click.option("--perplexity", type=click.FloatRange(min=1), default=30.0, show_default=True,
               help="t-SNE perplexity (capped at (concepts - 1) / 3).")
+@click.option("--task-type", "task_types", multiple=True,
+              help="Only this task type (repeatable; default: every type of the split).")
+@click.option("--cached-only", is_flag=True,
+              help="Use only trajectories whose features are already cached (no LM time; the others are "
+                   "left out and counted).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the samples and of t-SNE.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default="concepts_tsne.png", show_default=True,
               help="PNG to write; the points go to the same name with .json.")
 def concepts_tsne(config: RunConfig, pool_per_type: int, sample_size: int, samples: int, perplexity: float,
-                  seed: int, out_path: str) -> None:
+                  task_types: tuple[str, ...], cached_only: bool, seed: int, out_path: str) -> None:
     """t-SNE of concepts fitted on random samples of expert trajectories, one colour per task type."""
     import numpy as np
     import orjson
@@ -90,7 +126,8 @@ def concepts_tsne(config: RunConfig, pool_per_type: int, sample_size: int, sampl
     from agent_shell.studies.concept_data import embed_concepts, sampled_concepts, silhouette, tsne_figure
 
     console = make_console()
-    setup, per_trajectory, _ = pooled_features(config, pool_per_type, console.print)
+    setup, per_trajectory, _ = pooled_features(config, pool_per_type, console.print, task_types=task_types,
+                                               cached_only=cached_only)
     for task_type, pool in sorted(per_trajectory.items()):
         console.print(f"{task_type}: pool of {len(pool)} won trajectories")
     start = time.perf_counter()
@@ -144,10 +181,15 @@ def parse_sizes(ctx, param, value: str) -> list[int]:
               help="Split of the held-out expert decisions (the same for every size).")
 @click.option("--heldout-per-type", type=click.IntRange(min=1), default=5, show_default=True,
               help="Won held-out expert trajectories per task type.")
+@click.option("--task-type", "task_types", multiple=True,
+              help="Only this task type (repeatable; default: every type of the split).")
+@click.option("--cached-only", is_flag=True,
+              help="Use only trajectories whose features are already cached (no LM time; the others are "
+                   "left out and counted).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Write the table as JSON here (and as Markdown beside it, .md).")
 def concept_data_size(config: RunConfig, sizes: list[int], heldout_split: str, heldout_per_type: int,
-                      out_path: str | None) -> None:
+                      task_types: tuple[str, ...], cached_only: bool, out_path: str | None) -> None:
     """Held-out top-1 decision accuracy vs the number of expert trajectories per type in the concept."""
     import orjson
     from rich.table import Table
@@ -164,7 +206,8 @@ def concept_data_size(config: RunConfig, sizes: list[int], heldout_split: str, h
     finally:
         env.close()
     setup, per_trajectory, heldout = pooled_features(config, max(sizes), console.print,
-                                                     need_heldout=(heldout_split, heldout_per_type))
+                                                     need_heldout=(heldout_split, heldout_per_type),
+                                                     task_types=task_types, cached_only=cached_only)
     if not any(f.n_decisions for f in heldout.values()):
         raise click.ClickException(f"no held-out decisions: {heldout_split} gave no won expert trajectory")
     results = data_size_rows(per_trajectory, heldout, sizes, config.lam, config.gamma)

@@ -130,3 +130,23 @@ def test_concept_data_size_evaluates_every_size_on_the_same_heldout_decisions(tm
     assert md.count("(n=3)") == 2 and md.splitlines()[0].startswith("| k | fetch | open |")
     bad = CliRunner().invoke(main, ["concept-data-size", "--sizes", "5,2"])
     assert bad.exit_code == 2 and "increasing" in bad.output
+
+
+def test_task_type_and_cached_only_restrict_the_pool_without_lm_time(tmp_path, doubles):
+    out = tmp_path / "t4.json"
+    base = ["concept-data-size", "--env", "textworld", "--sizes", "1,2", "--heldout-split", "test",
+            "--heldout-per-type", "1", "--out", str(out)]
+    cold = CliRunner().invoke(main, base + ["--cached-only"])  # nothing cached yet: nothing to use
+    assert cold.exit_code == 1 and "fetch: 2 trajectories without cached features left out" in cold.output
+    assert "no held-out decisions" in cold.output
+    assert not doubles[-1].score_calls
+    res = CliRunner().invoke(main, base + ["--task-type", "open"])
+    assert res.exit_code == 0, res.output
+    assert {r["task_type"] for s in orjson.loads(out.read_bytes())["sizes"] for r in s["rows"]} == {"open", "all"}
+    cached = CliRunner().invoke(main, base + ["--cached-only"])  # "open" is cached now, "fetch" is not
+    assert cached.exit_code == 0, cached.output
+    assert "fetch: 2 trajectories without cached features left out" in cached.output  # the pool of 2
+    assert not doubles[-1].score_calls
+    assert [s["used"] for s in orjson.loads(out.read_bytes())["sizes"]] == [{"open": 1}, {"open": 2}]
+    bad = CliRunner().invoke(main, base + ["--task-type", "cook"])
+    assert bad.exit_code == 1 and "unknown task type(s) cook" in bad.output and "fetch, open" in bad.output
