@@ -20,6 +20,7 @@ Imports no environment or LM code; callers pass features.
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -169,13 +170,14 @@ def tsne_figure(points: np.ndarray, labels: Sequence[str], path: str | Path, tit
         mask = np.array([lab == label for lab in labels])
         ax.scatter(points[mask, 0], points[mask, 1], s=28, color=cmap(i % 10), label=f"{label} ({mask.sum()})",
                    alpha=0.85, edgecolors="none")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 90), fontsize=9)
     ax.set_xlabel("t-SNE 1")
     ax.set_ylabel("t-SNE 2")
     ax.legend(fontsize=8, loc="best", frameon=True)
+    caption = textwrap.fill(caption, 150)
     if caption:
-        fig.text(0.01, 0.01, caption, fontsize=7, ha="left", va="bottom")
-    fig.tight_layout(rect=(0, 0.04 if caption else 0, 1, 1))
+        fig.text(0.01, 0.01, caption, fontsize=6.5, ha="left", va="bottom")
+    fig.tight_layout(rect=(0, 0.02 + 0.025 * (caption.count("\n") + 1) if caption else 0, 1, 1))
     fig.savefig(path, dpi=130)
     plt.close(fig)
     return path
