@@ -99,6 +99,15 @@ def pooled_features(config: RunConfig, pool: int, echo, need_heldout: tuple[str,
     return setup, per_trajectory, heldout
 
 
+def pool_filters(fn):
+    """The ``--task-type`` and ``--cached-only`` options of both commands (see :func:`pooled_features`)."""
+    fn = click.option("--cached-only", is_flag=True,
+                      help="Use only trajectories whose features are already cached (no LM time; the others are "
+                           "left out and counted).")(fn)
+    return click.option("--task-type", "task_types", multiple=True,
+                        help="Only this task type (repeatable; default: every type of the split).")(fn)
+
+
 @click.command("concepts-tsne")
 @config_options(*OPTIONS)
 @click.option("--pool-per-type", type=click.IntRange(min=1), default=20, show_default=True,
@@ -109,11 +118,7 @@ def pooled_features(config: RunConfig, pool: int, echo, need_heldout: tuple[str,
               help="Samples (concepts) per task type (all distinct subsets if there are fewer).")
 @click.option("--perplexity", type=click.FloatRange(min=1), default=30.0, show_default=True,
               help="t-SNE perplexity (capped at (concepts - 1) / 3).")
-@click.option("--task-type", "task_types", multiple=True,
-              help="Only this task type (repeatable; default: every type of the split).")
-@click.option("--cached-only", is_flag=True,
-              help="Use only trajectories whose features are already cached (no LM time; the others are "
-                   "left out and counted).")
+@pool_filters
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the samples and of t-SNE.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default="concepts_tsne.png", show_default=True,
               help="PNG to write; the points go to the same name with .json.")
@@ -181,11 +186,7 @@ def parse_sizes(ctx, param, value: str) -> list[int]:
               help="Split of the held-out expert decisions (the same for every size).")
 @click.option("--heldout-per-type", type=click.IntRange(min=1), default=5, show_default=True,
               help="Won held-out expert trajectories per task type.")
-@click.option("--task-type", "task_types", multiple=True,
-              help="Only this task type (repeatable; default: every type of the split).")
-@click.option("--cached-only", is_flag=True,
-              help="Use only trajectories whose features are already cached (no LM time; the others are "
-                   "left out and counted).")
+@pool_filters
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Write the table as JSON here (and as Markdown beside it, .md).")
 def concept_data_size(config: RunConfig, sizes: list[int], heldout_split: str, heldout_per_type: int,
