@@ -4,6 +4,7 @@ message's content (issue 5). The reference below is computed independently of th
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,22 +22,28 @@ CANDIDATES = ["take mug 2 from cabinet 1", "close cabinet 1", "go to coffeemachi
 
 
 def naive_chat_score(lm, messages, action):
-    """(log_q, n_tokens) by one full forward over apply_chat_template(...) + action."""
+    """(log_q, n_tokens, hidden at the final token) by one full forward over
+    apply_chat_template(...) + action."""
     tok = lm.tokenizer
     base = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     ids = tok(base + action, add_special_tokens=False)["input_ids"]
     first = max(k for k in range(len(ids) + 1) if base.startswith(tok.decode(ids[:k])))
-    logp = torch.log_softmax(lm.model(torch.tensor([ids])).logits[0].double(), dim=-1)
-    return sum(logp[j - 1, ids[j]].item() for j in range(first, len(ids))), len(ids) - first
+    out = lm.model(torch.tensor([ids]), output_hidden_states=True)
+    logp = torch.log_softmax(out.logits[0].double(), dim=-1)
+    log_q = sum(logp[j - 1, ids[j]].item() for j in range(first, len(ids)))
+    return log_q, len(ids) - first, out.hidden_states[-1][0, -1].double().numpy()
 
 
 def test_chat_context_scoring_equals_the_naive_templated_sequence(lm32, fresh):
     assert [m["role"] for m in MESSAGES] == ["user"] + ["assistant", "user"] * 3
     got = fresh().score(MESSAGES, CANDIDATES, action_prefix="")
     for m, action in enumerate(CANDIDATES):
-        log_q, n_tok = naive_chat_score(lm32, MESSAGES, action)
+        log_q, n_tok, hidden = naive_chat_score(lm32, MESSAGES, action)
         assert got.n_tokens[m] == n_tok, action
         assert abs(float(got.log_q[m]) - log_q) < 1e-4, (action, got.log_q[m], log_q)
+        # hidden (what concepts are fitted on): the LM-head input at the final action token
+        rel = np.abs(got.hidden[m] - hidden).max() / np.abs(hidden).max()
+        assert rel < 1e-4, (action, rel)
     # the rendered conditioning ends with the opened assistant turn
     assert lm32.render(MESSAGES, "").endswith("<|im_start|>assistant\n")
 
