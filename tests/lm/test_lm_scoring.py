@@ -278,10 +278,10 @@ def test_bfloat16_logits_are_turned_into_log_probs_in_float64(lm32, fresh):
     """The float32 backbone with its LM head's output rounded to bfloat16 (what a bf16 head
     returns): the float32 trunk leaves no shape noise, so the backend's log_q must match float64
     log-softmaxes of the naive forward's bf16 logits to 2e-3 nats. Taking the log-softmax in
-    bfloat16 instead is off by 0.02-0.05 nats on these candidates."""
+    bfloat16 instead (no upcast) is off by up to 0.14 nats on these candidates."""
     handle = lm32.model.lm_head.register_forward_hook(lambda mod, args, out: out.to(torch.bfloat16))
     try:
-        for n_steps in (0, 3):
+        for n_steps in (3,):
             context = make_context(n_steps)
             refs = [naive_score(lm32, context, a)[0] for a in ALFWORLD_CANDIDATES]
             for layout in ("packed", "batched"):
