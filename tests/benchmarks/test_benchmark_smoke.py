@@ -1,0 +1,102 @@
+"""Every benchmark script runs end to end on a tiny size (``--tiny``), so none of them can rot.
+
+Smoke tests, not measurements: they check that each script finishes, writes its figures, and
+that the figures are well formed (every method timed, every ratio named by its baseline). No
+speed is asserted (speed claims live in the benchmarks' own runs). The scripts are run in this
+process (``main(argv)``), so torch and JAX are imported once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import orjson
+import pytest
+
+from envs.trajectory import Step, Trajectory
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_benchmark_script_has_a_smoke_test():
+    assert sorted(p.stem for p in BENCHMARKS.glob("*.py")) == ["fit_speed", "routing_speed", "scoring_speed"]
+
+
+def test_scoring_speed_tiny(tmp_path, capsys):
+    out = tmp_path / "scoring.json"
+    assert load("scoring_speed").main(["--tiny", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    setup, (key, result) = data["setup"], *data["results"].items()
+    other = {"bfloat16": "float32", "float32": "bfloat16"}[setup["dtype"]]
+    assert key == "ctx96_cand3" and setup["rounds"] == 1 and setup["compare_dtypes"] == [other]
+    methods = result["methods"]
+    assert sorted(methods) == sorted(["naive", "batched", "backend-batched", "backend", "floor", "backend-warm",
+                                      f"backend@{other}"])
+    for row in methods.values():  # one warm-up (untimed) and one timed round each
+        assert len(row["all_seconds"]) == 1 and row["seconds"] > 0
+    assert methods["naive"]["max_abs_log_q_gap_to_naive"] == 0.0
+    assert sorted(result["ratios"]) == sorted(["speedup_vs_naive", "speedup_vs_batched", "speedup_vs_cached_batched",
+                                               "ratio_to_floor", f"backend@{other}_time_over_backend"])
+    assert math.isclose(result["ratios"]["speedup_vs_cached_batched"],
+                        methods["backend-batched"]["seconds"] / methods["backend"]["seconds"])
+    printed = capsys.readouterr().out
+    assert "cached context + batched candidates (backend-batched) takes" in printed
+    assert f"backend in {other} takes" in printed
+
+
+def test_scoring_speed_reports_no_ratio_to_a_baseline_it_did_not_measure():
+    """``--fast-only`` leaves naive and batched re-encoding out: no ratio to them may appear."""
+    scoring = load("scoring_speed")
+    rows = {name: {"seconds": s, "tokens_per_s": 1.0, "peak_mib": 0.0, "max_abs_log_q_gap_to_naive": None}
+            for name, s in [("backend-batched", 3.0), ("backend", 2.0), ("floor", 1.0), ("backend-warm", 0.5)]}
+    ratios = scoring.ratios(rows)
+    assert ratios == {"speedup_vs_cached_batched": 1.5, "ratio_to_floor": 2.0}
+    setup = {"model": "m", "dtype": "float32", "device": "cpu", "torch_threads": 1, "cpu_count": 2, "rounds": 3,
+             "load_average_at_start": [0.0]}
+    text = scoring.report({"setup": setup, "results": {"ctx64_cand3": {
+        "context_tokens": 64, "candidate_tokens": 9, "methods": rows, "ratios": ratios}}})
+    assert "cached context + batched candidates (backend-batched) takes 1.5x its time" in text
+    assert "re-encoding" not in text and "target" not in text
+
+
+def test_routing_speed_tiny(tmp_path, capsys):
+    steps = [Step("env", "go to cabinet 1", "The cabinet 1 is closed.", ["go to cabinet 1", "look"], False, False, 0.0),
+             Step("think", "think: I should open it.", "OK.", None, False, False, 0.0),
+             Step("env", "open cabinet 1", "You open the cabinet 1. It is empty.", ["open cabinet 1"], False, False, 0.0)]
+    traj = Trajectory("alfworld", "pick_and_place_simple-Mug-None-Shelf-1/trial_1", "pick_and_place_simple",
+                      "Your task is to: put a mug in shelf.", "You are in the middle of a room.", steps, False, 0.0)
+    results = tmp_path / "results.jsonl"
+    results.write_bytes(orjson.dumps({"env": "alfworld", "agent": "react", "task_id": traj.task_id,
+                                      "success": False, "trials": [{"trajectory": traj.to_record()}]}) + b"\n")
+    out = tmp_path / "routing.json"
+    assert load("routing_speed").main([str(results), "--tiny", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["calls"] == 3 and data["same_step_kind"] == "3/3"
+    assert len(data["all_seconds"]["full"]) == len(data["all_seconds"]["peek"]) == 3
+    assert data["speedup_median"] == data["full_median_s"] / data["peek_median_s"]
+
+
+@pytest.mark.slow
+def test_fit_speed_tiny(tmp_path):
+    """Slow: one worker process per method, each compiling its programs, and the CLI timings
+    start further processes."""
+    out = tmp_path / "fit.json"
+    load("fit_speed").main(["--tiny", "--json", str(out)])
+    data = json.loads(out.read_text())
+    methods = ["torch adam", "scipy L-BFGS-B f64", "cb_core newton", "cb_core lbfgs", "cb_core adam"]
+    assert [(p["n"], p["d"], p["regime"]) for p in data["problems"]] == [(12, 16, "well"), (12, 16, "today")]
+    for problem in data["problems"]:
+        assert list(problem["rows"]) == methods
+        for row in problem["rows"].values():
+            assert row["rounds"] == 1 and row["seconds"] > 0
+    assert [(c["n"], c["d"]) for c in data["cli"]] == [(12, 16)] and data["six_concepts"]
