@@ -60,8 +60,12 @@ def test_cb_agent_fixed_space_scores_filtered_candidates_on_a_demo_free_context(
     assert candidates == ["go to window 1", "go to desk 1", "examine wall 1"]
     assert "DEMO" not in context and context.endswith("> think: go get it\nOK.")
     assert env.engine_actions[0] == "go to desk 1"  # the prior's argmax (boosted), not the reply
+    # p_chosen by hand: the length-normalised prior log q / L^gamma (gamma 0.8), softmaxed over the set
+    s = FakeLM(prefer="desk").score(context, candidates, "\n> ")
+    z = s.log_q.astype(np.float64) / s.n_tokens.astype(np.float64) ** 0.8
+    p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
     assert log.decisions[0] == {"step": 1, "n_candidates": 3, "chosen": 1,
-                                "p_chosen": pytest.approx(log.decisions[0]["p_chosen"]), "action": "go to desk 1"}
+                                "p_chosen": pytest.approx(p[1], rel=1e-5), "action": "go to desk 1"}
 
 
 def test_cb_agent_malformed_routing_reply_still_acts_from_the_set():
@@ -92,7 +96,7 @@ def test_open_action_space_samples_twenty_keeps_duplicates_and_falls_back():
     def replies(prompt, temperature, n):
         if n == 1:
             return [" act"]
-        assert temperature == 0.7
+        assert temperature == 0.7 and n == 20  # the seed's 20 samples
         return [" go to desk 1"] * 12 + [" think: no"] * 3 + [" open drawer 1"] * 5
 
     lm = FakeLM(replies)
