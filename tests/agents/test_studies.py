@@ -169,13 +169,19 @@ def test_probe_experience_reviews_each_transition_once_per_trajectory(tmp_path):
     assert "Experience: The window cannot be reached." in lm.prompts[2]  # the routing prompt shows them
 
 
+#: what the steered prior-only actor picks under each rendering (SteeredLM's prefer)
+PRIOR_PICKS = {"raw": "window", "check": "desk"}
+
+
 def react_factory(replies=(" go to window 1",)):
     made = []
 
     def make(rendering, actor):
-        lm = FakeLM(replies if callable(replies) else list(replies))
-        agent = (ReActAgent(lm, DEMOS, AgentConfig(rendering=rendering)) if actor == "react"
-                 else CBAgent(lm, DEMOS, None, AgentConfig(rendering=rendering)))
+        if actor == "react":
+            agent = ReActAgent(FakeLM(replies if callable(replies) else list(replies)), DEMOS,
+                               AgentConfig(rendering=rendering))
+        else:
+            agent = CBAgent(SteeredLM(prefer=PRIOR_PICKS.get(rendering)), DEMOS, None, AgentConfig(rendering=rendering))
         made.append((rendering, actor))
         return agent
 
@@ -198,9 +204,11 @@ def test_probe_resume_skips_finished_keys_and_duplicates_nothing(tmp_path):
     assert len(keys) == 8 == len(set(keys))
     assert ("raw", "react") not in made[1:]  # no agent built when nothing is left to do
     rows = studies.probe_rows(studies.read_study(out, "probe"))
+    # items a/1@1 and a/1@5 repeat "go to window 1" and "examine wall 1"; ReAct replies "go to
+    # window 1"; prior-only is steered to "go to window 1" under raw and "go to desk 1" under check
     assert [(r.group, r.k, r.n) for r in rows] == [
-        (("raw", "react"), 1, 2), (("raw", "prior-only"), rows[1].k, 2), (("check", "react"), 1, 2),
-        (("check", "prior-only"), rows[3].k, 2)]
+        (("raw", "react"), 1, 2), (("raw", "prior-only"), 1, 2), (("check", "react"), 1, 2),
+        (("check", "prior-only"), 0, 2)]
 
 
 # recovery: task b/1 is won by go to door 1, open door 1, go to hall 1
