@@ -9,8 +9,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from click.testing import CliRunner
 
+import agent_shell.lm
+import envs
 from agent_doubles import FakeLM, ScriptedEnv
+from agent_shell.cli import main
 from agent_shell.agents import build_agent
 from agent_shell.runner import longest_repeat_cycle, loop_statistics, read_results, run_episodes
 from envs.trajectory import Step
@@ -142,41 +146,103 @@ def test_interrupted_run_resumes_without_loss_or_duplication(tmp_path):
     assert not (tmp_path / "results.jsonl.partial").exists()
 
 
+#: a stateless script of replies, so that a resumed process replies as the first one did
+KILL_STEPS = [" think: plan"] + [" open box 1", " close box 1"] * 10
+
+
+def kill_reply(prompt, temperature, n):
+    return [KILL_STEPS[prompt.split("Here is the task.")[-1].count("\n> ")]] * n
+
+
+def kill_run_args(out_dir) -> list[str]:
+    return ["run", "--env", "textworld", "--split", "test", "--all-games", "--agent", "react", "--agent",
+            "prior-only", "--max-steps", "6", "--demos-per-type", "1", "--out-dir", str(out_dir), "--resume"]
+
+
 KILLED_SCRIPT = """
 import sys, time
 sys.path.insert(0, {tests!r})
+import agent_shell.lm, envs
 from agent_doubles import FakeLM, ScriptedEnv
-from agent_shell.agents import build_agent
-from agent_shell.runner import run_episodes
+from agent_shell.cli import main
+from test_runner import kill_reply, kill_run_args
+
 
 class SlowLM(FakeLM):
     def generate(self, *a, **k):
         time.sleep(0.05)
         return super().generate(*a, **k)
 
-run_episodes(ScriptedEnv(), build_agent("react", SlowLM([" look around"]), {{"fetch": ["d"], "open": ["d"]}}),
-             {tasks!r}, {out!r}, max_steps=6, resume=True)
+
+envs.make_env = lambda name, **kw: ScriptedEnv(expert_looks=True)
+agent_shell.lm.load_language_model = lambda *a, **k: SlowLM(kill_reply)
+main(kill_run_args({out!r}))
 """
 
 
-def test_killed_process_resumes_without_loss_or_duplication(tmp_path):
-    out = tmp_path / "results.jsonl"
-    script = KILLED_SCRIPT.format(tests=str(Path(__file__).parent), tasks=TASKS * 1 + ["a/3", "b/2"], out=str(out))
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parents[2])
+def run_script(out_dir: Path, cache: Path) -> subprocess.Popen:
+    script = KILLED_SCRIPT.format(tests=str(Path(__file__).parent), out=str(out_dir))
+    env = dict(os.environ, CB_AGENT_CACHE=str(cache))
+    return subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parents[2], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def finish(proc: subprocess.Popen) -> None:
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()[-2000:]
+
+
+def partial_states(out_dir: Path) -> list[dict]:
+    """The in-progress episode states of a run (the runner's ``results.jsonl.partial/``)."""
+    states = []
+    for path in sorted((out_dir / "results.jsonl.partial").glob("*/*.json")):
+        try:
+            states.append(orjson.loads(path.read_bytes()))
+        except (OSError, orjson.JSONDecodeError):  # being replaced right now
+            pass
+    return states
+
+
+def test_a_killed_multi_agent_run_resumes_to_exactly_the_uninterrupted_records(tmp_path, monkeypatch):
+    """``cb-agent run`` with two agents (doubles for the LM and the games) is SIGKILLed in the
+    middle of the second agent's second episode; ``--resume`` must then produce, line by line,
+    the records of a run that was never interrupted (wall-clock fields aside)."""
+    reference_dir, killed_dir = tmp_path / "reference", tmp_path / "killed"
+    monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "cache-reference"))
+    monkeypatch.setattr(envs, "make_env", lambda name, **kw: ScriptedEnv(expert_looks=True))
+    monkeypatch.setattr(agent_shell.lm, "load_language_model", lambda *a, **k: FakeLM(kill_reply))
+    res = CliRunner().invoke(main, kill_run_args(reference_dir))  # uninterrupted, in this process
+    assert res.exit_code == 0, res.output
+    reference = read_results(reference_dir / "results.jsonl")
+    assert [(r["agent"], r["task_id"]) for r in reference] == [
+        (agent, t) for agent in ("react", "prior-only") for t in ("a/1", "a/2", "a/3", "b/1", "b/2")]
+
+    proc = run_script(killed_dir, tmp_path / "cache-killed")
     try:
-        deadline = time.time() + 60
-        while time.time() < deadline and len(read_results(out)) < 2:
-            time.sleep(0.05)
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            done = {(r["agent"], r["task_id"]) for r in read_results(killed_dir / "results.jsonl")}
+            states = partial_states(killed_dir)  # read after the records: an unfinished one is running
+            if len(done) >= 6 and any(s["agent"] == "prior-only" and (s["agent"], s["task_id"]) not in done
+                                      and len(s["trials"][0]["trajectory"]["steps"]) >= 2 for s in states):
+                break
+            time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
-    done_before = [r["task_id"] for r in read_results(out)]
-    assert 2 <= len(done_before) < 5, done_before
-    subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parents[2], check=True, timeout=120)
-    task_ids = [r["task_id"] for r in read_results(out)]
-    assert sorted(task_ids) == sorted(TASKS + ["a/3", "b/2"]) and task_ids[:len(done_before)] == done_before
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed mid-episode"
+    done_before = [(r["agent"], r["task_id"]) for r in read_results(killed_dir / "results.jsonl")]
+    (state,) = partial_states(killed_dir)  # the episode the kill interrupted
+    assert state["agent"] == "prior-only" and not state["finished"] and (state["agent"], state["task_id"]) not in done_before
+    assert 2 <= len(state["trials"][0]["trajectory"]["steps"]) < 6
+    assert done_before == [(r["agent"], r["task_id"]) for r in reference][:len(done_before)]
+
+    finish(run_script(killed_dir, tmp_path / "cache-killed"))
+    resumed = read_results(killed_dir / "results.jsonl")
+    assert [untimed(r) for r in resumed] == [untimed(r) for r in reference]
+    assert not (killed_dir / "results.jsonl.partial").exists()
 
 
 # -- issue 12: an engine fault ends its episode only ------------------------------------------------
