@@ -1,5 +1,7 @@
 """Concept fitting from expert trajectories: filtering, counting, caching, metadata."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -82,3 +84,29 @@ def test_one_concept_per_type_with_metadata_and_a_cache(tmp_path, trajectories):
     check_concept_matches(concepts["open"], lm, "raw")
     with pytest.raises(ValueError, match="backbone"):
         check_concept_matches(concepts["open"], FakeLM(name="other"), "raw")
+
+
+def test_a_concept_fitted_in_another_dtype_is_refused(trajectories):
+    fitted_with, acting_with = FakeLM(), FakeLM()
+    fitted_with.dtype, acting_with.dtype = "bfloat16", "float32"
+    concept = cached_concepts(collect_features(fitted_with, trajectories), fitted_with)[0]["open"]
+    assert concept.metadata["features"]["dtype"] == "bfloat16"
+    check_concept_matches(concept, fitted_with, "raw")
+    with pytest.raises(ValueError, match="concept for 'open' was fitted with dtype='bfloat16', but acting uses 'float32'"):
+        check_concept_matches(concept, acting_with, "raw")
+
+
+@pytest.mark.parametrize("field, fitted", [("formatting", "chat"), ("action_prefix", "\nAction: "),
+                                           ("dtype", "float16")])
+def test_a_concept_from_another_feature_construction_is_refused(trajectories, field, fitted):
+    """A concept file whose features were built another way (another formatting of the text, another
+    action prefix, another dtype: e.g. written by another version or tool) is refused by name."""
+    lm = FakeLM()
+    lm.dtype = "float32"
+    concept = cached_concepts(collect_features(lm, trajectories), lm)[0]["fetch"]
+    acting = concept.metadata["features"][field]
+    assert acting != fitted
+    meta = {**concept.metadata, "features": {**concept.metadata["features"], field: fitted}}
+    other = cb_core.Concept(concept.alpha, concept.gamma, concept.eps, meta)
+    with pytest.raises(ValueError, match=re.escape(f"fitted with {field}={fitted!r}, but acting uses {acting!r}")):
+        check_concept_matches(other, lm, "raw")

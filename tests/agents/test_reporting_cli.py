@@ -148,6 +148,25 @@ def test_cb_agent_run_fits_concepts_and_reports_skipped_expert_steps(tmp_path, d
     assert tuple(all_row["ci_prior"]) == wilson_interval(all_row["hits_prior"], 5)
 
 
+def test_run_refuses_a_cached_concept_fitted_in_another_dtype(tmp_path, doubles):
+    """The concept cache's folder is keyed by the backbone's dtype, so a mismatch means a concept
+    file that was fitted another way: ``run`` refuses it, naming the field, before any episode."""
+    import cb_core
+
+    args = ["run", "--env", "textworld", "--split", "test", "--agent", "cb-agent", "--games", "1",
+            "--max-steps", "2", "--out-dir", str(tmp_path / "run")]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    (folder,) = (tmp_path / "cache" / "concepts").iterdir()
+    for path in folder.glob("*.safetensors"):
+        c = cb_core.Concept.load(path)
+        cb_core.Concept(c.alpha, c.gamma, c.eps, {**c.metadata, "features": {**c.metadata["features"],
+                                                                             "dtype": "bfloat16"}}).save(path)
+    res = CliRunner().invoke(main, [*args[:-1], str(tmp_path / "again")])
+    assert res.exit_code != 0
+    assert "dtype='bfloat16', but acting uses ''" in str(res.exception) + res.output
+    assert not (tmp_path / "again" / "results.jsonl").exists()
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 8, 17, 30])
 def test_interval_ends_never_cross_the_rate_and_all_fail_charts_draw(tmp_path, n):
     """0/n and n/n: rounding in the Wilson formula must not put an end past the rate (a chart's
