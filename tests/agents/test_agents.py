@@ -137,6 +137,31 @@ def test_reflexion_does_not_reflect_after_a_win_and_cb_memory_enters_scoring_con
     assert len(won.trials) == 1 and won.won and not any(p.endswith("Reflection:") for p in won_lm.prompts)
 
 
+def test_reflexion_cb_agent_acts_with_its_concept_in_every_trial():
+    """Both trials choose by the fitted concept (argmax of a strong alpha along one hidden
+    coordinate), not by the prior (steered to the window); the first trial's reflection enters the
+    second's scoring context."""
+    lm = FakeLM(lambda p, t, n: [" I never reached the desk."] if p.endswith("Reflection:") else [" act"],
+                prefer="window")
+    d = lm.hidden_size
+    alpha = np.zeros(d + 1, np.float32)
+    alpha[3] = 50.0
+    meta = dict(backbone="fake-lm", features={}, gamma=0.8, lam=1.0, eps=1e-6, task_type="fetch",
+                trajectories=[], versions={}, hidden_size=d)
+    agent = build_agent("reflexion-cb-agent", lm, DEMOS, {"fetch": cb_core.Concept(alpha, 0.8, 1e-6, meta)})
+    env = ScriptedEnv()
+    result = agent.run(lambda: Episode(env, "a/1", 1))  # one step cannot win a/1: two trials
+    assert agent.name == "reflexion-cb-agent" and len(result.trials) == 2 and not result.won
+    calls = list(lm.score_calls)
+    assert len(calls) == 2
+    by_concept = [c[int(np.argmax(lm.score(ctx, c, "\n> ").hidden[:, 3]))] for ctx, c in calls]
+    priors = [lm.score(ctx, c, "\n> ") for ctx, c in calls]  # log q / L^0.8: the length-normalised prior
+    by_prior = [c[int(np.argmax(s.log_q / s.n_tokens ** 0.8))] for (_, c), s in zip(calls, priors)]
+    assert env.engine_actions == by_concept and by_concept != by_prior
+    assert result.trials[0].reflection == "I never reached the desk."
+    assert calls[1][0].startswith("Your memory for the task below:\nTrial 1: I never reached the desk.")
+
+
 def test_build_agent_names_and_errors():
     lm = FakeLM()
     assert build_agent("react", lm, DEMOS).name == "react"

@@ -148,6 +148,35 @@ def test_cb_agent_run_fits_concepts_and_reports_skipped_expert_steps(tmp_path, d
     assert tuple(all_row["ci_prior"]) == wilson_interval(all_row["hits_prior"], 5)
 
 
+def test_fit_concepts_writes_one_concept_per_type_and_copies_them(tmp_path, doubles):
+    import cb_core
+
+    res = CliRunner().invoke(main, ["fit-concepts", "--env", "textworld", "--demos-per-type", "2", "--lam", "0.5",
+                                    "--out-dir", str(tmp_path / "concepts")])
+    assert res.exit_code == 0, res.output
+    (folder,) = (tmp_path / "cache" / "concepts").iterdir()
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in (tmp_path / "concepts").iterdir()) \
+        == ["fetch.safetensors", "open.safetensors"]
+    meta = cb_core.Concept.load(tmp_path / "concepts" / "open.safetensors").metadata
+    assert meta["lam"] == 0.5 and meta["trajectories"] == ["b/1", "b/2"] and meta["fit"]["converged"]
+    assert meta["n_decisions"] == 6 and meta["skipped_actions"] == {"look": 6}
+    # the printed table: per type, trajectories, decisions and skipped expert steps
+    lines = {line.split()[1]: line for line in res.output.splitlines() if line.split()[1:2] in (["fetch"], ["open"])}
+    assert "6 of 12 (look x6)" in lines["open"] and "4 of 8 (look x4)" in lines["fetch"]
+    assert "2 (+0 lost)" in lines["open"] and "concepts copied to" in res.output
+    assert len(doubles) == 1  # one backbone load
+    # a run over both task types with the same settings acts with exactly these concepts (same
+    # cache key): no refit, no new folder
+    res = CliRunner().invoke(main, ["run", "--env", "textworld", "--split", "test", "--agent", "cb-agent",
+                                    "--all-games", "--max-steps", "2", "--demos-per-type", "2", "--lam", "0.5",
+                                    "--out-dir", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    records = read_results(tmp_path / "run" / "results.jsonl")
+    assert {r["task_type"] for r in records} == {"fetch", "open"}
+    assert all(r["concepts_dir"] == str(folder) for r in records)
+    assert [p.name for p in (tmp_path / "cache" / "concepts").iterdir()] == [folder.name]
+
+
 def test_run_refuses_a_cached_concept_fitted_in_another_dtype(tmp_path, doubles):
     """The concept cache's folder is keyed by the backbone's dtype, so a mismatch means a concept
     file that was fitted another way: ``run`` refuses it, naming the field, before any episode."""
