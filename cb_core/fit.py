@@ -435,7 +435,7 @@ class LBFGS:
     name: ClassVar[str] = "lbfgs"
 
     def minimise(self, p: Problem, lam, tol) -> SolverOutput:
-        import optax  # here: a subspace or Newton fit (default, one-off CLI) never imports it
+        import optax  # here: a Newton (default, one-off CLI) or subspace fit never imports it
         import optax.tree_utils as otu
 
         fun = lambda a: problem_objective(a, p, lam)  # noqa: E731
@@ -519,10 +519,10 @@ class Adam:
 
 Solver = Union[Subspace, Newton, LBFGS, Adam]
 
-#: the default solver of :func:`fit`: the fastest reliable one in benchmarks/fit_speed.py (it
-#: reaches a gap <= 1e-6 first, with the fewest passes over the hidden states, in both data
-#: regimes and at both sizes there; README "Fit speed")
-DEFAULT_SOLVER: Solver = Subspace()
+#: the default solver of :func:`fit`: Newton-CG. Subspace needs fewer passes over the hidden
+#: states (README "Fit speed") but was not faster in wall time in every case there (its inner
+#: iterations cost time at small sizes), and Newton-CG stops with the smaller gap
+DEFAULT_SOLVER: Solver = Newton()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -591,7 +591,7 @@ def fit(
         decisions: ragged decisions (validated here).
         solver: :class:`Subspace`, :class:`Newton`, :class:`LBFGS` or :class:`Adam`
             (hyperparameters, tolerance and iteration cap); default :data:`DEFAULT_SOLVER`
-            (``Subspace()``). A solver's ``tol=None`` means 1e-3 in float32 (certified
+            (``Newton()``). A solver's ``tol=None`` means 1e-3 in float32 (certified
             objective gap <= 5e-7 / lam) and 1e-7 in float64.
         lam: L2 strength lam > 0 (also the strong-convexity constant).
         gamma: length-normalisation exponent of the prior (App. B), >= 0.

@@ -23,7 +23,7 @@ import click
 @click.option("--gamma", default=0.8, show_default=True, type=float,
               help="Prior length-normalisation exponent.")
 @click.option("--eps", default=1e-6, show_default=True, type=float, help="Feature std floor.")
-@click.option("--method", default="subspace", show_default=True,
+@click.option("--method", default="newton", show_default=True,
               type=click.Choice(["subspace", "newton", "lbfgs", "adam"]),
               help="Solver: subspace (Newton over the gradient and the last steps), newton "
                    "(Newton-CG), lbfgs (L-BFGS) or adam (the seed's protocol).")
