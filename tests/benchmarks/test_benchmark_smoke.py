@@ -102,7 +102,7 @@ def test_fit_speed_tiny(tmp_path):
     out = tmp_path / "fit.json"
     load("fit_speed").main(["--tiny", "--json", str(out)])
     data = json.loads(out.read_text())
-    methods = ["torch adam", "scipy L-BFGS-B f64", "cb_core newton", "cb_core lbfgs", "cb_core adam"]
+    methods = ["torch adam", "scipy L-BFGS-B f64", "cb_core subspace", "cb_core newton", "cb_core lbfgs", "cb_core adam"]
     assert [(p["n"], p["d"], p["regime"]) for p in data["problems"]] == [(12, 16, "well"), (12, 16, "today")]
     for problem in data["problems"]:
         assert list(problem["rows"]) == methods
