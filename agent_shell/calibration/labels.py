@@ -61,8 +61,7 @@ class Transition:
 
     @property
     def key(self) -> str:
-        r = self.recorded
-        return f"{r.agent}:{r.trajectory.task_id}#{r.trial}@{self.i}"
+        return f"{self.recorded.name}@{self.i}"
 
     @property
     def steps(self) -> tuple:

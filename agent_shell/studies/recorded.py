@@ -50,6 +50,11 @@ class RecordedTrial:
         return self.source, self.agent, self.trajectory.task_id, self.trial
 
     @property
+    def name(self) -> str:
+        """``"AGENT:TASK_ID#TRIAL"``, how study and label lines name the trial."""
+        return f"{self.agent}:{self.trajectory.task_id}#{self.trial}"
+
+    @property
     def start(self) -> TaskStart:
         """The task as the agent saw it when the recording began."""
         t = self.trajectory

@@ -45,8 +45,7 @@ class RecoveryItem:
 
     @property
     def key(self) -> str:
-        r = self.recorded
-        return f"{r.agent}:{r.trajectory.task_id}#{r.trial}"
+        return self.recorded.name
 
     @property
     def length(self) -> int:
