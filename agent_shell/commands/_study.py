@@ -56,7 +56,7 @@ class AgentFactory:
 
         setup = self.setup(rendering)
         config = AgentConfig.for_env(self.config.env, rendering=rendering, layout=self.config.layout,
-                                     seed=self.config.seed)
+                                     seed=self.config.seed, gamma=self.config.gamma)
         if actor == "react":
             return ReActAgent(setup.lm, setup.demos, config, self.reviewer, setup.calibrator)
         concepts = setup.concepts if actor == "cb-agent" else None

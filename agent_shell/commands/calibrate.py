@@ -121,7 +121,7 @@ def _label(todo, trials, actors, judge_name, k, temperature, content_screening, 
             raise click.ClickException(str(err)) from None
         lm = setup.lm
         scorer, reviewer, judge_lm = lm.fork(), lm.fork(), lm.fork()
-        agent_config = AgentConfig.for_env(env_name, rendering="experience", seed=config.seed)
+        agent_config = AgentConfig.for_env(env_name, rendering="experience", seed=config.seed, gamma=config.gamma)
         agents = {}
         for name in actors:
             if name == "react":

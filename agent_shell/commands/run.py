@@ -175,8 +175,9 @@ def players_of(config: RunConfig, setup: Any) -> dict[str, Any]:
     KV caches), demonstrations and concepts."""
     from agent_shell.agents import AgentConfig, build_agent
 
+    # prior-only acts with the run's gamma (a concept carries its own fit's gamma)
     agent_config = AgentConfig.for_env(config.env, rendering=config.rendering, layout=config.layout,
-                                       action_space=config.action_space, seed=config.seed)
+                                       action_space=config.action_space, seed=config.seed, gamma=config.gamma)
     scorer = setup.lm.fork()  # scoring contexts and routing prompts keep separate KV caches
     reviewer = setup.lm.fork() if config.rendering in REVIEWED else None
     return {name: build_agent(name, setup.lm, setup.demos, setup.concepts, agent_config, config.reflexion_trials,

@@ -235,3 +235,25 @@ def test_agents_pin_the_routing_head_of_the_task_type_and_every_prompt_starts_wi
     play(agent, "b/1")
     assert [("DEMO-FETCH" in h, "DEMO-OPEN" in h) for h in lm.pinned] == [(True, False), (False, True)]
     assert lm.prompts and all(p.startswith(lm.pinned[0]) or p.startswith(lm.pinned[1]) for p in lm.prompts)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.5])
+def test_run_s_gamma_reaches_the_prior_only_agent(gamma):
+    """`cb-agent run --gamma` sets the prior-only control's length exponent (a concept carries
+    its own fit's gamma; alpha = 0 has none but the run's)."""
+    from types import SimpleNamespace
+
+    from agent_shell.commands.run import players_of
+    from agent_shell.run_config import RunConfig
+
+    lm = FakeLM([" anything"])
+    setup = SimpleNamespace(lm=lm, demos=DEMOS, concepts=None, calibrator=None)
+    player = players_of(RunConfig(env="scripted", agents=("prior-only",), gamma=gamma), setup)["prior-only"]
+    env, ep, log, _ = play(player.agent, max_steps=1)
+    context, candidates = lm.score_calls[0]
+    s = FakeLM().score(context, candidates, "\n> ")
+    z = s.log_q.astype(np.float64) / s.n_tokens.astype(np.float64) ** gamma
+    p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    assert player.agent.config.gamma == gamma
+    assert log.decisions[0]["chosen"] == int(np.argmax(z))
+    assert log.decisions[0]["p_chosen"] == pytest.approx(p.max(), rel=1e-5)
