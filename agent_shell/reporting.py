@@ -152,6 +152,95 @@ def _review_counts(record: dict) -> tuple[int, int]:
     return len(reviews), sum(1 for rv in reviews if rv.get("experience"))
 
 
+@dataclass(frozen=True)
+class Pair:
+    """Two agents (row labels of :func:`summarize`) on the games both finished without an error.
+
+    ``both``, ``only_a``, ``only_b``, ``neither``: games won by both, by ``a`` alone, by ``b``
+    alone, by neither; ``p_value``: the exact two-sided sign test (McNemar's exact test) on the
+    discordant games, P(|X - d/2| >= |only_a - d/2|) for X ~ Binomial(d = only_a + only_b, 1/2)
+    (1.0 when no game is discordant).
+    """
+
+    a: str
+    b: str
+    n: int
+    both: int
+    only_a: int
+    only_b: int
+    neither: int
+    p_value: float
+
+
+def sign_test(k: int, n: int) -> float:
+    """Exact two-sided sign test: P(X <= min(k, n - k)) + P(X >= max(k, n - k)) for X ~
+    Binomial(n, 1/2), capped at 1 (1.0 for n = 0). Raises ValueError unless 0 <= k <= n."""
+    if not 0 <= k <= n:
+        raise ValueError(f"sign_test needs 0 <= k <= n, got k={k}, n={n}")
+    low = min(k, n - k)
+    tail = sum(math.comb(n, i) for i in range(low + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def paired_comparisons(records: Iterable[dict]) -> list[Pair]:
+    """Every pair of agents (labelled as in :func:`summarize`, first-seen order) compared game by
+    game on the tasks both played (``task_id``; error episodes left out): a same-games comparison
+    is far more sensitive than two overlapping intervals. An agent that played a task more than
+    once (another seed in another file) is refused: which episode to pair would be a guess.
+
+    Raises ValueError naming the agent and task played twice.
+    """
+    records = list(records)
+    differing = differing_settings(records)
+    outcome: dict[str, dict[str, bool]] = {}
+    for r in records:
+        if r.get("error"):
+            continue
+        label = agent_label(r, differing)
+        games = outcome.setdefault(label, {})
+        if r["task_id"] in games:
+            raise ValueError(f"{label} played {r['task_id']} twice: cannot pair its episodes")
+        games[r["task_id"]] = bool(r["success"])
+    labels = list(outcome)
+    pairs = []
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            shared = sorted(set(outcome[a]) & set(outcome[b]))
+            wa = [outcome[a][t] for t in shared]
+            wb = [outcome[b][t] for t in shared]
+            only_a = sum(x and not y for x, y in zip(wa, wb))
+            only_b = sum(y and not x for x, y in zip(wa, wb))
+            both = sum(x and y for x, y in zip(wa, wb))
+            pairs.append(Pair(a, b, len(shared), both, only_a, only_b, len(shared) - both - only_a - only_b,
+                              sign_test(only_a, only_a + only_b)))
+    return pairs
+
+
+def pairs_markdown(pairs: Sequence[Pair]) -> str:
+    """The pairs as a Markdown table: a, b, games, both won, only a, only b, neither, p."""
+    lines = ["| a | b | games | both won | only a | only b | neither | sign test p |", "|" + "---|" * 8]
+    for q in pairs:
+        cells = [q.a, q.b, str(q.n), str(q.both), str(q.only_a), str(q.only_b), str(q.neither), f"{q.p_value:.3g}"]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def pairs_table(pairs: Sequence[Pair], title: str = "Same games, agent against agent"):
+    """A :class:`rich.table.Table` of :func:`paired_comparisons`."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name in ("a", "b", "games", "both won", "only a", "only b", "neither", "sign test p"):
+        table.add_column(name, justify="left" if name in ("a", "b") else "right")
+    for q in pairs:
+        table.add_row(escape(q.a), escape(q.b), str(q.n), str(q.both), str(q.only_a), str(q.only_b),
+                      str(q.neither), f"{q.p_value:.3g}")
+    table.caption = ("games both agents finished without an engine fault; sign test: exact two-sided "
+                     "binomial test on the games only one of them won")
+    return table
+
+
 def rich_table(rows: Sequence[Row], title: str = "Success per task type"):
     """A :class:`rich.table.Table` of the rows."""
     from rich.markup import escape

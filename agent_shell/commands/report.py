@@ -2,7 +2,8 @@
 
 Episodes run with different settings (budget, dtype, rendering, ...) are never pooled: each setting
 that differs between the records becomes part of the row label. Error episodes (an engine fault)
-are counted apart. A torn line is skipped with one plain warning line (``--resume`` of the run
+are counted apart. ``--paired`` adds the same-games comparison of every two agents (exact sign test).
+A torn line is skipped with one plain warning line (``--resume`` of the run
 moves it aside).
 """
 
@@ -21,10 +22,14 @@ from agent_shell.commands._common import make_console
               help="Where to write the bar chart (default: beside the first RESULTS file, .png).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the table as Markdown here (title line, then the table).")
-def report(results, chart_path, markdown_path) -> None:
+@click.option("--paired", is_flag=True,
+              help="Also compare every two agents game by game on the games both played (won by both, "
+                   "by one only, by neither; exact sign test on the discordant games).")
+def report(results, chart_path, markdown_path, paired) -> None:
     """Summarise RESULTS (JSONL files written by `cb-agent run`)."""
 
-    from agent_shell.reporting import bar_chart, describe_run, differing_settings, markdown_table, rich_table, summarize
+    from agent_shell.reporting import (bar_chart, describe_run, differing_settings, markdown_table, paired_comparisons,
+                                       pairs_markdown, pairs_table, rich_table, summarize)
     from agent_shell.runner import read_results
 
     records = [r for path in results for r in read_results(path)]
@@ -38,9 +43,19 @@ def report(results, chart_path, markdown_path) -> None:
         console.print(f"settings differ between the episodes ({', '.join(differing)}): one row per setting",
                       markup=False)
     console.print(rich_table(rows, title=f"{title}: success per task type"))
+    pairs = []
+    if paired:
+        try:
+            pairs = paired_comparisons(records)
+        except ValueError as err:
+            raise click.ClickException(str(err)) from None
+        console.print(pairs_table(pairs, title=f"{title}: same games, agent against agent"))
     if markdown_path:
         note = f" (settings differ: {', '.join(differing)})" if differing else ""
-        Path(markdown_path).write_text(f"{title}: success per task type{note}\n\n{markdown_table(rows)}")
+        text = f"{title}: success per task type{note}\n\n{markdown_table(rows)}"
+        if paired:
+            text += f"\nSame games, agent against agent (exact sign test on the discordant games)\n\n{pairs_markdown(pairs)}"
+        Path(markdown_path).write_text(text)
         click.echo(f"markdown: {markdown_path}")
     chart = bar_chart(rows, chart_path or Path(results[0]).with_suffix(".png"), f"{title}: success rate by task type")
     click.echo(f"chart: {chart}")

@@ -4,6 +4,8 @@ import math
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from click.testing import CliRunner
 
 import agent_shell.lm
@@ -328,3 +330,71 @@ def test_eval_decisions_rows_carry_wilson_intervals(tmp_path, doubles):
             assert r[f"ci_{name}"] == list(wilson_interval(r[f"hits_{name}"], r["decisions"]))
             assert r[f"acc_{name}"] == r[f"hits_{name}"] / r["decisions"]
     assert "95% Wilson" in res.output and "% [" in res.output
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 40).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))))
+def test_sign_test_is_scipy_s_exact_binomial_test(kn):
+    from scipy.stats import binomtest
+
+    from agent_shell.reporting import sign_test
+
+    k, n = kn
+    expected = binomtest(k, n, 0.5).pvalue if n else 1.0
+    assert sign_test(k, n) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_sign_test_rejects_bad_counts():
+    from agent_shell.reporting import sign_test
+
+    with pytest.raises(ValueError, match="k=3, n=2"):
+        sign_test(3, 2)
+
+
+def game(agent, task_id, success, **extra):
+    return {**record(agent, task_id.split("/")[0], success), "task_id": task_id, **extra}
+
+
+def test_paired_comparisons_count_games_by_outcome_on_the_shared_games_only():
+    from agent_shell.reporting import paired_comparisons
+
+    won_a = [True, True, True, False, False, True]
+    won_b = [True, False, False, False, False, False]
+    recs = [game("cb-agent", f"t/{i}", w) for i, w in enumerate(won_a)]
+    recs += [game("react", f"t/{i}", w) for i, w in enumerate(won_b)]
+    recs += [game("react", "t/9", True),  # cb-agent never played it: not paired
+             game("cb-agent", "t/8", True, error={"type": "EngineError"})]  # an error episode: left out
+    (pair,) = paired_comparisons(recs)
+    assert (pair.a, pair.b, pair.n, pair.both, pair.only_a, pair.only_b, pair.neither) == \
+        ("cb-agent", "react", 6, 1, 3, 0, 2)
+    assert pair.p_value == pytest.approx(0.25)  # 3 of 3 discordant games one way: 2 / 2**3
+
+
+def test_paired_comparisons_label_agents_by_the_settings_that_differ():
+    from agent_shell.reporting import paired_comparisons
+
+    recs = [game("cb-agent", "t/1", True, features="lm-hidden"), game("cb-agent", "t/1", False, features="novelty")]
+    (pair,) = paired_comparisons(recs)
+    assert (pair.a, pair.b, pair.only_a) == ("cb-agent (features=lm-hidden)", "cb-agent (features=novelty)", 1)
+
+
+def test_paired_comparisons_refuse_an_agent_that_played_a_game_twice():
+    from agent_shell.reporting import paired_comparisons
+
+    with pytest.raises(ValueError, match="react played t/1 twice"):
+        paired_comparisons([game("react", "t/1", True), game("react", "t/1", False)])
+
+
+def test_report_paired_prints_and_writes_the_same_games_table(tmp_path):
+    path = tmp_path / "r.jsonl"
+    recs = [game("cb-agent", f"t/{i}", i < 4) for i in range(5)] + [game("react", f"t/{i}", i == 0) for i in range(5)]
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    res = CliRunner().invoke(main, ["report", str(path), "--paired", "--markdown", str(tmp_path / "r.md"),
+                                    "--chart", str(tmp_path / "c.png")])
+    assert res.exit_code == 0, res.output
+    assert "same games, agent against agent" in res.output
+    assert "| cb-agent | react | 5 | 1 | 3 | 0 | 1 | 0.25 |" in (tmp_path / "r.md").read_text()
+    twice = tmp_path / "twice.jsonl"
+    twice.write_bytes(b"".join(orjson.dumps(game("react", "t/1", s)) + b"\n" for s in (True, False)))
+    res = CliRunner().invoke(main, ["report", str(twice), "--paired", "--chart", str(tmp_path / "c2.png")])
+    assert res.exit_code != 0 and "react played t/1 twice" in res.output
