@@ -88,12 +88,26 @@ def differing_settings(records: Iterable[dict]) -> list[str]:
     return [key for key in RUN_SETTINGS if len(values[key]) > 1]
 
 
+#: Settings of the concept (its fit and what it sees): they do not change an agent without one.
+CONCEPT_SETTINGS = ("features", "lam", "concept_data")
+
+
+def uses_concepts(agent: str) -> bool:
+    """True for CB-Agent and its Reflexion and joint variants (the agents that act by a concept);
+    the same rule as :func:`agent_shell.agents.needs_concepts`, without importing the agents."""
+    return agent.removeprefix("reflexion-").removeprefix("joint-") == "cb-agent"
+
+
 def agent_label(record: dict, differing: Sequence[str] = ()) -> str:
     """The agent's name, with its history rendering and layout when they are not the default
     (``react (causal)``, ``cb-agent (experience, chat)``) and ``key=value`` for every other setting
-    in ``differing`` (``react (budget=15)``), so no row mixes settings."""
+    in ``differing`` (``react (budget=15)``), so no row mixes settings. The concept's settings
+    (:data:`CONCEPT_SETTINGS`) label only agents that act by a concept: react or prior-only episodes
+    of runs that differ only in ``--features`` share one row."""
+    concept = uses_concepts(record["agent"])
     extras = [x for x in (setting(record, "rendering"), setting(record, "layout")) if x not in ("raw", "text")]
-    extras += [f"{key}={setting(record, key)}" for key in differing if key not in ("rendering", "layout")]
+    extras += [f"{key}={setting(record, key)}" for key in differing
+               if key not in ("rendering", "layout") and (concept or key not in CONCEPT_SETTINGS)]
     return f"{record['agent']} ({', '.join(extras)})" if extras else record["agent"]
 
 

@@ -398,3 +398,17 @@ def test_report_paired_prints_and_writes_the_same_games_table(tmp_path):
     twice.write_bytes(b"".join(orjson.dumps(game("react", "t/1", s)) + b"\n" for s in (True, False)))
     res = CliRunner().invoke(main, ["report", str(twice), "--paired", "--chart", str(tmp_path / "c2.png")])
     assert res.exit_code != 0 and "react played t/1 twice" in res.output
+
+
+def test_concept_settings_label_only_the_agents_that_act_by_a_concept():
+    from agent_shell.agents import AGENT_NAMES, needs_concepts
+    from agent_shell.reporting import uses_concepts
+
+    assert [uses_concepts(a) for a in AGENT_NAMES] == [needs_concepts(a) for a in AGENT_NAMES]
+    recs = [game(agent, "t/1", False, features=f) for agent in ("react", "cb-agent") for f in ("lm-hidden", "novelty")]
+    labels = [r.agent for r in summarize(recs) if r.task_type == "all"]
+    assert labels == ["react", "cb-agent (features=lm-hidden)", "cb-agent (features=novelty)"]
+    lam = [game("prior-only", f"t/{i}", True, lam=lam, budget=budget)
+           for i, (lam, budget) in enumerate([(0.5, 20), (1.0, 20), (0.5, 50)])]
+    rows = [r for r in summarize(lam) if r.task_type == "all"]  # lam differs too, but labels no prior-only
+    assert [(r.agent, r.n) for r in rows] == [("prior-only (budget=20)", 2), ("prior-only (budget=50)", 1)]
