@@ -193,12 +193,18 @@ def finish(proc: subprocess.Popen) -> None:
 
 
 def partial_states(out_dir: Path) -> list[dict]:
-    """The in-progress episode states of a run (the runner's ``results.jsonl.partial/``)."""
+    """The in-progress episode states of a run (the runner's ``results.jsonl.partial/``), read
+    while the run goes on: a state file being replaced, or an agent's folder the runner removes
+    between listing and reading (its episodes are finished), is skipped."""
     states = []
-    for path in sorted((out_dir / "results.jsonl.partial").glob("*/*.json")):
+    try:
+        paths = sorted((out_dir / "results.jsonl.partial").glob("*/*.json"))
+    except FileNotFoundError:  # a folder vanished during the listing
+        return partial_states(out_dir)
+    for path in paths:
         try:
             states.append(orjson.loads(path.read_bytes()))
-        except (OSError, orjson.JSONDecodeError):  # being replaced right now
+        except (OSError, orjson.JSONDecodeError):  # being replaced or removed right now
             pass
     return states
 
