@@ -20,6 +20,7 @@ Must not import the agents, the environments or cb_core.
 
 from __future__ import annotations
 
+import inspect
 from importlib.metadata import entry_points
 from typing import Any, Callable, Iterable
 
@@ -68,6 +69,25 @@ def parse_features(selection: str | Iterable[str]) -> tuple[str, ...]:
     return specs
 
 
+#: The members every extractor has (:class:`FeatureExtractor`).
+_MEMBERS = ("name", "metadata", "size", "extract")
+
+
+def _is_extractor(obj: object) -> bool:
+    """``isinstance(obj, FeatureExtractor)`` without evaluating its properties: ``metadata`` may load
+    a model (goal-similarity's embedder), and a spec is checked before anything heavy loads."""
+    return all(_has_static(obj, m) for m in _MEMBERS) and callable(getattr(obj, "size")) \
+        and callable(getattr(obj, "extract"))
+
+
+def _has_static(obj: object, member: str) -> bool:
+    try:
+        inspect.getattr_static(obj, member)
+    except AttributeError:
+        return False
+    return True
+
+
 def make_extractor(spec: str) -> FeatureExtractor:
     """The extractor a spec names (its factory called with the spec's argument).
 
@@ -84,7 +104,7 @@ def make_extractor(spec: str) -> FeatureExtractor:
                              f"(third-party ones register under the entry-point group {ENTRY_POINT_GROUP!r})")
         factory = plugin.load()
     extractor = factory(arg or None)
-    if not isinstance(extractor, FeatureExtractor):
+    if not _is_extractor(extractor):
         raise ValueError(f"feature extractor {spec!r}: its factory returned a {type(extractor).__name__}, which "
                          f"lacks name / metadata / size / extract")
     if extractor.name != spec.strip() and base not in BUILTIN:

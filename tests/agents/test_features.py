@@ -224,6 +224,29 @@ def test_bad_selections_are_refused_with_one_line(selection, message):
         FeatureSet.from_spec(selection)
 
 
+def test_a_selection_is_checked_without_loading_the_embedder(monkeypatch):
+    """`run --features ...,goal-similarity` checks its spec and its results file before anything
+    heavy loads: building the set must not evaluate goal-similarity's metadata (its embedder)."""
+    import agent_shell.features.goal as goal
+    from agent_shell.features import registry
+
+    def no_model():
+        raise AssertionError("the embedder was loaded while checking a feature selection")
+
+    goal.shared_embedder.cache_clear()
+    monkeypatch.setattr(goal, "shared_embedder", no_model)
+    fs = FeatureSet.from_spec("lm-hidden,goal-similarity,novelty")
+    assert [e.name for e in fs.extractors] == ["lm-hidden", "goal-similarity", "novelty"]
+
+    class NoExtract:
+        name, metadata = "x", {}
+
+        def size(self, lm):
+            return 1
+
+    assert not registry._is_extractor(NoExtract()) and registry._is_extractor(fs.extractors[1])
+
+
 def test_parse_features_accepts_lists_and_spaces():
     assert parse_features(" lm-hidden , goal-similarity") == ("lm-hidden", "goal-similarity")
     assert parse_features(["lm-hidden", "novelty,goal-similarity"]) == ("lm-hidden", "novelty", "goal-similarity")
