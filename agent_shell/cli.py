@@ -7,6 +7,8 @@ invoked, so ``cb-agent --help`` stays fast (no torch, JAX or game engine import)
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 import warnings
 
 import click
@@ -55,6 +57,8 @@ class LazyGroup(click.Group):
 def main() -> None:
     """CB-Agent: language-model agents that learn concepts from expert demonstrations."""
     warnings.showwarning = plain_warning
+    if not sys.stderr.isatty():  # a log, CI, nohup: no model-loading bars (transformers and the hub read this)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def plain_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -337,7 +337,7 @@ def chart_figure(rows: Sequence[Row], title: str = "Success rate by task type"):
         ax.bar_label(bars, labels=[f"{c.won}/{c.n}" if c else "" for c in cells], padding=2, fontsize=6)
     ax.set_xticks(x, [t.replace("_", " ") for t in types], rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("success rate (%)")
-    ax.set_ylim(-3, 103)
+    ax.set_ylim(-3, 110)  # room for the won/n label above a 100% bar
     ax.axhline(0.0, color="0.6", linewidth=0.6, zorder=0)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)

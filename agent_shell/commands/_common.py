@@ -268,5 +268,5 @@ def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: li
     for concept in concepts.values():
         check_concept_matches(concept, lm, config.rendering, config.layout, config.feature_set)
     timings["fit_s"] = time.perf_counter() - t
-    echo(f"concepts: {len(concepts)} task types -> {folder}")
+    echo(f"concepts: {len(concepts)} task type{'' if len(concepts) == 1 else 's'} -> {folder}")
     return features, concepts, folder

@@ -19,7 +19,8 @@ from agent_shell.commands._common import make_console
 @click.command()
 @click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--chart", "chart_path", type=click.Path(dir_okay=False), default=None,
-              help="Where to write the bar chart (default: beside the first RESULTS file, .png).")
+              help="Where to write the bar chart (default: beside a single RESULTS file, .png; for several "
+                   "files report.png in the current folder, so no run's own chart is overwritten).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the table as Markdown here (title line, then the table).")
 @click.option("--paired", is_flag=True,
@@ -49,13 +50,17 @@ def report(results, chart_path, markdown_path, paired) -> None:
             pairs = paired_comparisons(records)
         except ValueError as err:
             raise click.ClickException(str(err)) from None
-        console.print(pairs_table(pairs, title=f"{title}: same games, agent against agent"))
+        if pairs:
+            console.print(pairs_table(pairs, title=f"{title}: same games, agent against agent"))
+        else:
+            console.print("--paired: the results hold one agent only, nothing to pair", markup=False)
     if markdown_path:
         note = f" (settings differ: {', '.join(differing)})" if differing else ""
         text = f"{title}: success per task type{note}\n\n{markdown_table(rows)}"
-        if paired:
+        if pairs:
             text += f"\nSame games, agent against agent (exact sign test on the discordant games)\n\n{pairs_markdown(pairs)}"
         Path(markdown_path).write_text(text)
         click.echo(f"markdown: {markdown_path}")
-    chart = bar_chart(rows, chart_path or Path(results[0]).with_suffix(".png"), f"{title}: success rate by task type")
+    default_chart = Path(results[0]).with_suffix(".png") if len(results) == 1 else Path("report.png")
+    chart = bar_chart(rows, chart_path or default_chart, f"{title}: success rate by task type")
     click.echo(f"chart: {chart}")

@@ -412,3 +412,21 @@ def test_concept_settings_label_only_the_agents_that_act_by_a_concept():
            for i, (lam, budget) in enumerate([(0.5, 20), (1.0, 20), (0.5, 50)])]
     rows = [r for r in summarize(lam) if r.task_type == "all"]  # lam differs too, but labels no prior-only
     assert [(r.agent, r.n) for r in rows] == [("prior-only (budget=20)", 2), ("prior-only (budget=50)", 1)]
+
+
+def test_report_of_several_files_leaves_each_run_s_chart_alone(tmp_path, monkeypatch):
+    runs = []
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        path = tmp_path / name / "results.jsonl"
+        path.write_bytes(orjson.dumps(game("react" if name == "one" else "cb-agent", "t/1", True)) + b"\n")
+        (tmp_path / name / "results.png").write_bytes(b"the run's own chart")
+        runs.append(str(path))
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(main, ["report", *runs, "--paired"])
+    assert res.exit_code == 0, res.output
+    assert "chart: report.png" in res.output and (tmp_path / "report.png").read_bytes()[:4] == b"\x89PNG"
+    assert all((tmp_path / name / "results.png").read_bytes() == b"the run's own chart" for name in ("one", "two"))
+    res = CliRunner().invoke(main, ["report", runs[0], "--paired"])  # one file: its chart beside it, as `run` writes
+    assert res.exit_code == 0, res.output
+    assert "nothing to pair" in res.output and (tmp_path / "one" / "results.png").read_bytes()[:4] == b"\x89PNG"
