@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 Z95 = 1.959963984540054
 ALL = "all"
 #: The value a record without the field was run with (older records; other missing fields stay None).
-SETTING_DEFAULTS = {"rendering": "raw", "layout": "text"}
+SETTING_DEFAULTS = {"rendering": "raw", "layout": "text", "features": "lm-hidden"}
 CHART_CAPTION = "bars: success rate; labels: won/n; whiskers: 95% Wilson score intervals"
 
 

@@ -430,3 +430,17 @@ def test_report_of_several_files_leaves_each_run_s_chart_alone(tmp_path, monkeyp
     res = CliRunner().invoke(main, ["report", runs[0], "--paired"])  # one file: its chart beside it, as `run` writes
     assert res.exit_code == 0, res.output
     assert "nothing to pair" in res.output and (tmp_path / "one" / "results.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_records_written_before_feature_extractors_read_as_lm_hidden():
+    """A results line of an older version has no ``features``: its concept saw ``lm-hidden`` (the
+    only choice then), so it shares a row and pairs with a new line of the same setting."""
+    from agent_shell.reporting import paired_comparisons
+
+    recs = [game("cb-agent", "t/1", True), game("cb-agent", "t/2", False, features="lm-hidden"),
+            game("react", "t/1", False), game("react", "t/2", False)]
+    assert [(r.agent, r.n) for r in summarize(recs) if r.task_type == "all"] == [("cb-agent", 2), ("react", 2)]
+    (pair,) = paired_comparisons(recs)
+    assert (pair.n, pair.only_a) == (2, 1)
+    assert [r.agent for r in summarize(recs + [game("cb-agent", "t/3", True, features="novelty")])
+            if r.task_type == "all"] == ["cb-agent (features=lm-hidden)", "react", "cb-agent (features=novelty)"]
