@@ -14,7 +14,7 @@ under different settings stay in different rows. Episodes that ended by an engin
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
@@ -92,19 +92,15 @@ def differing_settings(records: Iterable[dict]) -> list[str]:
 CONCEPT_SETTINGS = ("features", "lam", "concept_data")
 
 
-def uses_concepts(agent: str) -> bool:
-    """True for CB-Agent and its Reflexion and joint variants (the agents that act by a concept);
-    the same rule as :func:`agent_shell.agents.needs_concepts`, without importing the agents."""
-    return agent.removeprefix("reflexion-").removeprefix("joint-") == "cb-agent"
-
-
 def agent_label(record: dict, differing: Sequence[str] = ()) -> str:
     """The agent's name, with its history rendering and layout when they are not the default
     (``react (causal)``, ``cb-agent (experience, chat)``) and ``key=value`` for every other setting
     in ``differing`` (``react (budget=15)``), so no row mixes settings. The concept's settings
     (:data:`CONCEPT_SETTINGS`) label only agents that act by a concept: react or prior-only episodes
     of runs that differ only in ``--features`` share one row."""
-    concept = uses_concepts(record["agent"])
+    from agent_shell.agents import needs_concepts  # loaded already: the results reader's RunConfig imports it
+
+    concept = needs_concepts(record["agent"])
     extras = [x for x in (setting(record, "rendering"), setting(record, "layout")) if x not in ("raw", "text")]
     extras += [f"{key}={setting(record, key)}" for key in differing
                if key not in ("rendering", "layout") and (concept or key not in CONCEPT_SETTINGS)]
@@ -219,24 +215,26 @@ def paired_comparisons(records: Iterable[dict]) -> list[Pair]:
     pairs = []
     for i, a in enumerate(labels):
         for b in labels[i + 1:]:
-            shared = sorted(set(outcome[a]) & set(outcome[b]))
-            wa = [outcome[a][t] for t in shared]
-            wb = [outcome[b][t] for t in shared]
-            only_a = sum(x and not y for x, y in zip(wa, wb))
-            only_b = sum(y and not x for x, y in zip(wa, wb))
-            both = sum(x and y for x, y in zip(wa, wb))
-            pairs.append(Pair(a, b, len(shared), both, only_a, only_b, len(shared) - both - only_a - only_b,
+            shared = set(outcome[a]) & set(outcome[b])
+            won = Counter((outcome[a][t], outcome[b][t]) for t in shared)  # (a won, b won) -> games
+            only_a, only_b = won[True, False], won[False, True]
+            pairs.append(Pair(a, b, len(shared), won[True, True], only_a, only_b, won[False, False],
                               sign_test(only_a, only_a + only_b)))
     return pairs
 
 
+def _markdown(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A Markdown table: the header, its rule, one line per row (a ``|`` in a cell becomes ``/``)."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in cells) + " |" for cells in rows]
+    return "\n".join(lines) + "\n"
+
+
 def pairs_markdown(pairs: Sequence[Pair]) -> str:
     """The pairs as a Markdown table: a, b, games, both won, only a, only b, neither, p."""
-    lines = ["| a | b | games | both won | only a | only b | neither | sign test p |", "|" + "---|" * 8]
-    for q in pairs:
-        cells = [q.a, q.b, str(q.n), str(q.both), str(q.only_a), str(q.only_b), str(q.neither), f"{q.p_value:.3g}"]
-        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+    return _markdown(["a", "b", "games", "both won", "only a", "only b", "neither", "sign test p"],
+                     ([q.a, q.b, str(q.n), str(q.both), str(q.only_a), str(q.only_b), str(q.neither),
+                       f"{q.p_value:.3g}"] for q in pairs))
 
 
 def pairs_table(pairs: Sequence[Pair], title: str = "Same games, agent against agent"):
@@ -294,15 +292,15 @@ def markdown_table(rows: Sequence[Row]) -> str:
     with_errors = any(r.errors for r in rows)
     head = ["agent", "task type", "won/n", "rate", "95% CI", "steps", "think", "distinct", "cycle", "fmt err",
             "budget"] + (["errors"] if with_errors else [])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
+
+    def cells(r: Row) -> list[str]:
         bold = "**" if r.task_type == ALL else ""
-        cells = [r.agent, r.task_type, f"{bold}{r.won}/{r.n}{bold}", f"{100 * r.rate:.1f}%",
-                 f"[{100 * r.low:.1f}, {100 * r.high:.1f}]", f"{r.mean_steps:.1f}", f"{r.mean_think_steps:.1f}",
-                 f"{r.distinct_actions:.1f}", f"{r.cycle_span:.1f}", str(r.format_errors),
-                 ",".join(map(str, r.budgets))] + ([str(r.errors)] if with_errors else [])
-        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+        return [r.agent, r.task_type, f"{bold}{r.won}/{r.n}{bold}", f"{100 * r.rate:.1f}%",
+                f"[{100 * r.low:.1f}, {100 * r.high:.1f}]", f"{r.mean_steps:.1f}", f"{r.mean_think_steps:.1f}",
+                f"{r.distinct_actions:.1f}", f"{r.cycle_span:.1f}", str(r.format_errors),
+                ",".join(map(str, r.budgets))] + ([str(r.errors)] if with_errors else [])
+
+    return _markdown(head, (cells(r) for r in rows))
 
 
 def chart_figure(rows: Sequence[Row], title: str = "Success rate by task type"):

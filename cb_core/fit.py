@@ -378,11 +378,11 @@ class Subspace:
         decrement_tol = (0.1 * tol) ** 2 / lam
 
         def inner_cond(c_args):
-            j, _, slope = c_args[:3]
+            j, slope = c_args[:2]
             return (j < self.inner) & (slope > decrement_tol)
 
         def inner_step(c_args):
-            j, _, _, _, c, s, w, da, gram = c_args
+            j, _, c, s, w, da, gram = c_args
             grad, hess = sub_derivatives(c, s, w, da, gram)
             hess = hess + 1e-6 * jnp.trace(hess) / k * jnp.eye(k, dtype=dtype)
             delta = _spd_solve(hess, grad)
@@ -393,7 +393,7 @@ class Subspace:
                                      > f0 - 1e-4 * t * slope)
 
             t = lax.while_loop(shorter, lambda t: 0.5 * t, jnp.asarray(1.0, dtype))
-            return j + 1, t, slope, f0, c - t * delta, s, w, da, gram
+            return j + 1, slope, c - t * delta, s, w, da, gram
 
         def cond(c: Loop):
             return (c.k < self.max_iter) & (c.best.grad_norm > tol) & (c.best.stalled < self.patience)
@@ -403,10 +403,9 @@ class Subspace:
             w = jnp.concatenate([_matvec(c.grad, p)[..., None], c.images], axis=2)
             scale = 1.0 / jnp.maximum(jnp.linalg.norm(d, axis=0), jnp.finfo(dtype).tiny)
             d, w = d * scale, w * scale
-            big = jnp.asarray(jnp.inf, dtype)
             coef = lax.while_loop(inner_cond, inner_step,
-                                  (jnp.asarray(0, jnp.int32), big, big, big, jnp.zeros(k, dtype),
-                                   c.scores, w, d.T @ c.alpha, d.T @ d))[4]
+                                  (jnp.asarray(0, jnp.int32), jnp.asarray(jnp.inf, dtype), jnp.zeros(k, dtype),
+                                   c.scores, w, d.T @ c.alpha, d.T @ d))[2]
             step, image = d @ coef, w @ coef
             alpha, s = c.alpha + step, c.scores + image
             value, grad = value_and_grad_at(alpha, s, p, lam)

@@ -401,10 +401,6 @@ def test_report_paired_prints_and_writes_the_same_games_table(tmp_path):
 
 
 def test_concept_settings_label_only_the_agents_that_act_by_a_concept():
-    from agent_shell.agents import AGENT_NAMES, needs_concepts
-    from agent_shell.reporting import uses_concepts
-
-    assert [uses_concepts(a) for a in AGENT_NAMES] == [needs_concepts(a) for a in AGENT_NAMES]
     recs = [game(agent, "t/1", False, features=f) for agent in ("react", "cb-agent") for f in ("lm-hidden", "novelty")]
     labels = [r.agent for r in summarize(recs) if r.task_type == "all"]
     assert labels == ["react", "cb-agent (features=lm-hidden)", "cb-agent (features=novelty)"]
