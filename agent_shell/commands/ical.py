@@ -117,6 +117,14 @@ model_options = [
 #: Options several sub-commands share.
 max_new_tokens_option = click.option("--max-new-tokens", type=click.IntRange(min=1), default=400, show_default=True,
                                      help="Token cap of each LM reply.")
+decoding_option = click.option("--decoding", type=click.Choice(["free", "constrained", "anchored"]), default="free",
+                               show_default=True,
+                               help="How programs are written: free generation; constrained (lines by a grammar, "
+                                    "actions from the admissible commands of a scratch game); anchored (constrained, "
+                                    "the action options anchored to the noisy record's next actions).")
+notes_option = click.option("--notes", type=click.Choice(["inline", "chat"]), default="inline", show_default=True,
+                            help="Constrained decoding's annotations: the LM continues the program text (inline), or "
+                                 "answers a short chat request per note (chat).")
 prompt_examples_option = click.option("--k", type=click.IntRange(min=0), default=2, show_default=True,
                                       help="Retrieved examples per prompt.")
 
@@ -208,17 +216,20 @@ def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, see
               help="Memory whose retrieved examples are shown (default: the built-in example only).")
 @prompt_examples_option
 @max_new_tokens_option
+@decoding_option
+@notes_option
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/abstract.jsonl", show_default=True,
               help="JSONL file of the abstractions.")
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip noisy ids already in --out; without it an existing id is refused.")
 @_fail
-def abstract(noisy_path, env_name, model, dtype, memory_dir, k, max_new_tokens, out_path, resume) -> None:
+def abstract(noisy_path, env_name, model, dtype, memory_dir, k, max_new_tokens, decoding, notes, out_path,
+             resume) -> None:
     """Phase 1 only: the LM abstracts each noisy trajectory; outputs are parsed strictly (not executed)."""
     from collections import Counter
 
     from agent_shell.ical.learn import (LearnConfig, abstraction_prompt, allowed_actions, final_candidates,
-                                        generate_program)
+                                        write_program)
     from envs import make_env
     from agent_shell.ical.noisy import noisy_id
     from agent_shell.ical.program import parse_program
@@ -228,7 +239,7 @@ def abstract(noisy_path, env_name, model, dtype, memory_dir, k, max_new_tokens, 
     out = Path(out_path)
     done = _done_keys(out, resume, [noisy_id(t) for t in trajs])
     todo = [t for t in trajs if noisy_id(t) not in done]
-    config = LearnConfig(max_new_tokens=max_new_tokens, k=k)
+    config = LearnConfig(max_new_tokens=max_new_tokens, k=k, decoding=decoding, notes=notes)
     reasons: Counter = Counter()
     n_ok = 0
     if todo:
@@ -239,13 +250,14 @@ def abstract(noisy_path, env_name, model, dtype, memory_dir, k, max_new_tokens, 
             bar = progress.add_task("abstract", total=len(todo), note="")
             for traj in todo:
                 shown = _retrieved(memory, traj, k)
-                output = generate_program(lm, abstraction_prompt(traj, shown), config)
-                parsed = parse_program(output, allowed_actions(traj) | set(final_candidates(env, traj)))
+                output, seen = write_program(lm, env, traj, abstraction_prompt(traj, shown), config)
+                parsed = parse_program(output, allowed_actions(traj) | set(final_candidates(env, traj)) | seen)
                 n_ok += parsed.ok
                 reasons.update(parsed.reasons)
                 append_jsonl(out, {"noisy_id": noisy_id(traj), "task_type": traj.task_type, "output": output,
                                    "parsed": parsed.ok, "parse_issues": [str(i) for i in parsed.issues],
                                    "parse_reasons": parsed.reasons, "examples": [e.example_id for e in shown],
+                                   "decoding": decoding, "notes": notes,
                                    "program": None if parsed.program is None else parsed.program.to_record(),
                                    "backbone": lm.name})
                 progress.update(bar, advance=1, note=f"parsed {n_ok}")
@@ -272,6 +284,7 @@ def _learn_all(trajs: list, out: Path, lm: Any, env: Any, memory: Any, config: A
                 memory.add(outcome.example)
             kept += outcome.example is not None
             append_jsonl(out, {**outcome.to_record(), "examples": [e.example_id for e in shown],
+                               "decoding": config.decoding, "notes": config.notes,
                                "backbone": lm.name if lm is not None else None})
             progress.update(bar, advance=1, note=f"kept {kept}/{i}")
 
@@ -306,14 +319,16 @@ def _check_human(human: bool) -> None:
 @click.option("--max-rounds", type=click.IntRange(min=0), default=2, show_default=True,
               help="Revisions after the first execution.")
 @max_new_tokens_option
+@decoding_option
+@notes_option
 @click.option("--human", is_flag=True, help="A person gives feedback at the terminal (Enter accepts a step).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/refine.jsonl", show_default=True,
               help="JSONL file of the refined examples (every round recorded).")
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip noisy ids already in --out; without it an existing id is refused.")
 @_fail
-def refine(abstract_path, noisy_path, env_name, model, dtype, memory_dir, k, max_rounds, max_new_tokens, human,
-           out_path, resume) -> None:
+def refine(abstract_path, noisy_path, env_name, model, dtype, memory_dir, k, max_rounds, max_new_tokens, decoding,
+           notes, human, out_path, resume) -> None:
     """Phase 2: execute each abstraction in the real game and revise it on feedback (every round recorded)."""
     from agent_shell.ical.learn import LearnConfig
     from agent_shell.ical.noisy import noisy_id
@@ -337,7 +352,9 @@ def refine(abstract_path, noisy_path, env_name, model, dtype, memory_dir, k, max
         env = make_env(env_name)
         try:
             _learn_all(todo, out, lm, env, _memory(memory_dir),
-                       LearnConfig(max_rounds=max_rounds, max_new_tokens=max_new_tokens, k=k), human, firsts)
+                       LearnConfig(max_rounds=max_rounds, max_new_tokens=max_new_tokens, k=k, decoding=decoding,
+                                   notes=notes),
+                       human, firsts)
         finally:
             env.close()
     _summarize(out, f"ICAL refinement ({out})")
@@ -355,12 +372,14 @@ def refine(abstract_path, noisy_path, env_name, model, dtype, memory_dir, k, max
 @click.option("--max-rounds", type=click.IntRange(min=0), default=2, show_default=True,
               help="Revisions after the first execution.")
 @max_new_tokens_option
+@decoding_option
+@notes_option
 @click.option("--human", is_flag=True, help="A person gives feedback at the terminal (Enter accepts a step).")
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip noisy ids already in the memory's log; without it an existing id is refused.")
 @_fail
-def build_memory(noisy_path, memory_dir, env_name, model, dtype, k, max_rounds, max_new_tokens, human,
-                 resume) -> None:
+def build_memory(noisy_path, memory_dir, env_name, model, dtype, k, max_rounds, max_new_tokens, decoding, notes,
+                 human, resume) -> None:
     """Both phases for every noisy trajectory; won examples enter MEMORY (log: MEMORY/log.jsonl)."""
     from agent_shell.ical.learn import LearnConfig
     from agent_shell.ical.noisy import noisy_id
@@ -377,7 +396,9 @@ def build_memory(noisy_path, memory_dir, env_name, model, dtype, k, max_rounds, 
         env = make_env(env_name)
         try:
             _learn_all(todo, out, lm, env, memory,
-                       LearnConfig(max_rounds=max_rounds, max_new_tokens=max_new_tokens, k=k), human)
+                       LearnConfig(max_rounds=max_rounds, max_new_tokens=max_new_tokens, k=k, decoding=decoding,
+                                   notes=notes),
+                       human)
         finally:
             env.close()
     _summarize(out, f"ICAL memory {memory_dir}")

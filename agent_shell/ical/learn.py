@@ -29,6 +29,8 @@ from envs.trajectory import Trajectory
 
 #: Observations that mean the engine did not execute an action (ALFWorld, TextWorld, ScienceWorld).
 INVALID_FEEDBACK = ("Nothing happens.", "I don't understand that", "No known action matches that input.")
+#: How a program is written: free generation, or constrained to a grammar and the admissible commands.
+DECODINGS = ("free", "constrained", "anchored")
 #: Valid actions listed in feedback at most (the rest is counted).
 FEEDBACK_CANDIDATES = 40
 
@@ -264,18 +266,35 @@ class LearnConfig:
         max_new_tokens: length cap of one program.
         k: retrieved examples shown in each prompt.
         seed: generation seed (greedy decoding ignores it).
+        decoding: "free" (the LM writes the whole program; ``max_new_tokens``), "constrained"
+            (:mod:`agent_shell.ical.constrained`: lines by grammar, actions from the admissible
+            commands of a scratch game) or "anchored" (constrained, and the action options
+            anchored to the noisy record's next actions).
+        extra_actions: constrained decoding writes at most the noisy record's actions plus
+            this many.
+        notes: who writes the annotations of constrained decoding: "inline" (the LM continues
+            the program text) or "chat" (short chat requests, :class:`agent_shell.ical.constrained.ChatNotes`).
     """
 
     max_rounds: int = 2
     max_new_tokens: int = 400
     k: int = 2
     seed: int = 0
+    decoding: str = "free"
+    extra_actions: int = 5
+    notes: str = "inline"
 
     def __post_init__(self) -> None:
         if self.max_rounds < 0:
             raise ValueError(f"max_rounds must be >= 0, got {self.max_rounds}")
         if self.max_new_tokens < 1 or self.k < 0:
             raise ValueError("max_new_tokens must be >= 1 and k >= 0")
+        if self.decoding not in DECODINGS:
+            raise ValueError(f"decoding must be one of {', '.join(DECODINGS)}, got {self.decoding!r}")
+        if self.notes not in ("inline", "chat"):
+            raise ValueError(f"notes must be 'inline' or 'chat', got {self.notes!r}")
+        if self.extra_actions < 0:
+            raise ValueError(f"extra_actions must be >= 0, got {self.extra_actions}")
 
 
 @dataclass
@@ -336,6 +355,26 @@ def generate_program(lm: Any, prompt: str, config: LearnConfig) -> str:
     return f"{ABSTRACTIONS_HEADER}\n{reply}"
 
 
+def write_program(lm: Any, env: Any, noisy: Trajectory, prompt: str, config: LearnConfig) -> tuple[str, set[str]]:
+    """One program for ``noisy``'s task after ``prompt``, as ``config.decoding`` says: free
+    (:func:`generate_program`) or constrained (:func:`agent_shell.ical.constrained.constrained_program`,
+    at most the record's environment actions + ``config.extra_actions``).
+
+    Returns:
+        (the program text, the commands known admissible where the writer met them: none for
+        free generation, the scratch game's candidate sets for constrained decoding).
+    """
+    if config.decoding == "free":
+        return generate_program(lm, prompt, config), set()
+    from agent_shell.ical.constrained import ChatNotes, constrained_program
+
+    record = [step.action for step in noisy.steps if step.kind == "env"]
+    notes = ChatNotes(lm, noisy.instruction, record, seed=config.seed) if config.notes == "chat" else None
+    return constrained_program(lm, env, noisy.task_id, prompt, max_actions=max(1, len(record) + config.extra_actions),
+                               record=record if config.decoding == "anchored" else None, seed=config.seed,
+                               notes=notes)
+
+
 def run_round(outcome: Outcome, kind: str, output: str, parsed: Parsed, env: Any, noisy: Trajectory,
               feedback: Feedback | None, seconds: float) -> Execution | None:
     """Record one round: a parsed program is executed; an unparsable one is not."""
@@ -378,8 +417,11 @@ def learn_example(lm: Any, env: Any, noisy: Trajectory, examples: Sequence[Examp
     shown = list(examples)[:config.k]
     allowed = allowed_actions(noisy) | set(final_candidates(env, noisy))
     t = time.perf_counter()
-    output = first_output if first_output is not None else generate_program(lm, abstraction_prompt(noisy, shown),
-                                                                             config)
+    if first_output is not None:
+        output = first_output
+    else:
+        output, seen = write_program(lm, env, noisy, abstraction_prompt(noisy, shown), config)
+        allowed |= seen
     parsed = parse_program(output, allowed)
     execution = run_round(outcome, "abstract", output, parsed, env, noisy, feedback, time.perf_counter() - t)
     for _ in range(config.max_rounds):
@@ -393,13 +435,15 @@ def learn_example(lm: Any, env: Any, noisy: Trajectory, examples: Sequence[Examp
             h, executed = execution.feedback, execution.trajectory
             program_text = parsed.program.text()
             allowed |= allowed_actions(executed)
-        output = generate_program(lm, revision_prompt(noisy, program_text, executed, h, shown), config)
+        output, seen = write_program(lm, env, noisy, revision_prompt(noisy, program_text, executed, h, shown), config)
+        allowed |= seen
         parsed = parse_program(output, allowed)
         execution = run_round(outcome, "revise", output, parsed, env, noisy, feedback, time.perf_counter() - t)
     if execution is not None and execution.won:
         outcome.example = Example(example_id=nid, program=parsed.program, trajectory=execution.trajectory,
                                   source={"noisy_id": nid, **noisy.meta.get("noisy_source", {}),
-                                          "corruptions": noisy.meta.get("corruptions")},
+                                          "corruptions": noisy.meta.get("corruptions"), "decoding": config.decoding,
+                                          "notes": config.notes},
                                   rounds=len(outcome.rounds) - 1, backbone=str(getattr(lm, "name", "")))
     else:
         last = outcome.rounds[-1]
@@ -408,5 +452,6 @@ def learn_example(lm: Any, env: Any, noisy: Trajectory, examples: Sequence[Examp
     return outcome
 
 
-__all__ = ["BUILTIN_EXAMPLE", "EnvFeedback", "Execution", "Feedback", "HumanFeedback", "LearnConfig", "Outcome",
-           "abstraction_prompt", "allowed_actions", "execute", "learn_example", "revision_prompt"]
+__all__ = ["BUILTIN_EXAMPLE", "DECODINGS", "EnvFeedback", "Execution", "Feedback", "HumanFeedback", "LearnConfig", "Outcome",
+           "abstraction_prompt", "allowed_actions", "execute", "learn_example", "revision_prompt",
+           "write_program"]
