@@ -1,4 +1,5 @@
-"""Candidate sets of several contexts scored in ONE forward pass, each over its own KV prefix.
+"""Several streams' calls in shared forward passes: candidate sets scored in ONE pass, replies
+decoded together one token per pass, each over its own KV prefix.
 
 Concurrent episodes ask the same backbone to score their candidate sets at about the same time.
 :func:`score_many` takes such requests, brings each request's stream cache up to its context
@@ -8,6 +9,14 @@ as in :func:`agent_shell.lm.scoring.score_packed`, its keys and values are reque
 (right-padded to the longest prefix, the padding masked out), and its position ids continue
 its own prefix. The numbers are those of one :meth:`HFLanguageModel.score` call per request
 (within float rounding; ``tests/lm/test_lm_batched.py``, 1e-4 nats).
+
+:func:`generate_many` does the same for ``generate``: each request's prompt is brought up to
+date on its own stream (only new tokens encoded), then all replies are decoded together: every
+forward pass feeds one token per row, over keys and values that are each row's prompt
+(right-padded to the longest, masked) followed by the tokens the rows generated so far. Each
+row keeps its own budget, stop strings, temperature and seeded generator, so the replies are
+those of one :meth:`HFLanguageModel.generate` call per request (greedy: the same text; sampled:
+the same draws of the same seed, up to float rounding of the probabilities).
 
 Must not import the agents or the environments.
 """
@@ -20,6 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from agent_shell.lm.decoding import check_generation, sampler
 from agent_shell.lm.formatting import templated
 from agent_shell.lm.kv_cache import PrefixCache, new_cache, snapshot
 from agent_shell.lm.protocol import CandidateScores, Context, check_candidates
@@ -132,6 +142,122 @@ def score_many(lm: Any, requests: Sequence[ScoreRequest]) -> list[CandidateScore
     return out
 
 
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One ``generate(prompt, max_new_tokens, stop, temperature, n=1, seed)`` call of one stream."""
+
+    stream: PrefixCache
+    prompt: Context
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    temperature: float = 0.0
+    seed: int | None = None
+
+
+def _padded_cache(lm: Any, prefixes: list[list[tuple[Any, Any]]], depth: int) -> Any:
+    """A batch cache whose row b holds ``prefixes[b]`` right-padded with zeros to ``depth``."""
+    cache = new_cache(lm.model)
+    for layer_index, layer in enumerate(cache.layers):
+        ks, vs = [], []
+        for saved in prefixes:
+            k, v = saved[layer_index]
+            ks.append(torch.nn.functional.pad(k, (0, 0, 0, depth - k.shape[-2])))
+            vs.append(torch.nn.functional.pad(v, (0, 0, 0, depth - v.shape[-2])))
+        keys, values = torch.cat(ks), torch.cat(vs)
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+    return cache
+
+
+@torch.inference_mode()
+def generate_many(lm: Any, requests: Sequence[GenerateRequest]) -> list[str]:
+    """One reply per request, all decoded together (one token per row per forward pass).
+
+    Args:
+        lm: an :class:`agent_shell.lm.hf.HFLanguageModel`.
+        requests: the calls (one reply each); each request's ``stream`` keeps that stream's
+            prompt cache afterwards, as :meth:`HFLanguageModel.generate` keeps its own.
+
+    Returns:
+        The replies, in order, each cut at its first stop string (excluded).
+
+    Raises:
+        ValueError: as :meth:`HFLanguageModel.generate` for any request (nothing is decoded then).
+    """
+    prepared = []
+    for req in requests:
+        stop = check_generation(req.max_new_tokens, req.stop, req.temperature, 1)
+        ids = lm.encode(lm.render_prompt(req.prompt), templated(req.prompt))
+        if not ids:
+            raise ValueError("empty prompt: nothing to continue (the tokenizer adds no BOS)")
+        room = lm.max_context_tokens - len(ids)
+        if room < 1 and req.max_new_tokens > 0:
+            raise ValueError(f"prompt is too long: {len(ids)} tokens leave no room in the window of "
+                             f"{lm.max_context_tokens} tokens of {lm.name!r}")
+        prepared.append((ids, stop, min(req.max_new_tokens, room)))
+    replies = [""] * len(requests)
+    live = [b for b, (_, _, budget) in enumerate(prepared) if budget > 0]
+    if not live:
+        return replies
+    dev = lm.device
+    prefixes, logits, lengths = [], [], []
+    for b in live:  # each prompt's new tokens on its own stream, as generate() encodes them
+        ids = prepared[b][0]
+        stream = requests[b].stream
+        cache, start = stream.start(ids[:-1])
+        out = stream.encode(cache, ids, start, lm._forward)
+        prefixes.append(snapshot(cache))
+        logits.append(out.logits[:, -1].float())
+        lengths.append(len(ids))
+        if stream.reusable(cache):  # the stream keeps its prompt; decoding runs on a copy
+            stream.keep(cache, ids)
+    rows, depth = len(live), max(lengths)
+    cache = _padded_cache(lm, prefixes, depth)
+    logits = torch.cat(logits)
+    generators = [sampler(requests[b].temperature, requests[b].seed, dev) for b in live]
+    budgets = [prepared[b][2] for b in live]
+    new: list[list[int]] = [[] for _ in live]
+    texts: list[str | None] = [None] * rows
+    done = [False] * rows
+    allowed = torch.zeros(rows, depth, dtype=torch.bool)
+    for r, n in enumerate(lengths):
+        allowed[r, :n] = True
+    for step in range(max(budgets)):
+        nxt = logits.argmax(dim=-1)
+        for r, b in enumerate(live):
+            if generators[r] is not None and not done[r]:
+                probs = torch.softmax(logits[r:r + 1] / requests[b].temperature, dim=-1)
+                nxt[r] = torch.multinomial(probs, 1, generator=generators[r])[0, 0]
+        for r, b in enumerate(live):
+            if done[r]:
+                continue
+            token = int(nxt[r])
+            if token in lm._eos_ids:
+                done[r] = True
+                continue
+            new[r].append(token)
+            stop = prepared[b][1]
+            if stop:
+                text = lm.tokenizer.decode(new[r], skip_special_tokens=True)
+                cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+                if cut >= 0:
+                    texts[r], done[r] = text[:cut], True
+            if len(new[r]) >= budgets[r]:
+                done[r] = True
+        if all(done):
+            break
+        allowed = torch.cat([allowed, torch.ones(rows, 1, dtype=torch.bool)], dim=1)
+        mask = torch.zeros(rows, 1, 1, allowed.shape[1], dtype=lm.dtype)
+        mask.masked_fill_(~allowed[:, None, None], torch.finfo(lm.dtype).min)
+        positions = torch.tensor([[n + step] for n in lengths], device=dev)
+        out = lm._forward(nxt[:, None].to(dev), cache, position_ids=positions, attention_mask=mask.to(dev),
+                          logits_to_keep=1)
+        logits = out.logits[:, -1].float()
+    for r, b in enumerate(live):
+        replies[b] = texts[r] if texts[r] is not None else lm.tokenizer.decode(new[r], skip_special_tokens=True)
+    return replies
+
+
 def _kv_shape(prefixes: list, layer_index: int) -> tuple[int, int]:
     """(heads, head dim) of a layer, from any request whose prefix is not empty."""
     for saved in prefixes:
@@ -141,4 +267,4 @@ def _kv_shape(prefixes: list, layer_index: int) -> tuple[int, int]:
     raise ValueError("no request has a cached prefix to take the key shape from")
 
 
-__all__ = ["ScoreRequest", "score_many"]
+__all__ = ["GenerateRequest", "ScoreRequest", "generate_many", "score_many"]

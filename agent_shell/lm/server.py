@@ -4,8 +4,8 @@
 *stream* (an episode worker's routing view, its scoring fork, ...; all share the pinned heads).
 Concurrent ``score`` requests that arrive within ``wait_ms`` of each other are scored in one
 forward pass (:func:`agent_shell.lm.batched.score_many`: every candidate set over its own KV
-prefix); ``generate`` requests are served one at a time on their stream's cache (not batched
-yet). :class:`RemoteLM` is the client: it implements the :class:`LanguageModel` protocol, so env
+prefix); concurrent one-reply ``generate`` requests are decoded together
+(:func:`agent_shell.lm.batched.generate_many`: one token per row per pass). :class:`RemoteLM` is the client: it implements the :class:`LanguageModel` protocol, so env
 workers build their agents on it and never load the model.
 
 Ray is imported only in :func:`start_lm_server` (``pip install 'cb-agent[ray]'``). Must not import
@@ -44,12 +44,13 @@ class LMServer:
         self.wait_s = wait_ms / 1000
         self.max_batch = max_batch
         self.pending: list[tuple[Any, asyncio.Future]] = []
-        self.batches: list[int] = []  # sizes of the batched passes so far
+        self.batches: list[int] = []  # sizes of the batched scoring passes so far
+        self.generate_batches: list[int] = []  # sizes of the batches of replies decoded together
         self._wake: asyncio.Event | None = None
 
     def info(self) -> dict[str, Any]:
         return {"name": self.lm.name, "hidden_size": self.lm.hidden_size, "dtype": str(self.lm.dtype),
-                "batches": list(self.batches)}
+                "batches": list(self.batches), "generate_batches": list(self.generate_batches)}
 
     def _view(self, stream: str) -> Any:
         if stream not in self.views:
@@ -60,7 +61,20 @@ class LMServer:
                     action_prefix: str) -> CandidateScores:
         from agent_shell.lm.batched import ScoreRequest
 
-        request = ScoreRequest(self._view(stream).cache, context, tuple(candidates), action_prefix)
+        return await self._submit(ScoreRequest(self._view(stream).cache, context, tuple(candidates), action_prefix))
+
+    async def generate(self, stream: str, prompt: Context, max_new_tokens: int = 64, stop: Sequence[str] = (),
+                       temperature: float = 0.0, n: int = 1, seed: int | None = None) -> list[str]:
+        """One reply (``n == 1``) is decoded together with the other streams' concurrent ones; a
+        call for several replies is served alone on its stream."""
+        if n != 1:
+            return self._view(stream).generate(prompt, max_new_tokens, stop, temperature, n, seed)
+        from agent_shell.lm.batched import GenerateRequest
+
+        request = GenerateRequest(self._view(stream).cache, prompt, max_new_tokens, tuple(stop), temperature, seed)
+        return [await self._submit(request)]
+
+    async def _submit(self, request: Any) -> Any:
         future = asyncio.get_running_loop().create_future()
         self.pending.append((request, future))
         if self._wake is None:
@@ -70,7 +84,7 @@ class LMServer:
         return await future
 
     async def _drain(self) -> None:
-        from agent_shell.lm.batched import score_many
+        from agent_shell.lm.batched import GenerateRequest, ScoreRequest, generate_many, score_many
 
         while True:
             await self._wake.wait()
@@ -78,25 +92,29 @@ class LMServer:
             await asyncio.sleep(self.wait_s)  # let concurrent requests arrive
             while self.pending:
                 batch, self.pending = self.pending[:self.max_batch], self.pending[self.max_batch:]
-                try:
-                    results = score_many(self.lm, [r for r, _ in batch])
-                except Exception:  # noqa: BLE001 - score one by one, so each caller gets its own error
-                    results = []
-                    for request, _ in batch:
-                        try:
-                            results.append(score_many(self.lm, [request])[0])
-                        except Exception as err:  # noqa: BLE001
-                            results.append(err)
-                self.batches.append(len(batch))
-                for (_, future), result in zip(batch, results):
-                    if isinstance(result, Exception):
-                        future.set_exception(result)
-                    else:
-                        future.set_result(result)
+                for kind, run, sizes in ((ScoreRequest, score_many, self.batches),
+                                         (GenerateRequest, generate_many, self.generate_batches)):
+                    group = [(r, f) for r, f in batch if isinstance(r, kind)]
+                    if group:
+                        self._serve(run, group)
+                        sizes.append(len(group))
 
-    async def generate(self, stream: str, prompt: Context, max_new_tokens: int = 64, stop: Sequence[str] = (),
-                       temperature: float = 0.0, n: int = 1, seed: int | None = None) -> list[str]:
-        return self._view(stream).generate(prompt, max_new_tokens, stop, temperature, n, seed)
+    def _serve(self, run: Any, group: list[tuple[Any, asyncio.Future]]) -> None:
+        """Answer a batch of one kind; when the batch fails, one by one, so each caller gets its own error."""
+        try:
+            results = run(self.lm, [r for r, _ in group])
+        except Exception:  # noqa: BLE001
+            results = []
+            for request, _ in group:
+                try:
+                    results.append(run(self.lm, [request])[0])
+                except Exception as err:  # noqa: BLE001
+                    results.append(err)
+        for (_, future), result in zip(group, results):
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
 
     async def pin_prefix(self, head: Context) -> int:
         return self.lm.pin_prefix(head)

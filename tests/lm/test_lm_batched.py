@@ -49,3 +49,36 @@ def test_one_pass_for_all_requests_equals_one_call_each(lm32, fresh):
     second = [fresh(reuse_cache=False).score(c + "\n> look", cands, PREFIX) for c, cands in REQUESTS]
     for g, r in zip(got, second):
         assert np.abs(g.log_q - r.log_q).max() < 1e-4
+
+
+GENERATIONS = [  # (prompt, max_new_tokens, stop, temperature, seed)
+    (context("put a mug in cabinet", 0) + "\n>", 12, (), 0.0, None),
+    (context("heat an egg", 6) + "\n>", 20, ("\n",), 0.0, None),
+    (context("clean a plate", 11) + "\n>", 16, (), 0.7, 3),
+    ([{"role": "user", "content": "Name a colour."}], 8, (".",), 0.0, None),
+    (context("heat an egg", 1) + "\n>", 0, (), 0.0, None),
+]
+
+
+def test_replies_decoded_together_equal_one_generate_call_each(fresh):
+    from agent_shell.lm.batched import GenerateRequest, generate_many
+    from agent_shell.lm.formatting import templated
+
+    ref = [fresh(reuse_cache=False).generate(p, n_new, stop, temp, 1, seed) for p, n_new, stop, temp, seed in GENERATIONS]
+    lm = fresh()
+    streams = [PrefixCache(lm.model, lm.device, True, HeadStore()) for _ in GENERATIONS]
+    calls = []
+    real = lm._forward
+    lm._forward = lambda *a, **k: calls.append(a[0].shape) or real(*a, **k)
+    got = generate_many(lm, [GenerateRequest(s, p, n_new, stop, temp, seed)
+                             for s, (p, n_new, stop, temp, seed) in zip(streams, GENERATIONS)])
+    assert got == [r[0] for r in ref]
+    assert got[-1] == "" and got[0] and "\n" not in got[1]
+    live = len(GENERATIONS) - 1  # the zero-budget request decodes nothing
+    decode_passes = [shape for shape in calls if shape == (live, 1)]
+    assert 1 <= len(decode_passes) <= max(n for _, n, *_ in GENERATIONS) - 1
+    # prompts one by one (several tokens each), then every token of every row in the shared passes
+    assert all(shape == (live, 1) or (shape[0] == 1 and shape[1] > 1) for shape in calls)
+    for s, (p, n_new, *_) in zip(streams, GENERATIONS):  # each stream keeps its prompt's cache
+        if n_new:
+            assert s.ids == tuple(lm.encode(lm.render_prompt(p), templated(p)))

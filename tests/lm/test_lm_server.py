@@ -1,5 +1,6 @@
 """One backbone behind a Ray actor, shared by concurrent streams: their score calls are batched
-into shared passes and give the numbers of unbatched calls (fp32, 1e-4 nats)."""
+into shared passes and give the numbers of unbatched calls (fp32, 1e-4 nats); their one-reply
+generations are decoded together and give the unbatched replies."""
 
 from __future__ import annotations
 
@@ -31,8 +32,17 @@ def test_concurrent_streams_are_batched_with_unbatched_numbers(ray_cluster, fres
             assert np.array_equal(g.n_tokens, r.n_tokens)
             assert np.abs(g.log_q - r.log_q).max() < 1e-4
             assert np.abs(g.hidden - r.hidden).max() / np.abs(r.hidden).max() < 1e-4
-        assert streams[0].generate(REQUESTS[0][0] + "\n>", max_new_tokens=6, stop=("\n",)) == \
-            fresh(reuse_cache=False).generate(REQUESTS[0][0] + "\n>", max_new_tokens=6, stop=("\n",))
+        # one-reply generations of concurrent streams are decoded together, with unbatched replies
+        prompts = [context + "\n>" for context, _ in REQUESTS]
+        with ThreadPoolExecutor(len(REQUESTS)) as pool:
+            replies = list(pool.map(lambda sp: sp[0].generate(sp[1], max_new_tokens=6, stop=("\n",)),
+                                    zip(streams, prompts)))
+        assert max(ray_cluster.get(server.info.remote())["generate_batches"]) > 1
+        assert replies == [fresh(reuse_cache=False).generate(p, max_new_tokens=6, stop=("\n",)) for p in prompts]
+        assert streams[0].generate(prompts[0], max_new_tokens=6, n=2, temperature=0.5, seed=1) == \
+            fresh(reuse_cache=False).generate(prompts[0], max_new_tokens=6, n=2, temperature=0.5, seed=1)
+        with pytest.raises(ValueError, match="temperature"):
+            lm.generate("context", temperature=-1.0)
         with pytest.raises(ValueError, match="non-empty string"):
             lm.score("context", ["ok", ""], PREFIX)
     finally:
