@@ -92,8 +92,9 @@ RUN_OPTIONS = {
                            help="Skip episodes already in the results file (after moving a torn last line "
                                 "aside); without it a file that already holds these episodes is refused."),
     "demos": click.option("--demos", default="expert", show_default=True,
-                          help="ReAct demonstrations: 'expert' (fixed, per task type) or 'ical:MEMORY' (the "
-                               "--demos-per-type examples retrieved from an ICAL memory for each game's instruction)."),
+                          help="ReAct demonstrations: 'expert' (fixed, per task type), 'ical:MEMORY' (the "
+                               "--demos-per-type examples retrieved from an ICAL memory for each game's instruction, "
+                               "their annotations as thoughts) or 'ical-actions:MEMORY' (the same without annotations)."),
     "concept_data": click.option("--concept-data", type=click.Choice(["expert", "ical"]), default="expert",
                                  show_default=True, help="CB-Agent's concept fitting data: the expert demonstrations, "
                                  "or the won ICAL examples of the --demos memory (with their thoughts)."),

@@ -155,11 +155,12 @@ def ical_setup(config: RunConfig, task_types: Collection[str] | None, need_conce
     without an example."""
     from agent_shell.embeddings import SentenceEmbedder
     from agent_shell.ical import Memory
-    from agent_shell.ical.acting import RetrievedDemos, examples_by_type
+    from agent_shell.ical.acting import RetrievedDemos, demos_with_thoughts, examples_by_type
 
     memory = Memory(config.ical_memory, SentenceEmbedder(), on_malformed=lambda msg: click.echo(msg, err=True))
     try:
-        demos = RetrievedDemos(memory, k=config.demos_per_type, rendering=config.rendering)
+        demos = RetrievedDemos(memory, k=config.demos_per_type, rendering=config.rendering,
+                               thoughts=demos_with_thoughts(config.demos))
     except ValueError as err:
         raise click.ClickException(str(err)) from None
     groups = examples_by_type(memory)

@@ -18,6 +18,8 @@ from agent_shell.ical.memory import Example, Lambdas, Memory
 
 #: ``--demos`` value prefix that selects an ICAL memory.
 DEMOS_PREFIX = "ical:"
+#: ``--demos ical-actions:MEMORY``: the examples without their annotations (actions and observations).
+ACTIONS_PREFIX = "ical-actions:"
 #: Acting retrieves by instruction only by default (the source's evaluation setting).
 ACTING_LAMBDAS = Lambdas(instruction=1.0, text=0.0)
 
@@ -30,6 +32,9 @@ class RetrievedDemos:
         k: demonstrations per prompt.
         rendering: the history rendering of the demonstrations (as for the fixed ones).
         lambdas: retrieval weights.
+        thoughts: show the examples' annotations as ``think:`` steps (False: their actions and
+            observations only, e.g. when the annotations a small backbone wrote are noise the
+            actor would copy).
 
     Attributes:
         retrieved: task id -> [(example id, score)] of every retrieval made (for the records).
@@ -38,7 +43,8 @@ class RetrievedDemos:
         ValueError: an empty memory, or k < 1.
     """
 
-    def __init__(self, memory: Memory, k: int = 2, rendering: str = "raw", lambdas: Lambdas = ACTING_LAMBDAS):
+    def __init__(self, memory: Memory, k: int = 2, rendering: str = "raw", lambdas: Lambdas = ACTING_LAMBDAS,
+                 thoughts: bool = True):
         if not len(memory):
             raise ValueError(f"the ICAL memory at {memory.folder} holds no examples")
         if k < 1:
@@ -47,6 +53,7 @@ class RetrievedDemos:
         self.k = k
         self.rendering = rendering
         self.lambdas = lambdas
+        self.thoughts = thoughts
         self.retrieved: dict[str, list[tuple[str, float]]] = {}
         self._cache: dict[str, list[str]] = {}
 
@@ -59,7 +66,9 @@ class RetrievedDemos:
                                        exclude_task_ids=[start.task_id])
             self.retrieved[start.task_id] = [(e.example_id, round(s, 5)) for e, s in got]
             t = [e.trajectory for e, _ in got]
-            self._cache[start.task_id] = [render_demo(x.instruction, x.observation, x.steps, self.rendering) for x in t]
+            self._cache[start.task_id] = [
+                render_demo(x.instruction, x.observation, [s for s in x.steps if self.thoughts or s.kind != "think"],
+                            self.rendering) for x in t]
         return list(self._cache[start.task_id])
 
 
@@ -72,11 +81,18 @@ def examples_by_type(memory: Memory) -> dict[str, list[Example]]:
 
 
 def parse_demos(value: str) -> str | None:
-    """The memory folder of a ``--demos`` value (``ical:FOLDER``), or None for ``expert``.
+    """The memory folder of a ``--demos`` value (``ical:FOLDER`` or ``ical-actions:FOLDER``), or
+    None for ``expert``.
 
     Raises ValueError for anything else."""
     if value == "expert":
         return None
-    if value.startswith(DEMOS_PREFIX) and value[len(DEMOS_PREFIX):]:
-        return value[len(DEMOS_PREFIX):]
-    raise ValueError(f"--demos must be 'expert' or 'ical:MEMORY_FOLDER', got {value!r}")
+    for prefix in (DEMOS_PREFIX, ACTIONS_PREFIX):
+        if value.startswith(prefix) and value[len(prefix):]:
+            return value[len(prefix):]
+    raise ValueError(f"--demos must be 'expert', 'ical:MEMORY_FOLDER' or 'ical-actions:MEMORY_FOLDER', got {value!r}")
+
+
+def demos_with_thoughts(value: str) -> bool:
+    """Whether a ``--demos`` value shows the ICAL examples' annotations (``ical:``, not ``ical-actions:``)."""
+    return not value.startswith(ACTIONS_PREFIX)

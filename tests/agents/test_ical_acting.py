@@ -12,7 +12,7 @@ from agent_doubles import TASKS, FakeLM, ScriptedEnv
 from agent_shell.agents import build_agent
 from agent_shell.cli import main
 from agent_shell.ical import Lambdas, Memory, execute, parse_program
-from agent_shell.ical.acting import RetrievedDemos, parse_demos
+from agent_shell.ical.acting import RetrievedDemos, demos_with_thoughts, parse_demos
 from agent_shell.ical.memory import Example
 from agent_shell.runner import read_results, run_episodes
 from test_ical_memory import TableEmbedder
@@ -49,8 +49,19 @@ def test_retrieved_demos_show_the_nearest_examples_with_their_thoughts(tmp_path)
     assert [i for i, _ in demos.retrieved["a/1"]] == ["ex-a/2", "ex-b/1"]
 
 
+def test_ical_actions_demos_leave_the_annotations_out(tmp_path):
+    mem = memory_of(tmp_path / "mem", ["a/1", "a/2", "b/1"])
+    with_notes = RetrievedDemos(mem, k=2, lambdas=Lambdas(1, 0)).for_task(ScriptedEnv().reset("a/3"))
+    without = RetrievedDemos(mem, k=2, lambdas=Lambdas(1, 0), thoughts=False).for_task(ScriptedEnv().reset("a/3"))
+    assert all("think:" in d for d in with_notes) and not any("think:" in d for d in without)
+    assert [d.replace("> think: Principle: go, then act.\nOK.\n", "").replace("> think: Subgoal: reach it\nOK.\n", "")
+            for d in with_notes] == without  # the same actions and observations
+    assert not demos_with_thoughts("ical-actions:runs/mem") and demos_with_thoughts("ical:runs/mem")
+
+
 def test_demos_option_values():
     assert parse_demos("expert") is None and parse_demos("ical:runs/mem") == "runs/mem"
+    assert parse_demos("ical-actions:runs/mem") == "runs/mem"
     with pytest.raises(ValueError, match="'ical:MEMORY_FOLDER'"):
         parse_demos("ical:")
     with pytest.raises(ValueError, match="holds no examples"):
