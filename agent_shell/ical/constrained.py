@@ -172,8 +172,8 @@ def constrained_program(lm: Any, env: Any, task_id: str, prompt: str, *, max_act
         candidate-set check accepts what was admissible where it was written).
 
     Raises:
-        ValueError: ``prompt`` does not end with the ``Abstractions:`` line, max_actions < 1 or
-            max_uses < 1.
+        ValueError: ``prompt`` does not end with the ``Abstractions:`` line, or max_actions,
+            max_uses or window < 1.
     """
     from envs.episode import Episode
 

@@ -131,3 +131,28 @@ def test_resume_moves_a_torn_output_line_aside(tmp_path):
         fh.write(b'{"noisy_id": "c", "pro')
     assert _done_keys(out, True, ["a", "c"]) == {"a", "b"}
     assert out.read_bytes() == whole and (tmp_path / "abstract.jsonl.torn").read_bytes() == b'{"noisy_id": "c", "pro\n'
+
+
+def test_build_memory_with_anchored_decoding_records_how_programs_were_written(tmp_path, monkeypatch):
+    from test_ical_constrained import ChoosingLM
+
+    solutions = {f"> {a}" for _, steps in TASKS.values() for a in steps}
+    lm = ChoosingLM(lambda o: 0.0 if o in solutions else (-1.0 if o.startswith("> ") else -5.0))
+    monkeypatch.setattr(ical_cmd, "_load_lm", lambda model, dtype: lm)
+    monkeypatch.setattr(envs, "make_env", lambda name: ScriptedEnv())
+    import agent_shell.embeddings
+
+    monkeypatch.setattr(agent_shell.embeddings, "SentenceEmbedder", lambda: TableEmbedder({}))
+    noisy = noisy_file(tmp_path)  # a detour first, the last step dropped
+    mem = tmp_path / "mem"
+    result = CliRunner().invoke(main, ["ical", "build-memory", str(noisy), "--memory", str(mem), "--max-rounds", "0",
+                                       "--decoding", "anchored"])
+    assert result.exit_code == 0, result.output
+    lines = [orjson.loads(x) for x in (mem / "log.jsonl").read_bytes().splitlines()]
+    assert all(r["decoding"] == "anchored" and r["notes"] == "inline" for r in lines)
+    assert all(r["rounds"][0]["program"] is not None for r in lines)  # every output parsed
+    # the record's detour skipped, its missing last step put in from the admissible commands
+    assert [r["kept"] for r in lines] == [True, True, True]
+    assert lines[0]["rounds"][0]["program"]["actions"] == TASKS["a/1"][1]
+    bad = CliRunner().invoke(main, ["ical", "build-memory", str(noisy), "--memory", str(mem), "--decoding", "beam"])
+    assert bad.exit_code == 2 and "'beam' is not one of" in bad.output
