@@ -338,7 +338,8 @@ def chart_figure(rows: Sequence[Row], title: str = "Success rate by task type"):
     ax.set_ylim(-3, 110)  # room for the won/n label above a 100% bar
     ax.axhline(0.0, color="0.6", linewidth=0.6, zorder=0)
     # the legend above the bars (never over a label), the title above the legend
-    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=min(len(agents), 2), frameon=False)
+    ncol = min(len(agents), 2 if max(map(len, agents), default=0) > 30 else 4)
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=ncol, frameon=False)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.05, 1, 0.96))  # the layout makes room for the legend
     fig.text(0.01, 0.01, CHART_CAPTION, fontsize=7, color="0.3")
