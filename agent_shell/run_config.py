@@ -127,8 +127,12 @@ class RunConfig:
             raise ValueError(f"lam={self.lam} must be > 0 (the fit is strongly convex only then)")
         from agent_shell.ical.acting import parse_demos
 
-        if parse_demos(self.demos) is None and self.concept_data == "ical":
+        memory = parse_demos(self.demos)
+        if memory is None and self.concept_data == "ical":
             raise ValueError("concept_data='ical' needs demos='ical:MEMORY'")
+        if memory is not None and not Path(memory).is_dir():
+            raise ValueError(f"demos: the ICAL memory folder {memory} does not exist (cb-agent ical build-memory "
+                             "makes one)")
         if self.rendering == "calibrator" and self.calibrator is None:
             raise ValueError("calibrator: --history calibrator needs --calibrator FILE (cb-agent calibrate fit)")
         if self.concept_data not in ("expert", "ical"):

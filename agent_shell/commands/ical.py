@@ -31,7 +31,7 @@ def _fail(fn: Callable) -> Callable:
     return wrapper
 
 
-def _done_keys(path: Path, resume: bool, wanted: Iterable[str]) -> set[str]:
+def _done_keys(path: Path, resume: bool, wanted: Iterable[str], elsewhere: str = "choose another --out") -> set[str]:
     """Noisy ids already in the JSONL output ``path``; refuses an existing key without --resume."""
     from envs.storage import iter_jsonl
 
@@ -50,7 +50,7 @@ def _done_keys(path: Path, resume: bool, wanted: Iterable[str]) -> set[str]:
     overlap = done & set(wanted)
     if overlap and not resume:
         raise ValueError(f"{path} already holds {len(overlap)} of these inputs; pass --resume to continue it, "
-                         "or choose another --out")
+                         f"or {elsewhere}")
     return done
 
 
@@ -122,6 +122,9 @@ decoding_option = click.option("--decoding", type=click.Choice(["free", "constra
                                help="How programs are written: free generation; constrained (lines by a grammar, "
                                     "actions from the admissible commands of a scratch game); anchored (constrained, "
                                     "the action options anchored to the noisy record's next actions).")
+extra_actions_option = click.option("--extra-actions", type=click.IntRange(min=0), default=5, show_default=True,
+                                    help="Constrained and anchored decoding stop a program at the noisy record's "
+                                         "number of actions plus this many.")
 notes_option = click.option("--notes", type=click.Choice(["inline", "chat"]), default="inline", show_default=True,
                             help="Constrained decoding's annotations: the LM continues the program text (inline), or "
                                  "answers a short chat request per note (chat).")
@@ -218,13 +221,14 @@ def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, see
 @max_new_tokens_option
 @decoding_option
 @notes_option
+@extra_actions_option
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/abstract.jsonl", show_default=True,
               help="JSONL file of the abstractions.")
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip noisy ids already in --out; without it an existing id is refused.")
 @_fail
-def abstract(noisy_path, env_name, model, dtype, memory_dir, k, max_new_tokens, decoding, notes, out_path,
-             resume) -> None:
+def abstract(noisy_path, env_name, model, dtype, memory_dir, k, max_new_tokens, decoding, notes, extra_actions,
+             out_path, resume) -> None:
     """Phase 1 only: the LM abstracts each noisy trajectory; outputs are parsed strictly (not executed)."""
     from collections import Counter
 
@@ -235,11 +239,12 @@ def abstract(noisy_path, env_name, model, dtype, memory_dir, k, max_new_tokens, 
     from agent_shell.ical.program import parse_program
     from envs.storage import append_jsonl
 
+    config = LearnConfig(max_new_tokens=max_new_tokens, k=k, decoding=decoding, notes=notes,
+                         extra_actions=extra_actions)
     trajs = _read_noisy(noisy_path)
     out = Path(out_path)
     done = _done_keys(out, resume, [noisy_id(t) for t in trajs])
     todo = [t for t in trajs if noisy_id(t) not in done]
-    config = LearnConfig(max_new_tokens=max_new_tokens, k=k, decoding=decoding, notes=notes)
     reasons: Counter = Counter()
     n_ok = 0
     if todo:
@@ -321,6 +326,7 @@ def _check_human(human: bool) -> None:
 @max_new_tokens_option
 @decoding_option
 @notes_option
+@extra_actions_option
 @click.option("--human", is_flag=True, help="A person gives feedback at the terminal (Enter accepts a step).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/refine.jsonl", show_default=True,
               help="JSONL file of the refined examples (every round recorded).")
@@ -328,7 +334,7 @@ def _check_human(human: bool) -> None:
               help="Skip noisy ids already in --out; without it an existing id is refused.")
 @_fail
 def refine(abstract_path, noisy_path, env_name, model, dtype, memory_dir, k, max_rounds, max_new_tokens, decoding,
-           notes, human, out_path, resume) -> None:
+           notes, extra_actions, human, out_path, resume) -> None:
     """Phase 2: execute each abstraction in the real game and revise it on feedback (every round recorded)."""
     from agent_shell.ical.learn import LearnConfig
     from agent_shell.ical.noisy import noisy_id
@@ -336,6 +342,8 @@ def refine(abstract_path, noisy_path, env_name, model, dtype, memory_dir, k, max
     from envs.storage import iter_jsonl
 
     _check_human(human)
+    config = LearnConfig(max_rounds=max_rounds, max_new_tokens=max_new_tokens, k=k, decoding=decoding, notes=notes,
+                         extra_actions=extra_actions)
     firsts: dict[str, str] = {}
     for number, record, err in iter_jsonl(abstract_path):
         if err is None and not (isinstance(record, dict) and {"noisy_id", "output"} <= record.keys()):
@@ -351,10 +359,7 @@ def refine(abstract_path, noisy_path, env_name, model, dtype, memory_dir, k, max
         lm = _load_lm(model, dtype) if max_rounds else None
         env = make_env(env_name)
         try:
-            _learn_all(todo, out, lm, env, _memory(memory_dir),
-                       LearnConfig(max_rounds=max_rounds, max_new_tokens=max_new_tokens, k=k, decoding=decoding,
-                                   notes=notes),
-                       human, firsts)
+            _learn_all(todo, out, lm, env, _memory(memory_dir), config, human, firsts)
         finally:
             env.close()
     _summarize(out, f"ICAL refinement ({out})")
@@ -374,31 +379,31 @@ def refine(abstract_path, noisy_path, env_name, model, dtype, memory_dir, k, max
 @max_new_tokens_option
 @decoding_option
 @notes_option
+@extra_actions_option
 @click.option("--human", is_flag=True, help="A person gives feedback at the terminal (Enter accepts a step).")
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip noisy ids already in the memory's log; without it an existing id is refused.")
 @_fail
 def build_memory(noisy_path, memory_dir, env_name, model, dtype, k, max_rounds, max_new_tokens, decoding, notes,
-                 human, resume) -> None:
+                 extra_actions, human, resume) -> None:
     """Both phases for every noisy trajectory; won examples enter MEMORY (log: MEMORY/log.jsonl)."""
     from agent_shell.ical.learn import LearnConfig
     from agent_shell.ical.noisy import noisy_id
     from envs import make_env
 
     _check_human(human)
+    config = LearnConfig(max_rounds=max_rounds, max_new_tokens=max_new_tokens, k=k, decoding=decoding, notes=notes,
+                         extra_actions=extra_actions)
     trajs = _read_noisy(noisy_path)
     out = Path(memory_dir) / "log.jsonl"
-    done = _done_keys(out, resume, [noisy_id(t) for t in trajs])
+    done = _done_keys(out, resume, [noisy_id(t) for t in trajs], elsewhere="choose another --memory")
     todo = [t for t in trajs if noisy_id(t) not in done]
     if todo:
         memory = _memory(memory_dir)
         lm = _load_lm(model, dtype)
         env = make_env(env_name)
         try:
-            _learn_all(todo, out, lm, env, memory,
-                       LearnConfig(max_rounds=max_rounds, max_new_tokens=max_new_tokens, k=k, decoding=decoding,
-                                   notes=notes),
-                       human)
+            _learn_all(todo, out, lm, env, memory, config, human)
         finally:
             env.close()
     _summarize(out, f"ICAL memory {memory_dir}")

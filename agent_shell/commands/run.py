@@ -140,7 +140,10 @@ def set_up(config: RunConfig, env: Any, task_types: Collection[str] | None, echo
                     task_types=task_types, lm=lm)
     if config.ical_memory is not None:
         setup.demos, ical_trajectories = ical_setup(config, task_types, need_concepts)
-        echo(f"demonstrations: {config.demos_per_type} retrieved per game from the ICAL memory {config.ical_memory}")
+        kept = ("; the expert trajectories above stay the concept's data"
+                if need_concepts and config.concept_data == "expert" else "")
+        echo(f"ReAct demonstrations: {config.demos_per_type} retrieved per game from the ICAL memory "
+             f"{config.ical_memory} ({len(setup.demos.memory)} examples) in place of the expert ones{kept}")
         if need_concepts and config.concept_data == "ical":
             setup.features, setup.concepts, setup.concepts_dir = fit_from_trajectories(
                 config, setup.lm, ical_trajectories, setup.cache, echo, setup.timings)

@@ -293,6 +293,9 @@ class LearnConfig:
             raise ValueError(f"decoding must be one of {', '.join(DECODINGS)}, got {self.decoding!r}")
         if self.notes not in ("inline", "chat"):
             raise ValueError(f"notes must be 'inline' or 'chat', got {self.notes!r}")
+        if self.notes == "chat" and self.decoding == "free":
+            raise ValueError("notes='chat' writes the notes of constrained decoding: it needs decoding "
+                             "'constrained' or 'anchored' (free decoding writes its notes itself)")
         if self.extra_actions < 0:
             raise ValueError(f"extra_actions must be >= 0, got {self.extra_actions}")
 

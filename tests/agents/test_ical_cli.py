@@ -55,6 +55,7 @@ def test_build_memory_keeps_winners_resumes_and_prints_the_summary(tmp_path, dou
     calls = len(doubles.prompts)
     again = CliRunner().invoke(main, ["ical", "build-memory", str(noisy), "--memory", str(mem)])
     assert again.exit_code == 1 and "pass --resume" in again.output and "\n" not in again.output.strip()
+    assert "choose another --memory" in again.output
     again = CliRunner().invoke(main, ["ical", "build-memory", str(noisy), "--memory", str(mem), "--resume"])
     assert again.exit_code == 0 and len(doubles.prompts) == calls  # nothing left to do
     # the second input's prompt showed a retrieved example from the memory, not the built-in one
@@ -156,3 +157,8 @@ def test_build_memory_with_anchored_decoding_records_how_programs_were_written(t
     assert lines[0]["rounds"][0]["program"]["actions"] == TASKS["a/1"][1]
     bad = CliRunner().invoke(main, ["ical", "build-memory", str(noisy), "--memory", str(mem), "--decoding", "beam"])
     assert bad.exit_code == 2 and "'beam' is not one of" in bad.output
+    calls = len(lm.contexts)
+    bad = CliRunner().invoke(main, ["ical", "build-memory", str(noisy), "--memory", str(tmp_path / "m2"),
+                                    "--notes", "chat"])  # chat notes belong to constrained decoding
+    assert bad.exit_code == 1 and "needs decoding 'constrained' or 'anchored'" in bad.output
+    assert len(lm.contexts) == calls and not (tmp_path / "m2").exists()  # refused before anything ran
