@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the README's "Results" (the figure and Tables 1-4) at this project's scale.
 #
-#   bash results/make_results.sh figure|table1|table2|table3|table4|all   [more targets ...]
+#   bash results/make_results.sh figure|table1|table2|table3|table4|ical|all   [more targets ...]
 #
 # Resumable: every `cb-agent run` uses --resume (an interrupted target continues where it stopped),
 # expert trajectories, features and concepts are cached ($CB_AGENT_CACHE, default ~/.cache/cb-agent),
@@ -11,7 +11,8 @@
 # ALF_PER_TYPE (Table 1 games per task type, default 5 = 30 games; 0 = all 134),
 # TW_GAMES (Table 3 test games per level, default 10), TW_LEVELS (default custom-1 cooking-1 custom-2 cooking-2),
 # SW_TASKS (Table 2 tasks, default all 30), POOL (figure: trajectories per type sampled from, default 20),
-# SIZES (Table 4, default 2,5,10,20), HELDOUT (Table 4 held-out trajectories per type, default 5).
+# SIZES (Table 4, default 2,5,10,20), HELDOUT (Table 4 held-out trajectories per type, default 5),
+# ICAL (the ICAL target's folder of noisy inputs and memory, default runs/ical).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CB=${CB:-cb-agent}
@@ -67,6 +68,32 @@ table1_features() {  # issue 19's extra features on the Table 1 games (needs `ru
   finish "$out/results.jsonl" table1_alfworld_features
 }
 
+ical() {  # issue 14: ICAL memory from 30 corrupted expert trajectories (anchored decoding), retrieval
+          # precision, and ReAct / CB-Agent on Table 1's games with the retrieved examples (no annotations;
+          # with annotations on one game per type); the expert-demonstration rows are table1's
+  local dir="${ICAL:-runs/ical}" k
+  local mem="$dir/mem"
+  mkdir -p "$dir"
+  "$CB" ical noisy --expert-per-type 5 --corruptions 2 --out "$dir/noisy.jsonl" --resume
+  "$CB" ical build-memory "$dir/noisy.jsonl" --memory "$mem" --decoding anchored --max-rounds 1 "${COMMON[@]}" --resume
+  for k in 2 10; do
+    "$CB" ical retrieve "$mem" --split valid_unseen --per-type 5 --k "$k" --lambda-instruction 1 --lambda-text 0 \
+      --out "$dir/precision_k$k.jsonl" --resume
+  done
+  for k in $(seq 1 "$ALF_PER_TYPE"); do
+    "$CB" run --env alfworld "${COMMON[@]}" --agent react --agent cb-agent --demos "ical-actions:$mem" \
+      --per-type "$k" --games 0 --max-steps 50 --out-dir "$RUNS/alfworld-ical-actions" --resume
+  done
+  "$CB" run --env alfworld "${COMMON[@]}" --agent react --demos "ical:$mem" \
+    --per-type 1 --games 0 --max-steps 50 --out-dir "$RUNS/alfworld-ical-notes" --resume
+  gzip -c "$mem/log.jsonl" > results/ical_memory_log.jsonl.gz
+  gzip -c "$mem/examples.jsonl" > results/ical_memory_examples.jsonl.gz
+  finish "$RUNS/alfworld-ical-actions/results.jsonl" ical_alfworld_actions
+  finish "$RUNS/alfworld-ical-notes/results.jsonl" ical_alfworld_notes
+  "$CB" report "$RUNS/alfworld/results.jsonl" "$RUNS/alfworld-ical-actions/results.jsonl" --paired \
+    --markdown results/ical_alfworld_combined.md --chart results/ical_alfworld_combined.png
+}
+
 # games LEVEL N: --game options for the first N test seeds of a TextWorld level
 games() { local s; for s in $(seq 100001 $((100000 + $2))); do printf -- '--game %s/test/%s ' "$1" "$s"; done; }
 
@@ -93,11 +120,11 @@ table2() {  # ScienceWorld: one test variation of each task, open action space (
 }
 
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && { echo "usage: $0 figure|table1|table1_reflexion|table1_features|table2|table3|table4|all ..." >&2; exit 2; }
+[ ${#targets[@]} -eq 0 ] && { echo "usage: $0 figure|table1|table1_reflexion|table1_features|table2|table3|table4|ical|all ..." >&2; exit 2; }
 for target in "${targets[@]}"; do
   case "$target" in
     all) figure; table4; table3; table1; table1_reflexion; table2 ;;
-    figure|table1|table1_reflexion|table1_features|table2|table3|table4) "$target" ;;
+    figure|table1|table1_reflexion|table1_features|table2|table3|table4|ical) "$target" ;;
     *) echo "unknown target $target" >&2; exit 2 ;;
   esac
 done
