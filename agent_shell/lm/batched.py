@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from agent_shell.lm.decoding import check_generation, sampler
+from agent_shell.lm.decoding import check_generation, extend_reply, sampler
 from agent_shell.lm.formatting import templated
 from agent_shell.lm.kv_cache import PrefixCache, new_cache, snapshot
 from agent_shell.lm.protocol import CandidateScores, Context, check_candidates
@@ -61,6 +61,25 @@ def _tokenize(lm: Any, req: ScoreRequest) -> tuple[list[TokenizedContinuation], 
     return toks, shared - 1
 
 
+def _padded_cache(lm: Any, prefixes: list[list[tuple[Any, Any]]], depth: int) -> Any:
+    """A batch cache whose row b holds ``prefixes[b]`` (a :func:`snapshot`) right-padded with
+    zeros to ``depth`` tokens; an empty prefix is all padding."""
+    cache = new_cache(lm.model)
+    for layer_index, layer in enumerate(cache.layers):
+        ks, vs = [], []
+        for saved in prefixes:
+            k, v = saved[layer_index]
+            if k is None or k.shape[-2] == 0:
+                heads, dim = _kv_shape(prefixes, layer_index)
+                k = v = torch.zeros(1, heads, 0, dim, dtype=lm.dtype, device=lm.device)
+            ks.append(torch.nn.functional.pad(k, (0, 0, 0, depth - k.shape[-2])))
+            vs.append(torch.nn.functional.pad(v, (0, 0, 0, depth - v.shape[-2])))
+        keys, values = torch.cat(ks), torch.cat(vs)
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+    return cache
+
+
 @torch.inference_mode()
 def score_many(lm: Any, requests: Sequence[ScoreRequest]) -> list[CandidateScores]:
     """Score every request's candidate set; all candidate sets go through one forward pass.
@@ -86,20 +105,7 @@ def score_many(lm: Any, requests: Sequence[ScoreRequest]) -> list[CandidateScore
     width = max(sum(lens) for lens in seg_lens)
     depth = max(s for _, s in prepared)
     # keys/values: each request's prefix, right-padded to `depth`
-    cache = new_cache(lm.model)
-    for layer_index, layer in enumerate(cache.layers):
-        ks, vs = [], []
-        for (toks, s), saved in zip(prepared, prefixes):
-            k, v = saved[layer_index]
-            if k is None or s == 0:
-                shape = (1, *_kv_shape(prefixes, layer_index))
-                k = v = torch.zeros(shape[0], shape[1], 0, shape[2], dtype=dtype, device=dev)
-            pad = depth - k.shape[-2]
-            ks.append(torch.nn.functional.pad(k, (0, 0, 0, pad)))
-            vs.append(torch.nn.functional.pad(v, (0, 0, 0, pad)))
-        keys, values = torch.cat(ks), torch.cat(vs)
-        layer.lazy_initialization(keys, values)
-        layer.keys, layer.values = keys, values
+    cache = _padded_cache(lm, prefixes, depth)
     input_ids = torch.zeros(n_rows, width, dtype=torch.long)
     positions = torch.zeros(n_rows, width, dtype=torch.long)
     allowed = torch.zeros(n_rows, width, depth + width, dtype=torch.bool)
@@ -154,21 +160,6 @@ class GenerateRequest:
     seed: int | None = None
 
 
-def _padded_cache(lm: Any, prefixes: list[list[tuple[Any, Any]]], depth: int) -> Any:
-    """A batch cache whose row b holds ``prefixes[b]`` right-padded with zeros to ``depth``."""
-    cache = new_cache(lm.model)
-    for layer_index, layer in enumerate(cache.layers):
-        ks, vs = [], []
-        for saved in prefixes:
-            k, v = saved[layer_index]
-            ks.append(torch.nn.functional.pad(k, (0, 0, 0, depth - k.shape[-2])))
-            vs.append(torch.nn.functional.pad(v, (0, 0, 0, depth - v.shape[-2])))
-        keys, values = torch.cat(ks), torch.cat(vs)
-        layer.lazy_initialization(keys, values)
-        layer.keys, layer.values = keys, values
-    return cache
-
-
 @torch.inference_mode()
 def generate_many(lm: Any, requests: Sequence[GenerateRequest]) -> list[str]:
     """One reply per request, all decoded together (one token per row per forward pass).
@@ -187,16 +178,10 @@ def generate_many(lm: Any, requests: Sequence[GenerateRequest]) -> list[str]:
     prepared = []
     for req in requests:
         stop = check_generation(req.max_new_tokens, req.stop, req.temperature, 1)
-        ids = lm.encode(lm.render_prompt(req.prompt), templated(req.prompt))
-        if not ids:
-            raise ValueError("empty prompt: nothing to continue (the tokenizer adds no BOS)")
-        room = lm.max_context_tokens - len(ids)
-        if room < 1 and req.max_new_tokens > 0:
-            raise ValueError(f"prompt is too long: {len(ids)} tokens leave no room in the window of "
-                             f"{lm.max_context_tokens} tokens of {lm.name!r}")
-        prepared.append((ids, stop, min(req.max_new_tokens, room)))
+        ids, budget = lm.prompt_ids(req.prompt, req.max_new_tokens)
+        prepared.append((ids, budget, stop))
     replies = [""] * len(requests)
-    live = [b for b, (_, _, budget) in enumerate(prepared) if budget > 0]
+    live = [b for b, (_, budget, _) in enumerate(prepared) if budget > 0]
     if not live:
         return replies
     dev = lm.device
@@ -215,7 +200,7 @@ def generate_many(lm: Any, requests: Sequence[GenerateRequest]) -> list[str]:
     cache = _padded_cache(lm, prefixes, depth)
     logits = torch.cat(logits)
     generators = [sampler(requests[b].temperature, requests[b].seed, dev) for b in live]
-    budgets = [prepared[b][2] for b in live]
+    budgets = [prepared[b][1] for b in live]
     new: list[list[int]] = [[] for _ in live]
     texts: list[str | None] = [None] * rows
     done = [False] * rows
@@ -229,21 +214,9 @@ def generate_many(lm: Any, requests: Sequence[GenerateRequest]) -> list[str]:
                 probs = torch.softmax(logits[r:r + 1] / requests[b].temperature, dim=-1)
                 nxt[r] = torch.multinomial(probs, 1, generator=generators[r])[0, 0]
         for r, b in enumerate(live):
-            if done[r]:
-                continue
-            token = int(nxt[r])
-            if token in lm._eos_ids:
-                done[r] = True
-                continue
-            new[r].append(token)
-            stop = prepared[b][1]
-            if stop:
-                text = lm.tokenizer.decode(new[r], skip_special_tokens=True)
-                cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
-                if cut >= 0:
-                    texts[r], done[r] = text[:cut], True
-            if len(new[r]) >= budgets[r]:
-                done[r] = True
+            if not done[r]:
+                done[r], texts[r] = extend_reply(new[r], int(nxt[r]), lm._eos_ids, prepared[b][2], lm.tokenizer)
+                done[r] = done[r] or len(new[r]) >= budgets[r]
         if all(done):
             break
         allowed = torch.cat([allowed, torch.ones(rows, 1, dtype=torch.bool)], dim=1)

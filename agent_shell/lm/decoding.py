@@ -59,6 +59,21 @@ def sampler(temperature: float, seed: int | None, device: torch.device) -> torch
     return generator
 
 
+def extend_reply(tokens: list[int], token: int, stop_ids: frozenset[int], stop: Sequence[str],
+                 tokenizer: Any) -> tuple[bool, str | None]:
+    """Add the sampled ``token`` to a reply's ``tokens``: (the reply is finished, its text when a
+    stop string cut it, else None). An end-of-sequence token finishes it without being added."""
+    if token in stop_ids:
+        return True, None
+    tokens.append(token)
+    if stop:
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+        if cut >= 0:
+            return True, text[:cut]
+    return False, None
+
+
 def decode(forward: Forward, tokenizer: Any, stop_ids: frozenset[int], cache: Any, logits: torch.Tensor,
            length: int, rows: int, budget: int, stop: Sequence[str], temperature: float,
            generator: torch.Generator | None, device: torch.device) -> list[str]:
@@ -78,17 +93,8 @@ def decode(forward: Forward, tokenizer: Any, stop_ids: frozenset[int], cache: An
             nxt = logits.argmax(dim=-1)
         nxt_list = nxt.tolist()
         for r in range(rows):
-            if done[r]:
-                continue
-            if nxt_list[r] in stop_ids:
-                done[r] = True
-                continue
-            new[r].append(nxt_list[r])
-            if stop:
-                text = tokenizer.decode(new[r], skip_special_tokens=True)
-                cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
-                if cut >= 0:
-                    texts[r], done[r] = text[:cut], True
+            if not done[r]:
+                done[r], texts[r] = extend_reply(new[r], nxt_list[r], stop_ids, stop, tokenizer)
         if all(done) or step == budget - 1:
             break
         out = forward(nxt[:, None].to(device), cache, position_ids=torch.full((rows, 1), length + step, device=device),
@@ -97,4 +103,4 @@ def decode(forward: Forward, tokenizer: Any, stop_ids: frozenset[int], cache: An
     return [t if t is not None else tokenizer.decode(new[r], skip_special_tokens=True) for r, t in enumerate(texts)]
 
 
-__all__ = ["check_generation", "decode", "eos_ids", "sampler"]
+__all__ = ["check_generation", "decode", "eos_ids", "extend_reply", "sampler"]

@@ -281,6 +281,25 @@ class HFLanguageModel:
 
     # ------------------------------------------------------------------ generation
     @torch.inference_mode()
+    def prompt_ids(self, prompt: Context, max_new_tokens: int) -> tuple[list[int], int]:
+        """(the rendered prompt's token ids, the new tokens it leaves room for: at most
+        ``max_new_tokens``), as :meth:`generate` and batched decoding
+        (:func:`agent_shell.lm.batched.generate_many`) continue it.
+
+        Raises:
+            ValueError: an empty rendered prompt, or one that fills the window (when tokens are asked).
+        """
+        ids = self.encode(self.render_prompt(prompt), templated(prompt))
+        if not ids:
+            raise ValueError("empty prompt: nothing to continue (the tokenizer adds no BOS)")
+        room = self.max_context_tokens - len(ids)
+        if room < 1 and max_new_tokens > 0:
+            raise ValueError(
+                f"prompt is too long: {len(ids)} tokens leave no room in the window of "
+                f"{self.max_context_tokens} tokens of {self.name!r}"
+            )
+        return ids, min(max_new_tokens, room)
+
     def generate(self, prompt: Context, max_new_tokens: int = 64, stop: Sequence[str] = (), temperature: float = 0.0,
                  n: int = 1, seed: int | None = None) -> list[str]:
         """Return ``n`` continuations of ``render_prompt(prompt)`` (:mod:`agent_shell.lm.decoding`).
@@ -294,16 +313,7 @@ class HFLanguageModel:
                 string, an empty rendered prompt, or a prompt that fills the window.
         """
         stop = check_generation(max_new_tokens, stop, temperature, n)
-        ids = self.encode(self.render_prompt(prompt), templated(prompt))
-        if not ids:
-            raise ValueError("empty prompt: nothing to continue (the tokenizer adds no BOS)")
-        room = self.max_context_tokens - len(ids)
-        if room < 1 and max_new_tokens > 0:
-            raise ValueError(
-                f"prompt is too long: {len(ids)} tokens leave no room in the window of "
-                f"{self.max_context_tokens} tokens of {self.name!r}"
-            )
-        budget = min(max_new_tokens, room)
+        ids, budget = self.prompt_ids(prompt, max_new_tokens)
         if budget == 0:
             return [""] * n
         rows = n if temperature > 0 else 1
