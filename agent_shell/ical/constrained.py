@@ -184,6 +184,7 @@ def constrained_program(lm: Any, env: Any, task_id: str, prompt: str, *, max_act
     lines: list[str] = []  # the program
     seen: list[str] = []  # what the LM reads: the program with the scratch game's observations
     admissible: set[str] = set()
+    actions: list[str] = []  # the commands written, in order
     uses: Counter = Counter()
 
     def so_far() -> str:
@@ -201,8 +202,7 @@ def constrained_program(lm: Any, env: Any, task_id: str, prompt: str, *, max_act
         if notes is None:
             said = line_text(lm, so_far() + f"{kind}: ", line_tokens, seed)
         else:
-            said = " ".join(str(notes(kind, [line[2:] for line in lines if line.startswith("> ")],
-                                      last_observation)).split())
+            said = " ".join(str(notes(kind, list(actions), last_observation)).split())
         if said:
             write(f"{kind}: {said}")
         return bool(said)
@@ -211,9 +211,9 @@ def constrained_program(lm: Any, env: Any, task_id: str, prompt: str, *, max_act
         annotate(kind)
     write(PROGRAM_HEADER)
     episode = Episode(env, task_id, max_steps=max_actions)
-    state, n_actions, empty = "program", 0, set()  # empty: note kinds just written empty
-    at, last = 0, None  # the record's next action, the last action written (anchored decoding)
-    while not (episode.won or episode.done or n_actions >= max_actions):
+    state, empty = "program", set()  # empty: note kinds just written empty
+    at = 0  # the record's next action (anchored decoding)
+    while not (episode.won or episode.done or len(actions) >= max_actions):
         kinds = [k for k in GRAMMAR[state] if k not in empty]
         options = [OPENERS[k] for k in kinds if k != "act"]
         if "act" in kinds:
@@ -221,7 +221,7 @@ def constrained_program(lm: Any, env: Any, task_id: str, prompt: str, *, max_act
             admissible.update(commands)
             allowed = [c for c in commands if uses[c] < max_uses]
             if record is not None:
-                while at < len(record) and record[at] == last and record[at] not in allowed:
+                while at < len(record) and actions and record[at] == actions[-1] and record[at] not in allowed:
                     at += 1  # a repeat of the action just written that the game would refuse
                 if at < len(record):
                     allowed = anchored_options(record[at:at + window], allowed)
@@ -235,11 +235,11 @@ def constrained_program(lm: Any, env: Any, task_id: str, prompt: str, *, max_act
             command = opener[2:]
             last_observation = episode.act(command).observation
             write(opener, last_observation)
+            actions.append(command)
             uses[command] += 1
-            last = command
             if record is not None and command in record[at:at + window]:
                 at += record[at:at + window].index(command) + 1
-            n_actions, state, empty = n_actions + 1, "act", set()
+            state, empty = "act", set()
         else:
             kind = opener[:-1]
             if annotate(kind):
