@@ -177,7 +177,10 @@ class HFLanguageModel:
         """Forget the stored prefix cache (e.g. at the start of an unrelated episode)."""
         self.cache.reset()
 
+    @torch.inference_mode()
     def _forward(self, input_ids: torch.Tensor, cache: Any, **kwargs: Any) -> Any:
+        # every forward of the backend goes through here: never record an autograd graph (a
+        # kept KV cache would otherwise hold every earlier step's activations alive)
         return self.model(input_ids=input_ids, use_cache=True, **{self._cache_kw: cache}, **kwargs)
 
     # ------------------------------------------------------------------ scoring
@@ -280,7 +283,6 @@ class HFLanguageModel:
         return out, s - lo
 
     # ------------------------------------------------------------------ generation
-    @torch.inference_mode()
     def prompt_ids(self, prompt: Context, max_new_tokens: int) -> tuple[list[int], int]:
         """(the rendered prompt's token ids, the new tokens it leaves room for: at most
         ``max_new_tokens``), as :meth:`generate` and batched decoding
@@ -300,6 +302,7 @@ class HFLanguageModel:
             )
         return ids, min(max_new_tokens, room)
 
+    @torch.inference_mode()
     def generate(self, prompt: Context, max_new_tokens: int = 64, stop: Sequence[str] = (), temperature: float = 0.0,
                  n: int = 1, seed: int | None = None) -> list[str]:
         """Return ``n`` continuations of ``render_prompt(prompt)`` (:mod:`agent_shell.lm.decoding`).

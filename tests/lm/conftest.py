@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from agent_shell.lm import load_language_model
 from agent_shell.lm.hf import HFLanguageModel
@@ -24,9 +23,3 @@ def fresh(lm32: HFLanguageModel):
         return HFLanguageModel(lm32.model, lm32.tokenizer, **kwargs)
 
     return make
-
-
-@pytest.fixture(autouse=True)
-def _no_grad():
-    with torch.inference_mode():
-        yield

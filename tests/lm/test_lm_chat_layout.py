@@ -21,6 +21,7 @@ MESSAGES = scoring_context("Your task is to: put a mug in the coffeemachine.",
 CANDIDATES = ["take mug 2 from cabinet 1", "close cabinet 1", "go to coffeemachine 1"]
 
 
+@torch.inference_mode()
 def naive_chat_score(lm, messages, action):
     """(log_q, n_tokens, hidden at the final token) by one full forward over
     apply_chat_template(...) + action."""

@@ -72,3 +72,26 @@ def test_chat_generation_stops_at_end_of_turn(fresh):
     (reply,) = lm.generate([{"role": "user", "content": "Say hello."}], max_new_tokens=40)
     assert "<|im_end|>" not in reply and "<|im_start|>" not in reply
     assert reply.strip()
+
+
+def test_no_forward_records_an_autograd_graph(fresh):
+    """With grad mode on (the caller's default), every forward of the backend runs in inference
+    mode and nothing it keeps requires grad: a kept KV cache with a graph would hold every
+    earlier step's activations alive (a ReAct run grew by ~150 MB a step)."""
+    from agent_shell.lm.batched import GenerateRequest, generate_many
+
+    assert torch.is_grad_enabled()
+    lm = fresh()
+    modes: list[bool] = []
+    hook = lm.model.register_forward_pre_hook(lambda mod, args: modes.append(torch.is_inference_mode_enabled()))
+    try:
+        lm.pin_prefix(PROMPT[:80])
+        lm.generate(PROMPT, max_new_tokens=4)
+        lm.generate(PROMPT + " I", max_new_tokens=4, temperature=1.0, n=2, seed=0)
+        lm.score(PROMPT, ["take apple 1", "look"], "\n> ")
+        generate_many(lm, [GenerateRequest(lm.cache, PROMPT, 3, (), 0.0, None)])
+    finally:
+        hook.remove()
+    assert len(modes) >= 5 and all(modes)
+    kept = [t for layer in lm.cache.cache.layers for t in (layer.keys, layer.values)]
+    assert kept and not any(t.requires_grad for t in kept)

@@ -10,6 +10,7 @@ CONTEXT = "You are in the middle of a room.\nYour task is to: put a clean mug in
 CANDIDATES = ["go to coffeemachine 1", "take mug 2 from countertop 1", "open fridge 1", "examine sinkbasin 1"]
 
 
+@torch.inference_mode()
 def reference(lm, layer: int, pool: str) -> np.ndarray:
     """One uncached forward per candidate with output_hidden_states (index 0 = embeddings)."""
     base = lm.render(CONTEXT, "\n> ")

@@ -41,6 +41,7 @@ def make_context(n_steps: int) -> str:
     return header + "".join(OBSERVATION.format(i=i, j=i + 1, k=i + 2) for i in range(n_steps)) + "On it, you see"
 
 
+@torch.inference_mode()
 def naive_score(lm: HFLanguageModel, context: str, action: str, prefix: str = PREFIX):
     """(log_q, n_tokens, hidden at final token) by one full forward over context+prefix+action."""
     tok = lm.tokenizer
@@ -81,10 +82,11 @@ def test_hidden_is_the_lm_head_input_of_a_full_forward(lm32, fresh):
     context, action = make_context(2), "take mug 2 from cabinet 3"
     got = fresh().score(context, [action, "look"], PREFIX)
     ids = torch.tensor([lm32.encode(context + PREFIX + action)])
-    out = lm32.model(ids, output_hidden_states=True)  # hidden_states[-1]: after the final norm
+    with torch.inference_mode():  # the reference: a plain forward of the model
+        out = lm32.model(ids, output_hidden_states=True)  # hidden_states[-1]: after the final norm
+        # it is what the LM head reads: the head applied to it gives the full pass's logits there
+        logits = lm32.model.lm_head(torch.from_numpy(got.hidden[0]))
     np.testing.assert_allclose(got.hidden[0], out.hidden_states[-1][0, -1].numpy(), rtol=0, atol=1e-4)
-    # it is what the LM head reads: the head applied to it gives the full pass's logits there
-    logits = lm32.model.lm_head(torch.from_numpy(got.hidden[0]))
     np.testing.assert_allclose(logits.numpy(), out.logits[0, -1].numpy(), atol=2e-3)
 
 
@@ -130,7 +132,8 @@ def test_one_user_message_has_one_bos_and_counts_only_action_tokens(fresh, lm32)
     assert lm32.tokenizer.decode(list(t.ids[t.first :])) == "take mug 1"
     got = lm.score(message, ["take mug 1", "look"], action_prefix="")
     ids = lm32.tokenizer(base + "take mug 1", add_special_tokens=False)["input_ids"]
-    logp = torch.log_softmax(lm32.model(torch.tensor([ids])).logits[0].double(), -1)
+    with torch.inference_mode():
+        logp = torch.log_softmax(lm32.model(torch.tensor([ids])).logits[0].double(), -1)
     ref = sum(logp[j - 1, ids[j]].item() for j in range(t.first, len(ids)))
     assert got.n_tokens[0] == t.n_action and abs(got.log_q[0] - ref) < 1e-4
 
