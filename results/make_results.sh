@@ -8,7 +8,8 @@
 # so rerunning a finished target only re-reads its results. Runs go to $RUNS (default runs/results);
 # tables, figure and compressed results files are written to results/.
 # Environment: CB (the cb-agent executable, default `cb-agent`), RUNS, OMP_NUM_THREADS (default 1),
-# ALF_PER_TYPE (Table 1 games per task type, default 5 = 30 games; 0 = all 134),
+# ALF_PER_TYPE (Table 1 games per task type, default 5 = 30 games; 0 = all 134 in one run),
+# WORKERS (Table 1's episodes played at once on local Ray workers, default 1; 2 on this 2-core machine),
 # TW_GAMES (Table 3 test games per level, default 10), TW_LEVELS (default custom-1 cooking-1 custom-2 cooking-2),
 # SW_TASKS (Table 2 tasks, default all 30), POOL (figure: trajectories per type sampled from, default 20),
 # SIZES (Table 4, default 2,5,10,20), HELDOUT (Table 4 held-out trajectories per type, default 5),
@@ -18,6 +19,7 @@ cd "$(dirname "$0")/.."
 CB=${CB:-cb-agent}
 RUNS=${RUNS:-runs/results}
 ALF_PER_TYPE=${ALF_PER_TYPE:-5}
+WORKERS=${WORKERS:-1}
 TW_GAMES=${TW_GAMES:-10}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # float32 everywhere: --dtype auto picks bfloat16 on CPUs with native bf16 and results would differ by machine
@@ -40,13 +42,19 @@ table4() {  # concept data size: held-out valid_unseen decision accuracy vs traj
     --out results/table4_concept_data_size.json
 }
 
-table1() {  # ALFWorld valid_unseen, budget 50; grown one game per type at a time (balanced partial results)
-  local out="$RUNS/alfworld" k last=$ALF_PER_TYPE
-  [ "$last" -eq 0 ] && last=27  # valid_unseen has at most 27 games of a type
-  for k in $(seq 1 "$last"); do
-    "$CB" run --env alfworld "${COMMON[@]}" --agent react --agent prior-only --agent cb-agent \
-      --per-type "$k" --games 0 --max-steps 50 --out-dir "$out" --resume
-  done
+table1() {  # ALFWorld valid_unseen, budget 50; grown one game per type at a time (balanced partial
+            # results), or all 134 games in one run (ALF_PER_TYPE=0, on $WORKERS Ray workers)
+  local out="$RUNS/alfworld" k
+  local agents=(--agent react --agent prior-only --agent cb-agent)
+  if [ "$ALF_PER_TYPE" -eq 0 ]; then
+    "$CB" run --env alfworld "${COMMON[@]}" "${agents[@]}" --all-games --max-steps 50 --out-dir "$out" --resume \
+      --workers "$WORKERS"
+  else
+    for k in $(seq 1 "$ALF_PER_TYPE"); do
+      "$CB" run --env alfworld "${COMMON[@]}" "${agents[@]}" --per-type "$k" --games 0 --max-steps 50 \
+        --out-dir "$out" --resume --workers "$WORKERS"
+    done
+  fi
   finish "$out/results.jsonl" table1_alfworld
 }
 
@@ -54,7 +62,7 @@ table1_reflexion() {  # the Reflexion rows of Table 1 (two trials each)
   local out="$RUNS/alfworld-reflexion" k
   for k in $(seq 1 "$ALF_PER_TYPE"); do
     "$CB" run --env alfworld "${COMMON[@]}" --agent reflexion-react --agent reflexion-cb-agent \
-      --per-type "$k" --games 0 --max-steps 50 --out-dir "$out" --resume
+      --per-type "$k" --games 0 --max-steps 50 --out-dir "$out" --resume --workers "$WORKERS"
   done
   finish "$out/results.jsonl" table1_alfworld_reflexion
 }
