@@ -47,6 +47,7 @@ from pathlib import Path
 from envs.paths import cache_dir, shared_dir
 from envs.storage import atomic_path
 from envs.protocol import StepResult, TaskStart, one_line
+from envs.textworld import forget_registration
 
 #: The six ALFWorld task types (the prefix of a game folder's name).
 TASK_TYPES = (
@@ -158,6 +159,7 @@ class AlfworldEnv:
         self.expert = expert
         self._index: dict[str, dict[str, Path]] = {}
         self._gym = None
+        self._env_id: str | None = None  # our entry in textworld's gym registry
         self._task_id: str | None = None
         self._infos: dict = {}
         self._rng_state = None
@@ -248,8 +250,9 @@ class AlfworldEnv:
             if self.expert:
                 self._expert_wrapper = _expert_wrapper(AlfredExpert)(expert_type=self.expert)
                 wrappers.append(self._expert_wrapper)
-            env_id = textworld.gym.register_game(str(cached), infos, max_episode_steps=1_000_000, wrappers=wrappers)
-            self._gym = textworld.gym.make(env_id)
+            self._env_id = textworld.gym.register_game(str(cached), infos, max_episode_steps=1_000_000,
+                                                       wrappers=wrappers)
+            self._gym = textworld.gym.make(self._env_id)
             self._task_id = task_id
         rng = random.Random(zlib.crc32(task_id.encode()))
         self._rng_state = rng.getstate()
@@ -298,7 +301,11 @@ class AlfworldEnv:
     def _close_gym(self) -> None:
         if self._gym is not None:
             self._gym.close()
-        self._gym, self._task_id, self._infos = None, None, {}
+        # textworld's module-level registry keeps every registered game with its wrappers (ours,
+        # which hold the whole env chain: game, PDDL state, expert): drop ours with the game
+        forget_registration(self._env_id)
+        self._gym, self._task_id, self._infos, self._env_id = None, None, {}, None
+        self._expert_wrapper = None
 
     def close(self) -> None:
         self._close_gym()

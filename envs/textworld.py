@@ -107,6 +107,16 @@ def generate_game(kind: str, split: str, seed: int, timeout_s: float = 600.0) ->
     return game
 
 
+def forget_registration(env_id: str | None) -> None:
+    """Drop ``env_id`` from textworld's module-level gym registry (no-op for None or an unknown
+    id). ``textworld.gym.register_game`` keeps every registered game, with its wrapper
+    instances, for the life of the process; an adapter that moves to another game calls this."""
+    if env_id is not None:
+        from textworld.gym.utils import registry
+
+        registry.pop(env_id, None)
+
+
 def _strip_banner(obs: str, objective: str) -> str:
     """The room text of TextWorld's first observation (without the ASCII banner and objective)."""
     if objective and objective in obs:
@@ -150,6 +160,7 @@ class TextWorldEnv:
         self.kinds = tuple(kinds)
         self._seeds = {"train": train, "test": test}
         self._gym = None
+        self._env_id: str | None = None  # our entry in textworld's gym registry
         self._game: Path | None = None
         self._infos: dict = {}
         self._walkthrough: list[str] = []
@@ -196,7 +207,8 @@ class TextWorldEnv:
                 admissible_commands=True, won=True, lost=True, objective=True, score=True, max_score=True,
                 extras=["walkthrough"],
             )
-            self._gym = textworld.gym.make(textworld.gym.register_game(str(game), infos, max_episode_steps=10**9))
+            self._env_id = textworld.gym.register_game(str(game), infos, max_episode_steps=10**9)
+            self._gym = textworld.gym.make(self._env_id)
             self._game = game
         obs, self._infos = self._gym.reset()
         self._walkthrough = list(self._infos.get("extra.walkthrough") or [])
@@ -240,4 +252,5 @@ class TextWorldEnv:
     def close(self) -> None:
         if self._gym is not None:
             self._gym.close()
-        self._gym, self._game, self._infos = None, None, {}
+        forget_registration(self._env_id)  # textworld's registry keeps every game
+        self._gym, self._game, self._infos, self._env_id = None, None, {}, None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 
 import pytest
 
@@ -200,3 +202,22 @@ def test_task_ids_and_splits_are_checked_without_the_engine(env):
 
 
 SHORT_TRAIN_GAME = "pick_and_place_simple-AlarmClock-None-Desk-307/trial_T20190907_072303_146844"
+
+
+def test_moving_to_another_game_frees_the_last_one():
+    """textworld's gym registry keeps every registered game with its wrappers (the whole env
+    chain, expert included): the adapter drops its entry when it leaves a game, so a long run
+    holds one game, not every game it played."""
+    from textworld.gym.utils import registry
+
+    e = make_env("alfworld")
+    before = set(registry)
+    refs = []
+    for task_id in list(WON_BY_EXPERT.values())[:3]:
+        Episode(e, task_id, max_steps=2, expert=True)
+        refs.append(weakref.ref(e._expert_wrapper))
+    assert len(set(registry) - before) == 1  # the current game only
+    e.close()
+    assert set(registry) == before
+    gc.collect()
+    assert all(r() is None for r in refs[:-1])  # the games left earlier: their env chains are gone
