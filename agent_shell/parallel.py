@@ -108,6 +108,9 @@ def run_parallel(make_players: MakePlayers, agent_names: Sequence[str], task_ids
                  on_event: Callable[[str], None] | None = None) -> dict[str, RunSummary]:
     """Play every (agent, task) on ``workers`` Ray actors; the driver appends the records.
 
+    Episodes start in task order, each task's agents in ``agent_names`` order (a partial run is
+    a paired comparison on the tasks it reached); records are appended in finishing order.
+
     Args:
         make_players: builds ``(env, {agent name: Reflexion})`` inside each worker (picklable).
         agent_names, task_ids: the episodes (every agent on every task, duplicates played once).
@@ -133,11 +136,13 @@ def run_parallel(make_players: MakePlayers, agent_names: Sequence[str], task_ids
     meta = dict(meta or {})
     todo = list(dict.fromkeys(task_ids))
     summaries: dict[str, RunSummary] = {}
-    queue: deque[_Job] = deque()
+    finished: dict[str, set] = {}
     for name in dict.fromkeys(agent_names):
-        finished = check_results_file(results_path, [name], todo, resume, {**meta, "budget": max_steps})
-        summaries[name] = RunSummary(skipped=[t for t in todo if t in finished])
-        queue.extend(_Job(name, t) for t in todo if t not in finished)
+        finished[name] = check_results_file(results_path, [name], todo, resume, {**meta, "budget": max_steps})
+        summaries[name] = RunSummary(skipped=[t for t in todo if t in finished[name]])
+    # game-major: every agent plays a game before the next game starts, so a run stopped part-way
+    # holds a paired comparison of the agents on the games it reached
+    queue: deque[_Job] = deque(_Job(name, t) for t in todo for name in summaries if t not in finished[name])
     if not queue:
         return summaries
     bars = {}

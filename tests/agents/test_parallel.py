@@ -97,6 +97,18 @@ def test_a_repeatedly_failing_episode_becomes_an_error_record(cluster, sequentia
     assert again["react"].records == [] and len(read_results(out)) == 5
 
 
+def test_episodes_start_game_by_game(cluster, sequential, tmp_path):
+    """Every agent plays a game before the next game starts (one worker: records in that order),
+    so a run stopped part-way is a paired comparison; a resumed run keeps the order."""
+    out = tmp_path / "results.jsonl"
+    run_parallel(make_players, ["react"], TASKS[:1], out, BUDGET, workers=1, meta={"seed": 0})
+    run_parallel(make_players, AGENTS, TASKS[:3], out, BUDGET, workers=1, resume=True, meta={"seed": 0})
+    order = [(r["agent"], r["task_id"]) for r in read_results(out)]
+    assert order == [("react", "a/1"), ("prior-only", "a/1"), ("react", "a/2"), ("prior-only", "a/2"),
+                     ("react", "a/3"), ("prior-only", "a/3")]
+    assert by_episode(read_results(out)) == {k: sequential[k] for k in order}
+
+
 def test_without_ray_a_parallel_run_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "ray", None)
     from agent_shell.parallel import start_ray
