@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import OrderedDict
 from typing import Any, Sequence
 
 from agent_shell.lm.protocol import CandidateScores, Context
@@ -29,10 +30,13 @@ class LMServer:
         wait_ms: how long the first request of a batch waits for others (milliseconds).
         max_batch: most requests scored in one pass.
         threads: torch threads of the actor (None: leave torch's default).
+        max_streams: streams whose KV caches are kept; the least recently used one beyond it is
+            dropped (a dead worker's streams are never used again; a dropped stream that comes
+            back starts from an empty cache: the same numbers, its prefix encoded again).
     """
 
     def __init__(self, model: str | None = None, dtype: str = "auto", device: str | None = None,
-                 wait_ms: float = 5.0, max_batch: int = 16, threads: int | None = None):
+                 wait_ms: float = 5.0, max_batch: int = 16, threads: int | None = None, max_streams: int = 64):
         import torch
 
         from agent_shell.lm import load_language_model
@@ -40,7 +44,8 @@ class LMServer:
         if threads:
             torch.set_num_threads(threads)
         self.lm = load_language_model(model, dtype=dtype, device=device)
-        self.views: dict[str, Any] = {}
+        self.views: OrderedDict[str, Any] = OrderedDict()
+        self.max_streams = max_streams
         self.wait_s = wait_ms / 1000
         self.max_batch = max_batch
         self.pending: list[tuple[Any, asyncio.Future]] = []
@@ -53,8 +58,12 @@ class LMServer:
                 "batches": list(self.batches), "generate_batches": list(self.generate_batches)}
 
     def _view(self, stream: str) -> Any:
-        if stream not in self.views:
+        if stream in self.views:
+            self.views.move_to_end(stream)
+        else:
             self.views[stream] = self.lm.fork()
+            while len(self.views) > self.max_streams:
+                self.views.popitem(last=False)
         return self.views[stream]
 
     async def score(self, stream: str, context: Context, candidates: Sequence[str],

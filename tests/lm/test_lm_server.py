@@ -4,6 +4,8 @@ generations are decoded together and give the unbatched replies."""
 
 from __future__ import annotations
 
+import asyncio
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -49,3 +51,32 @@ def test_concurrent_streams_are_batched_with_unbatched_numbers(ray_cluster, fres
             lm.score("context", ["ok", ""], PREFIX)
     finally:
         ray_cluster.kill(server)
+
+
+def test_the_server_keeps_the_caches_of_its_recent_streams_only(fresh):
+    """A dead worker's streams are never used again: beyond ``max_streams`` the least recently
+    used stream's cache is dropped, and a dropped stream that comes back gets the same numbers."""
+    from agent_shell.lm.server import LMServer
+
+    server = LMServer.__new__(LMServer)  # the actor's body without Ray, on the shared weights
+    server.lm, server.views, server.max_streams = fresh(), OrderedDict(), 2
+    server.wait_s, server.max_batch, server.pending, server._wake = 0.0, 16, [], None
+    server.batches, server.generate_batches = [], []
+    context, cands = REQUESTS[0]
+
+    async def score(stream):
+        return await server.score(stream, context, cands, PREFIX)
+
+    async def scenario():
+        first = await score("a")
+        await score("b")
+        await score("a")  # a is the most recent again
+        await score("c")  # b goes
+        assert list(server.views) == ["a", "c"]
+        again = await score("b")  # b comes back with an empty cache: a goes
+        assert list(server.views) == ["c", "b"]
+        return first, again
+
+    first, again = asyncio.run(scenario())
+    assert np.abs(first.log_q - again.log_q).max() < 1e-4
+    assert np.abs(first.hidden - again.hidden).max() / np.abs(first.hidden).max() < 1e-4
