@@ -13,7 +13,11 @@
 # TW_GAMES (Table 3 test games per level, default 10), TW_LEVELS (default custom-1 cooking-1 custom-2 cooking-2),
 # SW_TASKS (Table 2 tasks, default all 30), POOL (figure: trajectories per type sampled from, default 20),
 # SIZES (Table 4, default 2,5,10,20), HELDOUT (Table 4 held-out trajectories per type, default 5),
-# ICAL (the ICAL target's folder of noisy inputs and memory, default runs/ical).
+# ICAL (the ICAL target's folder of noisy inputs and memory, default runs/ical), CAL (the calibration
+# target's folder, default runs/calibration), CAL_PER_TYPE (its training games per type, default 2),
+# CAL_STEPS (their budget, default 20),
+# CAL_TRANSITIONS (transitions labelled, default 70: about 200 candidate experiences), CAL_RECOVER
+# (recovery items, default 20).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CB=${CB:-cb-agent}
@@ -127,12 +131,46 @@ table2() {  # ScienceWorld: one test variation of each task, open action space (
   finish "$out/results.jsonl" table2_scienceworld
 }
 
+calibration() {  # issue 15: labels from ReAct / prior-only runs on training games that are no
+                 # demonstrations, the calibrator and its content-screening ablation, then CB-Agent on
+                 # Table 1's 30 games with Causal and Calibrator histories (Raw: table1's runs), the
+                 # recovery study with the calibrator, and the joint actors
+  local dir="${CAL:-runs/calibration}" ids t g h args=()
+  mkdir -p "$dir"
+  ids=$("$CB" tasks --env alfworld --split train)
+  for t in $(printf '%s\n' "$ids" | cut -d- -f1 | sort -u); do  # the last CAL_PER_TYPE games of each type
+    for g in $(printf '%s\n' "$ids" | grep "^$t-" | tail -n "${CAL_PER_TYPE:-2}"); do args+=(--game "$g"); done
+  done
+  "$CB" run --env alfworld --split train --demo-split train "${COMMON[@]}" --agent react --agent prior-only \
+    "${args[@]}" --max-steps "${CAL_STEPS:-20}" --out-dir "$dir/train" --resume --workers "$WORKERS"
+  "$CB" calibrate label "$dir/train/results.jsonl" --actor react --actor prior-only --k 6 \
+    --max-transitions "${CAL_TRANSITIONS:-70}" "${COMMON[@]}" --out "$dir/labels.jsonl" --resume
+  "$CB" calibrate fit "$dir/labels.jsonl" "${COMMON[@]}" --out "$dir/calibrator.safetensors"
+  "$CB" calibrate fit "$dir/labels.jsonl" --labels content "${COMMON[@]}" --out "$dir/content.safetensors"
+  for h in causal calibrator; do
+    "$CB" run --env alfworld "${COMMON[@]}" --agent cb-agent --history "$h" \
+      $([ "$h" = calibrator ] && echo --calibrator "$dir/calibrator.safetensors") \
+      --per-type "$ALF_PER_TYPE" --games 0 --max-steps 50 --out-dir "$RUNS/alfworld-$h" --resume --workers "$WORKERS"
+    finish "$RUNS/alfworld-$h/results.jsonl" "calibration_alfworld_$h"
+  done
+  "$CB" recover "$RUNS/alfworld/results.jsonl" --agent cb-agent --history raw --history calibrator \
+    --calibrator "$dir/calibrator.safetensors" --max-items "${CAL_RECOVER:-20}" "${COMMON[@]}" \
+    --out "$dir/recover.jsonl" --resume
+  "$CB" run --env alfworld "${COMMON[@]}" --agent joint-react --agent joint-cb-agent \
+    --per-type "$ALF_PER_TYPE" --games 0 --max-steps 50 --out-dir "$RUNS/alfworld-joint" --resume --workers "$WORKERS"
+  finish "$RUNS/alfworld-joint/results.jsonl" calibration_alfworld_joint
+  gzip -c "$dir/labels.jsonl" > results/calibration_labels.jsonl.gz
+  cp "$dir/labels.jsonl.counts.json" results/calibration_label_counts.json
+  cp "$dir/calibrator.safetensors.eval.json" results/calibration_calibrator_eval.json
+  cp "$dir/content.safetensors.eval.json" results/calibration_content_eval.json
+}
+
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && { echo "usage: $0 figure|table1|table1_reflexion|table1_features|table2|table3|table4|ical|all ..." >&2; exit 2; }
+[ ${#targets[@]} -eq 0 ] && { echo "usage: $0 figure|table1|table1_reflexion|table1_features|table2|table3|table4|ical|calibration|all ..." >&2; exit 2; }
 for target in "${targets[@]}"; do
   case "$target" in
     all) figure; table4; table3; table1; table1_reflexion; table2 ;;
-    figure|table1|table1_reflexion|table1_features|table2|table3|table4|ical) "$target" ;;
+    figure|table1|table1_reflexion|table1_features|table2|table3|table4|ical|calibration) "$target" ;;
     *) echo "unknown target $target" >&2; exit 2 ;;
   esac
 done
