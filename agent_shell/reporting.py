@@ -72,7 +72,10 @@ class Row:
 
 
 def setting(record: dict, key: str):
-    """The record's value of run setting ``key`` (the default for records written without it)."""
+    """The record's value of run setting ``key`` (the default for records written without it; a
+    concept was fitted on the demonstrations before ``concept_per_type`` existed)."""
+    if key == "concept_per_type" and key not in record:
+        return record.get("demos_per_type")
     return record.get(key, SETTING_DEFAULTS.get(key))
 
 
@@ -89,7 +92,7 @@ def differing_settings(records: Iterable[dict]) -> list[str]:
 
 
 #: Settings of the concept (its fit and what it sees): they do not change an agent without one.
-CONCEPT_SETTINGS = ("features", "lam", "concept_data")
+CONCEPT_SETTINGS = ("features", "lam", "concept_data", "concept_per_type")
 
 
 def agent_label(record: dict, differing: Sequence[str] = ()) -> str:

@@ -36,6 +36,9 @@ class RunConfig:
         split: evaluation split.
         demo_split, demos_per_type: where the expert demonstrations (and concept data) come
             from, and how many won ones per task type.
+        concept_per_type: won expert trajectories per task type the concept is fitted on (the
+            first ones of ``demo_split``, a superset or subset of the demonstrations); 0 on input
+            means ``demos_per_type``, stored resolved.
         model: backbone name or folder (None: the offline default).
         dtype: the backbone dtype, resolved by :func:`agent_shell.lm.dtypes.dtype_name`
             (``"auto"`` becomes ``"bfloat16"`` or ``"float32"`` on this machine).
@@ -75,6 +78,7 @@ class RunConfig:
     split: str = "valid_unseen"
     demo_split: str = "train"
     demos_per_type: int = 2
+    concept_per_type: int = 0
     model: str | None = None
     dtype: str = "auto"
     rendering: str = "raw"
@@ -104,7 +108,7 @@ class RunConfig:
     #: loaded backbone's name).
     SETTINGS = ("env", "split", "dtype", "seed", "rendering", "layout", "action_space", "demos_per_type",
                 "demo_split", "lam", "gamma", "features", "reflexion_trials", "budget", "demos", "concept_data",
-                "calibrator")
+                "calibrator", "concept_per_type")
 
     def __post_init__(self) -> None:
         from agent_shell.lm.dtypes import dtype_name
@@ -119,8 +123,8 @@ class RunConfig:
         for name in agents:
             if name not in AGENT_NAMES:
                 raise ValueError(f"unknown agent {name!r}; known: {list(AGENT_NAMES)}")
-        for name, low in (("demos_per_type", 1), ("reflexion_trials", 1), ("budget", 1), ("per_type", 0),
-                          ("games", 0), ("workers", 1)):
+        for name, low in (("demos_per_type", 1), ("concept_per_type", 0), ("reflexion_trials", 1), ("budget", 1),
+                          ("per_type", 0), ("games", 0), ("workers", 1)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= {low}")
         if not self.lam > 0:
@@ -137,6 +141,7 @@ class RunConfig:
             raise ValueError("calibrator: --history calibrator needs --calibrator FILE (cb-agent calibrate fit)")
         if self.concept_data not in ("expert", "ical"):
             raise ValueError(f"concept_data={self.concept_data!r} is not one of ['expert', 'ical']")
+        object.__setattr__(self, "concept_per_type", self.concept_per_type or self.demos_per_type)
         object.__setattr__(self, "agents", agents)
         object.__setattr__(self, "game_ids", tuple(self.game_ids))
         object.__setattr__(self, "dtype", dtype_name(self.dtype))

@@ -12,7 +12,7 @@
 # WORKERS (Table 1's episodes played at once on local Ray workers, default 1; 2 on this 2-core machine),
 # TW_GAMES (Table 3 test games per level, default 10), TW_LEVELS (default custom-1 cooking-1 custom-2 cooking-2),
 # SW_TASKS (Table 2 tasks, default all 30), POOL (figure: trajectories per type sampled from, default 20),
-# SIZES (Table 4, default 2,5,10,20), HELDOUT (Table 4 held-out trajectories per type, default 5),
+# SIZES (Table 4, default 2,5,10,20), SIZES_LOOP (Table 4's closed loop, default 5 10 20), HELDOUT (Table 4 held-out trajectories per type, default 5),
 # ICAL (the ICAL target's folder of noisy inputs and memory, default runs/ical), CAL (the calibration
 # target's folder, default runs/calibration), CAL_PER_TYPE (its training games per type, default 2),
 # CAL_STEPS (their budget, default 20),
@@ -44,6 +44,19 @@ figure() {  # seed figure: t-SNE of concepts, 20 samples of 5 trajectories per A
 table4() {  # concept data size: held-out valid_unseen decision accuracy vs trajectories per type
   "$CB" concept-data-size --env alfworld "${COMMON[@]}" --sizes "${SIZES:-2,5,10,20}" --heldout-per-type "${HELDOUT:-5}" \
     --out results/table4_concept_data_size.json
+}
+
+table4_closed_loop() {  # Table 4's closed loop: CB-Agent on Table 1's games with concepts fitted on k
+                        # trajectories per type (ReAct demonstrations stay 2; k = 2 is table1's cb-agent)
+  local k
+  for k in ${SIZES_LOOP:-5 10 20}; do
+    "$CB" run --env alfworld "${COMMON[@]}" --agent cb-agent --concept-per-type "$k" --per-type "$ALF_PER_TYPE" \
+      --games 0 --max-steps 50 --out-dir "$RUNS/alfworld-concept-k$k" --resume --workers "$WORKERS"
+  done
+  local files=("$RUNS/alfworld/results.jsonl")
+  for k in ${SIZES_LOOP:-5 10 20}; do files+=("$RUNS/alfworld-concept-k$k/results.jsonl"); done
+  "$CB" report "${files[@]}" --paired --markdown results/table4_closed_loop.md \
+    --chart results/table4_closed_loop.png
 }
 
 table1() {  # ALFWorld valid_unseen, budget 50; grown one game per type at a time (balanced partial
@@ -166,11 +179,11 @@ calibration() {  # issue 15: labels from ReAct / prior-only runs on training gam
 }
 
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && { echo "usage: $0 figure|table1|table1_reflexion|table1_features|table2|table3|table4|ical|calibration|all ..." >&2; exit 2; }
+[ ${#targets[@]} -eq 0 ] && { echo "usage: $0 figure|table1|table1_reflexion|table1_features|table2|table3|table4|ical|calibration|table4_closed_loop|all ..." >&2; exit 2; }
 for target in "${targets[@]}"; do
   case "$target" in
     all) figure; table4; table3; table1; table1_reflexion; table2 ;;
-    figure|table1|table1_reflexion|table1_features|table2|table3|table4|ical|calibration) "$target" ;;
+    figure|table1|table1_reflexion|table1_features|table2|table3|table4|table4_closed_loop|ical|calibration) "$target" ;;
     *) echo "unknown target $target" >&2; exit 2 ;;
   esac
 done

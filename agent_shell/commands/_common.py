@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import functools
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Collection
+from typing import Any, Callable, Collection, Sequence
 
 import click
 
@@ -95,6 +96,10 @@ RUN_OPTIONS = {
                           help="ReAct demonstrations: 'expert' (fixed, per task type), 'ical:MEMORY' (the "
                                "--demos-per-type examples retrieved from an ICAL memory for each game's instruction, "
                                "their annotations as thoughts) or 'ical-actions:MEMORY' (the same without annotations)."),
+    "concept_per_type": click.option("--concept-per-type", type=click.IntRange(min=0), default=0, show_default=True,
+                                     help="Won expert trajectories per task type that the concept is fitted on "
+                                          "(the first of --demo-split, as the demonstrations); 0 = --demos-per-type. "
+                                          "The ReAct demonstrations stay --demos-per-type (the scorer sees none)."),
     "concept_data": click.option("--concept-data", type=click.Choice(["expert", "ical"]), default="expert",
                                  show_default=True, help="CB-Agent's concept fitting data: the expert demonstrations, "
                                  "or the won ICAL examples of the --demos memory (with their thoughts)."),
@@ -191,10 +196,13 @@ def prepare(config: RunConfig, need_concepts: bool, echo: Callable[[str], None] 
     setup = Setup(env=env if env is not None else make_env(config.env), cache=cache)
     validated_tasks(setup.env, config.demo_split, [])  # before any engine or model loads
     t = time.perf_counter()
-    setup.demo_trajectories = expert_demos(
-        setup.env, config.demos_per_type, split=config.demo_split,
+    n_concept = config.concept_per_type if need_concepts else 0
+    collected = expert_demos(
+        setup.env, max(config.demos_per_type, n_concept), split=config.demo_split,
         path=cache / "expert" / config.env / f"{config.demo_split}.jsonl", task_types=task_types,
         on_task=lambda tid: echo(f"collecting expert trajectory {tid}"))
+    setup.demo_trajectories = first_per_type(collected, config.demos_per_type)
+    concept_trajectories = first_per_type(collected, n_concept)
     setup.timings["demos_s"] = time.perf_counter() - t
     t = time.perf_counter()
     if lm is None:
@@ -220,9 +228,23 @@ def prepare(config: RunConfig, need_concepts: bool, echo: Callable[[str], None] 
     echo(f"expert demonstrations: {len(setup.demo_trajectories)} won trajectories over {len(setup.demos)} task "
          f"types ({config.demo_split}, {config.demos_per_type} per type), history {config.rendering}")
     if need_concepts:
+        if n_concept != config.demos_per_type:
+            echo(f"concept data: {len(concept_trajectories)} won trajectories ({n_concept} per type)")
         setup.features, setup.concepts, setup.concepts_dir = fit_from_trajectories(
-            config, setup.lm, setup.demo_trajectories, cache, echo, setup.timings, setup.calibrator)
+            config, setup.lm, concept_trajectories, cache, echo, setup.timings, setup.calibrator)
     return setup
+
+
+def first_per_type(trajectories: Sequence[Trajectory], k: int) -> list[Trajectory]:
+    """The first ``k`` of each task type, in the given order (``expert_demos`` returns the won
+    trajectories of each type in sorted task order, so these are what it returns for ``k``)."""
+    seen: Counter = Counter()
+    out = []
+    for traj in trajectories:
+        seen[traj.task_type] += 1
+        if seen[traj.task_type] <= k:
+            out.append(traj)
+    return out
 
 
 def load_calibrator(path: str, lm: LanguageModel) -> Any:

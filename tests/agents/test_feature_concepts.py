@@ -138,3 +138,30 @@ def test_run_config_normalises_validates_and_records_the_selection():
     assert RunConfig().features == "lm-hidden" and RunConfig().feature_set.is_default
     with pytest.raises(ValueError, match="'lm-layer' needs an integer layer"):
         RunConfig(features="lm-layer")
+
+
+def test_concept_data_size_is_decoupled_from_the_react_demonstrations(tmp_path, doubles):  # noqa: F811
+    """--concept-per-type K fits the concept on the first K won trajectories per type while the
+    ReAct prompt keeps --demos-per-type; records and reports tell the two apart."""
+    from agent_shell.reporting import summarize
+
+    def run(out, k):
+        args = ["run", "--env", "textworld", "--split", "test", "--agent", "react", "--agent", "cb-agent",
+                "--games", "1", "--max-steps", "2", "--demos-per-type", "1", "--out-dir", str(out)]
+        res = CliRunner().invoke(main, args + (["--concept-per-type", str(k)] if k else []))
+        assert res.exit_code == 0, res.output
+        return read_results(out / "results.jsonl"), doubles[-1]
+
+    records, lm = run(tmp_path / "k2", 2)
+    assert {r["concept_per_type"] for r in records} == {2} and {r["demos_per_type"] for r in records} == {1}
+    cb = next(r for r in records if r["agent"] == "cb-agent")
+    concepts = sorted(__import__("pathlib").Path(cb["concepts_dir"]).glob("*.safetensors"))
+    assert concepts and all(len(cb_core.Concept.load(c).metadata["trajectories"]) == 2 for c in concepts)
+    routing = [p for p in lm.prompts if isinstance(p, str) and "Here are" in p]
+    assert routing and all("Here are 1 examples" in p for p in routing)  # the demonstrations stay 1
+    default, _ = run(tmp_path / "k0", 0)  # 0: the demonstrations' count
+    assert {r["concept_per_type"] for r in default} == {1}
+    labels = {row.agent for row in summarize(records + default)}
+    assert labels == {"react", "cb-agent (concept_per_type=1)", "cb-agent (concept_per_type=2)"}
+    old = [{k: v for k, v in r.items() if k != "concept_per_type"} for r in default]  # written before the option
+    assert {row.agent for row in summarize(old + default)} == {"react", "cb-agent"}
