@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from itertools import zip_longest
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -101,6 +102,15 @@ def start_ray(workers: int, address: str | None = None) -> bool:
     return True
 
 
+def round_robin_by_type(task_ids: Sequence[str], task_type_of: Callable[[str], str]) -> list[str]:
+    """``task_ids`` reordered: the first task of each type (types in first-seen order), then the
+    second of each, ...; within a type the given order is kept."""
+    groups: dict[str, list[str]] = {}
+    for t in task_ids:
+        groups.setdefault(task_type_of(t), []).append(t)
+    return [t for rank in zip_longest(*groups.values()) for t in rank if t is not None]
+
+
 def run_parallel(make_players: MakePlayers, agent_names: Sequence[str], task_ids: Sequence[str],
                  results_path: str | os.PathLike, max_steps: int, *, workers: int, resume: bool = False,
                  meta: dict[str, Any] | None = None, ray_address: str | None = None, max_attempts: int = 3,
@@ -108,8 +118,10 @@ def run_parallel(make_players: MakePlayers, agent_names: Sequence[str], task_ids
                  on_event: Callable[[str], None] | None = None) -> dict[str, RunSummary]:
     """Play every (agent, task) on ``workers`` Ray actors; the driver appends the records.
 
-    Episodes start in task order, each task's agents in ``agent_names`` order (a partial run is
-    a paired comparison on the tasks it reached); records are appended in finishing order.
+    Episodes start task by task, each task's agents in ``agent_names`` order (a partial run is a
+    paired comparison on the tasks it reached), the tasks in their given order or, with
+    ``task_type_of``, round robin over task types (the first task of each type, then the second,
+    ...: a partial run covers every type alike); records are appended in finishing order.
 
     Args:
         make_players: builds ``(env, {agent name: Reflexion})`` inside each worker (picklable).
@@ -135,6 +147,8 @@ def run_parallel(make_players: MakePlayers, agent_names: Sequence[str], task_ids
     results_path = Path(results_path)
     meta = dict(meta or {})
     todo = list(dict.fromkeys(task_ids))
+    if task_type_of is not None:
+        todo = round_robin_by_type(todo, task_type_of)
     summaries: dict[str, RunSummary] = {}
     finished: dict[str, set] = {}
     for name in dict.fromkeys(agent_names):

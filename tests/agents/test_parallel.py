@@ -109,6 +109,18 @@ def test_episodes_start_game_by_game(cluster, sequential, tmp_path):
     assert by_episode(read_results(out)) == {k: sequential[k] for k in order}
 
 
+def test_with_task_types_games_start_round_robin_over_the_types(cluster, sequential, tmp_path):
+    """A stopped run covers every task type alike: a/1, b/1, a/2, b/2, a/3."""
+    from agent_shell.parallel import round_robin_by_type
+
+    type_of = lambda t: t.split("/")[0]  # noqa: E731
+    assert round_robin_by_type(TASKS, type_of) == ["a/1", "b/1", "a/2", "b/2", "a/3"]
+    assert round_robin_by_type([], type_of) == []
+    out = tmp_path / "results.jsonl"
+    run_parallel(make_players, ["react"], TASKS, out, BUDGET, workers=1, meta={"seed": 0}, task_type_of=type_of)
+    assert [r["task_id"] for r in read_results(out)] == ["a/1", "b/1", "a/2", "b/2", "a/3"]
+
+
 def test_without_ray_a_parallel_run_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "ray", None)
     from agent_shell.parallel import start_ray
