@@ -54,7 +54,10 @@ table4_closed_loop() {  # Table 4's closed loop: CB-Agent on Table 1's games wit
       --games 0 --max-steps 50 --out-dir "$RUNS/alfworld-concept-k$k" --resume --workers "$WORKERS"
   done
   local files=("$RUNS/alfworld/results.jsonl")
-  for k in ${SIZES_LOOP:-5 10 20}; do files+=("$RUNS/alfworld-concept-k$k/results.jsonl"); done
+  for k in ${SIZES_LOOP:-5 10 20}; do
+    files+=("$RUNS/alfworld-concept-k$k/results.jsonl")
+    gzip -c "$RUNS/alfworld-concept-k$k/results.jsonl" > "results/table4_closed_loop_k$k.results.jsonl.gz"
+  done
   "$CB" report "${files[@]}" --paired --markdown results/table4_closed_loop.md \
     --chart results/table4_closed_loop.png
 }
