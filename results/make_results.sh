@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the README's "Results" (the figure and Tables 1-4) at this project's scale.
 #
-#   bash results/make_results.sh figure|table1|table2|table3|table4|ical|all   [more targets ...]
+#   bash results/make_results.sh TARGET [more targets ...]   (the targets: run it without one)
 #
 # Resumable: every `cb-agent run` uses --resume (an interrupted target continues where it stopped),
 # expert trajectories, features and concepts are cached ($CB_AGENT_CACHE, default ~/.cache/cb-agent),
@@ -48,15 +48,13 @@ table4() {  # concept data size: held-out valid_unseen decision accuracy vs traj
 
 table4_closed_loop() {  # Table 4's closed loop: CB-Agent on Table 1's games with concepts fitted on k
                         # trajectories per type (ReAct demonstrations stay 2; k = 2 is table1's cb-agent)
-  local k
+  local k out files=("$RUNS/alfworld/results.jsonl")
   for k in ${SIZES_LOOP:-5 10 20}; do
+    out="$RUNS/alfworld-concept-k$k"
     "$CB" run --env alfworld "${COMMON[@]}" --agent cb-agent --concept-per-type "$k" --per-type "$ALF_PER_TYPE" \
-      --games 0 --max-steps 50 --out-dir "$RUNS/alfworld-concept-k$k" --resume --workers "$WORKERS"
-  done
-  local files=("$RUNS/alfworld/results.jsonl")
-  for k in ${SIZES_LOOP:-5 10 20}; do
-    files+=("$RUNS/alfworld-concept-k$k/results.jsonl")
-    gzip -c "$RUNS/alfworld-concept-k$k/results.jsonl" > "results/table4_closed_loop_k$k.results.jsonl.gz"
+      --games 0 --max-steps 50 --out-dir "$out" --resume --workers "$WORKERS"
+    files+=("$out/results.jsonl")
+    gzip -c "$out/results.jsonl" > "results/table4_closed_loop_k$k.results.jsonl.gz"
   done
   "$CB" report "${files[@]}" --paired --markdown results/table4_closed_loop.md \
     --chart results/table4_closed_loop.png

@@ -27,6 +27,8 @@ class LMServer:
 
     Args:
         model, dtype, device: as :func:`agent_shell.lm.load_language_model`.
+        lm: an already loaded backend to serve instead (then ``model``, ``dtype`` and ``device``
+            are not used), e.g. the actor's body in one process without Ray.
         wait_ms: how long the first request of a batch waits for others (milliseconds).
         max_batch: most requests scored in one pass.
         threads: torch threads of the actor (None: leave torch's default).
@@ -36,14 +38,15 @@ class LMServer:
     """
 
     def __init__(self, model: str | None = None, dtype: str = "auto", device: str | None = None,
-                 wait_ms: float = 5.0, max_batch: int = 16, threads: int | None = None, max_streams: int = 64):
+                 wait_ms: float = 5.0, max_batch: int = 16, threads: int | None = None, max_streams: int = 64,
+                 lm: Any = None):
         import torch
 
         from agent_shell.lm import load_language_model
 
         if threads:
             torch.set_num_threads(threads)
-        self.lm = load_language_model(model, dtype=dtype, device=device)
+        self.lm = lm if lm is not None else load_language_model(model, dtype=dtype, device=device)
         self.views: OrderedDict[str, Any] = OrderedDict()
         self.max_streams = max_streams
         self.wait_s = wait_ms / 1000

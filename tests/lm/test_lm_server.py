@@ -5,7 +5,6 @@ generations are decoded together and give the unbatched replies."""
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -58,10 +57,7 @@ def test_the_server_keeps_the_caches_of_its_recent_streams_only(fresh):
     used stream's cache is dropped, and a dropped stream that comes back gets the same numbers."""
     from agent_shell.lm.server import LMServer
 
-    server = LMServer.__new__(LMServer)  # the actor's body without Ray, on the shared weights
-    server.lm, server.views, server.max_streams = fresh(), OrderedDict(), 2
-    server.wait_s, server.max_batch, server.pending, server._wake = 0.0, 16, [], None
-    server.batches, server.generate_batches = [], []
+    server = LMServer(lm=fresh(), wait_ms=0.0, max_streams=2)  # the actor's body without Ray
     context, cands = REQUESTS[0]
 
     async def score(stream):
