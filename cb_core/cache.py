@@ -8,7 +8,10 @@ cb_core decides no file locations: the agent shell passes ``<its cache dir>/jax`
 * ``executables/``: cb_core's fit programs as serialized executables, keyed by everything the
   program depends on (the solver, the argument shapes and dtypes, the jax / jaxlib versions, the
   backend and CPU, cb_core's own source). A new process loads and runs one without tracing,
-  lowering or compiling (:func:`call_compiled`).
+  lowering or compiling (:func:`call_compiled`). What is stored is always a fresh compile, never
+  an executable JAX's cache handed back: on the CPU that one re-serializes without its machine
+  code, and a later process that loads it fails with ``NOT_FOUND: Function <fusion> not found``
+  (jaxlib 0.10).
 
 Like JAX's own cache, the store is trusted code: loading an executable can run anything, so the
 directory must be the user's own. Call :func:`enable_persistent_cache` from entry points, never
@@ -17,10 +20,12 @@ from library maths.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,6 +35,7 @@ __all__ = ["enable_persistent_cache", "call_compiled", "executable_dir"]
 
 _EXECUTABLES: Path | None = None
 _LOADED: dict[Path, Any] = {}  # executables loaded or compiled by this process, by file
+_COMPILING = threading.Lock()  # one fresh compile at a time (it switches JAX's cache off)
 
 
 def enable_persistent_cache(directory: str | os.PathLike) -> Path:
@@ -76,6 +82,28 @@ def _fingerprint() -> dict:
                 cpu=hashlib.sha256(cpu.encode()).hexdigest(), cb_core=source.hexdigest())
 
 
+@contextlib.contextmanager
+def _fresh_compilation():
+    """Compile for real inside: JAX's persistent cache is off (and reset) for the duration.
+
+    An executable that JAX's cache deserialized would serialize without its machine code on the
+    CPU, so it must not reach the store. JAX decides once per process whether its cache is used,
+    hence the reset on the way in and out (``compilation_cache.reset_cache``, public API).
+    """
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    with _COMPILING:
+        enabled = jax.config.jax_enable_compilation_cache
+        jax.config.update("jax_enable_compilation_cache", False)
+        compilation_cache.reset_cache()
+        try:
+            yield
+        finally:
+            jax.config.update("jax_enable_compilation_cache", enabled)
+            compilation_cache.reset_cache()
+
+
 def call_compiled(name: str, jitted: Callable, static: tuple, args: tuple, out_example: Any):
     """``jitted(*static, *args)``, from a stored executable when one fits (no tracing).
 
@@ -114,12 +142,14 @@ def call_compiled(name: str, jitted: Callable, static: tuple, args: tuple, out_e
         try:
             compiled = serialize_executable.deserialize_and_load(path.read_bytes(), in_tree,
                                                                  out_tree)
-            out = compiled(*args)
+            # block: a broken executable fails when it runs, and dispatch is asynchronous
+            out = jax.block_until_ready(compiled(*args))
             _LOADED[path] = compiled
             return out
-        except Exception:  # noqa: BLE001 - a stale or torn file: compile and store again
+        except Exception:  # noqa: BLE001 - a stale, torn or broken file: compile and store again
             pass
-    compiled = _LOADED[path] = jitted.lower(*static, *args).compile()
+    with _fresh_compilation():
+        compiled = _LOADED[path] = jitted.lower(*static, *args).compile()
     try:
         blob, _, _ = serialize_executable.serialize(compiled)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,8 @@
 # so rerunning a finished target only re-reads its results. Runs go to $RUNS (default runs/results);
 # tables, figure and compressed results files are written to results/.
 # Environment: CB (the cb-agent executable, default `cb-agent`), RUNS, OMP_NUM_THREADS (default 1),
-# ALF_PER_TYPE (Table 1 games per task type, default 5 = 30 games; 0 = all 134 in one run),
+# ALF_PER_TYPE (ALFWorld valid_unseen games per task type of Tables 1 and 4 and the ICAL and calibration
+# targets, default 5 = 30 games; 0 = all 134 in one run), ALF_BUDGET (their step budget, default 50),
 # WORKERS (Table 1's episodes played at once on local Ray workers, default 1; 2 on this 2-core machine),
 # TW_GAMES (Table 3 test games per level, default 10), TW_LEVELS (default custom-1 cooking-1 custom-2 cooking-2),
 # SW_TASKS (Table 2 tasks, default all 30), POOL (figure: trajectories per type sampled from, default 20),
@@ -23,12 +24,29 @@ cd "$(dirname "$0")/.."
 CB=${CB:-cb-agent}
 RUNS=${RUNS:-runs/results}
 ALF_PER_TYPE=${ALF_PER_TYPE:-5}
+ALF_BUDGET=${ALF_BUDGET:-50}
 WORKERS=${WORKERS:-1}
 TW_GAMES=${TW_GAMES:-10}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # float32 everywhere: --dtype auto picks bfloat16 on CPUs with native bf16 and results would differ by machine
 COMMON=(--dtype float32)
 mkdir -p results "$RUNS"
+
+# alf_games: the valid_unseen game options for $ALF_PER_TYPE games per task type (0: all 134)
+alf_games() { if [ "$ALF_PER_TYPE" -eq 0 ]; then echo --all-games; else echo --per-type "$ALF_PER_TYPE" --games 0; fi; }
+
+# grown ARGS...: `cb-agent run ARGS` on ALFWorld valid_unseen at $ALF_BUDGET, grown one game per task type at a
+# time (partial results stay balanced over the types), or all 134 games in one run when ALF_PER_TYPE=0
+grown() {
+  local k
+  if [ "$ALF_PER_TYPE" -eq 0 ]; then
+    "$CB" run --env alfworld "${COMMON[@]}" "$@" --all-games --max-steps "$ALF_BUDGET" --resume
+  else
+    for k in $(seq 1 "$ALF_PER_TYPE"); do
+      "$CB" run --env alfworld "${COMMON[@]}" "$@" --per-type "$k" --games 0 --max-steps "$ALF_BUDGET" --resume
+    done
+  fi
+}
 
 # finish RESULTS_JSONL NAME: Markdown table + chart into results/, the results file compressed beside them
 finish() {
@@ -51,8 +69,8 @@ table4_closed_loop() {  # Table 4's closed loop: CB-Agent on Table 1's games wit
   local k out files=("$RUNS/alfworld/results.jsonl")
   for k in ${SIZES_LOOP:-5 10 20}; do
     out="$RUNS/alfworld-concept-k$k"
-    "$CB" run --env alfworld "${COMMON[@]}" --agent cb-agent --concept-per-type "$k" --per-type "$ALF_PER_TYPE" \
-      --games 0 --max-steps 50 --out-dir "$out" --resume --workers "$WORKERS"
+    "$CB" run --env alfworld "${COMMON[@]}" --agent cb-agent --concept-per-type "$k" $(alf_games) \
+      --max-steps "$ALF_BUDGET" --out-dir "$out" --resume --workers "$WORKERS"
     files+=("$out/results.jsonl")
     gzip -c "$out/results.jsonl" > "results/table4_closed_loop_k$k.results.jsonl.gz"
   done
@@ -62,36 +80,19 @@ table4_closed_loop() {  # Table 4's closed loop: CB-Agent on Table 1's games wit
 
 table1() {  # ALFWorld valid_unseen, budget 50; grown one game per type at a time (balanced partial
             # results), or all 134 games in one run (ALF_PER_TYPE=0, on $WORKERS Ray workers)
-  local out="$RUNS/alfworld" k
-  local agents=(--agent react --agent prior-only --agent cb-agent)
-  if [ "$ALF_PER_TYPE" -eq 0 ]; then
-    "$CB" run --env alfworld "${COMMON[@]}" "${agents[@]}" --all-games --max-steps 50 --out-dir "$out" --resume \
-      --workers "$WORKERS"
-  else
-    for k in $(seq 1 "$ALF_PER_TYPE"); do
-      "$CB" run --env alfworld "${COMMON[@]}" "${agents[@]}" --per-type "$k" --games 0 --max-steps 50 \
-        --out-dir "$out" --resume --workers "$WORKERS"
-    done
-  fi
-  finish "$out/results.jsonl" table1_alfworld
+  grown --agent react --agent prior-only --agent cb-agent --out-dir "$RUNS/alfworld" --workers "$WORKERS"
+  finish "$RUNS/alfworld/results.jsonl" table1_alfworld
 }
 
 table1_reflexion() {  # the Reflexion rows of Table 1 (two trials each)
-  local out="$RUNS/alfworld-reflexion" k
-  for k in $(seq 1 "$ALF_PER_TYPE"); do
-    "$CB" run --env alfworld "${COMMON[@]}" --agent reflexion-react --agent reflexion-cb-agent \
-      --per-type "$k" --games 0 --max-steps 50 --out-dir "$out" --resume --workers "$WORKERS"
-  done
-  finish "$out/results.jsonl" table1_alfworld_reflexion
+  grown --agent reflexion-react --agent reflexion-cb-agent --out-dir "$RUNS/alfworld-reflexion" --workers "$WORKERS"
+  finish "$RUNS/alfworld-reflexion/results.jsonl" table1_alfworld_reflexion
 }
 
 table1_features() {  # issue 19's extra features on the Table 1 games (needs `run --features`)
-  local out="$RUNS/alfworld-features" k
-  for k in $(seq 1 "$ALF_PER_TYPE"); do
-    "$CB" run --env alfworld "${COMMON[@]}" --agent cb-agent --features lm-hidden,goal-similarity,novelty \
-      --per-type "$k" --games 0 --max-steps 50 --out-dir "$out" --resume
-  done
-  finish "$out/results.jsonl" table1_alfworld_features
+  grown --agent cb-agent --features lm-hidden,goal-similarity,novelty --out-dir "$RUNS/alfworld-features" \
+    --workers "$WORKERS"
+  finish "$RUNS/alfworld-features/results.jsonl" table1_alfworld_features
 }
 
 ical() {  # issue 14: ICAL memory from 30 corrupted expert trajectories (anchored decoding), retrieval
@@ -106,12 +107,10 @@ ical() {  # issue 14: ICAL memory from 30 corrupted expert trajectories (anchore
     "$CB" ical retrieve "$mem" --split valid_unseen --per-type 5 --k "$k" --lambda-instruction 1 --lambda-text 0 \
       --out "$dir/precision_k$k.jsonl" --resume
   done
-  for k in $(seq 1 "$ALF_PER_TYPE"); do
-    "$CB" run --env alfworld "${COMMON[@]}" --agent react --agent cb-agent --demos "ical-actions:$mem" \
-      --per-type "$k" --games 0 --max-steps 50 --out-dir "$RUNS/alfworld-ical-actions" --resume
-  done
+  grown --agent react --agent cb-agent --demos "ical-actions:$mem" --out-dir "$RUNS/alfworld-ical-actions" \
+    --workers "$WORKERS"
   "$CB" run --env alfworld "${COMMON[@]}" --agent react --demos "ical:$mem" \
-    --per-type 1 --games 0 --max-steps 50 --out-dir "$RUNS/alfworld-ical-notes" --resume
+    --per-type 1 --games 0 --max-steps "$ALF_BUDGET" --out-dir "$RUNS/alfworld-ical-notes" --resume --workers "$WORKERS"
   gzip -c "$mem/log.jsonl" > results/ical_memory_log.jsonl.gz
   gzip -c "$mem/examples.jsonl" > results/ical_memory_examples.jsonl.gz
   finish "$RUNS/alfworld-ical-actions/results.jsonl" ical_alfworld_actions
@@ -164,14 +163,14 @@ calibration() {  # issue 15: labels from ReAct / prior-only runs on training gam
   for h in causal calibrator; do
     "$CB" run --env alfworld "${COMMON[@]}" --agent cb-agent --history "$h" \
       $([ "$h" = calibrator ] && echo --calibrator "$dir/calibrator.safetensors") \
-      --per-type "$ALF_PER_TYPE" --games 0 --max-steps 50 --out-dir "$RUNS/alfworld-$h" --resume --workers "$WORKERS"
+      $(alf_games) --max-steps "$ALF_BUDGET" --out-dir "$RUNS/alfworld-$h" --resume --workers "$WORKERS"
     finish "$RUNS/alfworld-$h/results.jsonl" "calibration_alfworld_$h"
   done
   "$CB" recover "$RUNS/alfworld/results.jsonl" --agent cb-agent --history raw --history calibrator \
     --calibrator "$dir/calibrator.safetensors" --max-items "${CAL_RECOVER:-20}" "${COMMON[@]}" \
     --out "$dir/recover.jsonl" --resume
   "$CB" run --env alfworld "${COMMON[@]}" --agent joint-react --agent joint-cb-agent \
-    --per-type "$ALF_PER_TYPE" --games 0 --max-steps 50 --out-dir "$RUNS/alfworld-joint" --resume --workers "$WORKERS"
+    $(alf_games) --max-steps "$ALF_BUDGET" --out-dir "$RUNS/alfworld-joint" --resume --workers "$WORKERS"
   finish "$RUNS/alfworld-joint/results.jsonl" calibration_alfworld_joint
   gzip -c "$dir/labels.jsonl" > results/calibration_labels.jsonl.gz
   cp "$dir/labels.jsonl.counts.json" results/calibration_label_counts.json

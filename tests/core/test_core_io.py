@@ -332,6 +332,67 @@ def test_cli_process_uses_the_stored_executable_and_imports_no_backbone(tmp_path
     np.testing.assert_array_equal(a.alpha, b.alpha)
 
 
+def test_an_executable_stored_after_a_jax_cache_hit_still_loads(tmp_path):
+    """The store holds fresh compiles only. When the store lacks a fit that JAX's own persistent
+    cache holds, the process that stores it must not serialize the executable JAX's cache handed
+    back (on the CPU that one has no machine code: the next process that loaded it failed with
+    ``NOT_FOUND: Function ... not found``). Three one-off fits: store, then JAX's cache alone,
+    then the store again; all three give the same concept."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    dec = random_decisions(7, [4, 6, 3, 5], 6)
+    cb_core.save_decisions(tmp_path / "d.npz", dec)
+    cache = tmp_path / "cache"
+    env = dict(os.environ, CB_AGENT_CACHE=str(cache))
+    alphas = []
+    for k in range(3):
+        if k == 1:  # JAX's cache keeps what the first process compiled; the store is lost
+            shutil.rmtree(cache / "jax" / "executables")
+        out = tmp_path / f"c{k}.safetensors"
+        res = subprocess.run([sys.executable, "-m", "agent_shell.cli", "fit", str(tmp_path / "d.npz"),
+                              "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0 and "converged=True" in res.stdout, (k, res.stderr[-2000:])
+        alphas.append(cb_core.Concept.load(out).alpha)
+    assert len(list((cache / "jax" / "executables").iterdir())) >= 1
+    for alpha in alphas[1:]:
+        np.testing.assert_array_equal(alpha, alphas[0])
+
+
+def test_a_stored_executable_that_fails_to_run_is_compiled_again(tmp_path, monkeypatch):
+    """A stored file that loads but fails when it runs (a broken or foreign executable; the
+    failure shows only once the asynchronously dispatched result is waited for) costs a fresh
+    compile, never the fit: the result equals the plain jit call's and the file is replaced."""
+    import jax
+    from jax.experimental import serialize_executable
+
+    from cb_core import cache as store
+
+    monkeypatch.setattr(store, "_EXECUTABLES", tmp_path / "executables")
+    monkeypatch.setattr(store, "_LOADED", {})
+    double = jax.jit(lambda scale, x: scale * x, static_argnums=0)
+    x = np.arange(4.0, dtype=np.float32)
+    store.call_compiled("double", double, (2.0,), (x,), 0)  # compiles and stores
+    (path,) = (tmp_path / "executables").iterdir()
+    before = path.read_bytes()
+
+    class Pending:  # an asynchronously dispatched result whose program turns out broken
+        def block_until_ready(self):
+            raise RuntimeError("NOT_FOUND: Function multiply_fusion not found")
+
+    def broken(*_args, **_kwargs):
+        return lambda *_a: Pending()
+
+    monkeypatch.setattr(serialize_executable, "deserialize_and_load", broken)
+    monkeypatch.setattr(store, "_LOADED", {})  # a new process
+    path.write_bytes(b"not this program")
+    out = store.call_compiled("double", double, (2.0,), (x,), 0)
+    np.testing.assert_array_equal(np.asarray(out), 2.0 * x)
+    assert path.read_bytes() == before  # stored again, whole
+
+
 def test_cli_fit_reports_bad_file(tmp_path):
     from agent_shell.commands.fit import fit as fit_cmd
 
