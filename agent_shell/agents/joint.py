@@ -1,7 +1,8 @@
 """The joint actor (action calibration, Sec. 6, step 5): calibrate and act in one reply.
 
-Each step the LM writes ONE reply of two lines under the ReAct prompt (header extended with
-:data:`JOINT_FORMAT`; text layout only), continuing the prompt's final ``Experience:``::
+Each step the LM writes ONE greedy reply of two lines under the ReAct prompt (header extended
+with :data:`JOINT_FORMAT`; text layout only), continuing the prompt's final ``Experience:``, and
+generation ends with the second line (see :meth:`JointMixin.joint_reply`)::
 
     <an experience about the immediately preceding transition, or NO UPDATE>
     > <the next action, or think: ...>
@@ -96,10 +97,25 @@ class JointMixin:
         return prompt.removesuffix(ctx.ACTION_MARK) + EXPERIENCE_LABEL
 
     def joint_reply(self, view: View, context: ctx.Context) -> tuple[str, str | None, str | None, Review | None]:
-        """(reply, action line or None, format error or None, review or None)."""
-        reply = self.lm.generate(self.joint_prompt(view, context),
-                                 max_new_tokens=self.config.review_tokens + self.config.reply_tokens,
-                                 stop=("\n\n",), temperature=0.0, n=1, seed=self.config.seed)[0]
+        """(reply, action line or None, format error or None, review or None).
+
+        The reply is greedy and read line by line: the calibration block up to its newline (at
+        most ``review_tokens``), then, continuing the same text, the action line up to its newline
+        (at most ``reply_tokens``). Nothing after the action line is generated: a small backbone
+        otherwise writes on (observations, more actions) to the whole budget. A block that ended
+        without its newline (the budget, or an end of sequence the protocol does not report) is
+        continued on a new line all the same. A backend that returns text past the first newline
+        has its reply parsed as it is.
+        """
+        prompt = self.joint_prompt(view, context)
+        block = self.lm.generate(prompt, max_new_tokens=self.config.review_tokens, stop=("\n",),
+                                 temperature=0.0, n=1, seed=self.config.seed)[0]
+        if "\n" in block:
+            reply = block
+        else:
+            line = self.lm.generate(prompt + block + "\n", max_new_tokens=self.config.reply_tokens, stop=("\n",),
+                                    temperature=0.0, n=1, seed=self.config.seed)[0]
+            reply = block + "\n" + line
         try:
             block, action_line = parse_joint_reply(reply)
         except JointFormatError as err:

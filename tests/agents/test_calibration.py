@@ -345,10 +345,47 @@ def test_joint_reply_is_parsed_strictly():
             parse_joint_reply(reply)
 
 
+class GreedyTextLM(FakeLM):
+    """A greedy LM that writes one whole text per step (everything it would ever write after the
+    prompt's ``Experience:``) and honours ``stop`` as a real backend does: a call returns the
+    text up to its first stop string, a continuation prompt gets what follows, and nothing once
+    the text has ended."""
+
+    def __init__(self, texts):
+        super().__init__()
+        self.texts, self.calls = iter(texts), []
+
+    def generate(self, prompt, max_new_tokens=64, stop=(), temperature=0.0, n=1, seed=None):
+        self.prompts.append(prompt)
+        self.calls.append(max_new_tokens)
+        if prompt.endswith("Experience:"):
+            self.text, self.start = next(self.texts), prompt
+        written = prompt[len(self.start):]
+        if written.startswith(self.text):  # the text ended (end of sequence): nothing more
+            return [""]
+        assert self.text.startswith(written), "a continuation must extend what was written"
+        rest = self.text[len(written):]
+        cut = min((i for i in (rest.find(x) for x in stop) if i >= 0), default=len(rest))
+        return [rest[:cut]]
+
+
+def test_joint_reply_ends_with_its_action_line():
+    """Two greedy continuations of one reply: the block to its newline (review_tokens), then the
+    action line to its newline (reply_tokens); what the model would write after it is never
+    generated and never recorded."""
+    lm = GreedyTextLM([" The desk is empty.\n> go to desk 1\nYou arrive at desk 1.\n> look\n"])
+    agent = build_agent("joint-react", lm, DEMOS).agent
+    episode = Episode(ScriptedEnv(), "a/1", 1)
+    log = agent.run(episode)
+    assert [s.action for s in episode.steps] == ["go to desk 1"]
+    assert log.replies == [" The desk is empty.\n> go to desk 1"]
+    assert lm.calls == [agent.config.review_tokens, agent.config.reply_tokens]
+    assert lm.prompts[1] == lm.prompts[0] + " The desk is empty.\n"
+
+
 def test_joint_react_keeps_its_experiences_and_counts_malformed_replies():
-    replies = iter([" NO UPDATE\n> go to window 1", " The window cannot be used.\n> go to desk 1",
-                    " garbage without an action line", " NO UPDATE\n> think: next the key"])
-    lm = FakeLM(lambda prompt, t, n: [next(replies)])
+    lm = GreedyTextLM([" NO UPDATE\n> go to window 1\nYou see a window.", " The window cannot be used.\n> go to desk 1\n",
+                       " garbage without an action line", " NO UPDATE\n> think: next the key\n"])
     agent = build_agent("joint-react", lm, DEMOS).agent
     assert agent.config.rendering == "experience"
     env = ScriptedEnv()
@@ -358,7 +395,8 @@ def test_joint_react_keeps_its_experiences_and_counts_malformed_replies():
     assert log.experiences == {0: "The window cannot be used."}  # step 0 reviewed by the second reply
     assert [r["step"] for r in log.reviews] == [0, 2] and log.reviews[1]["experience"] is None
     assert [e["reason"] for e in log.format_errors] == ["no action line after the calibration block"]
-    assert "Experience: The window cannot be used." in lm.prompts[2] and lm.prompts[0].endswith("Experience:")
+    step_prompts = [p for p in lm.prompts if p.endswith("Experience:")]
+    assert "Experience: The window cannot be used." in step_prompts[2] and len(step_prompts) == 4
     assert env.engine_actions == ["go to window 1", "go to desk 1", "look"]
 
 
