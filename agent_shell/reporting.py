@@ -226,6 +226,28 @@ def paired_comparisons(records: Iterable[dict]) -> list[Pair]:
     return pairs
 
 
+def common_games(records: Iterable[dict]) -> tuple[list[dict], int]:
+    """The records of the tasks (``task_id``) that every agent (labelled as in :func:`summarize`)
+    finished without an error, in their order, and the number of tasks left out: runs of
+    different sizes (a 134-game Raw run beside 30-game Causal runs) compared on the same games.
+
+    Raises ValueError when no task was finished by every agent (naming the agents).
+    """
+    records = list(records)
+    differing = differing_settings(records)
+    finished: dict[str, set[str]] = {}
+    tasks: set[str] = set()
+    for r in records:
+        tasks.add(r["task_id"])
+        games = finished.setdefault(agent_label(r, differing), set())
+        if not r.get("error"):
+            games.add(r["task_id"])
+    shared = set.intersection(*finished.values()) if finished else set()
+    if not shared:
+        raise ValueError(f"no game was finished by every agent ({', '.join(finished)})")
+    return [r for r in records if r["task_id"] in shared], len(tasks) - len(shared)
+
+
 def _markdown(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     """A Markdown table: the header, its rule, one line per row (a ``|`` in a cell becomes ``/``)."""
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -166,6 +166,10 @@ calibration() {  # issue 15: labels from ReAct / prior-only runs on training gam
       $(alf_games) --max-steps "$ALF_BUDGET" --out-dir "$RUNS/alfworld-$h" --resume --workers "$WORKERS"
     finish "$RUNS/alfworld-$h/results.jsonl" "calibration_alfworld_$h"
   done
+  # Raw, Causal and Calibrator on the same games (Raw: Table 1's run, which may hold more games)
+  "$CB" report "$RUNS/alfworld/results.jsonl" "$RUNS/alfworld-causal/results.jsonl" \
+    "$RUNS/alfworld-calibrator/results.jsonl" --common-games --paired \
+    --markdown results/calibration_alfworld_histories.md --chart results/calibration_alfworld_histories.png
   "$CB" recover "$RUNS/alfworld/results.jsonl" --agent cb-agent --history raw --history calibrator \
     --calibrator "$dir/calibrator.safetensors" --max-items "${CAL_RECOVER:-20}" "${COMMON[@]}" \
     --out "$dir/recover.jsonl" --resume

@@ -2,7 +2,8 @@
 
 Episodes run with different settings (budget, dtype, rendering, ...) are never pooled: each setting
 that differs between the records becomes part of the row label. Error episodes (an engine fault)
-are counted apart. ``--paired`` adds the same-games comparison of every two agents (exact sign test).
+are counted apart. ``--paired`` adds the same-games comparison of every two agents (exact sign test);
+``--common-games`` keeps only the games every agent finished (runs of different sizes side by side).
 A torn line is skipped with one plain warning line (``--resume`` of the run
 moves it aside).
 """
@@ -26,19 +27,31 @@ from agent_shell.commands._common import make_console
 @click.option("--paired", is_flag=True,
               help="Also compare every two agents game by game on the games both played (won by both, "
                    "by one only, by neither; exact sign test on the discordant games).")
-def report(results, chart_path, markdown_path, paired) -> None:
+@click.option("--common-games", is_flag=True,
+              help="Keep only the games (task ids) that every agent finished without an error, e.g. a "
+                   "134-game run beside 30-game runs; says how many games were left out.")
+def report(results, chart_path, markdown_path, paired, common_games) -> None:
     """Summarise RESULTS (JSONL files written by `cb-agent run`)."""
 
     from agent_shell.reporting import (bar_chart, describe_run, differing_settings, markdown_table, paired_comparisons,
                                        pairs_markdown, pairs_table, rich_table, summarize)
+    from agent_shell.reporting import common_games as keep_common_games
     from agent_shell.runner import read_results
 
     records = [r for path in results for r in read_results(path)]
     if not records:
         raise click.ClickException(f"no finished episodes in {', '.join(results)}")
+    console = make_console()
+    left_out = 0
+    if common_games:
+        try:
+            records, left_out = keep_common_games(records)
+        except ValueError as err:
+            raise click.ClickException(f"--common-games: {err}") from None
+        console.print(f"--common-games: {len({r['task_id'] for r in records})} games finished by every agent, "
+                      f"{left_out} left out", markup=False)
     rows = summarize(records)
     title = describe_run(records)
-    console = make_console()
     differing = differing_settings(records)
     if differing:
         console.print(f"settings differ between the episodes ({', '.join(differing)}): one row per setting",
@@ -56,6 +69,8 @@ def report(results, chart_path, markdown_path, paired) -> None:
             console.print("--paired: the results hold one agent only, nothing to pair", markup=False)
     if markdown_path:
         note = f" (settings differ: {', '.join(differing)})" if differing else ""
+        if common_games:
+            note += f" (the games every agent finished; {left_out} left out)"
         text = f"{title}: success per task type{note}\n\n{markdown_table(rows)}"
         if pairs:
             text += f"\nSame games, agent against agent (exact sign test on the discordant games)\n\n{pairs_markdown(pairs)}"

@@ -442,3 +442,29 @@ def test_records_written_before_feature_extractors_read_as_lm_hidden():
     assert (pair.n, pair.only_a) == (2, 1)
     assert [r.agent for r in summarize(recs + [game("cb-agent", "t/3", True, features="novelty")])
             if r.task_type == "all"] == ["cb-agent (features=lm-hidden)", "react", "cb-agent (features=novelty)"]
+
+
+def test_common_games_keep_the_games_every_agent_finished():
+    from agent_shell.reporting import common_games
+
+    recs = [game("react", f"t/{i}", i == 0) for i in range(6)]  # the bigger run
+    recs += [game("react", f"t/{i}", False, rendering="causal") for i in (1, 2, 4)]
+    recs += [game("react", "t/5", False, rendering="causal", error={"type": "EngineError"})]  # not finished
+    kept, left_out = common_games(recs)
+    assert sorted({r["task_id"] for r in kept}) == ["t/1", "t/2", "t/4"] and left_out == 3
+    assert len(kept) == 6 and all(not r.get("error") for r in kept)
+    with pytest.raises(ValueError, match=r"no game was finished by every agent \(react, react \(causal\)\)"):
+        common_games([game("react", "t/1", True), game("react", "t/2", True, rendering="causal")])
+
+
+def test_report_common_games_tabulates_the_shared_games_only(tmp_path):
+    big, small = tmp_path / "raw.jsonl", tmp_path / "causal.jsonl"
+    big.write_bytes(b"".join(orjson.dumps(game("cb-agent", f"t/{i}", i < 3)) + b"\n" for i in range(10)))
+    small.write_bytes(b"".join(orjson.dumps(game("cb-agent", f"t/{i}", False, rendering="causal")) + b"\n"
+                               for i in (0, 5)))
+    res = CliRunner().invoke(main, ["report", str(big), str(small), "--common-games", "--markdown",
+                                    str(tmp_path / "r.md"), "--chart", str(tmp_path / "c.png")])
+    assert res.exit_code == 0, res.output
+    assert "2 games finished by every agent, 8 left out" in res.output
+    text = (tmp_path / "r.md").read_text()
+    assert "8 left out" in text and "| cb-agent | all | **1/2** |" in text and "| cb-agent (causal) | all | **0/2** |" in text
