@@ -17,7 +17,7 @@
 # ICAL (the ICAL target's folder of noisy inputs and memory, default runs/ical), CAL (the calibration
 # target's folder, default runs/calibration), CAL_PER_TYPE (its training games per type, default 2),
 # CAL_STEPS (their budget, default 20),
-# CAL_TRANSITIONS (transitions labelled, default 70: about 200 candidate experiences), CAL_RECOVER
+# CAL_TRANSITIONS (transitions labelled, default 80: 220 candidate experiences here), CAL_RECOVER
 # (recovery items, default 20).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -157,7 +157,7 @@ calibration() {  # issue 15: labels from ReAct / prior-only runs on training gam
   "$CB" run --env alfworld --split train --demo-split train "${COMMON[@]}" --agent react --agent prior-only \
     "${args[@]}" --max-steps "${CAL_STEPS:-20}" --out-dir "$dir/train" --resume --workers "$WORKERS"
   "$CB" calibrate label "$dir/train/results.jsonl" --actor react --actor prior-only --k 6 \
-    --max-transitions "${CAL_TRANSITIONS:-70}" "${COMMON[@]}" --out "$dir/labels.jsonl" --resume
+    --max-transitions "${CAL_TRANSITIONS:-80}" "${COMMON[@]}" --out "$dir/labels.jsonl" --resume
   "$CB" calibrate fit "$dir/labels.jsonl" "${COMMON[@]}" --out "$dir/calibrator.safetensors"
   "$CB" calibrate fit "$dir/labels.jsonl" --labels content "${COMMON[@]}" --out "$dir/content.safetensors"
   for h in causal calibrator; do

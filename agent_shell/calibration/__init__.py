@@ -15,7 +15,8 @@ The joint actor (calibration block + action in one reply) is an agent:
 """
 
 from agent_shell.calibration.calibrator import (KIND, LABEL_FIELDS, Calibrator, accuracy, baseline_predictions,
-                                                decisive, fit_calibrator, predictions, record_features, split_tasks)
+                                                decisive, fit_calibrator, predictions, record_features, split_tasks,
+                                                tied_labels)
 from agent_shell.calibration.judges import (JUDGES, ExpertDistanceJudge, Judge, LMJudge, Pair, Verdict, judge_pair)
 from agent_shell.calibration.labels import (LABEL_SCHEMA, ContentScreen, Transition, label_counts, label_record,
                                             mine_transitions, propose, read_labels, retained, run_labels,
@@ -24,4 +25,4 @@ from agent_shell.calibration.labels import (LABEL_SCHEMA, ContentScreen, Transit
 __all__ = ["Calibrator", "ContentScreen", "ExpertDistanceJudge", "JUDGES", "Judge", "KIND", "LABEL_FIELDS",
            "LABEL_SCHEMA", "LMJudge", "Pair", "Transition", "Verdict", "accuracy", "baseline_predictions", "decisive",
            "fit_calibrator", "judge_pair", "label_counts", "label_record", "mine_transitions", "predictions",
-           "propose", "read_labels", "record_features", "retained", "run_labels", "split_tasks", "transition_label"]
+           "propose", "read_labels", "record_features", "retained", "run_labels", "split_tasks", "tied_labels", "transition_label"]

@@ -215,14 +215,35 @@ def predictions(calibrator: Calibrator | None, features: Sequence[tuple], gamma:
     return out
 
 
+def tied_labels(record: dict, label_field: str) -> frozenset[int]:
+    """The options as good as the record's ``label_field`` by the label rule itself: for an effect
+    label that keeps a candidate, every retained candidate with the same sort key (improvements
+    minus degradations, then improvements; :func:`agent_shell.calibration.labels.transition_label`
+    breaks that tie by taking the earliest); otherwise (NO UPDATE, content-screening labels, a
+    record without per-candidate counts) the label alone."""
+    y = record[label_field]
+    candidates = record.get("candidates") or []
+    if label_field != "label" or y >= len(candidates):
+        return frozenset({y})
+
+    def key(c: dict) -> tuple[int, int]:
+        return c["improvements"] - c["degradations"], c["improvements"]
+
+    best = key(candidates[y])
+    return frozenset(j for j, c in enumerate(candidates) if c["retained"] and key(c) == best)
+
+
 def accuracy(pred: Sequence[int], records: Sequence[dict], label_field: str) -> dict[str, Any]:
-    """Top-1, WHEN (update vs NO UPDATE) and WHAT (the same candidate, among records whose label
-    updates and whose prediction updates) accuracies against ``label_field``, with 95% Wilson
-    intervals; records without that field are left out."""
+    """Top-1, top-1 among tied labels (``top1_tied``: the prediction is any option as good as the
+    label by the label rule, :func:`tied_labels`), WHEN (update vs NO UPDATE) and WHAT (the same
+    candidate, among records whose label updates and whose prediction updates) accuracies against
+    ``label_field``, with 95% Wilson intervals; records without that field are left out."""
     from agent_shell.reporting import wilson_interval
 
-    pairs = [(p, r[label_field], len(r["options"]) - 1) for p, r in zip(pred, records) if label_field in r]
+    used = [(p, r) for p, r in zip(pred, records) if label_field in r]
+    pairs = [(p, r[label_field], len(r["options"]) - 1) for p, r in used]
     top1 = sum(p == y for p, y, _ in pairs)
+    tied = sum(p in tied_labels(r, label_field) for p, r in used)
     when = sum((p == none) == (y == none) for p, y, none in pairs)
     what_pairs = [(p, y) for p, y, none in pairs if y != none and p != none]
     what = sum(p == y for p, y in what_pairs)
@@ -231,7 +252,8 @@ def accuracy(pred: Sequence[int], records: Sequence[dict], label_field: str) -> 
         lo, hi = wilson_interval(k, n)
         return {"k": k, "n": n, "rate": round(k / n, 4) if n else None, "ci95": [round(lo, 4), round(hi, 4)]}
 
-    return {"top1": cell(top1, len(pairs)), "when": cell(when, len(pairs)), "what": cell(what, len(what_pairs))}
+    return {"top1": cell(top1, len(pairs)), "top1_tied": cell(tied, len(pairs)), "when": cell(when, len(pairs)),
+            "what": cell(what, len(what_pairs))}
 
 
 def baseline_predictions(records: Sequence[dict]) -> dict[str, list[int]]:
@@ -246,4 +268,4 @@ def baseline_predictions(records: Sequence[dict]) -> dict[str, list[int]]:
 
 __all__ = ["Calibrator", "KIND", "LABEL_FIELDS", "OPTION_PREFIX", "accuracy", "baseline_predictions", "decisive",
            "feature_spec", "fit_calibrator", "option_scores", "predictions", "record_features", "record_steps",
-           "split_tasks"]
+           "split_tasks", "tied_labels"]

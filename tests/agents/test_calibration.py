@@ -13,7 +13,7 @@ from agent_shell.agents.joint import JointCBAgent, JointFormatError, parse_joint
 from agent_shell.calibration import (Calibrator, ContentScreen, ExpertDistanceJudge, LMJudge, Pair, Transition,
                                      accuracy, fit_calibrator, judge_pair, label_counts, label_record,
                                      mine_transitions, predictions, propose, read_labels, record_features, retained,
-                                     run_labels, split_tasks, transition_label)
+                                     run_labels, split_tasks, tied_labels, transition_label)
 from agent_shell.cli import main
 from agent_shell.experience import NO_UPDATE
 from agent_shell.history import RENDERINGS
@@ -299,6 +299,22 @@ def test_accuracy_counts_when_and_what():
     acc = accuracy([0, 2, 0, 2], records, "label")
     assert acc["top1"]["k"] == 2 and acc["when"]["k"] == 3
     assert (acc["what"]["k"], acc["what"]["n"]) == (1, 2)  # records 0 and 2 update in label and prediction
+
+
+def test_top1_among_tied_labels_counts_any_candidate_as_good_as_the_label():
+    def counts(i, d, keep=True):
+        return {"experience": "x", "improvements": i, "degradations": d, "ties": 0, "retained": keep}
+
+    r = label_line("t/0", 0, ["a", "b", "c", "d"], 0)
+    r["candidates"] = [counts(1, 0), counts(0, 0), counts(1, 0), counts(2, 1)]  # a and c tie by (I - D, I)
+    assert tied_labels(r, "label") == {0, 2}
+    none = label_line("t/0", 1, ["a"], 1)
+    none["candidates"] = [counts(0, 2, keep=False)]
+    assert tied_labels(none, "label") == {1}
+    r["content_label"] = 1
+    assert tied_labels(r, "content_label") == {1}
+    acc = accuracy([2, 1, 4], [r, none, r], "label")
+    assert (acc["top1"]["k"], acc["top1_tied"]["k"], acc["top1_tied"]["n"]) == (1, 2, 3)
 
 
 def calibrator_for(lm, tmp_path=None):
