@@ -172,7 +172,8 @@ calibration() {  # issue 15: labels from ReAct / prior-only runs on training gam
     --markdown results/calibration_alfworld_histories.md --chart results/calibration_alfworld_histories.png
   "$CB" recover "$RUNS/alfworld/results.jsonl" --agent cb-agent --history raw --history calibrator \
     --calibrator "$dir/calibrator.safetensors" --max-items "${CAL_RECOVER:-20}" "${COMMON[@]}" \
-    --out "$dir/recover.jsonl" --resume
+    --out "$dir/recover.jsonl" --resume | tee results/calibration_recover.txt
+  gzip -c "$dir/recover.jsonl" > results/calibration_recover.jsonl.gz
   "$CB" run --env alfworld "${COMMON[@]}" --agent joint-react --agent joint-cb-agent \
     $(alf_games) --max-steps "$ALF_BUDGET" --out-dir "$RUNS/alfworld-joint" --resume --workers "$WORKERS"
   finish "$RUNS/alfworld-joint/results.jsonl" calibration_alfworld_joint
