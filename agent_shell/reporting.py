@@ -87,8 +87,16 @@ def differing_settings(records: Iterable[dict]) -> list[str]:
     values: dict[str, set] = defaultdict(set)
     for r in records:
         for key in RUN_SETTINGS:
-            values[key].add(repr(setting(r, key)))
+            if key != "calibrator" or uses_calibrator(r):
+                values[key].add(repr(setting(r, key)))
     return [key for key in RUN_SETTINGS if len(values[key]) > 1]
+
+
+def uses_calibrator(record: dict) -> bool:
+    """Whether the episode's history was written by a learned calibrator (rendering ``calibrator``):
+    only then does the ``calibrator`` setting (its file) change the agent, so only then can it
+    label a row."""
+    return setting(record, "rendering") == "calibrator"
 
 
 #: Settings of the concept (its fit and what it sees): they do not change an agent without one.
@@ -100,13 +108,15 @@ def agent_label(record: dict, differing: Sequence[str] = ()) -> str:
     (``react (causal)``, ``cb-agent (experience, chat)``) and ``key=value`` for every other setting
     in ``differing`` (``react (budget=15)``), so no row mixes settings. The concept's settings
     (:data:`CONCEPT_SETTINGS`) label only agents that act by a concept: react or prior-only episodes
-    of runs that differ only in ``--features`` share one row."""
+    of runs that differ only in ``--features`` share one row; the calibrator file (setting
+    ``calibrator``) labels only episodes with the calibrator rendering, among which it is compared."""
     from agent_shell.agents import needs_concepts  # loaded already: the results reader's RunConfig imports it
 
     concept = needs_concepts(record["agent"])
     extras = [x for x in (setting(record, "rendering"), setting(record, "layout")) if x not in ("raw", "text")]
     extras += [f"{key}={setting(record, key)}" for key in differing
-               if key not in ("rendering", "layout") and (concept or key not in CONCEPT_SETTINGS)]
+               if key not in ("rendering", "layout") and (concept or key not in CONCEPT_SETTINGS)
+               and (key != "calibrator" or uses_calibrator(record))]
     return f"{record['agent']} ({', '.join(extras)})" if extras else record["agent"]
 
 

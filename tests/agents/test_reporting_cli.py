@@ -263,6 +263,17 @@ def test_rows_are_keyed_by_every_setting_that_differs():
     assert [r.agent for r in summarize(same)] == ["react", "react"]  # nothing differs: the plain name
 
 
+def test_the_calibrator_file_labels_only_calibrator_rendering_rows():
+    raw = {**record("cb-agent", "open", True), "calibrator": None}
+    one = {**record("cb-agent", "open", False), "rendering": "calibrator", "calibrator": "a.safetensors"}
+    rows = [r.agent for r in summarize([raw, one]) if r.task_type == "all"]
+    assert rows == ["cb-agent", "cb-agent (calibrator)"]  # one calibrator file: not a differing setting
+    two = {**one, "calibrator": "b.safetensors"}
+    rows = [r.agent for r in summarize([raw, one, two]) if r.task_type == "all"]
+    assert rows == ["cb-agent", "cb-agent (calibrator, calibrator=a.safetensors)",
+                    "cb-agent (calibrator, calibrator=b.safetensors)"]
+
+
 def test_report_says_which_settings_differ(tmp_path):
     import orjson
 
