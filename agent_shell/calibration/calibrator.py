@@ -221,16 +221,15 @@ def tied_labels(record: dict, label_field: str) -> frozenset[int]:
     minus degradations, then improvements; :func:`agent_shell.calibration.labels.transition_label`
     breaks that tie by taking the earliest); otherwise (NO UPDATE, content-screening labels, a
     record without per-candidate counts) the label alone."""
+    from agent_shell.calibration.labels import effect_key  # labels imports the agents: loaded on use
+
     y = record[label_field]
     candidates = record.get("candidates") or []
     if label_field != "label" or y >= len(candidates):
         return frozenset({y})
-
-    def key(c: dict) -> tuple[int, int]:
-        return c["improvements"] - c["degradations"], c["improvements"]
-
-    best = key(candidates[y])
-    return frozenset(j for j, c in enumerate(candidates) if c["retained"] and key(c) == best)
+    best = effect_key(candidates[y]["improvements"], candidates[y]["degradations"])
+    return frozenset(j for j, c in enumerate(candidates)
+                     if c["retained"] and effect_key(c["improvements"], c["degradations"]) == best)
 
 
 def accuracy(pred: Sequence[int], records: Sequence[dict], label_field: str) -> dict[str, Any]:

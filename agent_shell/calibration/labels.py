@@ -126,6 +126,11 @@ def retained(improvements: int, degradations: int) -> bool:
     return improvements > degradations or degradations == 0
 
 
+def effect_key(improvements: int, degradations: int) -> tuple[int, int]:
+    """The label rule's sort key of a candidate: improvements minus degradations, then improvements."""
+    return improvements - degradations, improvements
+
+
 def transition_label(scores: Sequence[tuple[bool, tuple]]) -> int:
     """Index of the chosen option among ``len(scores)`` candidates + NO UPDATE (index
     ``len(scores)``): the retained candidate with the largest sort key (ties: the earliest), or
@@ -203,7 +208,7 @@ def label_record(transition: Transition, actors: Mapping[str, ReActAgent], judge
             verdicts[name] = v.to_dict()
             counts[v.effect] += 1
         keep = retained(counts["improvement"], counts["degradation"])
-        effect_scores.append((keep, (counts["improvement"] - counts["degradation"], counts["improvement"])))
+        effect_scores.append((keep, effect_key(counts["improvement"], counts["degradation"])))
         entry = {"experience": experience, "verdicts": verdicts, "improvements": counts["improvement"],
                  "degradations": counts["degradation"], "ties": counts["tie"], "retained": keep}
         if screen is not None:
@@ -317,4 +322,5 @@ def label_counts(records: Sequence[dict]) -> dict[str, Any]:
 
 
 __all__ = ["ContentScreen", "LABEL_SCHEMA", "ROLE", "SCREEN_QUESTION", "Transition", "label_counts", "label_record",
-           "mine_transitions", "pending", "propose", "read_labels", "retained", "run_labels", "transition_label"]
+           "effect_key", "mine_transitions", "pending", "propose", "read_labels", "retained", "run_labels",
+           "transition_label"]

@@ -247,7 +247,7 @@ def evaluation_table(result: dict, title: str) -> Any:
     for name, by_field in result.items():
         for f, acc in by_field.items():
             table.add_row(name, {"label": "effect labels", "content_label": "content screening"}[f], cell(acc["top1"]),
-                          cell(acc["top1_tied"]) if "top1_tied" in acc else "", cell(acc["when"]), cell(acc["what"]))
+                          cell(acc["top1_tied"]), cell(acc["when"]), cell(acc["what"]))
     table.caption = ("top-1: the labelled option; top-1 (ties): any option as good as the label by the label rule "
                      "(the label takes the earliest of tied candidates); WHEN: update vs NO UPDATE; WHAT: the same "
                      "experience, among transitions where label and prediction both update; 95% Wilson intervals")
