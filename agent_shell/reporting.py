@@ -258,6 +258,51 @@ def common_games(records: Iterable[dict]) -> tuple[list[dict], int]:
     return [r for r in records if r["task_id"] in shared], len(tasks) - len(shared)
 
 
+@dataclass(frozen=True)
+class RunningTime:
+    """How long a run's episodes kept the run busy (:func:`running_time`).
+
+    Attributes:
+        episodes: episodes with a timing (``finished_at`` and ``wall_s``).
+        busy_s: seconds during which at least one of them was being played (the union of the
+            intervals ``[finished_at - wall_s, finished_at]``): pauses between resumed segments
+            and the workers' start-up (backbone load, expert features, fits) are not counted.
+        span_s: first start to last finish, pauses included.
+        untimed: episodes without ``finished_at`` (written before it was recorded).
+    """
+
+    episodes: int
+    busy_s: float
+    span_s: float
+    untimed: int
+
+    @property
+    def per_hour(self) -> float:
+        """Episodes per hour of ``busy_s`` (nan when nothing was timed)."""
+        return 3600.0 * self.episodes / self.busy_s if self.busy_s > 0 else math.nan
+
+
+def running_time(records: Iterable[dict]) -> RunningTime:
+    """The running time of ``records`` (results lines of one or several runs): the union of their
+    episodes' wall-time intervals, so episodes played at once on several workers count once and a
+    run resumed in segments counts only its segments."""
+    intervals, untimed = [], 0
+    for r in records:
+        end, wall = r.get("finished_at"), r.get("wall_s")
+        if end is None or wall is None:
+            untimed += 1
+            continue
+        intervals.append((float(end) - float(wall), float(end)))
+    intervals.sort()
+    busy, reach = 0.0, -math.inf
+    for lo, hi in intervals:
+        if hi > reach:
+            busy += hi - max(lo, reach)
+            reach = hi
+    span = reach - intervals[0][0] if intervals else 0.0
+    return RunningTime(len(intervals), busy, span, untimed)
+
+
 def _markdown(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     """A Markdown table: the header, its rule, one line per row (a ``|`` in a cell becomes ``/``)."""
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -97,7 +97,10 @@ def trial_record(trial: Trial) -> dict[str, Any]:
 
 def episode_record(agent_name: str, task_id: str, trials: Sequence[Trial], wall_s: float,
                    meta: dict[str, Any]) -> dict[str, Any]:
-    """One results line. Counts add up over trials; loop statistics are the last trial's."""
+    """One results line. Counts add up over trials; loop statistics are the last trial's;
+    ``wall_s`` is the episode's wall time (s) and ``finished_at`` its end (Unix time, s, the
+    clock of the process that played it): together they give a run's running time
+    (:func:`agent_shell.reporting.running_time`)."""
     records = [trial_record(t) for t in trials]
     last = records[-1]
     steps = sum(r["steps"] for r in records)
@@ -124,6 +127,7 @@ def episode_record(agent_name: str, task_id: str, trials: Sequence[Trial], wall_
         "longest_cycle": last["longest_cycle"],
         "wall_s": round(wall_s, 3),
         "s_per_step": round(wall_s / steps, 4) if steps else None,
+        "finished_at": round(time.time(), 1),
         **meta,
         "trials": records,
     }
@@ -142,7 +146,7 @@ def error_record(agent_name: str, task_id: str, task_type: str, trials: Sequence
                   "env_steps": 0, "budget": budget, "n_trials": 0, "n_candidates": [], "format_errors": 0,
                   "reviews": 0, "experiences": 0, "seconds": {}, "distinct_actions": 0,
                   "longest_cycle": longest_repeat_cycle([]), "wall_s": round(wall_s, 3), "s_per_step": None,
-                  **meta, "trials": []}
+                  "finished_at": round(time.time(), 1), **meta, "trials": []}
     last = trials[-1].episode.steps if trials else []
     record.update(task_type=task_type, success=False,
                   error={"type": type(err).__name__, "message": one_line(err), "trial": max(len(trials), 1),

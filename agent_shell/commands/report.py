@@ -34,7 +34,7 @@ def report(results, chart_path, markdown_path, paired, common_games) -> None:
     """Summarise RESULTS (JSONL files written by `cb-agent run`)."""
 
     from agent_shell.reporting import (bar_chart, describe_run, differing_settings, markdown_table, paired_comparisons,
-                                       pairs_markdown, pairs_table, rich_table, summarize)
+                                       pairs_markdown, pairs_table, rich_table, running_time, summarize)
     from agent_shell.reporting import common_games as keep_common_games
     from agent_shell.runner import read_results
 
@@ -67,6 +67,15 @@ def report(results, chart_path, markdown_path, paired, common_games) -> None:
             console.print(pairs_table(pairs, title=f"{title}: same games, agent against agent"))
         else:
             console.print("--paired: the results hold one agent only, nothing to pair", markup=False)
+    timing = running_time(records)
+    timing_line = ""
+    if timing.episodes:
+        timing_line = (f"running time: {timing.episodes} episodes in {timing.busy_s / 3600:.2f} h while any episode "
+                       f"ran ({timing.per_hour:.1f} episodes per hour; first start to last finish "
+                       f"{timing.span_s / 3600:.2f} h)")
+        if timing.untimed:
+            timing_line += f"; {timing.untimed} older episodes carry no finish time"
+        console.print(timing_line, markup=False)
     if markdown_path:
         note = f" (settings differ: {', '.join(differing)})" if differing else ""
         if common_games:
@@ -74,6 +83,8 @@ def report(results, chart_path, markdown_path, paired, common_games) -> None:
         text = f"{title}: success per task type{note}\n\n{markdown_table(rows)}"
         if pairs:
             text += f"\nSame games, agent against agent (exact sign test on the discordant games)\n\n{pairs_markdown(pairs)}"
+        if timing_line:
+            text += f"\n{timing_line[0].upper()}{timing_line[1:]}.\n"
         Path(markdown_path).write_text(text)
         click.echo(f"markdown: {markdown_path}")
     default_chart = Path(results[0]).with_suffix(".png") if len(results) == 1 else Path("report.png")

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from agent_shell.lm.decoding import check_generation, decode, eos_ids, sampler
+from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, decode, eos_ids, sampler
 from agent_shell.lm.dtypes import default_device, resolve_dtype
 from agent_shell.lm.formatting import PLAIN, Formatter, templated
 from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache, restore, snapshot
@@ -52,15 +52,22 @@ class HFLanguageModel:
         reuse_cache: keep the last context's KV cache and reuse its common prefix next call, and
             keep pinned prompt heads (:meth:`pin_prefix`).
         max_heads: how many pinned heads are kept (least recently used dropped first).
+        draft_tokens: greedy single replies are verified in drafts of at most this many tokens
+            looked up in the prompt (:mod:`agent_shell.lm.decoding`); 0 decodes one token per pass.
 
     Raises:
-        ValueError: unknown candidate layout, no LM head, or an unknown context window.
+        ValueError: unknown candidate layout, no LM head, an unknown context window, or negative
+            ``draft_tokens``.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, name: str, max_context_tokens: int | None = None,
-                 candidate_layout: str = "packed", reuse_cache: bool = True, max_heads: int = 16) -> None:
+                 candidate_layout: str = "packed", reuse_cache: bool = True, max_heads: int = 16,
+                 draft_tokens: int = DRAFT_TOKENS) -> None:
         if candidate_layout not in CANDIDATE_LAYOUTS:
             raise ValueError(f"candidate_layout={candidate_layout!r} is not one of {CANDIDATE_LAYOUTS}")
+        if draft_tokens < 0:
+            raise ValueError(f"draft_tokens={draft_tokens} is negative")
+        self.draft_tokens = int(draft_tokens)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -327,7 +334,8 @@ class HFLanguageModel:
         out = self.cache.encode(cache, ids, start, self._forward)
         prompt_kv = snapshot(cache) if self.cache.reusable(cache) else None
         texts = decode(self._forward, self.tokenizer, self._eos_ids, cache, out.logits[:, -1].float(), len(ids), rows,
-                       budget, stop, temperature, generator, self.device)
+                       budget, stop, temperature, generator, self.device, prompt_ids=ids,
+                       draft_tokens=self.draft_tokens)
         if prompt_kv is not None:
             restore(cache, prompt_kv)
             self.cache.keep(cache, ids)

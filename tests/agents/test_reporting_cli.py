@@ -479,3 +479,27 @@ def test_report_common_games_tabulates_the_shared_games_only(tmp_path):
     assert "2 games finished by every agent, 8 left out" in res.output
     text = (tmp_path / "r.md").read_text()
     assert "8 left out" in text and "| cb-agent | all | **1/2** |" in text and "| cb-agent (causal) | all | **0/2** |" in text
+
+
+def test_running_time_counts_concurrent_episodes_once_and_skips_pauses():
+    from agent_shell.reporting import running_time
+
+    recs = [{"finished_at": 110.0, "wall_s": 10.0}, {"finished_at": 115.0, "wall_s": 10.0},  # two workers: 100-115
+            {"finished_at": 112.0, "wall_s": 1.0},  # inside the two above
+            {"finished_at": 1030.0, "wall_s": 30.0},  # a resumed segment after a pause
+            {"wall_s": 5.0}]  # an older line without finished_at
+    t = running_time(recs)
+    assert (t.episodes, t.busy_s, t.span_s, t.untimed) == (4, 45.0, 930.0, 1)
+    assert t.per_hour == pytest.approx(4 * 3600 / 45)
+    assert math.isnan(running_time([{"wall_s": 1.0}]).per_hour)
+
+
+def test_report_states_the_running_time(tmp_path):
+    path = tmp_path / "r.jsonl"
+    recs = [{**game("react", f"t/{i}", False), "finished_at": 1000.0 + 60 * i, "wall_s": 60.0} for i in range(3)]
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    res = CliRunner().invoke(main, ["report", str(path), "--markdown", str(tmp_path / "r.md"),
+                                    "--chart", str(tmp_path / "c.png")])
+    assert res.exit_code == 0, res.output
+    line = "3 episodes in 0.05 h while any episode ran (60.0 episodes per hour"
+    assert line in res.output and line in (tmp_path / "r.md").read_text()

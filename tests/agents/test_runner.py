@@ -57,6 +57,7 @@ def looping_lm():
 
 def test_records_hold_counts_loop_statistics_and_the_trajectory(tmp_path):
     out = tmp_path / "results.jsonl"
+    before = time.time()
     summary = run_episodes(ScriptedEnv(), build_agent("react", looping_lm(), DEMOS), ["a/1"], out, max_steps=8,
                            meta={"env": "scripted"})
     (rec,) = read_results(out)
@@ -67,6 +68,7 @@ def test_records_hold_counts_loop_statistics_and_the_trajectory(tmp_path):
     assert rec["distinct_actions"] == 2 and rec["env"] == "scripted" and rec["n_trials"] == 1
     assert len(rec["trials"][0]["trajectory"]["steps"]) == 8
     assert not (tmp_path / "results.jsonl.partial").exists()  # no state left behind, not even empty folders
+    assert before - 0.1 <= rec["finished_at"] - rec["wall_s"] <= rec["finished_at"] <= time.time() + 0.1
 
 
 def test_no_resume_refuses_to_duplicate(tmp_path):
@@ -118,7 +120,7 @@ class InterruptingLM(FakeLM):
 def untimed(value):
     """A record without its wall-clock fields (which differ between runs)."""
     if isinstance(value, dict):
-        return {k: untimed(v) for k, v in value.items() if k not in ("wall_s", "s_per_step", "seconds")}
+        return {k: untimed(v) for k, v in value.items() if k not in ("wall_s", "s_per_step", "seconds", "finished_at")}
     if isinstance(value, list):
         return [untimed(v) for v in value]
     return value

@@ -90,9 +90,12 @@ def test_routing_speed_tiny(tmp_path, capsys):
     out = tmp_path / "routing.json"
     assert load("routing_speed").main([str(results), "--tiny", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert data["calls"] == 3 and data["same_step_kind"] == "3/3"
-    assert len(data["all_seconds"]["full"]) == len(data["all_seconds"]["peek"]) == 3
+    assert data["calls"] == 3 and data["same_step_kind"] == "3/3" and data["same_reply_with_drafts"] == "3/3"
+    assert [len(data["all_seconds"][m]) for m in ("full", "full-plain", "peek")] == [3, 3, 3]
     assert data["speedup_median"] == data["full_median_s"] / data["peek_median_s"]
+    assert data["draft_speedup_median"] == data["full_plain_median_s"] / data["full_median_s"]
+    passes = data["passes_per_call"]
+    assert 1 <= passes["full"] <= passes["full-plain"]
 
 
 @pytest.mark.slow

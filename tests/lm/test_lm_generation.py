@@ -49,7 +49,7 @@ def test_stop_strings_cut_the_reply(fresh):
 
 
 def test_prompt_cache_reuse_is_exact(fresh, lm32):
-    lm = fresh()
+    lm = fresh(draft_tokens=0)  # one token per pass (drafts: the test below)
     (first,) = lm.generate(PROMPT, max_new_tokens=8)
     longer = PROMPT + first + "\nOK.\n> go to fridge 1\nThe fridge 1 is closed.\n> think: Now I"
     passes = []
@@ -95,3 +95,53 @@ def test_no_forward_records_an_autograd_graph(fresh):
     assert len(modes) >= 5 and all(modes)
     kept = [t for layer in lm.cache.cache.layers for t in (layer.keys, layer.values)]
     assert kept and not any(t.requires_grad for t in kept)
+
+
+TRANSCRIPT = (
+    "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a cabinet 2, a "
+    "countertop 1, a fridge 1 and a microwave 1.\nYour task is to: cool some apple and put it in countertop.\n"
+    "> go to countertop 1\nOn the countertop 1, you see a apple 1 and a bread 1.\n> take apple 1 from countertop 1\n"
+    "You pick up the apple 1 from the countertop 1.\n> go to fridge 1\nThe fridge 1 is closed.\n> open fridge 1\n"
+    "You open the fridge 1. The fridge 1 is open. In it, you see nothing.\n> cool apple 1 with fridge 1\n"
+    "You cool the apple 1 using the fridge 1.\n> go to countertop 1\nOn the countertop 1, you see a bread 1.\n>"
+)
+
+
+def counting(lm):
+    passes: list[int] = []
+    inner = lm._forward
+    lm._forward = lambda input_ids, cache, **kw: passes.append(input_ids.shape[1]) or inner(input_ids, cache, **kw)
+    return passes
+
+
+@pytest.mark.parametrize("prompt, budget, stop", [(TRANSCRIPT, 12, ("\n",)), (TRANSCRIPT, 30, ()),
+                                                  (PROMPT, 16, ()), (TRANSCRIPT + " put", 1, ())])
+def test_prompt_lookup_drafts_give_the_greedy_reply_in_fewer_passes(fresh, lm32, prompt, budget, stop):
+    drafted, plain = fresh(), fresh(draft_tokens=0)
+    passes, plain_passes = counting(drafted), counting(plain)
+    (got,) = drafted.generate(prompt, max_new_tokens=budget, stop=stop)
+    (want,) = plain.generate(prompt, max_new_tokens=budget, stop=stop)
+    assert got == want
+    if not stop:
+        assert got == hf_greedy(lm32, prompt, budget)
+    assert len(passes) <= len(plain_passes)
+    if prompt.startswith(TRANSCRIPT) and budget > 1:  # the transcript repeats itself: drafts are accepted
+        assert len(passes) < len(plain_passes) and max(passes[1:]) > 1
+    # the cache keeps the prompt (and scoring after it stays exact)
+    assert len(drafted.cache.ids) == len(drafted.encode(prompt))
+    after = drafted.score(prompt, ["open fridge 1", "put apple 1 in/on countertop 1"], " ")
+    ref = fresh(reuse_cache=False).score(prompt, ["open fridge 1", "put apple 1 in/on countertop 1"], " ")
+    assert abs(after.log_q - ref.log_q).max() < 1e-4
+
+
+def test_lookup_draft_follows_the_latest_occurrence_of_the_longest_tail():
+    from agent_shell.lm.decoding import lookup_draft
+
+    assert lookup_draft([1, 2, 3, 9, 2, 3, 7, 5, 1, 2, 3]) == [9, 2, 3, 7, 5, 1, 2, 3][:8]  # 3-gram [1, 2, 3]
+    assert lookup_draft([5, 2, 3, 8, 4, 2, 3, 6, 1, 2, 3], k=2) == [6, 1]  # latest [2, 3], 2 tokens
+    assert lookup_draft([4, 3, 7, 7, 9, 3]) == [7, 7, 9, 3]  # only the 1-gram [3] occurs before
+    assert lookup_draft([1, 2, 3]) == [] and lookup_draft([1]) == [] and lookup_draft([1, 1], k=0) == []
+    assert lookup_draft([1, 1]) == [1]
+    with pytest.raises(ValueError, match="draft_tokens=-1"):
+        from agent_shell.lm.hf import HFLanguageModel
+        HFLanguageModel(object(), None, name="x", draft_tokens=-1)
