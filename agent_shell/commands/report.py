@@ -69,7 +69,7 @@ def report(results, chart_path, markdown_path, paired, common_games) -> None:
             console.print("--paired: the results hold one agent only, nothing to pair", markup=False)
     timing = running_time(records)
     timing_line = ""
-    if timing.episodes:
+    if timing.busy_s > 0:
         timing_line = (f"running time: {timing.episodes} episodes in {timing.busy_s / 3600:.2f} h while any episode "
                        f"ran ({timing.per_hour:.1f} episodes per hour; first start to last finish "
                        f"{timing.span_s / 3600:.2f} h)")

@@ -15,8 +15,10 @@ date on its own stream (only new tokens encoded), then all replies are decoded t
 forward pass feeds one token per row, over keys and values that are each row's prompt
 (right-padded to the longest, masked) followed by the tokens the rows generated so far. Each
 row keeps its own budget, stop strings, temperature and seeded generator, so the replies are
-those of one :meth:`HFLanguageModel.generate` call per request (greedy: the same text; sampled:
-the same draws of the same seed, up to float rounding of the probabilities).
+those of one :meth:`HFLanguageModel.generate` call per request (greedy: the same text, up to
+float rounding: a single call verifies prompt-lookup drafts several tokens a pass, these rows go
+one token a pass, and in bfloat16 a near tie can go either way; sampled: the same draws of the
+same seed, up to float rounding of the probabilities).
 
 Must not import the agents or the environments.
 """

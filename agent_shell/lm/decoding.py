@@ -115,8 +115,9 @@ def decode(forward: Forward, tokenizer: Any, stop_ids: frozenset[int], cache: An
 
     With ``prompt_ids`` (the prompt's ``length`` token ids), a greedy single reply (``rows == 1``,
     ``temperature == 0``) is decoded with prompt-lookup drafts of at most ``draft_tokens``
-    tokens (see the module docstring); the cache then holds the prompt and the reply's tokens
-    but the last, as without drafts."""
+    tokens (see the module docstring), which needs a cache that :func:`restore` can cut back
+    (:func:`agent_shell.lm.kv_cache.truncatable`). Either way the cache holds more than the
+    prompt afterwards: the caller restores the prompt's keys and values."""
     if prompt_ids is not None and rows == 1 and temperature <= 0 and draft_tokens > 0:
         return [_decode_with_drafts(forward, tokenizer, stop_ids, cache, logits, list(prompt_ids), budget, stop,
                                     draft_tokens, device)]

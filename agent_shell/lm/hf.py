@@ -32,7 +32,7 @@ import torch
 from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, decode, eos_ids, sampler
 from agent_shell.lm.dtypes import default_device, resolve_dtype
 from agent_shell.lm.formatting import PLAIN, Formatter, templated
-from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache, restore, snapshot
+from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache, restore, snapshot, truncatable
 from agent_shell.lm.protocol import CandidateScores, Context, check_candidates
 from agent_shell.lm.scoring import (CANDIDATE_LAYOUTS, action_positions, captured_output, pool_states, score_batched,
                                     score_packed)
@@ -53,7 +53,8 @@ class HFLanguageModel:
             keep pinned prompt heads (:meth:`pin_prefix`).
         max_heads: how many pinned heads are kept (least recently used dropped first).
         draft_tokens: greedy single replies are verified in drafts of at most this many tokens
-            looked up in the prompt (:mod:`agent_shell.lm.decoding`); 0 decodes one token per pass.
+            looked up in the prompt (:mod:`agent_shell.lm.decoding`); 0 decodes one token per pass,
+            as do models whose cache cannot be cut back (sliding-window or linear-attention layers).
 
     Raises:
         ValueError: unknown candidate layout, no LM head, an unknown context window, or negative
@@ -335,7 +336,7 @@ class HFLanguageModel:
         prompt_kv = snapshot(cache) if self.cache.reusable(cache) else None
         texts = decode(self._forward, self.tokenizer, self._eos_ids, cache, out.logits[:, -1].float(), len(ids), rows,
                        budget, stop, temperature, generator, self.device, prompt_ids=ids,
-                       draft_tokens=self.draft_tokens)
+                       draft_tokens=self.draft_tokens if truncatable(cache) else 0)  # drafts cut the cache
         if prompt_kv is not None:
             restore(cache, prompt_kv)
             self.cache.keep(cache, ids)

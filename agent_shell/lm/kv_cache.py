@@ -110,6 +110,14 @@ class HeadStore:
         return best_len, best
 
 
+def truncatable(cache: Any) -> bool:
+    """Whether every layer of ``cache`` is a plain full-attention layer (transformers'
+    ``DynamicLayer``), whose keys and values :func:`restore` can cut to a shorter prefix; a
+    sliding-window or linear-attention layer cannot be rolled back."""
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
+
+
 class PrefixCache:
     """The stored prefix cache of one backend view: the token ids it covers and the cache (batch 1),
     beside the pinned heads it shares with its forks.
@@ -137,8 +145,7 @@ class PrefixCache:
 
     def reusable(self, cache: Any) -> bool:
         """Only plain full-attention layers can be truncated to a shorter prefix."""
-        layers = getattr(cache, "layers", None)
-        return bool(self.reuse and layers) and all(type(l).__name__ == "DynamicLayer" for l in layers)
+        return self.reuse and truncatable(cache)
 
     def keep(self, cache: Any, ids: Sequence[int]) -> None:
         """Store ``cache`` as covering exactly ``ids``."""
