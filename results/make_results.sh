@@ -74,7 +74,7 @@ table4_closed_loop() {  # Table 4's closed loop: CB-Agent on Table 1's games wit
     files+=("$out/results.jsonl")
     gzip -c "$out/results.jsonl" > "results/table4_closed_loop_k$k.results.jsonl.gz"
   done
-  "$CB" report "${files[@]}" --paired --markdown results/table4_closed_loop.md \
+  "$CB" report "${files[@]}" --paired --common-games --markdown results/table4_closed_loop.md \
     --chart results/table4_closed_loop.png
 }
 
@@ -82,6 +82,15 @@ table1() {  # ALFWorld valid_unseen, budget 50; grown one game per type at a tim
             # results), or all 134 games in one run (ALF_PER_TYPE=0, on $WORKERS Ray workers)
   grown --agent react --agent prior-only --agent cb-agent --out-dir "$RUNS/alfworld" --workers "$WORKERS"
   finish "$RUNS/alfworld/results.jsonl" table1_alfworld
+}
+
+table1_bf16() {  # Table 1 again in bfloat16 (this CPU's --dtype auto), all 134 games on $WORKERS workers: the
+                 # other dtype's results, and issue 17's timing of the whole table (report's running time)
+  "$CB" run --env alfworld --dtype bfloat16 --agent react --agent prior-only --agent cb-agent --all-games \
+    --max-steps "$ALF_BUDGET" --out-dir "$RUNS/alfworld-bf16" --resume --workers "$WORKERS"
+  finish "$RUNS/alfworld-bf16/results.jsonl" table1_alfworld_bf16
+  "$CB" report "$RUNS/alfworld/results.jsonl" "$RUNS/alfworld-bf16/results.jsonl" --paired --common-games \
+    --markdown results/table1_alfworld_dtypes.md --chart results/table1_alfworld_dtypes.png
 }
 
 table1_reflexion() {  # the Reflexion rows of Table 1 (two trials each)
@@ -115,7 +124,7 @@ ical() {  # issue 14: ICAL memory from 30 corrupted expert trajectories (anchore
   gzip -c "$mem/examples.jsonl" > results/ical_memory_examples.jsonl.gz
   finish "$RUNS/alfworld-ical-actions/results.jsonl" ical_alfworld_actions
   finish "$RUNS/alfworld-ical-notes/results.jsonl" ical_alfworld_notes
-  "$CB" report "$RUNS/alfworld/results.jsonl" "$RUNS/alfworld-ical-actions/results.jsonl" --paired \
+  "$CB" report "$RUNS/alfworld/results.jsonl" "$RUNS/alfworld-ical-actions/results.jsonl" --paired --common-games \
     --markdown results/ical_alfworld_combined.md --chart results/ical_alfworld_combined.png
 }
 
@@ -184,11 +193,11 @@ calibration() {  # issue 15: labels from ReAct / prior-only runs on training gam
 }
 
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && { echo "usage: $0 figure|table1|table1_reflexion|table1_features|table2|table3|table4|ical|calibration|table4_closed_loop|all ..." >&2; exit 2; }
+[ ${#targets[@]} -eq 0 ] && { echo "usage: $0 figure|table1|table1_bf16|table1_reflexion|table1_features|table2|table3|table4|ical|calibration|table4_closed_loop|all ..." >&2; exit 2; }
 for target in "${targets[@]}"; do
   case "$target" in
     all) figure; table4; table3; table1; table1_reflexion; table2 ;;
-    figure|table1|table1_reflexion|table1_features|table2|table3|table4|table4_closed_loop|ical|calibration) "$target" ;;
+    figure|table1|table1_bf16|table1_reflexion|table1_features|table2|table3|table4|table4_closed_loop|ical|calibration) "$target" ;;
     *) echo "unknown target $target" >&2; exit 2 ;;
   esac
 done

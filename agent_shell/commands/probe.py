@@ -20,7 +20,8 @@ from agent_shell.run_config import RunConfig
 @click.command()
 @click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--history", "renderings", type=click.Choice(list(RENDERING_NAMES)), multiple=True,
-              default=RENDERING_NAMES, show_default=True, help="Rendering(s) to probe (repeatable).")
+              help="Rendering(s) to probe (repeatable); default: every rendering, the calibrator's only with "
+                   "--calibrator.")
 @click.option("--actor", "actors", type=click.Choice(ACTORS), multiple=True, default=("react", "prior-only"),
               show_default=True, help="Actor(s) (repeatable); cb-agent fits concepts per rendering.")
 @click.option("--max-items", type=click.IntRange(min=0), default=30, show_default=True,
@@ -36,6 +37,8 @@ def probe(results, renderings, actors, max_items, out, resume, config: RunConfig
     from agent_shell import studies
 
     console = make_console()
+    if not renderings:
+        renderings = tuple(r for r in RENDERING_NAMES if r != "calibrator" or config.calibrator is not None)
     if "calibrator" in renderings and config.calibrator is None:
         raise click.UsageError("--history calibrator needs --calibrator FILE (cb-agent calibrate fit)")
     renderings, actors = tuple(dict.fromkeys(renderings)), tuple(dict.fromkeys(actors))

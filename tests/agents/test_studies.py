@@ -374,3 +374,14 @@ def test_probe_and_recover_commands(tmp_path, doubles, monkeypatch):
     assert again.exit_code == 1 and "--resume" in again.output, again.output
     resumed = CliRunner().invoke(main, args + ["--resume"])
     assert resumed.exit_code == 0 and "0 lines written, 2 already" in resumed.output, resumed.output
+
+
+def test_probe_defaults_to_every_rendering_but_the_calibrator_without_its_file(tmp_path, doubles):
+    results = write_results(tmp_path / "r.jsonl", [trajectory(MINED)])
+    out = tmp_path / "probe.jsonl"
+    res = CliRunner().invoke(main, ["probe", str(results), "--actor", "react", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    probed = {r["rendering"] for r in studies.read_study(out, "probe")}
+    assert probed == set(RENDERING_NAMES) - {"calibrator"} and len(probed) == len(RENDERING_NAMES) - 1
+    refused = CliRunner().invoke(main, ["probe", str(results), "--history", "calibrator", "--out", str(tmp_path / "c")])
+    assert refused.exit_code == 2 and "--calibrator FILE" in refused.output
