@@ -159,16 +159,19 @@ def _decode_with_drafts(forward: Forward, tokenizer: Any, stop_ids: frozenset[in
     from agent_shell.lm.kv_cache import restore, snapshot
 
     new: list[int] = []
-    emitted = 0
-    while True:
-        nxt = int(logits.argmax(dim=-1)[0])
-        done, text = extend_reply(new, nxt, stop_ids, stop, tokenizer)
-        emitted += 1
-        if done or emitted == budget:
+
+    def emit(token: int) -> str | None:
+        """Add greedy's ``token`` to the reply: the reply's text once it is finished, else None."""
+        done, text = extend_reply(new, token, stop_ids, stop, tokenizer)
+        if done or len(new) == budget:  # until then every emitted token is in ``new``
             return text if text is not None else tokenizer.decode(new, skip_special_tokens=True)
+        return None
+
+    nxt = int(logits.argmax(dim=-1)[0])
+    while (reply := emit(nxt)) is None:
         cached = len(ids)  # tokens in the cache; nxt is not yet among them
         ids.append(nxt)
-        draft = lookup_draft(ids, k=min(draft_tokens, budget - emitted - 1))
+        draft = lookup_draft(ids, k=min(draft_tokens, budget - len(new) - 1))
         if stop:  # the reply ends at a stop string: verifying tokens after it would be wasted work
             draft = draft[:next((i + 1 for i, t in enumerate(draft) if _holds_stop(tokenizer, t, stop)), len(draft))]
         feed = torch.tensor([[nxt, *draft]], device=device)
@@ -179,14 +182,13 @@ def _decode_with_drafts(forward: Forward, tokenizer: Any, stop_ids: frozenset[in
         while accepted < len(draft) and greedy[accepted] == draft[accepted]:
             accepted += 1
         for token in draft[:accepted]:  # greedy decoding would have chosen these, one by one
-            done, text = extend_reply(new, token, stop_ids, stop, tokenizer)
-            emitted += 1
-            if done or emitted == budget:
-                return text if text is not None else tokenizer.decode(new, skip_special_tokens=True)
+            if (reply := emit(token)) is not None:
+                return reply
             ids.append(token)
         if accepted < len(draft):  # drop the rejected draft tokens' keys and values
             restore(cache, snapshot(cache), cached + 1 + accepted)
-        logits = out.logits[:, accepted].float()
+        nxt = greedy[accepted]
+    return reply
 
 
 __all__ = ["DRAFT_TOKENS", "check_generation", "decode", "eos_ids", "extend_reply", "lookup_draft", "sampler"]

@@ -18,6 +18,14 @@ def hf_greedy(lm, prompt: str, max_new_tokens: int) -> str:
     return lm.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
+def counting(lm):
+    """The token counts of ``lm``'s forward passes from now on (a list that grows)."""
+    passes: list[int] = []
+    inner = lm._forward
+    lm._forward = lambda input_ids, cache, **kw: passes.append(input_ids.shape[1]) or inner(input_ids, cache, **kw)
+    return passes
+
+
 def test_greedy_matches_transformers_generate(fresh, lm32):
     lm = fresh()
     got = lm.generate(PROMPT, max_new_tokens=12)
@@ -52,11 +60,8 @@ def test_prompt_cache_reuse_is_exact(fresh, lm32):
     lm = fresh(draft_tokens=0)  # one token per pass (drafts: the test below)
     (first,) = lm.generate(PROMPT, max_new_tokens=8)
     longer = PROMPT + first + "\nOK.\n> go to fridge 1\nThe fridge 1 is closed.\n> think: Now I"
-    passes = []
-    inner = lm._forward
-    lm._forward = lambda input_ids, cache, **kw: passes.append(input_ids.shape[1]) or inner(input_ids, cache, **kw)
+    passes = counting(lm)
     (reused,) = lm.generate(longer, max_new_tokens=8)
-    lm._forward = inner
     # the prompt's new tokens in one pass (it gives the first reply token), then one pass per token
     assert passes[0] < len(lm.encode(longer)) // 2 and passes[1:] == [1] * (len(passes) - 1) and len(passes) <= 8
     assert len(lm.cache.ids) == len(lm.encode(longer))
@@ -105,13 +110,6 @@ TRANSCRIPT = (
     "You open the fridge 1. The fridge 1 is open. In it, you see nothing.\n> cool apple 1 with fridge 1\n"
     "You cool the apple 1 using the fridge 1.\n> go to countertop 1\nOn the countertop 1, you see a bread 1.\n>"
 )
-
-
-def counting(lm):
-    passes: list[int] = []
-    inner = lm._forward
-    lm._forward = lambda input_ids, cache, **kw: passes.append(input_ids.shape[1]) or inner(input_ids, cache, **kw)
-    return passes
 
 
 @pytest.mark.parametrize("prompt, budget, stop", [(TRANSCRIPT, 12, ("\n",)), (TRANSCRIPT, 30, ()),
