@@ -73,6 +73,8 @@ class TypeFeatures:
         skipped_actions: expert actions that were no fitting target (filtered out), counted.
         lm_seconds: time spent on features in this call, LM scoring and other blocks (0 when all
             came from the cache).
+        max_candidates: the cap on each decision's candidate set (0: none; see
+            :func:`collect_features`).
     """
 
     task_type: str
@@ -85,6 +87,7 @@ class TypeFeatures:
     n_env_steps: int = 0
     skipped_actions: Counter = field(default_factory=Counter)
     lm_seconds: float = 0.0
+    max_candidates: int = 0
 
     @property
     def n_decisions(self) -> int:
@@ -105,9 +108,11 @@ class TypeFeatures:
 
 
 def decision_inputs(trajectory: Trajectory, rendering: str = "raw", layout: str = "text",
-                    experiences: dict[int, str] | None = None) -> tuple[list[tuple[DecisionInput, int]], Counter]:
+                    experiences: dict[int, str] | None = None,
+                    max_candidates: int = 0) -> tuple[list[tuple[DecisionInput, int]], Counter]:
     """(decision as the feature extractors see it, expert index) per fitting decision, and the
-    skipped expert actions.
+    skipped expert actions; ``max_candidates`` (0: all) caps each candidate set, the expert's
+    action kept (:func:`agent_shell.expert_decisions.capped_candidates`).
 
     Contexts are :func:`agent_shell.context.scoring_context` under ``rendering`` and ``layout``
     (``experiences``: the expert trajectory's reviewed experiences, rendering "experience").
@@ -115,7 +120,8 @@ def decision_inputs(trajectory: Trajectory, rendering: str = "raw", layout: str 
     Raises ValueError (from :func:`agent_shell.expert_decisions.decision_examples`) for an expert
     action outside its saved candidate set.
     """
-    examples, _ = decision_examples(trajectory, candidate_filter=drop_excluded, skip_expert_appended=True)
+    examples, _ = decision_examples(trajectory, candidate_filter=drop_excluded, skip_expert_appended=True,
+                                    max_candidates=max_candidates)
     kept = {e.step_index for e in examples}
     skipped = Counter(s.action for i, s in enumerate(trajectory.steps)
                       if s.kind == "env" and i not in kept)
@@ -127,10 +133,11 @@ def decision_inputs(trajectory: Trajectory, rendering: str = "raw", layout: str 
 
 
 def decision_texts(trajectory: Trajectory, rendering: str = "raw", layout: str = "text",
-                   experiences: dict[int, str] | None = None) -> tuple[list[DecisionText], Counter]:
+                   experiences: dict[int, str] | None = None,
+                   max_candidates: int = 0) -> tuple[list[DecisionText], Counter]:
     """(context, candidates, expert index) per fitting decision, and the skipped expert actions
     (:func:`decision_inputs` without the rest of the decision)."""
-    inputs, skipped = decision_inputs(trajectory, rendering, layout, experiences)
+    inputs, skipped = decision_inputs(trajectory, rendering, layout, experiences, max_candidates)
     return [(d.context, list(d.candidates), e) for d, e in inputs], skipped
 
 
@@ -180,7 +187,7 @@ def trajectory_features(lm: LanguageModel, texts: Sequence[DecisionText], render
 
 
 def features_cached(lm: LanguageModel, trajectory: Trajectory, rendering: str,
-                    cache_dir: str | os.PathLike, layout: str = "text") -> bool:
+                    cache_dir: str | os.PathLike, layout: str = "text", max_candidates: int = 0) -> bool:
     """Whether :func:`collect_features` would read ``trajectory``'s features from ``cache_dir``
     without LM time (a lost trajectory has none to compute: True). Rendering "experience" depends
     on LM reviews of the trajectory and raises ValueError."""
@@ -188,7 +195,7 @@ def features_cached(lm: LanguageModel, trajectory: Trajectory, rendering: str,
         raise ValueError("features_cached cannot tell for rendering 'experience' (it needs LM reviews)")
     if not trajectory.won:
         return True
-    texts, _ = decision_texts(trajectory, rendering, layout)
+    texts, _ = decision_texts(trajectory, rendering, layout, max_candidates=max_candidates)
     return not texts or (Path(cache_dir) / "features" / f"{feature_key(lm, rendering, texts, layout)}.npz").exists()
 
 
@@ -196,8 +203,12 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rend
                      cache_dir: str | os.PathLike | None = None,
                      on_trajectory: Callable[[Trajectory], None] | None = None, layout: str = "text",
                      reviewer: LanguageModel | None = None, calibrator: Any = None,
-                     feature_set: FeatureSet | None = None) -> dict[str, TypeFeatures]:
+                     feature_set: FeatureSet | None = None, max_candidates: int = 0) -> dict[str, TypeFeatures]:
     """Features of every won trajectory, grouped by task type (lost ones are only counted).
+
+    ``max_candidates`` (0: all) caps each decision's candidate set, the expert's action kept
+    (:func:`agent_shell.expert_decisions.capped_candidates`; the cached features' key holds the
+    candidates, so capped and uncapped features never mix).
 
     ``feature_set``: what the concept sees (default the seed's ``lm-hidden``); its blocks are
     computed (or read from the cache) after the LM's scores.
@@ -213,7 +224,7 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rend
     feature_set = feature_set if feature_set is not None else FeatureSet.from_spec()
     by_type: dict[str, TypeFeatures] = {}
     for traj in trajectories:
-        tf = by_type.setdefault(traj.task_type, TypeFeatures(traj.task_type))
+        tf = by_type.setdefault(traj.task_type, TypeFeatures(traj.task_type, max_candidates=max_candidates))
         if not traj.won:
             tf.n_lost += 1
             continue
@@ -225,7 +236,7 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rend
                 raise ValueError("rendering 'calibrator' needs a fitted calibrator to write the experiences")
             experiences = review_trajectory(reviewer if reviewer is not None else lm, traj, cache_dir,
                                             calibrator if rendering == "calibrator" else None)
-        inputs, skipped = decision_inputs(traj, rendering, layout, experiences)
+        inputs, skipped = decision_inputs(traj, rendering, layout, experiences, max_candidates)
         texts = [(d.context, list(d.candidates), e) for d, e in inputs]
         rows, seconds = trajectory_features(lm, texts, rendering, cache_dir, layout)
         if not feature_set.is_default:
@@ -295,6 +306,9 @@ def concepts_dir_key(features: dict[str, TypeFeatures], lm: LanguageModel, rende
              {t: f.task_ids for t, f in sorted(features.items())}]
     if feature_set is not None and not feature_set.is_default:
         parts.append(feature_set.describe(lm))
+    caps = {t: f.max_candidates for t, f in sorted(features.items()) if f.max_candidates}
+    if caps:  # capped candidate sets (uncapped concepts keep their folder's name)
+        parts.append({"max_candidates": caps})
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 

@@ -10,11 +10,12 @@ Imports no LM, no game engine and not cb_core.
 
 from __future__ import annotations
 
+import random
+import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from envs.trajectory import Step, Trajectory
-
 
 
 @dataclass(frozen=True)
@@ -54,12 +55,29 @@ def drop_actions(actions: Iterable[str]) -> Callable[[Sequence[str]], list[str]]
     return candidate_filter
 
 
+def capped_candidates(candidates: Sequence[str], expert: str, limit: int, key: str) -> list[str]:
+    """At most ``limit`` of ``candidates``: the ``expert`` action and ``limit - 1`` others drawn
+    uniformly without replacement, in their original order; all of them when ``limit`` is 0 or not
+    smaller than the set. The draw is seeded by ``key`` (the trajectory and step), so every run,
+    process and machine fits on the same subsets."""
+    if limit <= 0 or len(candidates) <= limit:
+        return list(candidates)
+    others = [i for i, c in enumerate(candidates) if c != expert]
+    chosen = set(random.Random(zlib.crc32(key.encode())).sample(others, limit - 1))
+    return [c for i, c in enumerate(candidates) if c == expert or i in chosen]
+
+
 def decision_examples(
     trajectory: Trajectory,
     candidate_filter: Callable[[Sequence[str]], list[str]] | None = None,
     skip_expert_appended: bool = False,
+    max_candidates: int = 0,
 ) -> tuple[list[DecisionExample], int]:
     """One decision example per environment step of ``trajectory`` (seed Eq. 5).
+
+    ``max_candidates`` (0: no cap) caps each candidate set after filtering, the expert action
+    kept (:func:`capped_candidates`): ScienceWorld's valid action-object combinations run to about
+    1,000 a state, which would cost the concept's fit minutes of LM time per decision.
 
     An expert action that the optional ``candidate_filter`` removed from its set (ALFWorld's
     expert ``look`` steps when look/inventory/help are filtered) yields no example and is counted
@@ -92,6 +110,7 @@ def decision_examples(
         if step.action not in candidates or (skip_expert_appended and step.info.get("expert_appended")):
             skipped += 1
             continue
+        candidates = capped_candidates(candidates, step.action, max_candidates, f"{trajectory.task_id}\0{i}")
         examples.append(
             DecisionExample(
                 task_id=trajectory.task_id,
@@ -107,4 +126,4 @@ def decision_examples(
     return examples, skipped
 
 
-__all__ = ["DecisionExample", "decision_examples", "drop_actions"]
+__all__ = ["DecisionExample", "capped_candidates", "decision_examples", "drop_actions"]

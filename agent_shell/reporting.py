@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 Z95 = 1.959963984540054
 ALL = "all"
 #: The value a record without the field was run with (older records; other missing fields stay None).
-SETTING_DEFAULTS = {"rendering": "raw", "layout": "text", "features": "lm-hidden"}
+SETTING_DEFAULTS = {"rendering": "raw", "layout": "text", "features": "lm-hidden", "fit_candidates": 0}
 CHART_CAPTION = "bars: success rate; labels: won/n; whiskers: 95% Wilson score intervals"
 
 
@@ -100,7 +100,7 @@ def uses_calibrator(record: dict) -> bool:
 
 
 #: Settings of the concept (its fit and what it sees): they do not change an agent without one.
-CONCEPT_SETTINGS = ("features", "lam", "concept_data", "concept_per_type")
+CONCEPT_SETTINGS = ("features", "lam", "concept_data", "concept_per_type", "fit_candidates")
 
 
 def agent_label(record: dict, differing: Sequence[str] = ()) -> str:

@@ -39,6 +39,9 @@ class RunConfig:
         concept_per_type: won expert trajectories per task type the concept is fitted on (the
             first ones of ``demo_split``, a superset or subset of the demonstrations); 0 on input
             means ``demos_per_type``, stored resolved.
+        fit_candidates: cap on each expert decision's candidate set in the concept's fit (the
+            expert's action and a seeded sample of the others; 0: the whole set). ScienceWorld's
+            sets of about 1,000 valid combinations need one (``make_results.sh table2``: 64).
         model: backbone name or folder (None: the offline default).
         dtype: the backbone dtype, resolved by :func:`agent_shell.lm.dtypes.dtype_name`
             (``"auto"`` becomes ``"bfloat16"`` or ``"float32"`` on this machine).
@@ -79,6 +82,7 @@ class RunConfig:
     demo_split: str = "train"
     demos_per_type: int = 2
     concept_per_type: int = 0
+    fit_candidates: int = 0
     model: str | None = None
     dtype: str = "auto"
     rendering: str = "raw"
@@ -108,7 +112,7 @@ class RunConfig:
     #: loaded backbone's name).
     SETTINGS = ("env", "split", "dtype", "seed", "rendering", "layout", "action_space", "demos_per_type",
                 "demo_split", "lam", "gamma", "features", "reflexion_trials", "budget", "demos", "concept_data",
-                "calibrator", "concept_per_type")
+                "calibrator", "concept_per_type", "fit_candidates")
 
     def __post_init__(self) -> None:
         from agent_shell.lm.dtypes import dtype_name
@@ -127,6 +131,9 @@ class RunConfig:
                           ("per_type", 0), ("games", 0), ("workers", 1)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= {low}")
+        if self.fit_candidates in (1,) or self.fit_candidates < 0:
+            raise ValueError(f"fit_candidates={self.fit_candidates} must be 0 (no cap) or >= 2 (a choice "
+                             "needs the expert's action and another)")
         if not self.lam > 0:
             raise ValueError(f"lam={self.lam} must be > 0 (the fit is strongly convex only then)")
         from agent_shell.ical.acting import parse_demos

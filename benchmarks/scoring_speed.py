@@ -12,8 +12,10 @@ the same model and machine:
 * ``backend-batched``: :meth:`HFLanguageModel.score` with ``candidate_layout="batched"``: the
   context encoded once into a KV cache, then the M candidates as right-padded rows over that
   cache (the strongest fair baseline: what a careful implementation without packing does);
-* ``backend``: :meth:`HFLanguageModel.score` (default, packed): context encoded once, all
-  candidates packed into one row with a block-diagonal mask;
+* ``backend``: :meth:`HFLanguageModel.score` with ``candidate_layout="packed"``: context encoded
+  once, all candidates packed into one row with a block-diagonal mask (the default layout,
+  ``"tree"``, also merges shared token prefixes: fewer tokens on real candidate sets, timed
+  against ``packed`` on recorded ALFWorld steps by ``benchmarks/step_cost.py``);
 * ``floor``: one forward over the context followed by all candidates' tokens as a single
   sequence, logits only at the candidate positions: the least compute any exact method needs;
 * ``backend-warm``: not a baseline but the next step of an episode (the previous context, up to

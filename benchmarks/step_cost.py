@@ -11,7 +11,11 @@ routing pass cannot join it: it reads the new tokens again under the demonstrati
 context, so other keys and values). Both are replayed on the same recorded steps (expert
 trajectories of ALFWorld's train split that are not the demonstrations), alternating step by
 step so that both share the load of a busy machine; forward passes per step are counted.
-Target: cb-agent <= 1.5x the floor.
+CB-Agent's step is timed with each candidate layout of :mod:`agent_shell.lm.scoring` (``tree``,
+the default: shared token prefixes encoded once; ``packed``: every candidate's tokens), in
+rotating order, each with its own scoring stream. ``floor_tokens`` counts the step's new tokens
+(the floor's pass); ``tree_nodes`` what the tree layout's scoring pass encodes instead of the
+candidates' tokens. Target: cb-agent <= 1.5x the floor.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/step_cost.py --episodes 3 --steps 10 --dtype float32
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/step_cost.py --tiny        # 1 episode, 3 steps
@@ -38,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="steps replayed per episode")
     parser.add_argument("--demos-per-type", type=int, default=2)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--layouts", default="tree,packed", help="candidate layouts timed side by side")
     parser.add_argument("--tiny", "--smoke", action="store_true", help="1 episode, 3 steps")
     parser.add_argument("--out", default=None, help="write the figures here as JSON")
     args = parser.parse_args(argv)
@@ -52,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     from agent_shell.demos import rendered_demos
     from agent_shell.lm import load_language_model
     from agent_shell.lm.kv_cache import restore, snapshot
+    from agent_shell.lm.scoring import candidate_tree
+    from agent_shell.lm.tokenization import common_prefix_len
     from envs.paths import cache_dir
     from envs.trajectory import read_trajectories
 
@@ -67,16 +74,23 @@ def main(argv: list[str] | None = None) -> int:
 
     lm = load_language_model(None, dtype=args.dtype)
     config = AgentConfig.for_env("alfworld")
-    agent = CBAgent(lm, demos, None, config, scorer=lm.fork())
+    layouts = args.layouts.split(",")
+    scorers = {}
+    for layout in layouts:
+        scorers[layout] = lm.fork()
+        scorers[layout].candidate_layout = layout
+    agent = CBAgent(lm, demos, None, config, scorer=scorers[layouts[0]])
     floor_lm = lm.fork()
     prefix = ctx.action_prefix("text")
     passes = [0]  # forward passes of cb-agent's routing and scoring views
-    for view in (agent.lm, agent.scorer):
+    for view in (agent.lm, *scorers.values()):
         def counted(*a, _forward=view._forward, **kw):
             passes[0] += 1
             return _forward(*a, **kw)
         view._forward = counted
-    cb_s, floor_s, new_tokens, n, cb_passes = 0.0, 0.0, 0, 0, 0
+    cb_s = dict.fromkeys(layouts, 0.0)
+    cb_passes = dict.fromkeys(layouts, 0)
+    floor_s, new_tokens, n, tree_nodes, cand_tokens = 0.0, 0, 0, 0, 0
     for traj in held_out:
         agent.pin_head(traj.task_type)
         env_steps = [i for i, s in enumerate(traj.steps) if s.kind == "env"][:args.steps]
@@ -84,12 +98,21 @@ def main(argv: list[str] | None = None) -> int:
             history = traj.steps[:i]
             scoring = ctx.scoring_context(traj.instruction, traj.observation, history)
             candidates = fixed_action_space(traj.steps[i].candidates)
-            # cb-agent's LM work on this step: routing peek + candidate scoring
+            # cb-agent's LM work on this step: the routing peek (once, counted in every layout's
+            # step) + candidate scoring with each layout (rotating order, each its own stream)
             t, before_passes = time.perf_counter(), passes[0]
             agent.route(ctx.react_prompt(config.header, demos[traj.task_type], scoring, config.task_header))
-            agent.scorer.score(scoring, candidates, prefix)
-            cb_s += time.perf_counter() - t
-            cb_passes += passes[0] - before_passes
+            route_s, route_passes = time.perf_counter() - t, passes[0] - before_passes
+            order = layouts[n % len(layouts):] + layouts[:n % len(layouts)]
+            for layout in order:
+                t, before_passes = time.perf_counter(), passes[0]
+                scorers[layout].score(scoring, candidates, prefix)
+                cb_s[layout] += route_s + time.perf_counter() - t
+                cb_passes[layout] += route_passes + passes[0] - before_passes
+            toks = lm.tokens.continuations(lm.render(scoring, prefix), candidates, False)
+            shared = min(min(t.first for t in toks), min(common_prefix_len(toks[0].ids, t.ids) for t in toks))
+            tree_nodes += len(candidate_tree(toks, shared - 1, "tree").tokens)
+            cand_tokens += sum(len(t.ids) - shared + 1 for t in toks)
             # the floor: one forward over the step's new tokens on the cached earlier context
             before = ctx.scoring_context(traj.instruction, traj.observation, history[:-1]) if history else ""
             old_ids = floor_lm.encode(before) if before else floor_lm.encode("")[:1]
@@ -110,10 +133,16 @@ def main(argv: list[str] | None = None) -> int:
             n += 1
     load = os.getloadavg()
     figures = {"steps": n, "dtype": str(lm.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
-               "cb_agent_s_per_step": cb_s / n, "floor_s_per_step": floor_s / n, "ratio": cb_s / floor_s,
-               "mean_new_tokens_per_step": new_tokens / n, "cb_agent_passes_per_step": cb_passes / n,
-               "floor_passes_per_step": 1, "target_ratio": 1.5,
-               "load_average_1_5_15": [round(x, 2) for x in load]}
+               "floor_s_per_step": floor_s / n, "mean_new_tokens_per_step": new_tokens / n,
+               "mean_candidate_tokens_per_step": cand_tokens / n, "mean_tree_nodes_per_step": tree_nodes / n,
+               "floor_passes_per_step": 1, "target_ratio": 1.5}
+    for layout in layouts:
+        figures[f"cb_agent_{layout}_s_per_step"] = cb_s[layout] / n
+        figures[f"ratio_{layout}_to_floor"] = cb_s[layout] / floor_s
+        figures[f"cb_agent_{layout}_passes_per_step"] = cb_passes[layout] / n
+    for other in layouts[1:]:
+        figures[f"{other}_over_{layouts[0]}"] = cb_s[other] / cb_s[layouts[0]]
+    figures["load_average_1_5_15"] = [round(x, 2) for x in load]
     print(json.dumps(figures, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=1))

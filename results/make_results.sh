@@ -12,7 +12,8 @@
 # targets, default 5 = 30 games; 0 = all 134 in one run), ALF_BUDGET (their step budget, default 50),
 # WORKERS (Table 1's episodes played at once on local Ray workers, default 1; 2 on this 2-core machine),
 # TW_GAMES (Table 3 test games per level, default 10), TW_LEVELS (default custom-1 cooking-1 custom-2 cooking-2),
-# SW_TASKS (Table 2 tasks, default all 30), POOL (figure: trajectories per type sampled from, default 20),
+# SW_TASKS (Table 2 tasks, default all 30), SW_BUDGET (their step budget, default 50), SW_FIT_CANDIDATES (cap on
+# the candidate sets of the concept fit, default 64), POOL (figure: trajectories per type sampled from, default 20),
 # SIZES (Table 4, default 2,5,10,20), SIZES_LOOP (Table 4's closed loop, default 5 10 20), HELDOUT (Table 4 held-out trajectories per type, default 5),
 # ICAL (the ICAL target's folder of noisy inputs and memory, default runs/ical), CAL (the calibration
 # target's folder, default runs/calibration), CAL_PER_TYPE (its training games per type, default 2),
@@ -143,13 +144,15 @@ table3() {  # TextWorld levels: concepts from 2 train walkthroughs per level, di
   finish "$out/results.jsonl" table3_textworld
 }
 
-table2() {  # ScienceWorld: one test variation of each task, open action space (20 sampled replies, T = 0.7)
+table2() {  # ScienceWorld: one test variation of each task, open action space (20 sampled replies, T = 0.7);
+            # the concept's fit sees the expert's action and 63 sampled others of the ~1,000 valid combinations
   local tasks out="$RUNS/scienceworld" t
   tasks=$("$CB" tasks --env scienceworld --split test | awk -F/ '!seen[$1]++' | head -n "${SW_TASKS:-30}")
   local args=()
   for t in $tasks; do args+=(--game "$t"); done
   "$CB" run --env scienceworld --split test "${COMMON[@]}" --agent react --agent prior-only --agent cb-agent \
-    --action-space open "${args[@]}" --max-steps 50 --out-dir "$out" --resume
+    --action-space open "${args[@]}" --max-steps "${SW_BUDGET:-50}" --fit-candidates "${SW_FIT_CANDIDATES:-64}" \
+    --out-dir "$out" --resume --workers "$WORKERS"
   finish "$out/results.jsonl" table2_scienceworld
 }
 

@@ -100,6 +100,10 @@ RUN_OPTIONS = {
                                      help="Won expert trajectories per task type that the concept is fitted on "
                                           "(the first of --demo-split, as the demonstrations); 0 = --demos-per-type. "
                                           "The ReAct demonstrations stay --demos-per-type (the scorer sees none)."),
+    "fit_candidates": click.option("--fit-candidates", type=click.IntRange(min=0), default=0, show_default=True,
+                                   help="Cap each expert decision's candidate set in the concept's fit at this many "
+                                        "(the expert's action and a seeded sample of the others); 0 = no cap. "
+                                        "ScienceWorld's ~1,000 valid combinations a state need one (e.g. 64)."),
     "concept_data": click.option("--concept-data", type=click.Choice(["expert", "ical"]), default="expert",
                                  show_default=True, help="CB-Agent's concept fitting data: the expert demonstrations, "
                                  "or the won ICAL examples of the --demos memory (with their thoughts)."),
@@ -279,7 +283,8 @@ def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: li
         echo(f"features {len(done)}/{len(trajectories)}: {traj.task_id}")
 
     features = collect_features(lm, trajectories, config.rendering, cache_dir=cache, on_trajectory=on_trajectory,
-                                layout=config.layout, feature_set=config.feature_set, calibrator=calibrator)
+                                layout=config.layout, feature_set=config.feature_set, calibrator=calibrator,
+                                max_candidates=config.fit_candidates)
     timings["features_s"] = time.perf_counter() - t
     timings["features_lm_s"] = sum(f.lm_seconds for f in features.values())
     echo(f"features: {sum(f.n_decisions for f in features.values())} decisions "

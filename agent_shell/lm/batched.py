@@ -4,8 +4,8 @@ decoded together one token per pass, each over its own KV prefix.
 Concurrent episodes ask the same backbone to score their candidate sets at about the same time.
 :func:`score_many` takes such requests, brings each request's stream cache up to its context
 (:class:`agent_shell.lm.kv_cache.PrefixCache`: only the step's new tokens are encoded), and
-then scores all candidate sets in one batched pass: row b holds request b's candidates packed
-as in :func:`agent_shell.lm.scoring.score_packed`, its keys and values are request b's prefix
+then scores all candidate sets in one batched pass: row b holds request b's candidates' prefix
+tree as in :func:`agent_shell.lm.scoring.score_packed`, its keys and values are request b's prefix
 (right-padded to the longest prefix, the padding masked out), and its position ids continue
 its own prefix. The numbers are those of one :meth:`HFLanguageModel.score` call per request
 (within float rounding; ``tests/lm/test_lm_batched.py``, 1e-4 nats).
@@ -35,7 +35,7 @@ from agent_shell.lm.decoding import check_generation, extend_reply, sampler
 from agent_shell.lm.formatting import templated
 from agent_shell.lm.kv_cache import PrefixCache, new_cache, snapshot
 from agent_shell.lm.protocol import CandidateScores, Context, check_candidates
-from agent_shell.lm.scoring import gather, head_pass
+from agent_shell.lm.scoring import candidate_tree, gather, head_pass
 from agent_shell.lm.tokenization import TokenizedContinuation, common_prefix_len
 
 
@@ -103,8 +103,8 @@ def score_many(lm: Any, requests: Sequence[ScoreRequest]) -> list[CandidateScore
         prefixes.append(snapshot(cache))  # tensors shared, nothing copied
     dev, dtype = lm.device, lm.dtype
     n_rows = len(requests)
-    seg_lens = [[len(t.ids) - s for t in toks] for toks, s in prepared]
-    width = max(sum(lens) for lens in seg_lens)
+    trees = [candidate_tree(toks, s, "tree") for toks, s in prepared]
+    width = max(len(tree.tokens) for tree in trees)
     depth = max(s for _, s in prepared)
     # keys/values: each request's prefix, right-padded to `depth`
     cache = _padded_cache(lm, prefixes, depth)
@@ -112,38 +112,33 @@ def score_many(lm: Any, requests: Sequence[ScoreRequest]) -> list[CandidateScore
     positions = torch.zeros(n_rows, width, dtype=torch.long)
     allowed = torch.zeros(n_rows, width, depth + width, dtype=torch.bool)
     allowed[:, torch.arange(width), depth + torch.arange(width)] = True  # padding rows see themselves
-    keep_rows: list[list[int]] = []  # per request: (row-local) positions whose head output is needed
-    for b, ((toks, s), lens) in enumerate(zip(prepared, seg_lens)):
-        start, keep = 0, []
-        for t, n in zip(toks, lens):
-            seg = slice(start, start + n)
-            input_ids[b, seg] = torch.tensor(t.ids[s:])
-            positions[b, seg] = s + torch.arange(n)
-            allowed[b, seg, :s] = True
-            allowed[b, seg, depth + start:depth + start + n] = torch.ones(n, n, dtype=torch.bool).tril()
-            keep.extend(range(start + t.first - 1 - s, start + n))
-            start += n
-        keep_rows.append(keep)
+    needed: list[list[int]] = []  # per request: the tree nodes whose head output is needed
+    for b, ((toks, s), tree) in enumerate(zip(prepared, trees)):
+        n = len(tree.tokens)
+        input_ids[b, :n] = torch.tensor(tree.tokens)
+        positions[b, :n] = s + torch.tensor(tree.depths, dtype=torch.long)
+        allowed[b, :n, :s] = True
+        allowed[b, :n, depth:depth + n] = tree.ancestry()
+        # the node before each action token (it predicts it) ... the final action token
+        needed.append(sorted({node for t, path in zip(toks, tree.paths) for node in path[t.first - 1 - s:]}))
     mask = torch.zeros(n_rows, 1, width, depth + width, dtype=dtype)
     mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
-    keep_all = sorted({k for keep in keep_rows for k in keep})
+    keep_all = sorted({k for keep in needed for k in keep})
     column = {k: i for i, k in enumerate(keep_all)}
     logits, head_in = head_pass(lm._forward, lm._head, cache, input_ids.to(dev), torch.tensor(keep_all, device=dev),
                                 position_ids=positions.to(dev), attention_mask=mask.to(dev))
     logits = logits.reshape(n_rows, len(keep_all), -1)
     head_in = head_in.reshape(n_rows, len(keep_all), -1)
     out = []
-    for b, (toks, s) in enumerate(prepared):
-        rows = [column[k] for k in keep_rows[b]]
+    for b, ((toks, s), tree) in enumerate(zip(prepared, trees)):
+        rows = [column[k] for k in needed[b]]
+        local = {node: i for i, node in enumerate(needed[b])}
         pred_rows, targets, owner, final_rows = [], [], [], []
-        r = 0
-        for m, t in enumerate(toks):
-            n_keep = t.n_action + 1  # the token before each action token ... the final action token
-            pred_rows.extend(range(r, r + t.n_action))
+        for m, (t, path) in enumerate(zip(toks, tree.paths)):
+            pred_rows.extend(local[node] for node in path[t.first - 1 - s:-1])
             targets.extend(t.ids[t.first:])
             owner.extend([m] * t.n_action)
-            final_rows.append(r + t.n_action)
-            r += n_keep
+            final_rows.append(local[path[-1]])
         log_q, hidden = gather(logits[b, rows], head_in[b, rows], pred_rows, targets, owner, final_rows, len(toks))
         out.append(CandidateScores(log_q=log_q, n_tokens=np.array([t.n_action for t in toks], np.int32),
                                    hidden=hidden))

@@ -10,7 +10,7 @@ For a context x and candidate actions a_1..a_M it returns, per candidate (seed A
 The parts live in one module each: :mod:`~agent_shell.lm.formatting` (the conditioning text),
 :mod:`~agent_shell.lm.tokenization` (token accounting at the context/action boundary),
 :mod:`~agent_shell.lm.kv_cache` (the prefix cache reused across calls),
-:mod:`~agent_shell.lm.scoring` (all candidates in one packed pass) and
+:mod:`~agent_shell.lm.scoring` (all candidates in one pass, shared prefixes once) and
 :mod:`~agent_shell.lm.decoding` (generation); :mod:`~agent_shell.lm.dtypes` holds the dtype rule.
 This class wires them to one model and tokenizer.
 
@@ -48,7 +48,8 @@ class HFLanguageModel:
             falls back to the common-token-prefix rule of lm-evaluation-harness).
         name: backbone identifier recorded in concept metadata.
         max_context_tokens: the window; default the config's ``max_position_embeddings``.
-        candidate_layout: ``"packed"`` (default) or ``"batched"``; see :mod:`agent_shell.lm.scoring`.
+        candidate_layout: ``"tree"`` (default: the candidates' shared token prefixes encoded once),
+            ``"packed"`` (every candidate's tokens) or ``"batched"``; see :mod:`agent_shell.lm.scoring`.
         reuse_cache: keep the last context's KV cache and reuse its common prefix next call, and
             keep pinned prompt heads (:meth:`pin_prefix`).
         max_heads: how many pinned heads are kept (least recently used dropped first).
@@ -62,7 +63,7 @@ class HFLanguageModel:
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, name: str, max_context_tokens: int | None = None,
-                 candidate_layout: str = "packed", reuse_cache: bool = True, max_heads: int = 16,
+                 candidate_layout: str = "tree", reuse_cache: bool = True, max_heads: int = 16,
                  draft_tokens: int = DRAFT_TOKENS) -> None:
         if candidate_layout not in CANDIDATE_LAYOUTS:
             raise ValueError(f"candidate_layout={candidate_layout!r} is not one of {CANDIDATE_LAYOUTS}")
@@ -253,9 +254,9 @@ class HFLanguageModel:
         # whose output predicts its first (or only) action token
         s = shared - 1
         hooked = captured_output(capture[0]) if capture is not None else contextlib.nullcontext([])
-        offset = 0  # context tokens leading the candidates' pass (packed layout)
+        offset = 0  # context tokens leading the candidates' pass (tree and packed layouts)
         with hooked as outputs:
-            if self.candidate_layout == "packed":
+            if self.candidate_layout != "batched":
                 (log_q, hidden), offset = self._score_in_one_pass(toks, s)
             else:
                 cache = self.cache.prefill(toks[0].ids[:s], self._forward)
@@ -275,7 +276,7 @@ class HFLanguageModel:
 
     def _score_in_one_pass(self, toks: Sequence[TokenizedContinuation],
                            s: int) -> tuple[tuple[np.ndarray, np.ndarray], int]:
-        """Packed scoring with the context's uncached tokens in the same forward pass as the
+        """Tree (or packed) scoring with the context's uncached tokens in the same forward pass as the
         candidates (one pass per step, as its floor); the stream then keeps the context's ``s``
         tokens. A context with more than :data:`PREFILL_CHUNK` new tokens encodes the excess first.
         Returns ((log_q, hidden), the number of context tokens leading that pass)."""
@@ -284,7 +285,8 @@ class HFLanguageModel:
         lo = max(start, s - PREFILL_CHUNK)
         self.cache.encode(cache, ids, start, self._forward, stop=lo)
         self.cache.encoded_tokens += s - lo
-        out = score_packed(self._forward, self._head, cache, s, toks, self.dtype, self.device, start=lo)
+        out = score_packed(self._forward, self._head, cache, s, toks, self.dtype, self.device, start=lo,
+                           layout=self.candidate_layout)
         restore(cache, snapshot(cache), s)  # the context stays, the candidates go
         if s and self.cache.reusable(cache):
             self.cache.keep(cache, ids[:s])

@@ -2,14 +2,20 @@
 
 All candidates share the tokens before the first action token; those ``s`` tokens are in the KV
 cache (or the part of them a stream has not encoded yet leads the packed row, so that a step's
-new context tokens and its candidates cost one pass). By default (``"packed"``) the candidates'
-remaining tokens are packed into a single row, each segment attending to the context and
-causally to itself only (a block-diagonal 4D mask with per-segment position ids), which costs
-the same as one forward over context plus all candidate tokens and never copies the context's
-KV M times. ``"batched"`` uses M right-padded rows
-with a padding mask instead (for models that ignore custom 4D masks). The LM head runs only at the
-positions that predict action tokens and at each final action token, whose head input is the
-candidate's hidden state (seed App. B).
+new context tokens and its candidates cost one pass). By default (``"tree"``) the candidates'
+remaining tokens are merged on their shared prefixes into a token prefix tree (``go to cabinet 1``
+and ``go to cabinet 2`` share the nodes of ``go to cabinet``; duplicates share every node) and the
+tree's nodes are packed into a single row: each node attends to the context and to itself and its
+ancestors only, with the position id of its depth (a 4D mask). A causal LM's output at a token
+depends only on the tokens before it, so every candidate gets exactly the log-probabilities and
+hidden states of its own sequence (up to float rounding) from fewer tokens: on ALFWorld's
+admissible commands the tree has 2.8x fewer nodes than the candidates have tokens.
+``"packed"`` packs each candidate's whole segment instead (a block-diagonal mask, the tree
+without sharing): the same numbers at the cost of one forward over context plus all candidate
+tokens, never copying the context's KV M times. ``"batched"`` uses M right-padded rows with a
+padding mask (for models that ignore custom 4D masks). The LM head runs only at the positions that
+predict action tokens and at each final action token, whose head input is the candidate's hidden
+state (seed App. B).
 
 Must not import the agents or the environments.
 """
@@ -17,6 +23,7 @@ Must not import the agents or the environments.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -25,7 +32,7 @@ import torch
 from agent_shell.lm.kv_cache import Forward
 from agent_shell.lm.tokenization import TokenizedContinuation
 
-CANDIDATE_LAYOUTS = ("packed", "batched")
+CANDIDATE_LAYOUTS = ("tree", "packed", "batched")
 
 
 def head_pass(forward: Forward, head: torch.nn.Module, cache: Any, input_ids: torch.Tensor, keep: torch.Tensor,
@@ -41,11 +48,67 @@ def head_pass(forward: Forward, head: torch.nn.Module, cache: Any, input_ids: to
     return out.logits.reshape(-1, out.logits.shape[-1]), captured[0].reshape(-1, d)
 
 
+@dataclass(frozen=True)
+class PrefixTree:
+    """Token segments merged on shared prefixes: one node per distinct (prefix, next token).
+
+    Nodes are numbered in insertion order, so a parent precedes its children. ``paths[m]`` lists
+    segment m's nodes in order (equal segments have equal paths).
+    """
+
+    tokens: list[int]
+    parents: list[int]  # -1 for a first token
+    depths: list[int]  # 0 for a first token
+    paths: list[list[int]]
+
+    @classmethod
+    def of(cls, segments: Sequence[Sequence[int]], share: bool = True) -> "PrefixTree":
+        """The tree of ``segments`` (token ids); ``share=False``: one node per token (no merging)."""
+        index: dict[tuple[int, int], int] = {}
+        tokens: list[int] = []
+        parents: list[int] = []
+        depths: list[int] = []
+        paths: list[list[int]] = []
+        for seg in segments:
+            parent, path = -1, []
+            for tok in seg:
+                node = index.get((parent, tok)) if share else None
+                if node is None:
+                    node = len(tokens)
+                    index[(parent, tok)] = node
+                    tokens.append(tok)
+                    parents.append(parent)
+                    depths.append(0 if parent < 0 else depths[parent] + 1)
+                path.append(node)
+                parent = node
+            paths.append(path)
+        return cls(tokens, parents, depths, paths)
+
+    def ancestry(self) -> torch.Tensor:
+        """bool [n, n]: entry [i, j] is true when node j is node i or one of its ancestors."""
+        n = len(self.tokens)
+        allowed = torch.eye(n, dtype=torch.bool)
+        depths = torch.tensor(self.depths, dtype=torch.long)
+        parents = torch.tensor(self.parents, dtype=torch.long)
+        for depth in range(1, int(depths.max()) + 1 if n else 0):  # parents' rows are complete first
+            level = torch.nonzero(depths == depth)[:, 0]
+            allowed[level] |= allowed[parents[level]]
+        return allowed
+
+
+def candidate_tree(toks: Sequence[TokenizedContinuation], s: int, layout: str) -> PrefixTree:
+    """The prefix tree of the candidates' tokens after the ``s`` shared ones (merged for
+    ``layout="tree"``, one node per token for ``"packed"``)."""
+    return PrefixTree.of([t.ids[s:] for t in toks], share=layout == "tree")
+
+
 def score_packed(forward: Forward, head: torch.nn.Module, cache: Any, s: int,
                  toks: Sequence[TokenizedContinuation], dtype: torch.dtype,
-                 device: torch.device, start: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(log_q [M] float32, hidden [M, d] float32) with the candidates packed into one row after
-    the ``s`` context tokens.
+                 device: torch.device, start: int | None = None,
+                 layout: str = "tree") -> tuple[np.ndarray, np.ndarray]:
+    """(log_q [M] float32, hidden [M, d] float32) with the candidates' tokens after the ``s``
+    context tokens in one row: their prefix tree's nodes (``layout="tree"``) or every candidate's
+    whole segment (``"packed"``).
 
     ``cache`` holds the first ``start`` (default ``s``) tokens; the context's remaining tokens
     ``toks[0].ids[start:s]`` lead the same row (causal among themselves, seen by every
@@ -55,33 +118,28 @@ def score_packed(forward: Forward, head: torch.nn.Module, cache: Any, s: int,
     start = s if start is None else start
     head_ids = list(toks[0].ids[start:s])
     n_head = len(head_ids)
-    segs = [t.ids[s:] for t in toks]
-    lens = torch.tensor([len(g) for g in segs])
-    total = int(lens.sum())
-    input_ids = torch.tensor([head_ids + [i for g in segs for i in g]], device=device)
-    seg_id = torch.repeat_interleave(torch.arange(len(segs)), lens)
-    starts = torch.cumsum(lens, 0) - lens
-    local = torch.arange(total) - starts[seg_id]
-    allowed = torch.zeros(n_head + total, n_head + total, dtype=torch.bool)
+    tree = candidate_tree(toks, s, layout)
+    n = n_head + len(tree.tokens)
+    input_ids = torch.tensor([head_ids + tree.tokens], device=device)
+    allowed = torch.zeros(n, n, dtype=torch.bool)
     allowed[:n_head, :n_head] = torch.ones(n_head, n_head, dtype=torch.bool).tril()  # the context: causal
     allowed[n_head:, :n_head] = True  # every candidate sees the whole context
-    allowed[n_head:, n_head:] = (seg_id[:, None] == seg_id[None, :]) & (local[None, :] <= local[:, None])
-    mask = torch.zeros(1, 1, n_head + total, start + n_head + total, dtype=dtype)
+    allowed[n_head:, n_head:] = tree.ancestry()
+    mask = torch.zeros(1, 1, n, start + n, dtype=dtype)
     mask[0, 0, :, start:].masked_fill_(~allowed, torch.finfo(dtype).min)
-    positions = torch.cat([torch.arange(start, s), s + local])
-    # rows: the token before each action token (predicts it) ... the final action token
-    keep, targets, owner, final_rows = [], [], [], []
-    for m, t in enumerate(toks):
-        lo = n_head + int(starts[m]) + (t.first - 1 - s)
-        hi = n_head + int(starts[m]) + len(segs[m]) - 1  # final action token
-        keep.extend(range(lo, hi + 1))
+    positions = torch.cat([torch.arange(start, s), s + torch.tensor(tree.depths, dtype=torch.long)])
+    # the LM head at the node before each action token (it predicts it) ... the final action token
+    needed = sorted({node for t, path in zip(toks, tree.paths) for node in path[t.first - 1 - s:]})
+    column = {node: i for i, node in enumerate(needed)}
+    pred_rows, targets, owner, final_rows = [], [], [], []
+    for m, (t, path) in enumerate(zip(toks, tree.paths)):
+        pred_rows.extend(column[node] for node in path[t.first - 1 - s:-1])
         targets.extend(t.ids[t.first:])
         owner.extend([m] * t.n_action)
-        final_rows.append(len(keep) - 1)
-    logits, head_in = head_pass(forward, head, cache, input_ids, torch.tensor(keep, device=device),
+        final_rows.append(column[path[-1]])
+    keep = torch.tensor([n_head + node for node in needed], device=device)
+    logits, head_in = head_pass(forward, head, cache, input_ids, keep,
                                 position_ids=positions.to(device)[None], attention_mask=mask.to(device))
-    # logits row r predicts the next token; drop each candidate's final row
-    pred_rows = [r for m in range(len(toks)) for r in range(final_rows[m] - toks[m].n_action, final_rows[m])]
     return gather(logits, head_in, pred_rows, targets, owner, final_rows, len(toks))
 
 
@@ -136,17 +194,12 @@ def gather(logits: torch.Tensor, head_in: torch.Tensor, pred_rows: list[int], ta
 def action_positions(toks: Sequence[TokenizedContinuation], s: int, layout: str,
                      offset: int = 0) -> list[tuple[int, list[int]]]:
     """Per candidate, (batch row, positions of its action tokens) in the candidates' pass of
-    :func:`score_packed` (``layout="packed"``: one row, segments side by side after ``offset``
-    context tokens) or :func:`score_batched` (``"batched"``: row m, right-padded)."""
-    out, start = [], offset
-    for m, t in enumerate(toks):
-        seg = len(t.ids) - s
-        if layout == "packed":
-            out.append((0, list(range(start + t.first - s, start + seg))))
-            start += seg
-        else:
-            out.append((m, list(range(t.first - s, seg))))
-    return out
+    :func:`score_packed` (``layout="tree"`` or ``"packed"``: one row, the tree's nodes after
+    ``offset`` context tokens) or :func:`score_batched` (``"batched"``: row m, right-padded)."""
+    if layout == "batched":
+        return [(m, list(range(t.first - s, len(t.ids) - s))) for m, t in enumerate(toks)]
+    tree = candidate_tree(toks, s, layout)
+    return [(0, [offset + node for node in path[t.first - s:]]) for t, path in zip(toks, tree.paths)]
 
 
 @contextlib.contextmanager
@@ -170,5 +223,5 @@ def pool_states(states: torch.Tensor, positions: Sequence[tuple[int, list[int]]]
     return torch.stack(rows).cpu().numpy()
 
 
-__all__ = ["CANDIDATE_LAYOUTS", "action_positions", "captured_output", "gather", "head_pass", "pool_states",
-           "score_batched", "score_packed"]
+__all__ = ["CANDIDATE_LAYOUTS", "PrefixTree", "action_positions", "candidate_tree", "captured_output", "gather",
+           "head_pass", "pool_states", "score_batched", "score_packed"]

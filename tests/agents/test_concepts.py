@@ -86,6 +86,20 @@ def test_one_concept_per_type_with_metadata_and_a_cache(tmp_path, trajectories):
         check_concept_matches(concepts["open"], FakeLM(name="other"), "raw")
 
 
+def test_capped_candidate_sets_are_fitted_and_cached_apart(tmp_path, trajectories):
+    lm = FakeLM()
+    whole = collect_features(lm, trajectories, cache_dir=tmp_path)
+    capped = collect_features(lm, trajectories, cache_dir=tmp_path, max_candidates=2)
+    assert max(len(h) for h in whole["open"].hidden) > 2  # the cap bites
+    assert all(len(h) <= 2 for tf in capped.values() for h in tf.hidden)
+    assert capped["open"].max_candidates == 2 and whole["open"].max_candidates == 0
+    for tf in capped.values():  # the expert's action is always kept
+        assert all(0 <= e < len(h) for e, h in zip(tf.expert, tf.hidden))
+    _, folder_whole = cached_concepts(whole, lm, cache_dir=tmp_path)
+    _, folder_capped = cached_concepts(capped, lm, cache_dir=tmp_path)
+    assert folder_whole != folder_capped  # a capped fit never reads the uncapped concepts
+
+
 def test_a_concept_fitted_in_another_dtype_is_refused(trajectories):
     fitted_with, acting_with = FakeLM(), FakeLM()
     fitted_with.dtype, acting_with.dtype = "bfloat16", "float32"

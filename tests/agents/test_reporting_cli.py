@@ -218,7 +218,8 @@ def test_run_config_is_validated_once_and_frozen():
 
     for bad, culprit in (({"budget": 0}, "budget=0"), ({"agents": ("gpt",)}, "unknown agent 'gpt'"),
                          ({"rendering": "sideways"}, "sideways"), ({"layout": "html"}, "html"),
-                         ({"dtype": "int8"}, "int8"), ({"lam": 0.0}, "lam=0.0"), ({"action_space": "wide"}, "wide")):
+                         ({"dtype": "int8"}, "int8"), ({"lam": 0.0}, "lam=0.0"), ({"action_space": "wide"}, "wide"),
+                         ({"fit_candidates": 1}, "fit_candidates=1"), ({"fit_candidates": -3}, "fit_candidates=-3")):
         with pytest.raises(ValueError, match=culprit):
             RunConfig(**bad)
     config = RunConfig(agents=("react", "react", "prior-only"), dtype="fp32", game_ids=["a/1"])

@@ -29,11 +29,11 @@ def load(name: str):
 
 
 #: smoke-tested in this file
-HERE = ["fit_speed", "routing_speed", "scoring_speed"]
+HERE = ["fit_speed", "routing_speed", "scoring_speed", "step_cost"]
 #: smoke-tested elsewhere
 ELSEWHERE = {"vllm_agreement": "tests/lm/test_vllm_gpu.py (gpu marker)"}
 #: known gaps: they start ALFWorld (and Ray); a --tiny smoke test each is still to be written
-NO_SMOKE_TEST_YET = ["episode_throughput", "step_cost"]
+NO_SMOKE_TEST_YET = ["episode_throughput"]
 
 
 def test_every_benchmark_script_has_a_smoke_test():
@@ -96,6 +96,30 @@ def test_routing_speed_tiny(tmp_path, capsys):
     assert data["draft_speedup_median"] == data["full_plain_median_s"] / data["full_median_s"]
     passes = data["passes_per_call"]
     assert 1 <= passes["full"] <= passes["full-plain"]
+
+
+def test_step_cost_tiny(tmp_path):
+    """Three expert trajectories of one type: two are the demonstrations, the third is replayed."""
+    cands = ["go to cabinet 1", "go to cabinet 2", "go to countertop 1", "open cabinet 1", "look"]
+    steps = [Step("env", "go to cabinet 1", "The cabinet 1 is closed.", cands, False, False, 0.0),
+             Step("env", "open cabinet 1", "You open the cabinet 1. It is empty.", cands, False, False, 0.0),
+             Step("env", "go to countertop 1", "On the countertop 1, you see a mug 1.", cands, False, False, 0.0)]
+    expert = tmp_path / "train.jsonl"
+    expert.write_bytes(b"".join(
+        orjson.dumps(Trajectory("alfworld", f"pick_and_place_simple-Mug-None-Shelf-1/trial_{i}", "pick_and_place_simple",
+                                "Your task is to: put a mug in shelf.", "You are in the middle of a room.", steps,
+                                True, 1.0).to_record()) + b"\n" for i in range(3)))
+    out = tmp_path / "step_cost.json"
+    assert load("step_cost").main(["--expert", str(expert), "--tiny", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["steps"] == 3 and data["floor_passes_per_step"] == 1
+    for layout in ("tree", "packed"):
+        assert data[f"cb_agent_{layout}_s_per_step"] > 0 and data[f"cb_agent_{layout}_passes_per_step"] >= 2
+        assert math.isclose(data[f"ratio_{layout}_to_floor"],
+                            data[f"cb_agent_{layout}_s_per_step"] / data["floor_s_per_step"])
+    assert math.isclose(data["packed_over_tree"], data["cb_agent_packed_s_per_step"] / data["cb_agent_tree_s_per_step"])
+    # "go to c..." is shared by three candidates: the tree encodes fewer tokens than the candidates have
+    assert 0 < data["mean_tree_nodes_per_step"] < data["mean_candidate_tokens_per_step"]
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from agent_shell.expert_decisions import decision_examples, drop_actions
+from agent_shell.expert_decisions import capped_candidates, decision_examples, drop_actions
 from envs.storage import append_jsonl
 from envs.trajectory import (
     SCHEMA_VERSION,
@@ -57,6 +57,25 @@ def test_filtered_expert_look_is_skipped_and_counted():
     assert (len(examples), skipped) == (2, 1)
     assert all("look" not in e.candidates for e in examples)
     assert examples[0].history[0].action == "look"  # the skipped step still shapes later contexts
+
+
+def test_capped_candidate_sets_keep_the_expert_action_and_a_seeded_sample_in_order():
+    many = [f"go to shelf {i}" for i in range(1000)]
+    expert = "go to shelf 737"
+    capped = capped_candidates(many, expert, 64, "boil/0\x005")
+    assert len(capped) == 64 and expert in capped
+    assert capped == sorted(capped, key=many.index)  # the original order
+    assert capped == capped_candidates(many, expert, 64, "boil/0\x005")  # the same key, the same draw
+    assert capped != capped_candidates(many, expert, 64, "boil/0\x006")  # another step, another draw
+    assert capped_candidates(many[:10], expert, 64, "k") == many[:10]  # small sets stay whole
+    assert capped_candidates(many, expert, 0, "k") == many  # 0: no cap
+    # through decision_examples: every set capped, the expert index still the expert's action
+    traj = make_trajectory()
+    traj.steps[2] = Step("env", "go to desk 1", "On the desk 1, you see a mug 1.",
+                         ["go to desk 1"] + many, False, False, 0.0)
+    examples, skipped = decision_examples(traj, max_candidates=8)
+    assert skipped == 0 and [len(e.candidates) for e in examples] == [3, 8, 2]
+    assert examples[1].expert_action == "go to desk 1"
 
 
 def test_expert_action_missing_from_saved_set_is_an_error():

@@ -20,13 +20,16 @@ def context(task: str, n: int) -> str:
 REQUESTS = [
     (context("put a mug in cabinet", 0), ["go to countertop 1", "take mug 2 from cabinet 3", "look"]),
     (context("heat an egg", 6), ["heat egg 1 with microwave 1", "open fridge 1"]),
-    (context("put a mug in cabinet", 2), ["examine desk 2", "go to cabinet 14", "café ☕", "!bang."]),
+    # shared token prefixes and a duplicate: the prefix tree merges them
+    (context("put a mug in cabinet", 2), ["examine desk 2", "go to cabinet 14", "café ☕", "!bang.", "go to cabinet 1",
+                                          "go to cabinet 14", "examine desk 1"]),
     (context("clean a plate", 11), ["clean plate 1 with sinkbasin 1"]),
 ]
 
 
 def test_one_pass_for_all_requests_equals_one_call_each(lm32, fresh):
-    ref = [fresh(reuse_cache=False).score(c, cands, PREFIX) for c, cands in REQUESTS]
+    # the reference: one call each with right-padded rows (no packing, no prefix tree)
+    ref = [fresh(reuse_cache=False, candidate_layout="batched").score(c, cands, PREFIX) for c, cands in REQUESTS]
     heads = HeadStore()
     streams = [PrefixCache(lm32.model, lm32.device, True, heads) for _ in REQUESTS]
     calls = []

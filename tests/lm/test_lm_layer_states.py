@@ -7,7 +7,8 @@ import pytest
 import torch
 
 CONTEXT = "You are in the middle of a room.\nYour task is to: put a clean mug in coffeemachine.\n> go to sinkbasin 1\nOn the sinkbasin 1, you see nothing."
-CANDIDATES = ["go to coffeemachine 1", "take mug 2 from countertop 1", "open fridge 1", "examine sinkbasin 1"]
+CANDIDATES = ["go to coffeemachine 1", "take mug 2 from countertop 1", "open fridge 1", "examine sinkbasin 1",
+              "go to countertop 1"]  # shares "go to c" with the first
 
 
 @torch.inference_mode()
@@ -22,13 +23,13 @@ def reference(lm, layer: int, pool: str) -> np.ndarray:
     return np.stack(out)
 
 
-@pytest.mark.parametrize("layout, layer, pool", [("packed", 0, "last"), ("packed", 4, "mean"),
+@pytest.mark.parametrize("layout, layer, pool", [("tree", 0, "last"), ("tree", 4, "mean"), ("packed", 4, "mean"),
                                                   ("batched", 12, "last"), ("batched", 12, "mean")])
 def test_candidate_states_match_a_plain_forward(fresh, layout, layer, pool):
     lm = fresh(candidate_layout=layout)
     lm.score(CONTEXT + "\n> look\nNothing happens.", CANDIDATES[:2], "\n> ")  # a stale cache to reuse in part
     got = lm.candidate_states(CONTEXT, CANDIDATES, "\n> ", layer, pool)
-    assert got.shape == (4, lm.hidden_size) and got.dtype == np.float32
+    assert got.shape == (len(CANDIDATES), lm.hidden_size) and got.dtype == np.float32
     np.testing.assert_allclose(got, reference(lm, layer, pool), atol=2e-3, rtol=1e-3)
     # scoring afterwards is unchanged by the hook
     np.testing.assert_allclose(lm.score(CONTEXT, CANDIDATES, "\n> ").log_q,

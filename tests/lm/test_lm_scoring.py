@@ -14,6 +14,7 @@ import torch
 from agent_shell.context import action_prefix
 from agent_shell.lm import LanguageModel
 from agent_shell.lm.hf import HFLanguageModel
+from agent_shell.lm.scoring import PrefixTree
 
 PREFIX = action_prefix("text")  # the transcript's "\n> "
 
@@ -58,7 +59,7 @@ def naive_score(lm: HFLanguageModel, context: str, action: str, prefix: str = PR
 def test_cached_scoring_equals_naive(lm32, fresh, n_steps):
     context = make_context(n_steps)
     candidates = ALFWORLD_CANDIDATES[:4] + BOUNDARY_CANDIDATES if n_steps == 0 else ALFWORLD_CANDIDATES[1:4] + BOUNDARY_CANDIDATES[1:3]
-    layouts = ["packed", "batched"] if n_steps == 5 else ["packed"]
+    layouts = ["tree", "packed", "batched"] if n_steps == 5 else ["tree", "packed"]
     refs = [naive_score(lm32, context, a) for a in candidates]
     for layout in layouts:
         got = fresh(candidate_layout=layout).score(context, candidates, PREFIX)
@@ -70,6 +71,53 @@ def test_cached_scoring_equals_naive(lm32, fresh, n_steps):
             assert abs(got.log_q[m] - log_q) < 1e-4, (layout, candidates[m], got.log_q[m], log_q)
             rel = np.abs(got.hidden[m] - hidden).max() / np.abs(hidden).max()
             assert rel < 1e-4, (layout, candidates[m], rel)
+
+
+# shared token prefixes (go to cabinet N, go to countertop N), a duplicate, and candidates whose
+# tokens are a prefix of another's ("go to cabinet 1" in "go to cabinet 1 now")
+SHARING_CANDIDATES = ["go to cabinet 1", "go to cabinet 2", "go to cabinet 10", "go to countertop 1",
+                      "go to cabinet 1 now", "go to cabinet 2", "open cabinet 1", "go", "look"]
+
+
+def test_the_prefix_tree_layout_equals_naive_scoring_with_fewer_tokens(lm32, fresh):
+    """Shared prefixes are encoded once, and each candidate still gets its own sequence's numbers."""
+    context = make_context(3)
+    refs = [naive_score(lm32, context, a) for a in SHARING_CANDIDATES]
+    widths = {}
+    for layout in ("tree", "packed"):
+        lm = fresh(candidate_layout=layout)
+        lm.cache.prefill(lm.encode(context + PREFIX)[:-1], lm._forward)  # the context cached: one pass left
+        seen = []
+        forward = lm._forward
+        lm._forward = lambda ids, *a, _f=forward, **kw: seen.append(ids.shape[1]) or _f(ids, *a, **kw)
+        got = lm.score(context, SHARING_CANDIDATES, PREFIX)
+        widths[layout] = seen[-1]
+        for m, (log_q, n_tok, hidden) in enumerate(refs):
+            assert got.n_tokens[m] == n_tok, (layout, SHARING_CANDIDATES[m])
+            assert abs(got.log_q[m] - log_q) < 1e-4, (layout, SHARING_CANDIDATES[m], got.log_q[m], log_q)
+            rel = np.abs(got.hidden[m] - hidden).max() / np.abs(hidden).max()
+            assert rel < 1e-4, (layout, SHARING_CANDIDATES[m], rel)
+    tok = lm32.tokenizer
+    segments = {tuple(tok(PREFIX + a, add_special_tokens=False)["input_ids"]) for a in SHARING_CANDIDATES}
+    distinct_prefixes = {seg[:k] for seg in segments for k in range(1, len(seg) + 1)}
+    assert widths["tree"] < widths["packed"] / 2, widths
+    assert widths["tree"] <= len(distinct_prefixes), (widths, len(distinct_prefixes))
+
+
+def test_prefix_tree_merges_shared_prefixes_and_masks_all_but_ancestors():
+    tree = PrefixTree.of([[5, 6, 7], [5, 6, 8], [5, 6, 7], [9], [5, 6]])
+    assert tree.tokens == [5, 6, 7, 8, 9]
+    assert tree.parents == [-1, 0, 1, 1, -1] and tree.depths == [0, 1, 2, 2, 0]
+    assert tree.paths == [[0, 1, 2], [0, 1, 3], [0, 1, 2], [4], [0, 1]]
+    expected = torch.tensor([[1, 0, 0, 0, 0],
+                             [1, 1, 0, 0, 0],
+                             [1, 1, 1, 0, 0],
+                             [1, 1, 0, 1, 0],
+                             [0, 0, 0, 0, 1]], dtype=torch.bool)
+    assert torch.equal(tree.ancestry(), expected)
+    flat = PrefixTree.of([[5, 6, 7], [5, 6, 8]], share=False)  # the packed layout: one node per token
+    assert flat.tokens == [5, 6, 7, 5, 6, 8] and flat.depths == [0, 1, 2, 0, 1, 2]
+    assert flat.ancestry().sum() == 12  # two causal blocks of three
 
 
 def test_context_lengths_span_the_claim(lm32):
@@ -266,7 +314,7 @@ def test_bfloat16_backend_is_close_to_a_naive_bfloat16_forward(lm16):
     assert lm16.dtype == torch.bfloat16 and lm16.metadata["dtype"] == "bfloat16"
     context, candidates = make_context(5), ALFWORLD_CANDIDATES[:4] + BOUNDARY_CANDIDATES[1:3]
     refs = [naive_score(lm16, context, a) for a in candidates]
-    for layout in ("packed", "batched"):
+    for layout in ("tree", "packed", "batched"):
         got = HFLanguageModel(lm16.model, lm16.tokenizer, name=lm16.name, candidate_layout=layout).score(
             context, candidates, PREFIX)
         assert got.log_q.dtype == np.float32 and got.hidden.dtype == np.float32
@@ -287,7 +335,7 @@ def test_bfloat16_logits_are_turned_into_log_probs_in_float64(lm32, fresh):
         for n_steps in (3,):
             context = make_context(n_steps)
             refs = [naive_score(lm32, context, a)[0] for a in ALFWORLD_CANDIDATES]
-            for layout in ("packed", "batched"):
+            for layout in ("tree", "packed", "batched"):
                 got = fresh(candidate_layout=layout).score(context, ALFWORLD_CANDIDATES, PREFIX)
                 np.testing.assert_allclose(got.log_q, refs, rtol=0, atol=2e-3, err_msg=layout)
     finally:
