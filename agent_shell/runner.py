@@ -313,9 +313,13 @@ def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[st
         ValueError: without ``resume``, the file already holds an episode of one of the agents on
             one of ``task_ids`` (never duplicated); with ``resume``, one of the agents' records
             was run with other settings (:data:`RUN_SETTINGS`: rendering, layout, budget, model,
-            seed, lam, ...; fields missing from a record, as in files of older versions, are not
-            compared), naming the field.
+            seed, lam, ...; a field missing from a record, as in files of older versions, counts
+            as the value it had before it was recorded (:func:`agent_shell.reporting.setting`:
+            ``fit_candidates`` 0, rendering raw, ...) or, without one, is not compared), naming
+            the field.
     """
+    from agent_shell.reporting import setting
+
     finished: set[str] = set()
     wanted = set(task_ids)
     for r in read_results(results_path):
@@ -325,8 +329,9 @@ def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[st
             raise ValueError(f"{results_path} already holds {r['agent']} episodes; pass --resume to "
                              "continue it, or choose another output directory")
         for key in RUN_SETTINGS:
-            if key in r and key in settings and r[key] != settings[key]:
-                raise ValueError(f"{results_path} holds {r['agent']} episodes run with {key}={r[key]!r}, "
+            recorded = setting(r, key)  # a field older records lack: its value then, or None (not compared)
+            if recorded is not None and key in settings and recorded != settings[key]:
+                raise ValueError(f"{results_path} holds {r['agent']} episodes run with {key}={recorded!r}, "
                                  f"but this run uses {key}={settings[key]!r}; resuming would mix them: "
                                  "choose another output directory")
         finished.add(r["task_id"])

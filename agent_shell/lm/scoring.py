@@ -53,7 +53,7 @@ class PrefixTree:
     """Token segments merged on shared prefixes: one node per distinct (prefix, next token).
 
     Nodes are numbered in insertion order, so a parent precedes its children. ``paths[m]`` lists
-    segment m's nodes in order (equal segments have equal paths).
+    segment m's nodes in order (equal segments have equal paths when shared).
     """
 
     tokens: list[int]

@@ -40,7 +40,10 @@ def merge_features(parts: Sequence[TypeFeatures]) -> TypeFeatures:
     types = {p.task_type for p in parts}
     if len(types) != 1:
         raise ValueError(f"merge_features: parts of several task types {sorted(types)}")
-    merged = TypeFeatures(parts[0].task_type)
+    caps = {p.max_candidates for p in parts}
+    if len(caps) != 1:
+        raise ValueError(f"merge_features: parts fitted on candidate sets capped differently {sorted(caps)}")
+    merged = TypeFeatures(parts[0].task_type, max_candidates=parts[0].max_candidates)
     for p in parts:
         merged.hidden.extend(p.hidden)
         merged.log_q.extend(p.log_q)

@@ -247,6 +247,12 @@ def test_every_results_line_records_the_run_config_and_resume_compares_it(tmp_pa
     (out / "results.jsonl").write_bytes(orjson.dumps(old) + b"\n")
     again = CliRunner().invoke(main, [*args[:-4], "--lam", "2", "--out-dir", str(out), "--resume"])
     assert again.exit_code == 0, again.output
+    # a field with a value before it was recorded counts as that value: a record without
+    # fit_candidates was fitted on whole candidate sets, so a capped run may not continue it
+    (out / "results.jsonl").write_bytes(orjson.dumps({k: v for k, v in rec.items() if k != "fit_candidates"}) + b"\n")
+    capped = CliRunner().invoke(main, [*args, "--fit-candidates", "64", "--resume"])
+    assert capped.exit_code == 1 and "fit_candidates=0" in capped.output and "fit_candidates=64" in capped.output
+    assert rec["fit_candidates"] == 0
 
 
 # -- issue 12: no pooling across settings; the chart says what it shows; plain lines; intervals -------
