@@ -339,13 +339,15 @@ def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[st
 
 
 def episode_summary(record: dict[str, Any]) -> str:
-    """A finished episode as one plain line (agent, task, won, steps, s/step; the error if any), for
-    output that is not a terminal."""
+    """A finished episode as one plain line (agent, task, won, steps, s/step; the error if any, or
+    that a trial ended with its context window full), for output that is not a terminal."""
     from agent_shell.progress import episode_line
 
     error = record.get("error")
+    full = any("window_full" in (t.get("log") or {}) for t in record.get("trials") or ())
+    extra = f"ERROR {error['message']}" if error else "(context window full)" if full else ""
     return episode_line(record["agent"], record["task_id"], bool(record["success"]), record["steps"],
-                        record.get("s_per_step"), f"ERROR {error['message']}" if error else "")
+                        record.get("s_per_step"), extra)
 
 
 def make_progress() -> Progress:

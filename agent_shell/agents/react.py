@@ -28,11 +28,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from agent_shell import context as ctx
 from agent_shell.agents.config import AgentConfig
-from agent_shell.agents.step import AgentLog, AgentStop, Decision, EpisodeDone, LimitReached, View
+from agent_shell.agents.step import AgentLog, AgentStop, Decision, EpisodeDone, LimitReached, View, WindowFull
 from agent_shell.candidates import FALLBACK_ACTION, read_reply
 from agent_shell.experience import Review, review_transition
 from agent_shell.history import REVIEWED
-from agent_shell.lm.protocol import LanguageModel
+from agent_shell.lm.protocol import ContextWindowFull, LanguageModel
 from envs.episode import Episode
 
 
@@ -91,12 +91,18 @@ class ReActAgent:
 
     def step(self, episode: Episode, log: AgentLog, reference: ctx.Reference | None = None) -> None:
         """One step: decide (:meth:`next_action`), execute, record, then review the transition
-        (renderings "experience" and "calibrator"). Raises EpisodeDone / LimitReached at the end."""
+        (renderings "experience" and "calibrator"). Raises EpisodeDone / LimitReached at the end,
+        and WindowFull (recorded in ``log.window_full``) when the backbone's context window cannot
+        hold the next prompt: the transcript has outgrown it, and the episode ends unfinished."""
         if episode.done:
             raise EpisodeDone()
         if episode.budget_left <= 0:
             raise LimitReached()
-        decision = self.next_action(View.of(episode, log.memory, log.experiences, reference))
+        try:
+            decision = self.next_action(View.of(episode, log.memory, log.experiences, reference))
+        except ContextWindowFull as err:
+            log.window_full = str(err)
+            raise WindowFull() from err
         log.add(decision, len(episode.steps))
         t0 = time.perf_counter()
         episode.act(decision.action)

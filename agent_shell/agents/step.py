@@ -36,6 +36,12 @@ class LimitReached(AgentStop):
     """The step budget (think steps included) is spent."""
 
 
+class WindowFull(AgentStop):
+    """The next prompt no longer fits the backbone's context window
+    (:class:`agent_shell.lm.protocol.ContextWindowFull`): the episode ends there, unfinished, and
+    its log says so (:attr:`AgentLog.window_full`)."""
+
+
 @dataclass(frozen=True)
 class View:
     """What an agent sees before a step: the task, the steps so far and the current candidate set,
@@ -142,6 +148,8 @@ class AgentLog:
         seconds: wall time by phase, summed over the trial: ``route`` (contexts and routing
             generation), ``choose`` (candidate set and scoring; CB-Agent), ``env``
             (environment steps), ``review`` (experience reviews).
+        window_full: the backend's message when the trial ended because its next prompt did not
+            fit the context window (:class:`WindowFull`), else None (then not in :meth:`to_dict`).
     """
 
     replies: list[str] = field(default_factory=list)
@@ -151,6 +159,7 @@ class AgentLog:
     experiences: dict = field(default_factory=dict)
     reviews: list[dict] = field(default_factory=list)
     seconds: dict = field(default_factory=lambda: {"route": 0.0, "choose": 0.0, "env": 0.0, "review": 0.0})
+    window_full: str | None = None
 
     def add(self, decision: Decision, step: int) -> None:
         """Record ``decision``, taken at trajectory index ``step``."""
@@ -172,9 +181,12 @@ class AgentLog:
             self.experiences[review.step] = review.experience
 
     def to_dict(self) -> dict:
-        return {"replies": self.replies, "decisions": self.decisions, "format_errors": self.format_errors,
-                "memory": self.memory, "experiences": {str(k): v for k, v in self.experiences.items()},
-                "reviews": self.reviews, "seconds": {k: round(v, 4) for k, v in self.seconds.items()}}
+        out = {"replies": self.replies, "decisions": self.decisions, "format_errors": self.format_errors,
+               "memory": self.memory, "experiences": {str(k): v for k, v in self.experiences.items()},
+               "reviews": self.reviews, "seconds": {k: round(v, 4) for k, v in self.seconds.items()}}
+        if self.window_full is not None:
+            out["window_full"] = self.window_full
+        return out
 
 
-__all__ = ["AgentLog", "AgentStop", "Decision", "EpisodeDone", "LimitReached", "View"]
+__all__ = ["AgentLog", "AgentStop", "Decision", "EpisodeDone", "LimitReached", "View", "WindowFull"]

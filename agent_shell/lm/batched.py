@@ -34,7 +34,7 @@ import torch
 from agent_shell.lm.decoding import check_generation, extend_reply, sampler
 from agent_shell.lm.formatting import templated
 from agent_shell.lm.kv_cache import PrefixCache, new_cache, snapshot
-from agent_shell.lm.protocol import CandidateScores, Context, check_candidates
+from agent_shell.lm.protocol import CandidateScores, Context, ContextWindowFull, check_candidates
 from agent_shell.lm.scoring import candidate_tree, gather, head_pass
 from agent_shell.lm.tokenization import TokenizedContinuation, common_prefix_len
 
@@ -55,7 +55,7 @@ def _tokenize(lm: Any, req: ScoreRequest) -> tuple[list[TokenizedContinuation], 
     toks = lm.tokens.continuations(lm.render(req.context, req.action_prefix), actions, templated(req.context))
     longest = max(len(t.ids) for t in toks)
     if longest > lm.max_context_tokens:
-        raise ValueError(f"context is too long: {longest} tokens exceed the window of {lm.max_context_tokens} "
+        raise ContextWindowFull(f"context is too long: {longest} tokens exceed the window of {lm.max_context_tokens} "
                          f"tokens of {lm.name!r}")
     if min(t.first for t in toks) < 1:
         raise ValueError("nothing to condition on: the rendered context and prefix are empty")

@@ -33,7 +33,7 @@ from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, decode, eos_
 from agent_shell.lm.dtypes import default_device, resolve_dtype
 from agent_shell.lm.formatting import PLAIN, Formatter, templated
 from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache, restore, snapshot, truncatable
-from agent_shell.lm.protocol import CandidateScores, Context, check_candidates
+from agent_shell.lm.protocol import CandidateScores, Context, ContextWindowFull, check_candidates
 from agent_shell.lm.scoring import (CANDIDATE_LAYOUTS, action_positions, captured_output, pool_states, score_batched,
                                     score_packed)
 from agent_shell.lm.tokenization import Tokenization, TokenizedContinuation, common_prefix_len
@@ -240,7 +240,7 @@ class HFLanguageModel:
         toks = self.tokens.continuations(self.render(context, action_prefix), actions, templated(context))
         longest = max(toks, key=lambda t: len(t.ids))
         if len(longest.ids) > self.max_context_tokens:
-            raise ValueError(
+            raise ContextWindowFull(
                 f"context is too long: {longest.first} context tokens plus {longest.n_action} tokens of "
                 f"candidate {actions[toks.index(longest)]!r} exceed the window of {self.max_context_tokens} "
                 f"tokens of {self.name!r}"
@@ -306,7 +306,7 @@ class HFLanguageModel:
             raise ValueError("empty prompt: nothing to continue (the tokenizer adds no BOS)")
         room = self.max_context_tokens - len(ids)
         if room < 1 and max_new_tokens > 0:
-            raise ValueError(
+            raise ContextWindowFull(
                 f"prompt is too long: {len(ids)} tokens leave no room in the window of "
                 f"{self.max_context_tokens} tokens of {self.name!r}"
             )

@@ -84,6 +84,12 @@ def pin_prefix(lm: LanguageModel, head: Context) -> int:
     return int(pin(head)) if callable(pin) else 0
 
 
+class ContextWindowFull(ValueError):
+    """A prompt or scoring context (with a candidate) does not fit the backbone's context window:
+    an episode's transcript has outgrown it. Backends raise it instead of a plain ValueError, so
+    an agent can end the episode (:class:`agent_shell.agents.step.WindowFull`) rather than fail."""
+
+
 def check_candidates(candidates: Sequence[str]) -> list[str]:
     """The candidate set as a list, after the checks every backend's ``score`` makes.
 

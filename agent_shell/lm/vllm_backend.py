@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from agent_shell.lm.formatting import PLAIN, Formatter, templated
-from agent_shell.lm.protocol import CandidateScores, Context, check_candidates
+from agent_shell.lm.protocol import CandidateScores, Context, ContextWindowFull, check_candidates
 from agent_shell.lm.tokenization import Tokenization
 
 #: Marked in metadata and names until the agreement check has passed on a GPU.
@@ -93,7 +93,7 @@ class VLLMLanguageModel:
         toks = self.tokens.continuations(self.formatter.render(context, action_prefix), actions, templated(context))
         for a, t in zip(actions, toks):
             if len(t.ids) > self.max_context_tokens:
-                raise ValueError(f"context is too long: candidate {a!r} needs {len(t.ids)} tokens, more than the "
+                raise ContextWindowFull(f"context is too long: candidate {a!r} needs {len(t.ids)} tokens, more than the "
                                  f"window of {self.max_context_tokens} tokens of {self.name!r}")
             if t.first < 1:
                 raise ValueError("nothing to condition on: the rendered context and prefix are empty")
@@ -123,7 +123,7 @@ class VLLMLanguageModel:
         budget = min(max_new_tokens, self.max_context_tokens - len(ids))
         if budget <= 0:
             if max_new_tokens > 0:
-                raise ValueError(f"prompt is too long: {len(ids)} tokens leave no room in the window of "
+                raise ContextWindowFull(f"prompt is too long: {len(ids)} tokens leave no room in the window of "
                                  f"{self.max_context_tokens} tokens of {self.name!r}")
             return [""] * n
         rows = n if temperature > 0 else 1

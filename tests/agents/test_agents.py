@@ -37,6 +37,27 @@ def test_think_steps_count_toward_the_budget():
     assert env.engine_actions == [] and not ep.won
 
 
+def test_a_transcript_that_outgrows_the_context_window_ends_the_episode_and_says_so():
+    """The backbone refuses the third prompt as too long: the episode ends after two steps, unfinished,
+    instead of failing (and being retried) as an error."""
+    from agent_shell.lm.protocol import ContextWindowFull
+
+    class SmallWindow(FakeLM):
+        def generate(self, prompt, *args, **kwargs):
+            if len(self.prompts) == 2:
+                raise ContextWindowFull("prompt is too long: 8377 tokens leave no room in the window of 8192 tokens")
+            return super().generate(prompt, *args, **kwargs)
+
+    for agent in (ReActAgent(SmallWindow([" go to desk 1", " look"]), DEMOS),
+                  CBAgent(SmallWindow([" go to desk 1", " look"]), DEMOS, None)):
+        env, ep, log, saves = play(agent, max_steps=10)
+        assert len(ep.steps) == 2 and not ep.won and not ep.done
+        assert log.window_full.startswith("prompt is too long: 8377 tokens")
+        assert log.to_dict()["window_full"] == log.window_full
+        assert saves == [1, 2, 2]
+    assert "window_full" not in play(ReActAgent(FakeLM([" look"]), DEMOS), max_steps=2)[2].to_dict()
+
+
 def test_react_sends_an_action_outside_the_set_to_the_engine_as_published():
     lm = FakeLM([" fly to the moon"])
     env, ep, log, _ = play(ReActAgent(lm, DEMOS), max_steps=2)

@@ -303,3 +303,5 @@ def test_plain_episode_lines():
     assert episode_summary(record) == "react a/1 won steps=4 s/step=0.25"
     failed = {**record, "success": False, "s_per_step": None, "error": {"message": "engine died"}}
     assert episode_summary(failed) == "react a/1 lost steps=4 s/step=- ERROR engine died"
+    full = {**record, "success": False, "trials": [{"log": {"replies": []}}, {"log": {"window_full": "too long"}}]}
+    assert episode_summary(full) == "react a/1 lost steps=4 s/step=0.25 (context window full)"
