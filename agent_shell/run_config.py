@@ -131,7 +131,7 @@ class RunConfig:
                           ("per_type", 0), ("games", 0), ("workers", 1)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= {low}")
-        if self.fit_candidates in (1,) or self.fit_candidates < 0:
+        if self.fit_candidates == 1 or self.fit_candidates < 0:
             raise ValueError(f"fit_candidates={self.fit_candidates} must be 0 (no cap) or >= 2 (a choice "
                              "needs the expert's action and another)")
         if not self.lam > 0:

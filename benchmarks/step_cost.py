@@ -13,9 +13,10 @@ trajectories of ALFWorld's train split that are not the demonstrations), alterna
 step so that both share the load of a busy machine; forward passes per step are counted.
 CB-Agent's step is timed with each candidate layout of :mod:`agent_shell.lm.scoring` (``tree``,
 the default: shared token prefixes encoded once; ``packed``: every candidate's tokens), in
-rotating order, each with its own scoring stream. ``floor_tokens`` counts the step's new tokens
-(the floor's pass); ``tree_nodes`` what the tree layout's scoring pass encodes instead of the
-candidates' tokens. Target: cb-agent <= 1.5x the floor.
+rotating order, each with its own scoring stream. ``mean_new_tokens_per_step`` counts the step's
+new tokens (the floor's pass), ``mean_candidate_tokens_per_step`` the candidates' tokens among
+them and ``mean_tree_nodes_per_step`` what the tree layout's scoring pass encodes instead of
+those. Target: cb-agent <= 1.5x the floor.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/step_cost.py --episodes 3 --steps 10 --dtype float32
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/step_cost.py --tiny        # 1 episode, 3 steps
@@ -57,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from agent_shell.demos import rendered_demos
     from agent_shell.lm import load_language_model
     from agent_shell.lm.kv_cache import restore, snapshot
-    from agent_shell.lm.scoring import candidate_tree
-    from agent_shell.lm.tokenization import common_prefix_len
+    from agent_shell.lm.scoring import cached_length, candidate_tree
     from envs.paths import cache_dir
     from envs.trajectory import read_trajectories
 
@@ -110,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                 cb_s[layout] += route_s + time.perf_counter() - t
                 cb_passes[layout] += route_passes + passes[0] - before_passes
             toks = lm.tokens.continuations(lm.render(scoring, prefix), candidates, False)
-            shared = min(min(t.first for t in toks), min(common_prefix_len(toks[0].ids, t.ids) for t in toks))
-            tree_nodes += len(candidate_tree(toks, shared - 1, "tree").tokens)
-            cand_tokens += sum(len(t.ids) - shared + 1 for t in toks)
+            s = cached_length(toks)
+            tree_nodes += len(candidate_tree(toks, s, "tree").tokens)
+            cand_tokens += sum(len(t.ids) - s for t in toks)
             # the floor: one forward over the step's new tokens on the cached earlier context
             before = ctx.scoring_context(traj.instruction, traj.observation, history[:-1]) if history else ""
             old_ids = floor_lm.encode(before) if before else floor_lm.encode("")[:1]

@@ -35,8 +35,8 @@ from agent_shell.lm.decoding import check_generation, extend_reply, sampler
 from agent_shell.lm.formatting import templated
 from agent_shell.lm.kv_cache import PrefixCache, new_cache, snapshot
 from agent_shell.lm.protocol import CandidateScores, Context, ContextWindowFull, check_candidates
-from agent_shell.lm.scoring import candidate_tree, gather, head_pass
-from agent_shell.lm.tokenization import TokenizedContinuation, common_prefix_len
+from agent_shell.lm.scoring import cached_length, candidate_tree, gather, head_pass, head_rows
+from agent_shell.lm.tokenization import TokenizedContinuation
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,7 @@ def _tokenize(lm: Any, req: ScoreRequest) -> tuple[list[TokenizedContinuation], 
                          f"tokens of {lm.name!r}")
     if min(t.first for t in toks) < 1:
         raise ValueError("nothing to condition on: the rendered context and prefix are empty")
-    shared = min(min(t.first for t in toks), min(common_prefix_len(toks[0].ids, t.ids) for t in toks))
-    return toks, shared - 1
+    return toks, cached_length(toks)
 
 
 def _padded_cache(lm: Any, prefixes: list[list[tuple[Any, Any]]], depth: int) -> Any:
@@ -112,34 +111,25 @@ def score_many(lm: Any, requests: Sequence[ScoreRequest]) -> list[CandidateScore
     positions = torch.zeros(n_rows, width, dtype=torch.long)
     allowed = torch.zeros(n_rows, width, depth + width, dtype=torch.bool)
     allowed[:, torch.arange(width), depth + torch.arange(width)] = True  # padding rows see themselves
-    needed: list[list[int]] = []  # per request: the tree nodes whose head output is needed
-    for b, ((toks, s), tree) in enumerate(zip(prepared, trees)):
+    heads = [head_rows(toks, tree, s) for (toks, s), tree in zip(prepared, trees)]  # per request
+    for b, ((_, s), tree) in enumerate(zip(prepared, trees)):
         n = len(tree.tokens)
         input_ids[b, :n] = torch.tensor(tree.tokens)
         positions[b, :n] = s + torch.tensor(tree.depths, dtype=torch.long)
         allowed[b, :n, :s] = True
         allowed[b, :n, depth:depth + n] = tree.ancestry()
-        # the node before each action token (it predicts it) ... the final action token
-        needed.append(sorted({node for t, path in zip(toks, tree.paths) for node in path[t.first - 1 - s:]}))
     mask = torch.zeros(n_rows, 1, width, depth + width, dtype=dtype)
     mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
-    keep_all = sorted({k for keep in needed for k in keep})
+    keep_all = sorted({k for needed, _ in heads for k in needed})
     column = {k: i for i, k in enumerate(keep_all)}
     logits, head_in = head_pass(lm._forward, lm._head, cache, input_ids.to(dev), torch.tensor(keep_all, device=dev),
                                 position_ids=positions.to(dev), attention_mask=mask.to(dev))
     logits = logits.reshape(n_rows, len(keep_all), -1)
     head_in = head_in.reshape(n_rows, len(keep_all), -1)
     out = []
-    for b, ((toks, s), tree) in enumerate(zip(prepared, trees)):
-        rows = [column[k] for k in needed[b]]
-        local = {node: i for i, node in enumerate(needed[b])}
-        pred_rows, targets, owner, final_rows = [], [], [], []
-        for m, (t, path) in enumerate(zip(toks, tree.paths)):
-            pred_rows.extend(local[node] for node in path[t.first - 1 - s:-1])
-            targets.extend(t.ids[t.first:])
-            owner.extend([m] * t.n_action)
-            final_rows.append(local[path[-1]])
-        log_q, hidden = gather(logits[b, rows], head_in[b, rows], pred_rows, targets, owner, final_rows, len(toks))
+    for b, ((toks, _), (needed, rows)) in enumerate(zip(prepared, heads)):
+        cols = [column[k] for k in needed]
+        log_q, hidden = gather(logits[b, cols], head_in[b, cols], *rows, len(toks))
         out.append(CandidateScores(log_q=log_q, n_tokens=np.array([t.n_action for t in toks], np.int32),
                                    hidden=hidden))
     return out

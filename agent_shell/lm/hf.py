@@ -34,9 +34,9 @@ from agent_shell.lm.dtypes import default_device, resolve_dtype
 from agent_shell.lm.formatting import PLAIN, Formatter, templated
 from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache, restore, snapshot, truncatable
 from agent_shell.lm.protocol import CandidateScores, Context, ContextWindowFull, check_candidates
-from agent_shell.lm.scoring import (CANDIDATE_LAYOUTS, action_positions, captured_output, pool_states, score_batched,
-                                    score_packed)
-from agent_shell.lm.tokenization import Tokenization, TokenizedContinuation, common_prefix_len
+from agent_shell.lm.scoring import (CANDIDATE_LAYOUTS, action_positions, cached_length, captured_output, pool_states,
+                                    score_batched, score_packed)
+from agent_shell.lm.tokenization import Tokenization, TokenizedContinuation
 
 
 class HFLanguageModel:
@@ -249,10 +249,7 @@ class HFLanguageModel:
             raise ValueError(
                 "nothing to condition on: the rendered context and prefix are empty and the tokenizer adds no BOS"
             )
-        shared = min(min(t.first for t in toks), min(common_prefix_len(toks[0].ids, t.ids) for t in toks))
-        # cache all shared tokens but the last, so every candidate's segment starts with a token
-        # whose output predicts its first (or only) action token
-        s = shared - 1
+        s = cached_length(toks)  # all shared tokens but the last
         hooked = captured_output(capture[0]) if capture is not None else contextlib.nullcontext([])
         offset = 0  # context tokens leading the candidates' pass (tree and packed layouts)
         with hooked as outputs:

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from agent_shell.lm.kv_cache import Forward
-from agent_shell.lm.tokenization import TokenizedContinuation
+from agent_shell.lm.tokenization import TokenizedContinuation, common_prefix_len
 
 CANDIDATE_LAYOUTS = ("tree", "packed", "batched")
 
@@ -96,10 +96,33 @@ class PrefixTree:
         return allowed
 
 
+def cached_length(toks: Sequence[TokenizedContinuation]) -> int:
+    """``s``: the tokens every candidate's sequence shares before its first action token, but the
+    last, so every candidate's segment starts with a token whose output predicts its first (or
+    only) action token. The first ``s`` tokens are the context a pass can take from the cache."""
+    return min(min(t.first for t in toks), min(common_prefix_len(toks[0].ids, t.ids) for t in toks)) - 1
+
+
 def candidate_tree(toks: Sequence[TokenizedContinuation], s: int, layout: str) -> PrefixTree:
     """The prefix tree of the candidates' tokens after the ``s`` shared ones (merged for
     ``layout="tree"``, one node per token for ``"packed"``)."""
     return PrefixTree.of([t.ids[s:] for t in toks], share=layout == "tree")
+
+
+def head_rows(toks: Sequence[TokenizedContinuation], tree: PrefixTree,
+              s: int) -> tuple[list[int], tuple[list[int], list[int], list[int], list[int]]]:
+    """Where the LM head must run in a pass over ``tree``'s nodes: the sorted nodes before each
+    action token (they predict it) through each final action token, and :func:`gather`'s
+    ``(pred_rows, targets, owner, final_rows)`` with rows indexing those nodes."""
+    needed = sorted({node for t, path in zip(toks, tree.paths) for node in path[t.first - 1 - s:]})
+    column = {node: i for i, node in enumerate(needed)}
+    pred_rows, targets, owner, final_rows = [], [], [], []
+    for m, (t, path) in enumerate(zip(toks, tree.paths)):
+        pred_rows.extend(column[node] for node in path[t.first - 1 - s:-1])
+        targets.extend(t.ids[t.first:])
+        owner.extend([m] * t.n_action)
+        final_rows.append(column[path[-1]])
+    return needed, (pred_rows, targets, owner, final_rows)
 
 
 def score_packed(forward: Forward, head: torch.nn.Module, cache: Any, s: int,
@@ -128,19 +151,11 @@ def score_packed(forward: Forward, head: torch.nn.Module, cache: Any, s: int,
     mask = torch.zeros(1, 1, n, start + n, dtype=dtype)
     mask[0, 0, :, start:].masked_fill_(~allowed, torch.finfo(dtype).min)
     positions = torch.cat([torch.arange(start, s), s + torch.tensor(tree.depths, dtype=torch.long)])
-    # the LM head at the node before each action token (it predicts it) ... the final action token
-    needed = sorted({node for t, path in zip(toks, tree.paths) for node in path[t.first - 1 - s:]})
-    column = {node: i for i, node in enumerate(needed)}
-    pred_rows, targets, owner, final_rows = [], [], [], []
-    for m, (t, path) in enumerate(zip(toks, tree.paths)):
-        pred_rows.extend(column[node] for node in path[t.first - 1 - s:-1])
-        targets.extend(t.ids[t.first:])
-        owner.extend([m] * t.n_action)
-        final_rows.append(column[path[-1]])
+    needed, rows = head_rows(toks, tree, s)
     keep = torch.tensor([n_head + node for node in needed], device=device)
     logits, head_in = head_pass(forward, head, cache, input_ids, keep,
                                 position_ids=positions.to(device)[None], attention_mask=mask.to(device))
-    return gather(logits, head_in, pred_rows, targets, owner, final_rows, len(toks))
+    return gather(logits, head_in, *rows, len(toks))
 
 
 def score_batched(forward: Forward, head: torch.nn.Module, cache: Any, s: int,
@@ -223,5 +238,5 @@ def pool_states(states: torch.Tensor, positions: Sequence[tuple[int, list[int]]]
     return torch.stack(rows).cpu().numpy()
 
 
-__all__ = ["CANDIDATE_LAYOUTS", "PrefixTree", "action_positions", "candidate_tree", "captured_output", "gather",
-           "head_pass", "pool_states", "score_batched", "score_packed"]
+__all__ = ["CANDIDATE_LAYOUTS", "PrefixTree", "action_positions", "cached_length", "candidate_tree", "captured_output",
+           "gather", "head_pass", "head_rows", "pool_states", "score_batched", "score_packed"]
