@@ -21,11 +21,13 @@ Must not import the agents or the environments.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Sequence
 
 import torch
 
 from agent_shell.lm.kv_cache import Forward
+from agent_shell.lm.shared_prefix import SharedPrefix
 
 
 def check_generation(max_new_tokens: int, stop: Sequence[str] | str, temperature: float, n: int) -> tuple[str, ...]:
@@ -109,21 +111,37 @@ def lookup_draft(ids: Sequence[int], n_max: int = LOOKUP_NGRAM, k: int = DRAFT_T
 def decode(forward: Forward, tokenizer: Any, stop_ids: frozenset[int], cache: Any, logits: torch.Tensor,
            length: int, rows: int, budget: int, stop: Sequence[str], temperature: float,
            generator: torch.Generator | None, device: torch.device, prompt_ids: Sequence[int] | None = None,
-           draft_tokens: int = DRAFT_TOKENS) -> list[str]:
+           draft_tokens: int = DRAFT_TOKENS, shared: SharedPrefix | None = None) -> list[str]:
     """``rows`` continuations of a prompt of ``length`` tokens whose cache is ``cache`` and whose
     next-token logits [1, V] are ``logits``; at most ``budget`` >= 1 new tokens each.
 
     With ``prompt_ids`` (the prompt's ``length`` token ids), a greedy single reply (``rows == 1``,
     ``temperature == 0``) is decoded with prompt-lookup drafts of at most ``draft_tokens``
     tokens (see the module docstring), which needs a cache that :func:`restore` can cut back
-    (:func:`agent_shell.lm.kv_cache.truncatable`). Either way the cache holds more than the
-    prompt afterwards: the caller restores the prompt's keys and values."""
+    (:func:`agent_shell.lm.kv_cache.truncatable`). Several rows (``rows > 1``) read the prompt's
+    cache once through ``shared`` (:mod:`agent_shell.lm.shared_prefix`; their own tokens go to a
+    new per-row cache), else from ``rows`` copies of it. Either way the cache may hold more than
+    the prompt afterwards: the caller restores the prompt's keys and values."""
     if prompt_ids is not None and rows == 1 and temperature <= 0 and draft_tokens > 0:
         return [_decode_with_drafts(forward, tokenizer, stop_ids, cache, logits, list(prompt_ids), budget, stop,
                                     draft_tokens, device)]
+    extra: dict[str, Any] = {}
+    scope: AbstractContextManager[Any] = nullcontext()
     if rows > 1:
-        cache.batch_repeat_interleave(rows)
+        if shared is not None:  # the rows' tokens in a cache of their own; the prompt's is read in place
+            extra, cache, scope = {"shared_prefix": cache}, shared.new_cache(), shared.active()
+        else:
+            cache.batch_repeat_interleave(rows)
         logits = logits.expand(rows, -1)
+    with scope:
+        return _decode_rows(forward, tokenizer, stop_ids, cache, logits, length, rows, budget, stop, temperature,
+                            generator, device, extra)
+
+
+def _decode_rows(forward: Forward, tokenizer: Any, stop_ids: frozenset[int], cache: Any, logits: torch.Tensor,
+                 length: int, rows: int, budget: int, stop: Sequence[str], temperature: float,
+                 generator: torch.Generator | None, device: torch.device, extra: dict[str, Any]) -> list[str]:
+    """The token loop of :func:`decode` (``extra``: more keyword arguments of every forward pass)."""
     new: list[list[int]] = [[] for _ in range(rows)]
     done = [False] * rows
     texts: list[str | None] = [None] * rows
@@ -140,7 +158,7 @@ def decode(forward: Forward, tokenizer: Any, stop_ids: frozenset[int], cache: An
         if all(done) or step == budget - 1:
             break
         out = forward(nxt[:, None].to(device), cache, position_ids=torch.full((rows, 1), length + step, device=device),
-                      logits_to_keep=1)
+                      logits_to_keep=1, **extra)
         logits = out.logits[:, -1].float()
     return [t if t is not None else tokenizer.decode(new[r], skip_special_tokens=True) for r, t in enumerate(texts)]
 

@@ -36,6 +36,7 @@ from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache, resto
 from agent_shell.lm.protocol import CandidateScores, Context, ContextWindowFull, check_candidates
 from agent_shell.lm.scoring import (CANDIDATE_LAYOUTS, action_positions, cached_length, captured_output, pool_states,
                                     score_batched, score_packed)
+from agent_shell.lm.shared_prefix import SharedPrefix
 from agent_shell.lm.tokenization import Tokenization, TokenizedContinuation
 
 
@@ -56,6 +57,9 @@ class HFLanguageModel:
         draft_tokens: greedy single replies are verified in drafts of at most this many tokens
             looked up in the prompt (:mod:`agent_shell.lm.decoding`); 0 decodes one token per pass,
             as do models whose cache cannot be cut back (sliding-window or linear-attention layers).
+        shared_prefix: sampled replies (``n > 1``) read the prompt's cache once, all rows together
+            (:mod:`agent_shell.lm.shared_prefix`), where the architecture allows; False (or an
+            unsupported model) copies the cache once per row.
 
     Raises:
         ValueError: unknown candidate layout, no LM head, an unknown context window, or negative
@@ -64,7 +68,7 @@ class HFLanguageModel:
 
     def __init__(self, model: Any, tokenizer: Any, *, name: str, max_context_tokens: int | None = None,
                  candidate_layout: str = "tree", reuse_cache: bool = True, max_heads: int = 16,
-                 draft_tokens: int = DRAFT_TOKENS) -> None:
+                 draft_tokens: int = DRAFT_TOKENS, shared_prefix: bool = True) -> None:
         if candidate_layout not in CANDIDATE_LAYOUTS:
             raise ValueError(f"candidate_layout={candidate_layout!r} is not one of {CANDIDATE_LAYOUTS}")
         if draft_tokens < 0:
@@ -93,6 +97,7 @@ class HFLanguageModel:
         self.tokens = Tokenization(tokenizer)
         self._eos_ids = eos_ids(model, tokenizer)
         self.cache = PrefixCache(model, self.device, reuse_cache, HeadStore(max_heads))
+        self._shared = SharedPrefix.of(model) if shared_prefix else None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -335,7 +340,8 @@ class HFLanguageModel:
         prompt_kv = snapshot(cache) if self.cache.reusable(cache) else None
         texts = decode(self._forward, self.tokenizer, self._eos_ids, cache, out.logits[:, -1].float(), len(ids), rows,
                        budget, stop, temperature, generator, self.device, prompt_ids=ids,
-                       draft_tokens=self.draft_tokens if truncatable(cache) else 0)  # drafts cut the cache
+                       draft_tokens=self.draft_tokens if truncatable(cache) else 0,  # drafts cut the cache
+                       shared=self._shared)
         if prompt_kv is not None:
             restore(cache, prompt_kv)
             self.cache.keep(cache, ids)

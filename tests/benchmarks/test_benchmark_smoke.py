@@ -29,7 +29,7 @@ def load(name: str):
 
 
 #: smoke-tested in this file
-HERE = ["fit_speed", "routing_speed", "scoring_speed", "step_cost"]
+HERE = ["fit_speed", "routing_speed", "sampling_speed", "scoring_speed", "step_cost"]
 #: smoke-tested elsewhere
 ELSEWHERE = {"vllm_agreement": "tests/lm/test_vllm_gpu.py (gpu marker)"}
 #: known gaps: they start ALFWorld (and Ray); a --tiny smoke test each is still to be written
@@ -96,6 +96,24 @@ def test_routing_speed_tiny(tmp_path, capsys):
     assert data["draft_speedup_median"] == data["full_plain_median_s"] / data["full_median_s"]
     passes = data["passes_per_call"]
     assert 1 <= passes["full"] <= passes["full-plain"]
+
+
+def test_sampling_speed_tiny(tmp_path):
+    steps = [Step("env", "open door to kitchen", "The door is now open.", [], False, False, 0.0),
+             Step("env", "go to kitchen", "You move to the kitchen.", [], False, False, 0.0)]
+    traj = Trajectory("scienceworld", "boil/21", "boil", "Your task is to boil water.", "This room is called the hallway.",
+                      steps, False, 0.0)
+    results = tmp_path / "results.jsonl"
+    results.write_bytes(orjson.dumps({"env": "scienceworld", "agent": "cb-agent", "task_id": traj.task_id,
+                                      "success": False, "trials": [{"trajectory": traj.to_record()}]}) + b"\n")
+    out = tmp_path / "sampling.json"
+    assert load("sampling_speed").main([str(results), "--tiny", "--dtype", "float32", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["calls"] == 2 and data["replies_per_call"] == 4 and data["tokens_per_reply"] == 4
+    assert [len(data["all_seconds"][m]) for m in ("shared", "copies")] == [2, 2]
+    assert data["copies_over_shared_median"] == data["copies_median_s"] / data["shared_median_s"]
+    assert data["same_replies"] == "2/2" and data["dtype"] == "float32"  # bfloat16 rounds the two paths apart
+    assert data["prompt_tokens_median"] > 20
 
 
 def test_step_cost_tiny(tmp_path):

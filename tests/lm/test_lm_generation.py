@@ -43,6 +43,62 @@ def test_seeded_sampling_is_reproducible(fresh):
     assert len(set(a)) > 1  # the n replies are drawn independently
 
 
+def test_sampled_rows_over_a_shared_prompt_equal_rows_over_copies_of_it(fresh, lm32):
+    """Shared-prefix attention (the prompt's cache read once for all rows) gives the rows' logits
+    of the copying path, replies and all, and leaves the prompt's cache as it was."""
+    from agent_shell.lm.kv_cache import new_cache
+    from agent_shell.lm.shared_prefix import SharedPrefix, attention, supports
+
+    model = lm32.model
+    assert supports(model)
+    ids = torch.tensor([lm32.encode(PROMPT * 3)])
+    rows, length = 5, ids.shape[1]
+    steps = torch.randint(0, 2000, (rows, 6), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        prompt = new_cache(model)
+        model(input_ids=ids, cache=prompt, use_cache=True)
+        keys = [layer.keys for layer in prompt.layers]
+        copies = new_cache(model)
+        for layer, old in zip(copies.layers, prompt.layers):
+            layer.lazy_initialization(old.keys, old.values)
+            layer.keys, layer.values = old.keys.repeat(rows, 1, 1, 1), old.values.repeat(rows, 1, 1, 1)
+        shared = SharedPrefix(model)
+        suffix = shared.new_cache()
+        for j in range(steps.shape[1]):
+            at = {"position_ids": torch.full((rows, 1), length + j), "logits_to_keep": 1, "use_cache": True}
+            ref = model(input_ids=steps[:, j : j + 1], cache=copies, **at).logits
+            with shared.active():
+                got = model(input_ids=steps[:, j : j + 1], cache=suffix, shared_prefix=prompt, **at).logits
+            assert torch.allclose(got, ref, atol=2e-4, rtol=0), (j, (got - ref).abs().max())
+        assert model.config._attn_implementation == "sdpa"  # put back after each block
+    assert all(layer.keys is k for layer, k in zip(prompt.layers, keys))  # the prompt's cache untouched
+    assert suffix.layers[0].keys.shape == (rows, 3, steps.shape[1], 64)
+    with pytest.raises(ValueError, match="one token per row"):
+        attention(model.model.layers[0].self_attn, torch.zeros(rows, 9, 2, 64), torch.zeros(rows, 3, 2, 64),
+                  torch.zeros(rows, 3, 2, 64), None, 0.125, shared_prefix=prompt)
+    # end to end: the same seeded replies either way
+    sharing, copying = fresh(), fresh(shared_prefix=False)
+    assert sharing._shared is not None and copying._shared is None
+    on = sharing.generate(PROMPT, max_new_tokens=16, temperature=0.7, n=6, seed=3)
+    off = copying.generate(PROMPT, max_new_tokens=16, temperature=0.7, n=6, seed=3)
+    assert on == off and len(set(on)) > 1
+
+
+def test_shared_prefix_attention_names_the_architectures_it_cannot_serve():
+    from types import SimpleNamespace
+
+    from agent_shell.lm.shared_prefix import SharedPrefix, supports
+
+    gpt2 = SimpleNamespace(config=SimpleNamespace(model_type="gpt2"))
+    windowed = SimpleNamespace(config=SimpleNamespace(model_type="qwen2", use_sliding_window=True))
+    mixed = SimpleNamespace(config=SimpleNamespace(model_type="qwen3", layer_types=["full_attention", "sliding_attention"]))
+    assert not any(supports(m) for m in (gpt2, windowed, mixed))
+    assert supports(SimpleNamespace(config=SimpleNamespace(model_type="qwen2", use_sliding_window=False)))
+    assert SharedPrefix.of(gpt2) is None
+    with pytest.raises(ValueError, match="'gpt2'"):
+        SharedPrefix(gpt2)
+
+
 def test_stop_strings_cut_the_reply(fresh):
     lm = fresh()
     (full,) = lm.generate(PROMPT, max_new_tokens=24)

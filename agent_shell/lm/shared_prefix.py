@@ -1,0 +1,150 @@
+"""Shared-prefix attention: many sampled replies over one prompt, the prompt's keys and values read once.
+
+Sampling ``n`` replies of one prompt (ScienceWorld's open action space: 20 replies at T = 0.7)
+used to copy the prompt's cache ``n`` times (``batch_repeat_interleave``) and then grow every
+copy by concatenation at each new token: for a 3,000-token prompt of SmolLM2-135M (30 layers,
+3 key/value heads of 64) that is 2.8 GB of keys and values written per token in float32.
+
+Here the prompt's cache stays one row. The replies' own tokens go to a small per-row *suffix*
+cache, and each layer's attention for the rows' one new query token reads the prompt's keys
+once for all rows (a grouped matrix product: the ``g`` query heads of a key/value head, for all
+rows, against its keys) and the row's suffix; one softmax over the concatenated scores gives
+exactly the attention over prompt + suffix (the decomposition of attention over a shared prefix
+and per-sequence suffixes of cascade inference, Ye et al. 2024, "Cascade inference: memory
+bandwidth efficient shared prefix batch decoding", and of Hydragen, Juravsky et al. 2024,
+Sec. 3). Only standard full causal attention (Llama, Qwen2, Qwen3) qualifies
+(:func:`supports`); other models keep the copying path.
+
+Must not import the agents or the environments.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Iterator
+
+import torch
+
+from agent_shell.lm.kv_cache import new_cache
+
+#: The name under which :func:`attention` is registered with transformers' ``AttentionInterface``.
+ATTENTION = "cb_shared_prefix"
+
+#: Architectures whose every layer is full causal attention of the standard form (rotary
+#: positions applied before the cache, no soft-capping, no sinks, no sliding window when
+#: ``use_sliding_window`` is off).
+SUPPORTED = frozenset({"llama", "qwen2", "qwen3"})
+
+
+def supports(model: Any) -> bool:
+    """Whether ``model`` (a transformers causal LM) can decode rows with :func:`attention`."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "model_type", None) not in SUPPORTED:
+        return False
+    if getattr(config, "use_sliding_window", False):
+        return False
+    layer_types = getattr(config, "layer_types", None)
+    return layer_types is None or all(t == "full_attention" for t in layer_types)
+
+
+def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, *,
+              shared_prefix: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """One layer's attention of ``R`` rows' single new tokens over a shared prompt and their suffixes.
+
+    Args:
+        module: the attention module (its ``layer_idx`` picks the prompt's layer).
+        query: [R, H, 1, d], the rows' new query states (rotary positions applied).
+        key, value: [R, Hkv, t, d], each row's suffix (its reply tokens so far, the new one
+            included), as returned by the suffix cache's ``update``.
+        attention_mask: ignored; one query at the end of its sequence sees every token.
+        scaling: the softmax scale (``head_dim ** -0.5``).
+        shared_prefix: the prompt's transformers cache, batch 1: [1, Hkv, L, d] per layer.
+
+    Returns:
+        ([R, 1, H, d] attention output in ``query``'s dtype, None). Scores and softmax run in
+        float32 (like the reference path up to rounding).
+
+    Raises:
+        ValueError: more than one query token per row, or a head count that is not a multiple
+            of the key/value heads.
+    """
+    rows, heads, q_len, dim = query.shape
+    if q_len != 1:
+        raise ValueError(f"shared-prefix attention decodes one token per row, got {q_len}")
+    layer = shared_prefix.layers[module.layer_idx]
+    k_pre, v_pre = layer.keys[0], layer.values[0]  # [Hkv, L, d]
+    kv_heads, length = k_pre.shape[0], k_pre.shape[1]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads")
+    groups = heads // kv_heads
+    q = query.reshape(rows, kv_heads, groups, dim)  # head h reads key/value head h // groups
+    q_pre = q.permute(1, 0, 2, 3).reshape(kv_heads, rows * groups, dim)
+    s_pre = torch.matmul(q_pre, k_pre.transpose(-1, -2)).float()  # [Hkv, R*g, L]
+    s_suf = torch.matmul(q, key.transpose(-1, -2)).float()  # [R, Hkv, g, t]
+    s_suf = s_suf.permute(1, 0, 2, 3).reshape(kv_heads, rows * groups, -1)
+    probs = torch.softmax(torch.cat([s_pre, s_suf], dim=-1) * scaling, dim=-1).to(value.dtype)
+    out = torch.matmul(probs[..., :length], v_pre)  # [Hkv, R*g, d]
+    p_suf = probs[..., length:].reshape(kv_heads, rows, groups, -1).permute(1, 0, 2, 3)  # [R, Hkv, g, t]
+    out = out.reshape(kv_heads, rows, groups, dim).permute(1, 0, 2, 3) + torch.matmul(p_suf, value)
+    return out.reshape(rows, 1, heads, dim), None
+
+
+_registered = False
+
+
+def _register() -> None:
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(ATTENTION, attention)
+        _registered = True
+
+
+@contextmanager
+def _active(model: Any) -> Iterator[None]:
+    """Route ``model``'s attention through :func:`attention` for the ``with`` block (the forward
+    passes must then pass ``shared_prefix=<prompt cache>``)."""
+    _register()
+    config = model.config
+    previous = config._attn_implementation
+    config._attn_implementation = ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+
+
+class SharedPrefix:
+    """What :func:`agent_shell.lm.decoding.decode` needs to decode rows over one shared prompt
+    cache of ``model``: an empty per-row cache for the replies' tokens (:meth:`new_cache`) and
+    the attention switch (:meth:`active`).
+
+    Raises:
+        ValueError: ``model`` is not supported (:func:`supports`).
+    """
+
+    def __init__(self, model: Any) -> None:
+        if not supports(model):
+            raise ValueError(f"shared-prefix attention does not support model type "
+                             f"{getattr(model.config, 'model_type', None)!r} (supported: {sorted(SUPPORTED)})")
+        self.model = model
+
+    @classmethod
+    def of(cls, model: Any) -> "SharedPrefix | None":
+        """The sharing of ``model``, or None when it is not supported."""
+        return cls(model) if supports(model) else None
+
+    def new_cache(self) -> Any:
+        """An empty transformers cache for the rows' own tokens."""
+        return new_cache(self.model)
+
+    def active(self) -> AbstractContextManager[None]:
+        """The model's attention routed through :func:`attention` for a ``with`` block; the previous
+        implementation is put back afterwards, also on error. Not for concurrent use of one model
+        from several threads."""
+        return _active(self.model)
+
+
+__all__ = ["ATTENTION", "SUPPORTED", "SharedPrefix", "attention", "supports"]
