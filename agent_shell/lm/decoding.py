@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import torch
 
 from agent_shell.lm.kv_cache import Forward
-from agent_shell.lm.shared_prefix import SharedPrefix
+from agent_shell.lm.shared_prefix import PromptKV, SharedPrefix
 
 
 def check_generation(max_new_tokens: int, stop: Sequence[str] | str, temperature: float, n: int) -> tuple[str, ...]:
@@ -129,7 +129,8 @@ def decode(forward: Forward, tokenizer: Any, stop_ids: frozenset[int], cache: An
     scope: AbstractContextManager[Any] = nullcontext()
     if rows > 1:
         if shared is not None:  # the rows' tokens in a cache of their own; the prompt's is read in place
-            extra, cache, scope = {"shared_prefix": cache}, shared.new_cache(), shared.active()
+            extra = {"shared_prefix": PromptKV(cache, length)}
+            cache, scope = shared.new_cache(), shared.active()
         else:
             cache.batch_repeat_interleave(rows)
         logits = logits.expand(rows, -1)

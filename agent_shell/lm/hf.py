@@ -341,7 +341,7 @@ class HFLanguageModel:
         texts = decode(self._forward, self.tokenizer, self._eos_ids, cache, out.logits[:, -1].float(), len(ids), rows,
                        budget, stop, temperature, generator, self.device, prompt_ids=ids,
                        draft_tokens=self.draft_tokens if truncatable(cache) else 0,  # drafts cut the cache
-                       shared=self._shared)
+                       shared=self._shared if truncatable(cache) else None)
         if prompt_kv is not None:
             restore(cache, prompt_kv)
             self.cache.keep(cache, ids)

@@ -47,9 +47,40 @@ def supports(model: Any) -> bool:
     return layer_types is None or all(t == "full_attention" for t in layer_types)
 
 
+class PromptKV:
+    """The prompt's keys and values as :func:`attention` reads them: per layer [Hkv, L, d] in
+    float32, converted once per decoding call (a no-op for a float32 model), not once per token.
+
+    Args:
+        cache: the prompt's transformers cache, batch 1, every layer a ``DynamicLayer``.
+        length: the prompt's tokens, which the cache must hold exactly.
+
+    Raises:
+        ValueError: a cache of another batch size or length, or with layers that are not plain
+            full-attention layers.
+    """
+
+    def __init__(self, cache: Any, length: int) -> None:
+        layers = getattr(cache, "layers", None)
+        if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+            raise ValueError("shared-prefix attention needs a cache of plain full-attention layers (DynamicLayer)")
+        shape = tuple(layers[0].keys.shape)
+        if shape[0] != 1 or shape[2] != length:
+            raise ValueError(f"the prompt's cache holds keys of shape {shape}, not [1, Hkv, {length}, d]")
+        self.cache = cache
+        self._layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``index``'s (keys, values), each [Hkv, L, d] float32."""
+        if index not in self._layers:
+            layer = self.cache.layers[index]
+            self._layers[index] = (layer.keys[0].float(), layer.values[0].float())
+        return self._layers[index]
+
+
 def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, *,
-              shared_prefix: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+              shared_prefix: PromptKV, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """One layer's attention of ``R`` rows' single new tokens over a shared prompt and their suffixes.
 
     Args:
@@ -57,37 +88,40 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
         query: [R, H, 1, d], the rows' new query states (rotary positions applied).
         key, value: [R, Hkv, t, d], each row's suffix (its reply tokens so far, the new one
             included), as returned by the suffix cache's ``update``.
-        attention_mask: ignored; one query at the end of its sequence sees every token.
+        attention_mask: must be None: one query at the end of its unpadded sequence sees every
+            token (transformers builds no mask for an attention it does not know).
         scaling: the softmax scale (``head_dim ** -0.5``).
-        shared_prefix: the prompt's transformers cache, batch 1: [1, Hkv, L, d] per layer.
+        dropout: ignored (inference only).
+        shared_prefix: the prompt's keys and values (:class:`PromptKV`).
 
     Returns:
-        ([R, 1, H, d] attention output in ``query``'s dtype, None). Scores and softmax run in
-        float32 (like the reference path up to rounding).
+        ([R, 1, H, d] attention output in ``query``'s dtype, None). Scores, softmax and the
+        weighted sums run in float32 (the reference kernels accumulate in float32 too).
 
     Raises:
-        ValueError: more than one query token per row, or a head count that is not a multiple
-            of the key/value heads.
+        ValueError: more than one query token per row, a mask, or a head count that is not a
+            multiple of the key/value heads.
     """
     rows, heads, q_len, dim = query.shape
     if q_len != 1:
         raise ValueError(f"shared-prefix attention decodes one token per row, got {q_len}")
-    layer = shared_prefix.layers[module.layer_idx]
-    k_pre, v_pre = layer.keys[0], layer.values[0]  # [Hkv, L, d]
+    if attention_mask is not None:
+        raise ValueError("shared-prefix attention takes no attention mask (its rows are unpadded)")
+    k_pre, v_pre = shared_prefix.layer(module.layer_idx)  # [Hkv, L, d] float32
     kv_heads, length = k_pre.shape[0], k_pre.shape[1]
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads")
     groups = heads // kv_heads
-    q = query.reshape(rows, kv_heads, groups, dim)  # head h reads key/value head h // groups
+    q = query.float().reshape(rows, kv_heads, groups, dim) * scaling  # head h reads key/value head h // groups
     q_pre = q.permute(1, 0, 2, 3).reshape(kv_heads, rows * groups, dim)
-    s_pre = torch.matmul(q_pre, k_pre.transpose(-1, -2)).float()  # [Hkv, R*g, L]
-    s_suf = torch.matmul(q, key.transpose(-1, -2)).float()  # [R, Hkv, g, t]
+    s_pre = torch.matmul(q_pre, k_pre.transpose(-1, -2))  # [Hkv, R*g, L]
+    s_suf = torch.matmul(q, key.float().transpose(-1, -2))  # [R, Hkv, g, t]
     s_suf = s_suf.permute(1, 0, 2, 3).reshape(kv_heads, rows * groups, -1)
-    probs = torch.softmax(torch.cat([s_pre, s_suf], dim=-1) * scaling, dim=-1).to(value.dtype)
+    probs = torch.softmax(torch.cat([s_pre, s_suf], dim=-1), dim=-1)
     out = torch.matmul(probs[..., :length], v_pre)  # [Hkv, R*g, d]
     p_suf = probs[..., length:].reshape(kv_heads, rows, groups, -1).permute(1, 0, 2, 3)  # [R, Hkv, g, t]
-    out = out.reshape(kv_heads, rows, groups, dim).permute(1, 0, 2, 3) + torch.matmul(p_suf, value)
-    return out.reshape(rows, 1, heads, dim), None
+    out = out.reshape(kv_heads, rows, groups, dim).permute(1, 0, 2, 3) + torch.matmul(p_suf, value.float())
+    return out.reshape(rows, 1, heads, dim).to(query.dtype), None
 
 
 _registered = False
@@ -105,7 +139,7 @@ def _register() -> None:
 @contextmanager
 def _active(model: Any) -> Iterator[None]:
     """Route ``model``'s attention through :func:`attention` for the ``with`` block (the forward
-    passes must then pass ``shared_prefix=<prompt cache>``)."""
+    passes must then pass ``shared_prefix=PromptKV(<prompt cache>, length)``)."""
     _register()
     config = model.config
     previous = config._attn_implementation
@@ -147,4 +181,4 @@ class SharedPrefix:
         return _active(self.model)
 
 
-__all__ = ["ATTENTION", "SUPPORTED", "SharedPrefix", "attention", "supports"]
+__all__ = ["ATTENTION", "SUPPORTED", "PromptKV", "SharedPrefix", "attention", "supports"]

@@ -47,7 +47,7 @@ def test_sampled_rows_over_a_shared_prompt_equal_rows_over_copies_of_it(fresh, l
     """Shared-prefix attention (the prompt's cache read once for all rows) gives the rows' logits
     of the copying path, replies and all, and leaves the prompt's cache as it was."""
     from agent_shell.lm.kv_cache import new_cache
-    from agent_shell.lm.shared_prefix import SharedPrefix, attention, supports
+    from agent_shell.lm.shared_prefix import PromptKV, SharedPrefix, attention, supports
 
     model = lm32.model
     assert supports(model)
@@ -63,25 +63,49 @@ def test_sampled_rows_over_a_shared_prompt_equal_rows_over_copies_of_it(fresh, l
             layer.lazy_initialization(old.keys, old.values)
             layer.keys, layer.values = old.keys.repeat(rows, 1, 1, 1), old.values.repeat(rows, 1, 1, 1)
         shared = SharedPrefix(model)
-        suffix = shared.new_cache()
+        suffix, prompt_kv = shared.new_cache(), PromptKV(prompt, length)
         for j in range(steps.shape[1]):
             at = {"position_ids": torch.full((rows, 1), length + j), "logits_to_keep": 1, "use_cache": True}
             ref = model(input_ids=steps[:, j : j + 1], cache=copies, **at).logits
             with shared.active():
-                got = model(input_ids=steps[:, j : j + 1], cache=suffix, shared_prefix=prompt, **at).logits
+                got = model(input_ids=steps[:, j : j + 1], cache=suffix, shared_prefix=prompt_kv, **at).logits
             assert torch.allclose(got, ref, atol=2e-4, rtol=0), (j, (got - ref).abs().max())
         assert model.config._attn_implementation == "sdpa"  # put back after each block
     assert all(layer.keys is k for layer, k in zip(prompt.layers, keys))  # the prompt's cache untouched
     assert suffix.layers[0].keys.shape == (rows, 3, steps.shape[1], 64)
+    layer0, kv = model.model.layers[0].self_attn, torch.zeros(rows, 3, 2, 64)
     with pytest.raises(ValueError, match="one token per row"):
-        attention(model.model.layers[0].self_attn, torch.zeros(rows, 9, 2, 64), torch.zeros(rows, 3, 2, 64),
-                  torch.zeros(rows, 3, 2, 64), None, 0.125, shared_prefix=prompt)
-    # end to end: the same seeded replies either way
+        attention(layer0, torch.zeros(rows, 9, 2, 64), kv, kv, None, 0.125, shared_prefix=prompt_kv)
+    with pytest.raises(ValueError, match="no attention mask"):
+        attention(layer0, torch.zeros(rows, 9, 1, 64), kv, kv, torch.ones(rows, 1, 1, 2), 0.125, shared_prefix=prompt_kv)
+    with pytest.raises(ValueError, match="not \\[1, Hkv, 7, d\\]"):
+        PromptKV(prompt, 7)
+    with pytest.raises(RuntimeError, match="boom"), shared.active():  # put back on error too
+        raise RuntimeError("boom")
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_generate_samples_rows_over_one_prompt_cache_with_the_copying_paths_replies(fresh, monkeypatch):
+    """``generate(n > 1)`` goes through the shared prompt cache (copying it would fail here), gives
+    the copying path's seeded replies, and a longer prompt afterwards reuses the cache exactly."""
+    from transformers import DynamicCache
+
     sharing, copying = fresh(), fresh(shared_prefix=False)
     assert sharing._shared is not None and copying._shared is None
-    on = sharing.generate(PROMPT, max_new_tokens=16, temperature=0.7, n=6, seed=3)
     off = copying.generate(PROMPT, max_new_tokens=16, temperature=0.7, n=6, seed=3)
+
+    def no_copies(self, repeats):
+        raise AssertionError("the prompt's cache was copied per row")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(DynamicCache, "batch_repeat_interleave", no_copies)
+        on = sharing.generate(PROMPT, max_new_tokens=16, temperature=0.7, n=6, seed=3)
     assert on == off and len(set(on)) > 1
+    longer = PROMPT + on[0] + "\nOK.\n> go to fridge 1\nThe fridge 1 is closed.\n>"
+    cands = ["open fridge 1", "go to countertop 1"]
+    after = sharing.score(longer, cands, " ")
+    ref = fresh(reuse_cache=False).score(longer, cands, " ")
+    assert abs(after.log_q - ref.log_q).max() < 1e-4
 
 
 def test_shared_prefix_attention_names_the_architectures_it_cannot_serve():
