@@ -65,6 +65,8 @@ class Row:
     reviews: int = 0  # experience review calls (rendering "experience")
     experiences: int = 0  # of which kept an experience
     errors: int = 0  # episodes ended by an engine fault (not in n)
+    mean_score: float = float("nan")  # mean final score (:func:`final_score`), nan when none is recorded
+    graded: bool = False  # some episode's score says more than won/lost (ScienceWorld's 0-100)
 
     @property
     def rate(self) -> float:
@@ -129,6 +131,15 @@ def describe_run(records: Sequence[dict]) -> str:
     return f"{values('env')} {values('split')}, budget {values('budget')} steps"
 
 
+def final_score(record: dict) -> float | None:
+    """The episode's score as ScienceWorld reports it (Wang et al. 2022, Sec. 3): the final
+    trial's last score, 0-100, with the engine's -100 of a failed task (e.g. a wrong ``focus
+    on``) counted as 0, as in the benchmark's reported scores; None when no trial recorded one."""
+    trials = record.get("trials") or []
+    score = (trials[-1].get("trajectory") or {}).get("score") if trials else None
+    return None if score is None else max(float(score), 0.0)
+
+
 def summarize(records: Iterable[dict]) -> list[Row]:
     """Rows per (agent, task type), then each agent's ``all`` row; agents (labelled by
     :func:`agent_label` with the settings that differ between the records) in first-seen order.
@@ -150,6 +161,8 @@ def summarize(records: Iterable[dict]) -> list[Row]:
             rs = [r for r in everything if not r.get("error")]
             won = sum(bool(r["success"]) for r in rs)
             steps = sum(r["steps"] for r in rs)
+            scored = [(final_score(r), bool(r["success"])) for r in rs]
+            scores = [x for x, _ in scored if x is not None]
             rows.append(Row(
                 agent, task_type, len(rs), won, *wilson_interval(won, len(rs)),
                 mean_steps=mean(r["steps"] for r in rs) if rs else nan,
@@ -162,6 +175,8 @@ def summarize(records: Iterable[dict]) -> list[Row]:
                 reviews=sum(_review_counts(r)[0] for r in rs),
                 experiences=sum(_review_counts(r)[1] for r in rs),
                 errors=len(everything) - len(rs),
+                mean_score=mean(scores) if scores else nan,
+                graded=any(x not in (0.0, 1.0) or (x == 1.0) != w for x, w in scored if x is not None),
             ))
     return rows
 
@@ -349,6 +364,9 @@ def rich_table(rows: Sequence[Row], title: str = "Success per task type"):
     with_errors = any(r.errors for r in rows)
     if with_errors:
         table.add_column("errors", justify="right")
+    with_score = any(r.graded for r in rows)
+    if with_score:
+        table.add_column("score", justify="right")
     for r in rows:
         style = "bold" if r.task_type == ALL else None
         table.add_row(escape(r.agent), r.task_type, f"{r.won}/{r.n}", f"{100 * r.rate:.1f}%",
@@ -356,29 +374,38 @@ def rich_table(rows: Sequence[Row], title: str = "Success per task type"):
                       f"{r.mean_think_steps:.1f}", f"{r.s_per_step:.2f}", f"{r.distinct_actions:.1f}",
                       f"{r.cycle_span:.1f}", str(r.format_errors), ",".join(map(str, r.budgets)),
                       *([f"{r.experiences}/{r.reviews}"] if with_reviews else []),
-                      *([str(r.errors)] if with_errors else []), style=style)
+                      *([str(r.errors)] if with_errors else []),
+                      *([_score(r)] if with_score else []), style=style)
     table.caption = ("steps/think: mean per episode; distinct: distinct actions per episode; cycle: mean span "
                      "of the longest back-to-back repeated block of actions; budget: step budget (think steps "
                      "included)" + ("; exp/reviews: experience review calls that kept an experience"
                                     if with_reviews else "")
-                     + ("; errors: episodes ended by an engine fault, not counted in won/n" if with_errors else ""))
+                     + ("; errors: episodes ended by an engine fault, not counted in won/n" if with_errors else "")
+                     + ("; score: mean final score (a failed task's -100 counted as 0)" if with_score else ""))
     return table
+
+
+def _score(row: Row) -> str:
+    return "-" if math.isnan(row.mean_score) else f"{row.mean_score:.1f}"
 
 
 def markdown_table(rows: Sequence[Row]) -> str:
     """The rows of :func:`rich_table` as a Markdown table (README results), one line per row:
     agent, task type, won/n, rate, 95% Wilson interval, mean steps, think steps, distinct actions,
-    mean longest-cycle span, format errors, budget (and errors when there are any)."""
+    mean longest-cycle span, format errors, budget (and errors when there are any, and the mean
+    final score when some episode's score is graded, :func:`final_score`)."""
     with_errors = any(r.errors for r in rows)
+    with_score = any(r.graded for r in rows)
     head = ["agent", "task type", "won/n", "rate", "95% CI", "steps", "think", "distinct", "cycle", "fmt err",
-            "budget"] + (["errors"] if with_errors else [])
+            "budget"] + (["errors"] if with_errors else []) + (["score"] if with_score else [])
 
     def cells(r: Row) -> list[str]:
         bold = "**" if r.task_type == ALL else ""
         return [r.agent, r.task_type, f"{bold}{r.won}/{r.n}{bold}", f"{100 * r.rate:.1f}%",
                 f"[{100 * r.low:.1f}, {100 * r.high:.1f}]", f"{r.mean_steps:.1f}", f"{r.mean_think_steps:.1f}",
                 f"{r.distinct_actions:.1f}", f"{r.cycle_span:.1f}", str(r.format_errors),
-                ",".join(map(str, r.budgets))] + ([str(r.errors)] if with_errors else [])
+                ",".join(map(str, r.budgets))] + ([str(r.errors)] if with_errors else []) \
+            + ([_score(r)] if with_score else [])
 
     return _markdown(head, (cells(r) for r in rows))
 

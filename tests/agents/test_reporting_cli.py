@@ -63,6 +63,29 @@ def test_markdown_table_has_one_line_per_row_with_counts_and_intervals(tmp_path)
     assert "| react | all | **2/3** |" in (tmp_path / "r.md").read_text()
 
 
+def test_graded_scores_get_a_column_with_failures_counted_as_zero():
+    """ScienceWorld's 0-100 scores (its -100 of a failed task counted as 0) get a mean-score
+    column; won/lost scores of 0 and 1 (ALFWorld) add none."""
+    from agent_shell.reporting import final_score, markdown_table
+
+    def scored(success, score):
+        return {**record("cb-agent", "boil", success), "trials": [{"trajectory": {"score": 3.0}},
+                                                                  {"trajectory": {"score": score}}]}
+
+    recs = [scored(False, 25.0), scored(False, -100.0), scored(True, 100.0)]
+    assert [final_score(r) for r in recs] == [25.0, 0.0, 100.0]  # the final trial's score
+    assert final_score(record("react", "boil", False)) is None
+    rows = summarize(recs + [record("react", "boil", False)])
+    assert rows[0].graded and rows[0].mean_score == pytest.approx(125 / 3)
+    assert math.isnan(rows[-1].mean_score)
+    lines = markdown_table(rows).splitlines()
+    assert lines[0].endswith("| score |") and lines[2].endswith("| 41.7 |") and lines[-1].endswith("| - |")
+    binary = summarize([scored(True, 1.0), scored(False, 0.0)])
+    assert not any(r.graded for r in binary) and "score" not in markdown_table(binary)
+    console_rows = rich_table(rows)
+    assert [c.header for c in console_rows.columns][-1] == "score"
+
+
 def test_summarize_separates_renderings_and_layouts():
     recs = [record("react", "open", True), {**record("react", "open", False), "rendering": "causal"},
             {**record("react", "open", False), "rendering": "experience", "layout": "chat"},
