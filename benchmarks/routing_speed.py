@@ -26,14 +26,15 @@ trajectories themselves as demonstrations (no environment is started).
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _replay import emit, recorded_episodes, task_start  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,24 +54,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from agent_shell.agents import AgentConfig, CBAgent, ReActAgent, View
     from agent_shell.candidates import FormatError, parse_reply
-    from agent_shell.demos import expert_demos, rendered_demos
     from agent_shell.lm import load_language_model
-    from agent_shell.runner import read_results
-    from envs import make_env
-    from envs.trajectory import Trajectory
 
-    records = read_results(args.results)[: args.episodes]
-    if not records:
-        raise SystemExit(f"no episode records in {args.results}")
-    trajectories = [Trajectory.from_record(rec["trials"][0]["trajectory"]) for rec in records]
-    if args.tiny:  # won or not, each recorded trajectory serves as a demonstration of its type
-        demos = rendered_demos([replace(t, won=True) for t in trajectories])
-    else:
-        env = make_env(records[0]["env"])
-        try:
-            demos = rendered_demos(expert_demos(env, int(records[0].get("demos_per_type", 2)), split="train"))
-        finally:
-            env.close()
+    records, trajectories, demos = recorded_episodes(args.results, args.episodes, args.tiny)
     lm = load_language_model(None, dtype=args.dtype)
     config = AgentConfig.for_env(records[0]["env"])
     full = ReActAgent(lm, demos, config)
@@ -96,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             return "malformed"
 
     agents = {"full": full, "full-plain": plain, "peek": peek}
-    first = View(_start(trajectories[0]), ())
+    first = View(task_start(trajectories[0]), ())
     for agent in agents.values():  # warm-up, then empty caches: every timed call starts alike
         agent.route(agent.prompt(first))
         agent.lm.reset_cache()
@@ -107,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     order = list(agents)
     for traj in trajectories:
         for k in range(min(args.steps, len(traj.steps))):
-            view = View(_start(traj), tuple(traj.steps[:k]))
+            view = View(task_start(traj), tuple(traj.steps[:k]))
             replies = {}
             for name in order[calls % 3:] + order[:calls % 3]:
                 prompt = agents[name].prompt(view)
@@ -135,16 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         "same_step_kind": f"{agree}/{calls}",
         "all_seconds": times,
     }
-    print(json.dumps(result, indent=1))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
-    return 0
-
-
-def _start(traj):
-    from envs.protocol import TaskStart
-
-    return TaskStart(traj.task_id, traj.task_type, traj.instruction, traj.observation)
+    return emit(result, args.out)
 
 
 if __name__ == "__main__":
