@@ -176,7 +176,7 @@ def summarize(records: Iterable[dict]) -> list[Row]:
                 experiences=sum(_review_counts(r)[1] for r in rs),
                 errors=len(everything) - len(rs),
                 mean_score=mean(scores) if scores else nan,
-                graded=any(x not in (0.0, 1.0) or (x == 1.0) != w for x, w in scored if x is not None),
+                graded=any(x != float(w) for x, w in scored if x is not None),  # not just won = 1, lost = 0
             ))
     return rows
 

@@ -338,10 +338,10 @@ class HFLanguageModel:
         cache, start = self.cache.start(ids[:-1])
         out = self.cache.encode(cache, ids, start, self._forward)
         prompt_kv = snapshot(cache) if self.cache.reusable(cache) else None
+        plain = truncatable(cache)  # drafts cut the cache back; shared rows read its layers as they are
         texts = decode(self._forward, self.tokenizer, self._eos_ids, cache, out.logits[:, -1].float(), len(ids), rows,
                        budget, stop, temperature, generator, self.device, prompt_ids=ids,
-                       draft_tokens=self.draft_tokens if truncatable(cache) else 0,  # drafts cut the cache
-                       shared=self._shared if truncatable(cache) else None)
+                       draft_tokens=self.draft_tokens if plain else 0, shared=self._shared if plain else None)
         if prompt_kv is not None:
             restore(cache, prompt_kv)
             self.cache.keep(cache, ids)

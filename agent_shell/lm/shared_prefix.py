@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import torch
 
-from agent_shell.lm.kv_cache import new_cache
+from agent_shell.lm.kv_cache import new_cache, truncatable
 
 #: The name under which :func:`attention` is registered with transformers' ``AttentionInterface``.
 ATTENTION = "cb_shared_prefix"
@@ -61,10 +61,9 @@ class PromptKV:
     """
 
     def __init__(self, cache: Any, length: int) -> None:
-        layers = getattr(cache, "layers", None)
-        if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+        if not truncatable(cache):
             raise ValueError("shared-prefix attention needs a cache of plain full-attention layers (DynamicLayer)")
-        shape = tuple(layers[0].keys.shape)
+        shape = tuple(cache.layers[0].keys.shape)
         if shape[0] != 1 or shape[2] != length:
             raise ValueError(f"the prompt's cache holds keys of shape {shape}, not [1, Hkv, {length}, d]")
         self.cache = cache
