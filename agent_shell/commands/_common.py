@@ -207,6 +207,8 @@ def prepare(config: RunConfig, need_concepts: bool, echo: Callable[[str], None] 
         on_task=lambda tid: echo(f"collecting expert trajectory {tid}"))
     setup.demo_trajectories = first_per_type(collected, config.demos_per_type)
     concept_trajectories = first_per_type(collected, n_concept)
+    for line in shortfalls(collected, task_types, max(config.demos_per_type, n_concept), config.demo_split):
+        echo(line)
     setup.timings["demos_s"] = time.perf_counter() - t
     t = time.perf_counter()
     if lm is None:
@@ -237,6 +239,27 @@ def prepare(config: RunConfig, need_concepts: bool, echo: Callable[[str], None] 
         setup.features, setup.concepts, setup.concepts_dir = fit_from_trajectories(
             config, setup.lm, concept_trajectories, cache, echo, setup.timings, setup.calibrator)
     return setup
+
+
+def shortfalls(trajectories: Sequence[Trajectory], task_types: Collection[str] | None, wanted: int,
+               split: str) -> list[str]:
+    """Warning lines for the played ``task_types`` with fewer than ``wanted`` won expert
+    trajectories in ``split`` (the expert lost the tasks tried): a type with none has no ReAct
+    demonstrations nor concept, so each of its episodes ends as an error record."""
+    if task_types is None:
+        return []
+    won = Counter(t.task_type for t in trajectories)
+    none = sorted(t for t in set(task_types) if won[t] == 0)
+    few = sorted(t for t in set(task_types) if 0 < won[t] < wanted)
+    lines = []
+    if none:
+        lines.append(f"warning: no won expert trajectory in {split} for {len(none)} task type"
+                     f"{'' if len(none) == 1 else 's'} ({', '.join(none)}): without demonstrations their "
+                     "episodes end as error records (counted in the report's errors)")
+    if few:
+        lines.append(f"warning: fewer than {wanted} won expert trajectories in {split} for "
+                     + ", ".join(f"{t} ({won[t]})" for t in few) + ": they use what there is")
+    return lines
 
 
 def first_per_type(trajectories: Sequence[Trajectory], k: int) -> list[Trajectory]:

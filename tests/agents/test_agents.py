@@ -278,3 +278,27 @@ def test_run_s_gamma_reaches_the_prior_only_agent(gamma):
     assert player.agent.config.gamma == gamma
     assert log.decisions[0]["chosen"] == int(np.argmax(z))
     assert log.decisions[0]["p_chosen"] == pytest.approx(p.max(), rel=1e-5)
+
+
+def test_a_run_warns_up_front_about_task_types_whose_expert_won_no_trajectory(tmp_path):
+    """ScienceWorld's expert wins no train variation of some tasks: the run says so at its start
+    (naming the types and what happens to their episodes) instead of only in error records."""
+    from agent_shell.commands._common import prepare
+    from agent_shell.run_config import RunConfig
+
+    class LosingExpert(ScriptedEnv):  # the expert of type "open" gives up at once
+        def expert_action(self):
+            return None if self.task_type_of(self._task) == "open" else super().expert_action()
+
+    lines = []
+    config = RunConfig(env="scripted", agents=("react",), demos_per_type=4, cache_dir=str(tmp_path))
+    setup = prepare(config, False, lines.append, env=LosingExpert(), lm=FakeLM(), task_types=["fetch", "open"])
+    warnings = [line for line in lines if line.startswith("warning:")]
+    assert warnings == [
+        "warning: no won expert trajectory in train for 1 task type (open): without demonstrations their episodes "
+        "end as error records (counted in the report's errors)",
+        "warning: fewer than 4 won expert trajectories in train for fetch (3): they use what there is"]
+    assert sorted(setup.demos) == ["fetch"]
+    lines.clear()  # a run of the types the expert won says nothing (and reads the cached trajectories)
+    prepare(config, False, lines.append, env=LosingExpert(), lm=FakeLM(), task_types=["fetch"])
+    assert not [line for line in lines if line.startswith("warning: no won")]
