@@ -4,8 +4,8 @@ Part A plays the same ALFWorld valid_unseen episodes (prior-only, the offline Sm
 step budget) with ``run_parallel`` on 1 and then 2 workers, each worker with its own env and
 backbone (one torch thread), and reports episodes per hour and the speed-up (target on 2 cores:
 2 workers >= 1.7x one), on the wall time of ``run_parallel`` (workers' start included) and on the
-episodes' running time (``cb-agent report``'s: the start-up left out, as in a long run). Part B replays recorded scoring calls (expert trajectories' contexts and
-candidate sets) from 4 and 8 concurrent streams against two LM server actors side by side: one
+episodes' running time (``cb-agent report``'s: the start-up left out, as in a long run). Part B
+replays recorded scoring calls (expert trajectories' contexts and candidate sets) from 4 and 8 concurrent streams against two LM server actors side by side: one
 that batches concurrent calls into one pass (``wait_ms`` 5, up to 16 per pass) and one that
 serves each call on its own (``max_batch`` 1, i.e. per-episode calls); it reports calls per
 second and the mean latency of a call. Both parts run in one Ray session; the machine's load
@@ -56,10 +56,11 @@ def part_a(args) -> dict:
                                    workers=workers, meta={"seed": 0})
             wall = time.perf_counter() - t
         records = summary["prior-only"].records
-        playing = running_time(records).busy_s  # the episodes' own intervals, concurrent ones once
+        playing = running_time(records)  # the episodes' own intervals, concurrent ones once
         out[f"workers_{workers}"] = {
             "wall_s": round(wall, 1), "episodes_per_hour": round(3600 * len(task_ids) / wall, 1),
-            "playing_s": round(playing, 1), "episodes_per_hour_playing": round(3600 * len(records) / playing, 1),
+            "playing_s": round(playing.busy_s, 1),
+            "episodes_per_hour_playing": round(3600 * playing.episodes / playing.busy_s, 1),
             "steps": sum(r["steps"] for r in records)}
     out["speedup_2_vs_1"] = round(out["workers_1"]["wall_s"] / out["workers_2"]["wall_s"], 2)
     out["speedup_2_vs_1_playing"] = round(out["workers_1"]["playing_s"] / out["workers_2"]["playing_s"], 2)
