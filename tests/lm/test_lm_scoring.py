@@ -340,3 +340,37 @@ def test_bfloat16_logits_are_turned_into_log_probs_in_float64(lm32, fresh):
                 np.testing.assert_allclose(got.log_q, refs, rtol=0, atol=2e-3, err_msg=layout)
     finally:
         handle.remove()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gather_normalises_each_distinct_row_once_to_float64_precision(dtype):
+    """gather's log-probabilities equal float64 log-softmaxes of the (upcast) logits to 1e-7
+    nats, with rows shared by several candidates (a prefix tree's shared nodes) normalised once:
+    log_normalisers sees each distinct row once, and the sums per candidate are right."""
+    from agent_shell.lm import scoring
+
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(5, 49152, generator=gen) * 4).to(dtype)
+    head_in = torch.randn(5, 8, generator=gen).to(dtype)
+    pred_rows, targets, owner = [0, 1, 0, 2, 3, 0, 2], [7, 11, 7, 3, 40000, 9, 3], [0, 0, 1, 1, 1, 2, 2]
+    seen: list[int] = []
+    real = scoring.log_normalisers
+
+    def counting(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x.shape[0])
+        return real(x)
+
+    scoring.log_normalisers = counting
+    try:
+        log_q, hidden = scoring.gather(logits, head_in, pred_rows, targets, owner, [1, 3, 4], 3)
+    finally:
+        scoring.log_normalisers = real
+    assert seen == [4]  # rows 0, 1, 2, 3: row 0 and row 2 are shared
+    ref = torch.log_softmax(logits.double(), -1)
+    want = np.zeros(3)
+    for r, t, m in zip(pred_rows, targets, owner):
+        want[m] += ref[r, t].item()
+    np.testing.assert_allclose(log_q, want, rtol=0, atol=1e-5)  # float32 output of ~-40 nats
+    lse = scoring.log_normalisers(logits)
+    np.testing.assert_allclose(lse.numpy(), torch.logsumexp(logits.double(), -1).numpy(), rtol=0, atol=1e-7)
+    np.testing.assert_array_equal(hidden, head_in[[1, 3, 4]].float().numpy())
