@@ -5,8 +5,10 @@
 #
 # Resumable: every `cb-agent run` uses --resume (an interrupted target continues where it stopped),
 # expert trajectories, features and concepts are cached ($CB_AGENT_CACHE, default ~/.cache/cb-agent),
-# so rerunning a finished target only re-reads its results. Runs go to $RUNS (default runs/results);
-# tables, figure and compressed results files are written to results/.
+# so rerunning a finished target only re-reads its results. A fresh checkout has no runs/ (not committed): each
+# target first restores its results files from the committed results/*.jsonl.gz and resumes from there (FRESH=1:
+# start from nothing). Runs go to $RUNS (default runs/results); tables, figure and compressed results files are
+# written to results/.
 # Environment: CB (the cb-agent executable, default `cb-agent`), RUNS, OMP_NUM_THREADS (default 1),
 # ALF_PER_TYPE (ALFWorld valid_unseen games per task type of Tables 1 and 4 and the ICAL and calibration
 # targets, default 5 = 30 games; 0 = all 134 in one run), ALF_BUDGET (their step budget, default 50),
@@ -49,6 +51,17 @@ grown() {
   fi
 }
 
+# seed FILE GZ: runs/ is not committed, so a fresh checkout has nothing to resume; start FILE (a results or
+# labels JSONL) from the committed GZ (what was finished so far), so the target resumes where the committed
+# results stop instead of replaying them (FRESH=1: start from nothing)
+seed() {
+  if [ -z "${FRESH:-}" ] && [ ! -e "$1" ] && [ -e "$2" ]; then
+    mkdir -p "$(dirname "$1")"
+    gzip -dc "$2" > "$1.seed" && mv "$1.seed" "$1"
+    echo "resuming $1 from $2 ($(wc -l < "$1") lines)" >&2
+  fi
+}
+
 # finish RESULTS_JSONL NAME: Markdown table + chart into results/, the results file compressed beside them
 finish() {
   "$CB" report "$1" --markdown "results/$2.md" --chart "results/$2.png"
@@ -68,8 +81,10 @@ table4() {  # concept data size: held-out valid_unseen decision accuracy vs traj
 table4_closed_loop() {  # Table 4's closed loop: CB-Agent on Table 1's games with concepts fitted on k
                         # trajectories per type (ReAct demonstrations stay 2; k = 2 is table1's cb-agent)
   local k out files=("$RUNS/alfworld/results.jsonl")
+  seed "$RUNS/alfworld/results.jsonl" results/table1_alfworld.results.jsonl.gz
   for k in ${SIZES_LOOP:-5 10 20}; do
     out="$RUNS/alfworld-concept-k$k"
+    seed "$out/results.jsonl" "results/table4_closed_loop_k$k.results.jsonl.gz"
     "$CB" run --env alfworld "${COMMON[@]}" --agent cb-agent --concept-per-type "$k" $(alf_games) \
       --max-steps "$ALF_BUDGET" --out-dir "$out" --resume --workers "$WORKERS"
     files+=("$out/results.jsonl")
@@ -81,12 +96,14 @@ table4_closed_loop() {  # Table 4's closed loop: CB-Agent on Table 1's games wit
 
 table1() {  # ALFWorld valid_unseen, budget 50; grown one game per type at a time (balanced partial
             # results), or all 134 games in one run (ALF_PER_TYPE=0, on $WORKERS Ray workers)
+  seed "$RUNS/alfworld/results.jsonl" results/table1_alfworld.results.jsonl.gz
   grown --agent react --agent prior-only --agent cb-agent --out-dir "$RUNS/alfworld" --workers "$WORKERS"
   finish "$RUNS/alfworld/results.jsonl" table1_alfworld
 }
 
 table1_bf16() {  # Table 1 again in bfloat16 (this CPU's --dtype auto), all 134 games on $WORKERS workers: the
                  # other dtype's results, and issue 17's timing of the whole table (report's running time)
+  seed "$RUNS/alfworld-bf16/results.jsonl" results/table1_alfworld_bf16.results.jsonl.gz
   "$CB" run --env alfworld --dtype bfloat16 --agent react --agent prior-only --agent cb-agent --all-games \
     --max-steps "$ALF_BUDGET" --out-dir "$RUNS/alfworld-bf16" --resume --workers "$WORKERS"
   finish "$RUNS/alfworld-bf16/results.jsonl" table1_alfworld_bf16
@@ -95,11 +112,13 @@ table1_bf16() {  # Table 1 again in bfloat16 (this CPU's --dtype auto), all 134 
 }
 
 table1_reflexion() {  # the Reflexion rows of Table 1 (two trials each)
+  seed "$RUNS/alfworld-reflexion/results.jsonl" results/table1_alfworld_reflexion.results.jsonl.gz
   grown --agent reflexion-react --agent reflexion-cb-agent --out-dir "$RUNS/alfworld-reflexion" --workers "$WORKERS"
   finish "$RUNS/alfworld-reflexion/results.jsonl" table1_alfworld_reflexion
 }
 
 table1_features() {  # issue 19's extra features on the Table 1 games (needs `run --features`)
+  seed "$RUNS/alfworld-features/results.jsonl" results/table1_alfworld_features.results.jsonl.gz
   grown --agent cb-agent --features lm-hidden,goal-similarity,novelty --out-dir "$RUNS/alfworld-features" \
     --workers "$WORKERS"
   finish "$RUNS/alfworld-features/results.jsonl" table1_alfworld_features
@@ -111,6 +130,9 @@ ical() {  # issue 14: ICAL memory from 30 corrupted expert trajectories (anchore
   local dir="${ICAL:-runs/ical}" k
   local mem="$dir/mem"
   mkdir -p "$dir"
+  seed "$RUNS/alfworld/results.jsonl" results/table1_alfworld.results.jsonl.gz
+  seed "$RUNS/alfworld-ical-actions/results.jsonl" results/ical_alfworld_actions.results.jsonl.gz
+  seed "$RUNS/alfworld-ical-notes/results.jsonl" results/ical_alfworld_notes.results.jsonl.gz
   "$CB" ical noisy --expert-per-type 5 --corruptions 2 --out "$dir/noisy.jsonl" --resume
   "$CB" ical build-memory "$dir/noisy.jsonl" --memory "$mem" --decoding anchored --max-rounds 1 "${COMMON[@]}" --resume
   for k in 2 10; do
@@ -135,6 +157,7 @@ games() { local s; for s in $(seq 100001 $((100000 + $2))); do printf -- '--game
 table3() {  # TextWorld levels: concepts from 2 train walkthroughs per level, disjoint test seeds, budget 20;
             # grown in rounds of test seeds over all levels at once (balanced partial results)
   local level n args out="$RUNS/textworld"
+  seed "$out/results.jsonl" results/table3_textworld.results.jsonl.gz
   for n in $(seq 3 3 "$TW_GAMES"; [ $((TW_GAMES % 3)) -ne 0 ] && echo "$TW_GAMES"); do
     args=()
     for level in ${TW_LEVELS:-custom-1 cooking-1 custom-2 cooking-2}; do args+=($(games "$level" "$n")); done
@@ -147,6 +170,7 @@ table3() {  # TextWorld levels: concepts from 2 train walkthroughs per level, di
 table2() {  # ScienceWorld: one test variation of each task, open action space (20 sampled replies, T = 0.7);
             # the concept's fit sees the expert's action and 63 sampled others of the ~1,000 valid combinations
   local tasks out="$RUNS/scienceworld" t
+  seed "$out/results.jsonl" results/table2_scienceworld.results.jsonl.gz
   tasks=$("$CB" tasks --env scienceworld --split test | awk -F/ '!seen[$1]++' | head -n "${SW_TASKS:-30}")
   local args=()
   for t in $tasks; do args+=(--game "$t"); done
@@ -162,6 +186,12 @@ calibration() {  # issue 15: labels from ReAct / prior-only runs on training gam
                  # recovery study with the calibrator, and the joint actors
   local dir="${CAL:-runs/calibration}" ids t g h args=()
   mkdir -p "$dir"
+  seed "$dir/labels.jsonl" results/calibration_labels.jsonl.gz
+  seed "$dir/recover.jsonl" results/calibration_recover.jsonl.gz
+  seed "$RUNS/alfworld/results.jsonl" results/table1_alfworld.results.jsonl.gz
+  for h in causal calibrator joint; do
+    seed "$RUNS/alfworld-$h/results.jsonl" "results/calibration_alfworld_$h.results.jsonl.gz"
+  done
   ids=$("$CB" tasks --env alfworld --split train)
   for t in $(printf '%s\n' "$ids" | cut -d- -f1 | sort -u); do  # the last CAL_PER_TYPE games of each type
     for g in $(printf '%s\n' "$ids" | grep "^$t-" | tail -n "${CAL_PER_TYPE:-2}"); do args+=(--game "$g"); done
