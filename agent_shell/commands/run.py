@@ -33,9 +33,8 @@ def run(config: RunConfig) -> None:
     """Run agents on evaluation games; print the success table and write a chart."""
     from agent_shell.commands._resume import repair_for_resume
     from agent_shell.commands.tasks import task_error
-    from agent_shell.progress import interactive
     from agent_shell.reporting import bar_chart, describe_run, rich_table, summarize
-    from agent_shell.runner import check_results_file, episode_summary, make_progress, read_results, run_episodes
+    from agent_shell.runner import check_results_file, read_results
     from envs import make_env
 
     console = make_console()
@@ -53,46 +52,15 @@ def run(config: RunConfig) -> None:
         if config.resume:
             repair_for_resume(results_path, console.print)
         try:  # refuse a results file that cannot be continued before loading anything heavy
-            check_results_file(results_path, config.agents, task_ids, config.resume, settings)
+            finished = [check_results_file(results_path, [name], task_ids, config.resume, settings)
+                        for name in config.agents]
         except ValueError as err:
             raise click.ClickException(str(err)) from None
-        task_types = None if type_of is None else sorted({type_of(t) for t in task_ids})
-        setup = set_up(config, env, task_types, console.print)
-        if config.split == config.demo_split:  # explicit --game ids: never one of the demonstrations' games
-            try:
-                check_not_demos(task_ids, [t.task_id for t in setup.demo_trajectories])
-            except ValueError as err:
-                raise click.ClickException(str(err)) from None
-        meta = {**settings, "model": setup.lm.name,
-                "concepts_dir": str(setup.concepts_dir) if setup.concepts_dir else None}
-        console.print(f"{len(task_ids)} {config.split} games x {len(config.agents)} agent(s), budget {config.budget} "
-                      f"steps (think steps included) -> {results_path}")
-        start = time.perf_counter()
-        # a bar on a terminal; elsewhere (a log, CI, nohup) one plain line per finished episode
-        progress = make_progress() if interactive() else None
-
-        def say(line: str) -> None:
-            console.print(line, markup=False, highlight=False)
-
-        with progress if progress is not None else contextlib.nullcontext():
-            if config.workers > 1 or config.ray_address or config.shared_lm:
-                setup.lm = None  # the workers load their own backbones, or share the server's
-                summaries = run_on_ray(config, task_ids, task_types, type_of, meta, progress,
-                                       None if progress is not None else say)
-            else:
-                on_episode = None if progress is not None else (lambda record: say(episode_summary(record)))
-                summaries = {name: run_episodes(env, agent, task_ids, results_path, config.budget,
-                                                resume=config.resume, meta=meta, progress=progress,
-                                                on_episode=on_episode)
-                             for name, agent in players_of(config, setup).items()}
-        for name, summary in summaries.items():
-            if summary.skipped:
-                console.print(f"{name}: {len(summary.skipped)} finished episodes skipped (--resume)")
-            if summary.n_errors:
-                console.print(f"{name}: {summary.n_errors} episode(s) ended by an engine fault or failed every "
-                              "attempt (recorded as errors, counted apart from won and lost)")
-        console.print(f"episodes took {time.perf_counter() - start:.1f} s; set-up "
-                      + ", ".join(f"{k} {v:.1f}" for k, v in setup.timings.items()))
+        if all(done >= set(task_ids) for done in finished):  # --resume of a finished run: nothing to load
+            console.print(f"nothing left to play: all {len(task_ids) * len(config.agents)} episodes are in "
+                          f"{results_path} (--resume)")
+        else:
+            _play(config, env, task_ids, type_of, settings, console)
     finally:
         env.close()
     records = [r for r in read_results(results_path) if r["task_id"] in set(task_ids) and r["agent"] in config.agents]
@@ -100,6 +68,53 @@ def run(config: RunConfig) -> None:
     title = describe_run(records)
     console.print(rich_table(rows, title=f"{title}: success per task type"))
     console.print(f"chart: {bar_chart(rows, results_path.with_suffix('.png'), f'{title}: success rate by task type')}")
+
+
+def _play(config: RunConfig, env: Any, task_ids: list[str], type_of: Any, settings: dict[str, Any],
+          console: Any) -> None:
+    """Set up (demonstrations, features, concepts, backbone) and play ``config``'s unfinished
+    episodes of ``task_ids``, sequentially or on Ray workers, appending to its results file."""
+    from agent_shell.progress import interactive
+    from agent_shell.runner import episode_summary, make_progress, run_episodes
+
+    results_path = config.results_path
+    task_types = None if type_of is None else sorted({type_of(t) for t in task_ids})
+    setup = set_up(config, env, task_types, console.print)
+    if config.split == config.demo_split:  # explicit --game ids: never one of the demonstrations' games
+        try:
+            check_not_demos(task_ids, [t.task_id for t in setup.demo_trajectories])
+        except ValueError as err:
+            raise click.ClickException(str(err)) from None
+    meta = {**settings, "model": setup.lm.name,
+            "concepts_dir": str(setup.concepts_dir) if setup.concepts_dir else None}
+    console.print(f"{len(task_ids)} {config.split} games x {len(config.agents)} agent(s), budget {config.budget} "
+                  f"steps (think steps included) -> {results_path}")
+    start = time.perf_counter()
+    # a bar on a terminal; elsewhere (a log, CI, nohup) one plain line per finished episode
+    progress = make_progress() if interactive() else None
+
+    def say(line: str) -> None:
+        console.print(line, markup=False, highlight=False)
+
+    with progress if progress is not None else contextlib.nullcontext():
+        if config.workers > 1 or config.ray_address or config.shared_lm:
+            setup.lm = None  # the workers load their own backbones, or share the server's
+            summaries = run_on_ray(config, task_ids, task_types, type_of, meta, progress,
+                                   None if progress is not None else say)
+        else:
+            on_episode = None if progress is not None else (lambda record: say(episode_summary(record)))
+            summaries = {name: run_episodes(env, agent, task_ids, results_path, config.budget,
+                                            resume=config.resume, meta=meta, progress=progress,
+                                            on_episode=on_episode)
+                         for name, agent in players_of(config, setup).items()}
+    for name, summary in summaries.items():
+        if summary.skipped:
+            console.print(f"{name}: {len(summary.skipped)} finished episodes skipped (--resume)")
+        if summary.n_errors:
+            console.print(f"{name}: {summary.n_errors} episode(s) ended by an engine fault or failed every "
+                          "attempt (recorded as errors, counted apart from won and lost)")
+    console.print(f"episodes took {time.perf_counter() - start:.1f} s; set-up "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in setup.timings.items()))
 
 
 def run_on_ray(config: RunConfig, task_ids: list[str], task_types: list[str] | None, type_of: Any,

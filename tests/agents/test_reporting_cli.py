@@ -146,6 +146,13 @@ def test_run_report_and_resume_through_the_cli(tmp_path, doubles):
     assert mixed.exit_code == 1 and "rendering='raw'" in mixed.output and "rendering='causal'" in mixed.output
     resumed = CliRunner().invoke(main, args + ["--resume"])
     assert resumed.exit_code == 0 and len(read_results(out / "results.jsonl")) == 4
+    # a resume with every episode finished loads nothing (no backbone, no demonstrations) and says so
+    assert "nothing left to play: all 4 episodes" in " ".join(resumed.output.split()) and len(doubles) == n_loads
+    more = CliRunner().invoke(main, [a if a != "1" else "2" for a in args] + ["--resume"])  # --per-type 2
+    assert more.exit_code == 0 and len(doubles) > n_loads, more.output  # episodes left: set up and play them
+    pairs = [(r["agent"], r["task_id"]) for r in read_results(out / "results.jsonl")]
+    assert len(pairs) == len(set(pairs)) and sorted(pairs) == [  # the new game played, nothing replayed
+        (agent, task) for agent in ("prior-only", "react") for task in ("a/1", "a/2", "b/1")]
     rep = CliRunner().invoke(main, ["report", str(out / "results.jsonl"), "--chart", str(tmp_path / "c.png")])
     assert rep.exit_code == 0 and "prior-only" in rep.output and (tmp_path / "c.png").exists()
 
