@@ -10,7 +10,7 @@
 # start from nothing). Runs go to $RUNS (default runs/results); tables, figure and compressed results files are
 # written to results/.
 # Environment: CB (the cb-agent executable, default `cb-agent`), RUNS, OMP_NUM_THREADS (default 1),
-# ALF_PER_TYPE (ALFWorld valid_unseen games per task type of Tables 1 and 4 and the ICAL and calibration
+# ALF_PER_TYPE (ALFWorld valid_unseen games per task type of Table 1, Table 4's closed loop and the ICAL and calibration
 # targets, default 5 = 30 games; 0 = all 134 in one run), ALF_BUDGET (their step budget, default 50),
 # WORKERS (Table 1's episodes played at once on local Ray workers, default 1; 2 on this 2-core machine),
 # TW_GAMES (Table 3 test games per level, default 10), TW_LEVELS (default custom-1 cooking-1 custom-2 cooking-2),
