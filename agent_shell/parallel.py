@@ -149,11 +149,9 @@ def run_parallel(make_players: MakePlayers, agent_names: Sequence[str], task_ids
     todo = list(dict.fromkeys(task_ids))
     if task_type_of is not None:
         todo = round_robin_by_type(todo, task_type_of)
-    summaries: dict[str, RunSummary] = {}
-    finished: dict[str, set] = {}
-    for name in dict.fromkeys(agent_names):
-        finished[name] = check_results_file(results_path, [name], todo, resume, {**meta, "budget": max_steps})
-        summaries[name] = RunSummary(skipped=[t for t in todo if t in finished[name]])
+    finished = check_results_file(results_path, list(dict.fromkeys(agent_names)), todo, resume,
+                                  {**meta, "budget": max_steps})
+    summaries = {name: RunSummary(skipped=[t for t in todo if t in done]) for name, done in finished.items()}
     # game-major: every agent plays a game before the next game starts, so a run stopped part-way
     # holds a paired comparison of the agents on the games it reached
     queue: deque[_Job] = deque(_Job(name, t) for t in todo for name in summaries if t not in finished[name])

@@ -230,7 +230,8 @@ def run_episodes(env: Environment, agent: Reflexion, task_ids: Sequence[str], re
     """
     results_path = Path(results_path)
     todo = list(dict.fromkeys(task_ids))
-    finished = check_results_file(results_path, [agent.name], todo, resume, {**(meta or {}), "budget": max_steps})
+    finished = check_results_file(results_path, [agent.name], todo, resume,
+                                  {**(meta or {}), "budget": max_steps})[agent.name]
     summary = RunSummary(skipped=[t for t in todo if t in finished])
     todo = [t for t in todo if t not in finished]
     bar = None
@@ -305,9 +306,10 @@ RUN_SETTINGS = ("model", *RunConfig.SETTINGS)
 
 
 def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[str], task_ids: Sequence[str],
-                       resume: bool, settings: dict[str, Any]) -> set[str]:
-    """The task ids ``agent_names`` already finished in ``results_path``, after checking that the
-    file may be continued.
+                       resume: bool, settings: dict[str, Any]) -> dict[str, set[str]]:
+    """The task ids each of ``agent_names`` already finished in ``results_path`` (agent name ->
+    set of task ids, every name a key), after checking that the file may be continued; the file
+    is read once for all the agents.
 
     Raises:
         ValueError: without ``resume``, the file already holds an episode of one of the agents on
@@ -320,10 +322,10 @@ def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[st
     """
     from agent_shell.reporting import setting
 
-    finished: set[str] = set()
+    finished: dict[str, set[str]] = {name: set() for name in agent_names}
     wanted = set(task_ids)
     for r in read_results(results_path):
-        if r["agent"] not in agent_names:
+        if r["agent"] not in finished:
             continue
         if not resume and r["task_id"] in wanted:
             raise ValueError(f"{results_path} already holds {r['agent']} episodes; pass --resume to "
@@ -334,7 +336,7 @@ def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[st
                 raise ValueError(f"{results_path} holds {r['agent']} episodes run with {key}={recorded!r}, "
                                  f"but this run uses {key}={settings[key]!r}; resuming would mix them: "
                                  "choose another output directory")
-        finished.add(r["task_id"])
+        finished[r["agent"]].add(r["task_id"])
     return finished
 
 

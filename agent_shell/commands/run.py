@@ -52,11 +52,10 @@ def run(config: RunConfig) -> None:
         if config.resume:
             repair_for_resume(results_path, console.print)
         try:  # refuse a results file that cannot be continued before loading anything heavy
-            finished = [check_results_file(results_path, [name], task_ids, config.resume, settings)
-                        for name in config.agents]
+            finished = check_results_file(results_path, config.agents, task_ids, config.resume, settings)
         except ValueError as err:
             raise click.ClickException(str(err)) from None
-        if all(done >= set(task_ids) for done in finished):  # --resume of a finished run: nothing to load
+        if all(done >= set(task_ids) for done in finished.values()):  # --resume of a finished run: nothing to load
             console.print(f"nothing left to play: all {len(task_ids) * len(config.agents)} episodes are in "
                           f"{results_path} (--resume)")
         else:
