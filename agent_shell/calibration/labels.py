@@ -44,7 +44,7 @@ from agent_shell.context import render_history, render_task
 from agent_shell.experience import NO_UPDATE, candidates_after, parse_review, review_prompt, reviewable
 from agent_shell.lm.protocol import LanguageModel
 from agent_shell.studies.probe import probe_answer
-from agent_shell.studies.recorded import RecordedTrial
+from agent_shell.studies.recorded import RecordedTrial, check_settings
 from envs.storage import append_jsonl, iter_jsonl
 
 LABEL_SCHEMA = "cb-agent/calibration-label-v1"
@@ -260,18 +260,37 @@ def read_labels(path: str | Path, on_bad: Callable[[str], None] | None = None) -
     return out
 
 
-def pending(path: str | Path, items: Sequence[Transition], resume: bool) -> list[Transition]:
+def pending(path: str | Path, items: Sequence[Transition], resume: bool,
+            settings: Mapping[str, Any] | None = None) -> list[Transition]:
     """``items`` not yet labelled in ``path``.
 
+    A finished line must show the same transition (instruction, first observation and history:
+    the recorded runs it was labelled on) and agree with ``settings`` (field -> value: dtype,
+    seed, k, recipients, model, ...) in every field it records.
+
     Raises:
-        ValueError: without ``resume``, ``path`` already holds one of them (never a duplicate).
+        ValueError: without ``resume``, ``path`` already holds one of them (never a duplicate);
+            with ``resume``, a finished line shows another transition than the recorded runs
+            now give under its key, or was labelled with other ``settings`` (naming the item and
+            the field: resuming would mix them).
     """
-    done = {r["item"] for r in read_labels(path, on_bad=lambda _msg: None)}
-    hit = [t for t in items if t.key in done]
-    if hit and not resume:
-        raise ValueError(f"{path} already holds {len(hit)} of these transitions; pass --resume to continue it, "
+    by_key = {t.key: t for t in items}
+    done = [r for r in read_labels(path, on_bad=lambda _msg: None) if r["item"] in by_key]
+    if done and not resume:
+        raise ValueError(f"{path} already holds {len(done)} of these transitions; pass --resume to continue it, "
                          "or choose another --out")
-    return [t for t in items if t.key not in done]
+    check_settings(path, done, settings or {})
+    for r in done:
+        t = by_key[r["item"]]
+        traj, steps = t.recorded.trajectory, [{"kind": s.kind, "action": s.action, "observation": s.observation}
+                                              for s in t.steps]
+        for field, now in (("instruction", traj.instruction), ("observation", traj.observation), ("history", steps)):
+            if field in r and r[field] != now:
+                raise ValueError(f"{path} holds {r['item']!r} labelled on another recording (its {field} differs "
+                                 f"from {t.recorded.source}'s); resuming would mix them: label these runs into "
+                                 "another --out")
+    finished = {r["item"] for r in done}
+    return [t for t in items if t.key not in finished]
 
 
 def run_labels(items: Sequence[Transition], out: str | Path, label: Callable[[Transition], dict],
@@ -280,7 +299,7 @@ def run_labels(items: Sequence[Transition], out: str | Path, label: Callable[[Tr
     """Label every pending transition of ``items`` with ``label`` and append its line to ``out``.
     Returns the records written by this call."""
     written = []
-    for t in pending(out, items, resume):
+    for t in pending(out, items, resume, meta):
         record = {**(meta or {}), **label(t)}
         append_jsonl(out, record)
         written.append(record)

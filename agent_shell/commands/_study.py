@@ -5,7 +5,7 @@ resume conflict into a one-line error (see :mod:`agent_shell.studies` for the st
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable, Collection
+from typing import Any, Callable, Collection, Mapping
 
 import click
 
@@ -68,11 +68,15 @@ class AgentFactory:
 def play_study(study: str, out: str, keys: set[tuple[str, str, str, str]], resume: bool, config: RunConfig,
                task_types: set[str], actors: tuple[str, ...], last: Callable[[dict], str],
                echo: Callable[[str], None],
-               play: Callable[[Environment, AgentFactory, dict, Callable[[dict | None], None]], list[dict]]) -> list[dict]:
+               play: Callable[[Environment, AgentFactory, dict, Callable[[dict | None], None]], list[dict]],
+               settings: Mapping[str, Any] | None = None) -> list[dict]:
     """Play the (item, condition, rendering, actor) ``keys`` of ``study`` into ``out``.
 
     First checks ``out`` (:func:`agent_shell.studies.pending_keys`): a rerun without ``resume`` is
-    refused, and with nothing pending nothing loads. Otherwise opens ``config.env``, builds an
+    refused, so is a resume whose finished lines were played with another env, dtype, seed,
+    demonstrations or layout than ``config`` (or other ``settings``, e.g. the recovery's
+    new_actions; the backbone's name is compared once it has loaded), and with nothing pending
+    nothing loads. Otherwise opens ``config.env``, builds an
     :class:`AgentFactory` (concepts only when ``cb-agent`` is an actor), and calls
     ``play(env, factory, meta, on_record)`` under a progress bar over ``keys`` whose last column
     is ``last(record)``. Returns what ``play`` returns (the records written; [] when none pending).
@@ -92,7 +96,9 @@ def play_study(study: str, out: str, keys: set[tuple[str, str, str, str]], resum
 
         repair_for_resume(out, echo)
     try:
-        if not studies.pending_keys(out, study, keys, resume):
+        recorded = {"env": config.env, "dtype": config.dtype, "seed": config.seed, "demos_per_type": config.demos_per_type,
+                    "demo_split": config.demo_split, "layout": config.layout, **(settings or {})}
+        if not studies.pending_keys(out, study, keys, resume, recorded):
             return []
     except ValueError as err:
         raise click.ClickException(str(err)) from None

@@ -85,7 +85,9 @@ def label(results, actors, judge, k, temperature, content_screening, max_transit
 
         repair_for_resume(out, console.print)
     try:
-        todo = lab.pending(out, items, resume)
+        todo = lab.pending(out, items, resume, {
+            "dtype": config.dtype, "seed": config.seed, "k": k, "temperature": temperature,
+            "demo_split": config.demo_split, "demos_per_type": config.demos_per_type, "recipients": list(actors)})
     except ValueError as err:
         raise click.ClickException(str(err)) from None
     console.print(f"{len(items)} transitions from {len({i.recorded.key for i in items})} trials, {len(todo)} to label "

@@ -65,7 +65,8 @@ def recover(results, conditions, renderings, actors, max_items, new_actions, out
         "recover", out, keys, resume, replace(config, env=studies.env_name_of([i.recorded for i in items])),
         {i.recorded.trajectory.task_type for i in items}, actors,
         lambda r: (f"{r['condition']}/{r['rendering']}/{r['agent']}: "
-                   f"{'won' if r['recovered'] else 'lost'} in {r['new_steps']}"), console.print, play)
+                   f"{'won' if r['recovered'] else 'lost'} in {r['new_steps']}"), console.print, play,
+        {"new_actions": new_actions})
     records = [r for r in studies.read_study(out, "recover")
                if (r["item"], r["condition"], r["rendering"], r["agent"]) in keys]
     mismatched = sum(r["replay_mismatch"] for r in records)

@@ -117,21 +117,46 @@ def read_study(path: str | Path, study: str) -> list[dict]:
 
 def finished_keys(path: str | Path, study: str) -> set[Key]:
     """(item, condition, rendering, actor) of every finished line of ``study`` in ``path``."""
-    return {(r["item"], r.get("condition", ""), r["rendering"], r["agent"]) for r in read_study(path, study)}
+    return {_key(r) for r in read_study(path, study)}
 
 
-def pending_keys(path: str | Path, study: str, todo: set[Key], resume: bool) -> set[Key]:
+def pending_keys(path: str | Path, study: str, todo: set[Key], resume: bool,
+                 settings: Mapping[str, Any] | None = None) -> set[Key]:
     """The (item, condition, rendering, actor) keys of ``todo`` not yet in ``path`` (condition ""
     for the probe), checked before anything heavy loads.
 
+    ``settings`` (field -> value, e.g. dtype, seed, layout, new_actions, model) must agree with every
+    finished line of ``todo`` that records the field (a line without it is not compared).
+
     Raises:
-        ValueError: without ``resume``, ``path`` already holds one of ``todo`` (never a duplicate).
+        ValueError: without ``resume``, ``path`` already holds one of ``todo`` (never a duplicate);
+            with ``resume``, one of its finished lines was played with other ``settings`` (naming
+            the line's key and the field: resuming would mix them).
     """
-    done = finished_keys(path, study) & todo
-    if done and not resume:
-        raise ValueError(f"{path} already holds {len(done)} of these results; pass --resume to "
+    records = [r for r in read_study(path, study) if _key(r) in todo]
+    if records and not resume:
+        raise ValueError(f"{path} already holds {len({_key(r) for r in records})} of these results; pass --resume to "
                          "continue it, or choose another --out")
-    return todo - done
+    check_settings(path, records, settings or {})
+    return todo - {_key(r) for r in records}
+
+
+def check_settings(path: str | Path, records: Iterable[Mapping[str, Any]], settings: Mapping[str, Any]) -> None:
+    """Refuse to continue ``path`` when one of its ``records`` differs from ``settings`` in a field
+    it records (fields it lacks are not compared).
+
+    Raises:
+        ValueError: naming the record's ``item``, the field and both values.
+    """
+    for r in records:
+        for field, value in settings.items():
+            if field in r and r[field] != value:
+                raise ValueError(f"{path} holds {r.get('item')!r} with {field}={r[field]!r}, but this run uses "
+                                 f"{field}={value!r}; resuming would mix them: choose another --out")
+
+
+def _key(record: Mapping[str, Any]) -> Key:
+    return record["item"], record.get("condition", ""), record["rendering"], record["agent"]
 
 
 class Item(Protocol):
@@ -152,7 +177,7 @@ def run_cells(out: Path, study: str, cells: Sequence[tuple[Item, str, str, str]]
     """Play the (item, condition, rendering, actor) ``cells`` in order, appending one line each to
     ``out``; finished keys are skipped (``on_record(None)``), agents are built once per
     (rendering, actor) and only when needed. Returns the records written."""
-    pending = pending_keys(out, study, {(i.key, c, r, a) for i, c, r, a in cells}, resume)
+    pending = pending_keys(out, study, {(i.key, c, r, a) for i, c, r, a in cells}, resume, meta)
     agents: dict[tuple[str, str], ReActAgent] = {}
     written = []
     for item, condition, rendering, actor in cells:
@@ -170,5 +195,5 @@ def run_cells(out: Path, study: str, cells: Sequence[tuple[Item, str, str, str]]
     return written
 
 
-__all__ = ["AgentFactory", "Item", "Key", "RecordedTrial", "env_name_of", "finished_keys", "norm", "pending_keys",
+__all__ = ["AgentFactory", "Item", "Key", "RecordedTrial", "check_settings", "env_name_of", "finished_keys", "norm", "pending_keys",
            "read_study", "recorded_trials", "run_cells"]

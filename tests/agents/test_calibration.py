@@ -462,6 +462,13 @@ def test_calibrate_label_fit_eval_commands(tmp_path, doubles):
     assert again.exit_code == 1 and "--resume" in again.output
     resumed = CliRunner().invoke(main, args + ["--resume"])
     assert resumed.exit_code == 0 and "0 to label" in resumed.output, resumed.output
+    # a resume with other settings, or over another recording of the same trials, would mix labels
+    other_k = CliRunner().invoke(main, args[:-3] + ["4", "--out", str(out), "--resume"])
+    assert other_k.exit_code == 1 and "k=3" in other_k.output and "k=4" in other_k.output, other_k.output
+    replayed = recorded(tmp_path, [env_step("go to window 1", "The window is open."), *PLAYED[1:]], name="r2.jsonl")
+    other_run = CliRunner().invoke(main, [*args[:2], str(replayed), *args[3:], "--resume"])
+    assert other_run.exit_code == 1 and "another recording" in other_run.output, other_run.output
+    assert "react:a/3#0@0" in other_run.output and len(read_labels(out)) == 3
     one = CliRunner().invoke(main, ["calibrate", "label", str(results), "--actor", "react", "--out", str(out)])
     assert one.exit_code == 2 and "at least two" in one.output
     test_split = recorded(tmp_path, PLAYED, split="test", name="t.jsonl")

@@ -308,6 +308,19 @@ def test_run_recovery_resume(tmp_path):
                                                    (("reference", "raw", "react"), 1, 1)]
 
 
+def test_pending_keys_refuses_a_resume_with_other_settings(tmp_path):
+    out = tmp_path / "s.jsonl"
+    line = {"study": "recover", "item": "a/1", "condition": "history", "rendering": "raw", "agent": "react",
+            "dtype": "float32", "seed": 0}
+    append_jsonl(out, line)
+    key, other = ("a/1", "history", "raw", "react"), ("a/2", "history", "raw", "react")
+    assert studies.pending_keys(out, "recover", {key, other}, True, {"dtype": "float32", "layout": "chat"}) == {other}
+    with pytest.raises(ValueError, match=r"'a/1' with dtype='float32', but this run uses dtype='bfloat16'"):
+        studies.pending_keys(out, "recover", {key, other}, True, {"dtype": "bfloat16"})
+    # lines outside the keys asked for are not compared
+    assert studies.pending_keys(out, "recover", {other}, True, {"dtype": "bfloat16"}) == {other}
+
+
 def test_read_study_keeps_its_own_lines_and_names_bad_ones(tmp_path):
     out = tmp_path / "s.jsonl"
     line = {"study": "probe", "item": "a/1@1", "rendering": "raw", "agent": "react", "repeat": True}
@@ -374,6 +387,12 @@ def test_probe_and_recover_commands(tmp_path, doubles, monkeypatch):
     assert again.exit_code == 1 and "--resume" in again.output, again.output
     resumed = CliRunner().invoke(main, args + ["--resume"])
     assert resumed.exit_code == 0 and "0 lines written, 2 already" in resumed.output, resumed.output
+    # the backbone still unloaded: a resume with other settings is refused before anything loads
+    for flag, value, field in (("--new-actions", "3", "new_actions=2"), ("--seed", "1", "seed=0"),
+                               ("--layout", "chat", "layout='text'")):
+        mixed = CliRunner().invoke(main, args + ["--resume", flag, value])
+        assert mixed.exit_code == 1 and field in mixed.output and "would mix" in mixed.output, mixed.output
+    assert len(studies.read_study(out, "recover")) == 2
 
 
 def test_probe_defaults_to_every_rendering_but_the_calibrator_without_its_file(tmp_path, doubles):
