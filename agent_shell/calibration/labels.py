@@ -68,6 +68,11 @@ class Transition:
         return tuple(self.recorded.trajectory.steps[:self.i + 1])
 
     @property
+    def history(self) -> list[dict[str, str]]:
+        """:attr:`steps` as label records hold them (kind, action, observation)."""
+        return [{"kind": s.kind, "action": s.action, "observation": s.observation} for s in self.steps]
+
+    @property
     def next_candidates(self) -> list[str]:
         return candidates_after(self.recorded.trajectory.steps, self.i)
 
@@ -223,7 +228,7 @@ def label_record(transition: Transition, actors: Mapping[str, ReActAgent], judge
         "env": traj.env, "task_id": traj.task_id, "task_type": traj.task_type, "source": transition.recorded.source,
         "source_agent": transition.recorded.agent, "trial": transition.recorded.trial, "i": transition.i,
         "instruction": traj.instruction, "observation": traj.observation,
-        "history": [{"kind": s.kind, "action": s.action, "observation": s.observation} for s in transition.steps],
+        "history": transition.history,
         "next_candidates": transition.next_candidates,
         "proposals": proposals, "options": options, "candidates": per_candidate,
         "actors": answers, "judge": judge.name,
@@ -282,9 +287,9 @@ def pending(path: str | Path, items: Sequence[Transition], resume: bool,
     check_settings(path, done, settings or {})
     for r in done:
         t = by_key[r["item"]]
-        traj, steps = t.recorded.trajectory, [{"kind": s.kind, "action": s.action, "observation": s.observation}
-                                              for s in t.steps]
-        for field, now in (("instruction", traj.instruction), ("observation", traj.observation), ("history", steps)):
+        traj = t.recorded.trajectory
+        for field, now in (("instruction", traj.instruction), ("observation", traj.observation),
+                           ("history", t.history)):
             if field in r and r[field] != now:
                 raise ValueError(f"{path} holds {r['item']!r} labelled on another recording (its {field} differs "
                                  f"from {t.recorded.source}'s); resuming would mix them: label these runs into "

@@ -91,22 +91,22 @@ def play_study(study: str, out: str, keys: set[tuple[str, str, str, str]], resum
     from agent_shell import studies
     from envs import make_env
 
+    run_meta = {"env": config.env, "dtype": config.dtype, "seed": config.seed, "demos_per_type": config.demos_per_type,
+                "demo_split": config.demo_split}  # every line's; with the backbone's name once it has loaded
     if resume:  # a torn last line of an interrupted study: aside, the rest byte for byte
         from agent_shell.commands._resume import repair_for_resume
 
         repair_for_resume(out, echo)
     try:
-        recorded = {"env": config.env, "dtype": config.dtype, "seed": config.seed, "demos_per_type": config.demos_per_type,
-                    "demo_split": config.demo_split, "layout": config.layout, **(settings or {})}
-        if not studies.pending_keys(out, study, keys, resume, recorded):
+        shared = {**run_meta, "layout": config.layout, **(settings or {})}
+        if not studies.pending_keys(out, study, keys, resume, shared):
             return []
     except ValueError as err:
         raise click.ClickException(str(err)) from None
     env = make_env(config.env)
     try:
         factory = AgentFactory(config, env, "cb-agent" in actors, task_types, echo)
-        meta = {"env": config.env, "model": factory.lm.name, "dtype": config.dtype, "seed": config.seed,
-                "demos_per_type": config.demos_per_type, "demo_split": config.demo_split}
+        meta = {"env": config.env, "model": factory.lm.name, **run_meta}  # key order: env, model, dtype, ...
         progress = progress_bar(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), TextColumn("{task.fields[last]}"))
         bar = progress.add_task(study, total=len(keys), last="")

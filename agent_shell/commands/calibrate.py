@@ -85,9 +85,7 @@ def label(results, actors, judge, k, temperature, content_screening, max_transit
 
         repair_for_resume(out, console.print)
     try:
-        todo = lab.pending(out, items, resume, {
-            "dtype": config.dtype, "seed": config.seed, "k": k, "temperature": temperature,
-            "demo_split": config.demo_split, "demos_per_type": config.demos_per_type, "recipients": list(actors)})
+        todo = lab.pending(out, items, resume, label_settings(config, k, temperature, actors))
     except ValueError as err:
         raise click.ClickException(str(err)) from None
     console.print(f"{len(items)} transitions from {len({i.recorded.key for i in items})} trials, {len(todo)} to label "
@@ -133,9 +131,8 @@ def _label(todo, trials, actors, judge_name, k, temperature, content_screening, 
                                        scorer)
         judge = ExpertDistanceJudge(env, max_expert_steps) if judge_name == "expert-distance" else LMJudge(judge_lm)
         screen = ContentScreen(judge_lm) if content_screening else None
-        meta = {"model": lm.name, "dtype": config.dtype, "seed": config.seed, "k": k, "temperature": temperature,
-                "demo_split": config.demo_split, "demos_per_type": config.demos_per_type,
-                "recipients": list(actors), "recipient_rendering": "experience (demos raw)"}
+        meta = {"model": lm.name, **label_settings(config, k, temperature, actors),
+                "recipient_rendering": "experience (demos raw)"}
         n = [0]
 
         def on_record(r: dict) -> None:
@@ -151,6 +148,12 @@ def _label(todo, trials, actors, judge_name, k, temperature, content_screening, 
             raise click.ClickException(str(err)) from None
     finally:
         env.close()
+
+
+def label_settings(config: RunConfig, k: int, temperature: float, actors: tuple[str, ...]) -> dict:
+    """The settings every label record holds (besides the backbone's name), which a resume must share."""
+    return {"dtype": config.dtype, "seed": config.seed, "k": k, "temperature": temperature,
+            "demo_split": config.demo_split, "demos_per_type": config.demos_per_type, "recipients": list(actors)}
 
 
 def studies_env(trials) -> str:

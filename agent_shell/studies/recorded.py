@@ -134,11 +134,12 @@ def pending_keys(path: str | Path, study: str, todo: set[Key], resume: bool,
             the line's key and the field: resuming would mix them).
     """
     records = [r for r in read_study(path, study) if _key(r) in todo]
-    if records and not resume:
-        raise ValueError(f"{path} already holds {len({_key(r) for r in records})} of these results; pass --resume to "
+    done = {_key(r) for r in records}
+    if done and not resume:
+        raise ValueError(f"{path} already holds {len(done)} of these results; pass --resume to "
                          "continue it, or choose another --out")
     check_settings(path, records, settings or {})
-    return todo - {_key(r) for r in records}
+    return todo - done
 
 
 def check_settings(path: str | Path, records: Iterable[Mapping[str, Any]], settings: Mapping[str, Any]) -> None:
@@ -195,5 +196,5 @@ def run_cells(out: Path, study: str, cells: Sequence[tuple[Item, str, str, str]]
     return written
 
 
-__all__ = ["AgentFactory", "Item", "Key", "RecordedTrial", "check_settings", "env_name_of", "finished_keys", "norm", "pending_keys",
-           "read_study", "recorded_trials", "run_cells"]
+__all__ = ["AgentFactory", "Item", "Key", "RecordedTrial", "check_settings", "env_name_of", "finished_keys", "norm",
+           "pending_keys", "read_study", "recorded_trials", "run_cells"]
