@@ -62,9 +62,10 @@ seed() {
   fi
 }
 
-# finish RESULTS_JSONL NAME: Markdown table + chart into results/, the results file compressed beside them
+# finish RESULTS_JSONL NAME [REPORT OPTIONS]: Markdown table + chart into results/, the results file compressed
+# beside them
 finish() {
-  "$CB" report "$1" --markdown "results/$2.md" --chart "results/$2.png"
+  "$CB" report "$1" --markdown "results/$2.md" --chart "results/$2.png" "${@:3}"
   gzip -c "$1" > "results/$2.results.jsonl.gz"
 }
 
@@ -114,7 +115,7 @@ table1_bf16() {  # Table 1 again in bfloat16 (this CPU's --dtype auto), all 134 
 table1_reflexion() {  # the Reflexion rows of Table 1 (two trials each)
   seed "$RUNS/alfworld-reflexion/results.jsonl" results/table1_alfworld_reflexion.results.jsonl.gz
   grown --agent reflexion-react --agent reflexion-cb-agent --out-dir "$RUNS/alfworld-reflexion" --workers "$WORKERS"
-  finish "$RUNS/alfworld-reflexion/results.jsonl" table1_alfworld_reflexion
+  finish "$RUNS/alfworld-reflexion/results.jsonl" table1_alfworld_reflexion --paired
 }
 
 table1_features() {  # issue 19's extra features on the Table 1 games (needs `run --features`)
@@ -218,7 +219,7 @@ calibration() {  # issue 15: labels from ReAct / prior-only runs on training gam
   gzip -c "$dir/recover.jsonl" > results/calibration_recover.jsonl.gz
   "$CB" run --env alfworld "${COMMON[@]}" --agent joint-react --agent joint-cb-agent \
     $(alf_games) --max-steps "$ALF_BUDGET" --out-dir "$RUNS/alfworld-joint" --resume --workers "$WORKERS"
-  finish "$RUNS/alfworld-joint/results.jsonl" calibration_alfworld_joint
+  finish "$RUNS/alfworld-joint/results.jsonl" calibration_alfworld_joint --paired
   gzip -c "$dir/labels.jsonl" > results/calibration_labels.jsonl.gz
   cp "$dir/labels.jsonl.counts.json" results/calibration_label_counts.json
   cp "$dir/calibrator.safetensors.eval.json" results/calibration_calibrator_eval.json
