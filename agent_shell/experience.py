@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -143,32 +143,6 @@ def review_transition(lm: LanguageModel, instruction: str, observation: str, ste
     shown = [observation] + [s.observation for s in steps[:index + 1]]
     experience, invalid = parse_review(reply, candidates, shown)
     return Review(index, reply, experience, invalid)
-
-
-@dataclass
-class ReviewStats:
-    """Counts over review calls: reviews, kept experiences, NO UPDATE replies, invalid replies."""
-
-    reviews: int = 0
-    kept: int = 0
-    no_update: int = 0
-    invalid: int = 0
-    reasons: dict = field(default_factory=dict)
-
-    def add(self, review: Review) -> None:
-        self.reviews += 1
-        if review.experience is not None:
-            self.kept += 1
-        elif review.invalid:
-            self.invalid += 1
-            self.reasons[review.invalid.split(" ")[0]] = self.reasons.get(review.invalid.split(" ")[0], 0) + 1
-        else:
-            self.no_update += 1
-
-    @property
-    def rate(self) -> float:
-        """Kept experiences per review (0 when there was no review)."""
-        return self.kept / self.reviews if self.reviews else 0.0
 
 
 def reviewable(steps: Sequence[Step]) -> list[int]:

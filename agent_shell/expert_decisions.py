@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 from envs.trajectory import Step, Trajectory
 
@@ -43,16 +43,6 @@ class DecisionExample:
     @property
     def expert_action(self) -> str:
         return self.candidates[self.expert_index]
-
-
-def drop_actions(actions: Iterable[str]) -> Callable[[Sequence[str]], list[str]]:
-    """A candidate filter that removes exact ``actions`` (e.g. ALFWorld's look/inventory/help)."""
-    banned = frozenset(actions)
-
-    def candidate_filter(candidates: Sequence[str]) -> list[str]:
-        return [c for c in candidates if c not in banned]
-
-    return candidate_filter
 
 
 def capped_candidates(candidates: Sequence[str], expert: str, limit: int, key: str) -> list[str]:
@@ -126,4 +116,4 @@ def decision_examples(
     return examples, skipped
 
 
-__all__ = ["DecisionExample", "capped_candidates", "decision_examples", "drop_actions"]
+__all__ = ["DecisionExample", "capped_candidates", "decision_examples"]

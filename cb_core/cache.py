@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from cb_core._atomic import atomic_path
 
-__all__ = ["enable_persistent_cache", "call_compiled", "executable_dir"]
+__all__ = ["enable_persistent_cache", "call_compiled"]
 
 _EXECUTABLES: Path | None = None
 _LOADED: dict[Path, Any] = {}  # executables loaded or compiled by this process, by file
@@ -51,11 +51,6 @@ def enable_persistent_cache(directory: str | os.PathLike) -> Path:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     _EXECUTABLES = directory / "executables"
     return directory
-
-
-def executable_dir() -> Path | None:
-    """Where serialized executables are kept (None until :func:`enable_persistent_cache`)."""
-    return _EXECUTABLES
 
 
 @functools.lru_cache(maxsize=1)

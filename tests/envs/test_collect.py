@@ -6,7 +6,8 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from agent_shell.expert_decisions import decision_examples, drop_actions
+from agent_shell.candidates import drop_excluded
+from agent_shell.expert_decisions import decision_examples
 from envs import make_env, read_trajectories
 from envs.alfworld import META_COMMANDS
 from envs.collect import collect_expert_trajectories, select_tasks
@@ -40,7 +41,7 @@ def test_collect_round_trip_resume_and_decisions(env, tmp_path):
         assert all(e.candidates[e.expert_index] == e.expert_action for e in examples)
         assert all(e.expert_action in traj.steps[e.step_index].candidates for e in examples)
         looks = sum(s.action in META_COMMANDS for s in env_steps)
-        filtered, skipped = decision_examples(traj, drop_actions(META_COMMANDS))
+        filtered, skipped = decision_examples(traj, drop_excluded)
         assert skipped == looks >= 1  # the expert's opening `look` is dropped with the filter
         assert len(filtered) == len(env_steps) - looks
     # every line on disk is one whole JSON record

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from agent_shell.expert_decisions import capped_candidates, decision_examples, drop_actions
+from agent_shell.candidates import drop_excluded
+from agent_shell.expert_decisions import capped_candidates, decision_examples
 from envs.storage import append_jsonl
 from envs.trajectory import (
     SCHEMA_VERSION,
@@ -53,7 +54,7 @@ def test_decision_examples_count_history_and_expert_index():
 
 
 def test_filtered_expert_look_is_skipped_and_counted():
-    examples, skipped = decision_examples(make_trajectory(), drop_actions(["look", "inventory", "help"]))
+    examples, skipped = decision_examples(make_trajectory(), drop_excluded)
     assert (len(examples), skipped) == (2, 1)
     assert all("look" not in e.candidates for e in examples)
     assert examples[0].history[0].action == "look"  # the skipped step still shapes later contexts
