@@ -8,7 +8,7 @@ Order (:func:`schedule`): game by game, every agent of a game (in the given agen
 next game starts; the games round robin over task types when the types are known (the first game of
 each type in first-seen order, then the second of each, ...; within a type the given order). A run
 stopped part-way is then a paired comparison of the agents on every game it reached, spread over all
-task types alike, which is what a partial results table can be read as. Episodes start in this
+task types alike, so its partial results table compares the agents fairly. Episodes start in this
 order; one executor slot plays them in it, several slots append the records as episodes finish (the
 same records, another line order). A resumed run drops the finished episodes and keeps the order.
 
