@@ -1,9 +1,9 @@
 """Episode throughput on Ray: 1 vs 2 workers, and the batched LM actor vs per-episode calls.
 
 Part A plays the same ALFWorld valid_unseen episodes (prior-only, the offline SmolLM2, a short
-step budget) with ``run_parallel`` on 1 and then 2 workers, each worker with its own env and
+step budget) with the scheduler's Ray executor on 1 and then 2 workers, each worker with its own env and
 backbone (one torch thread), and reports episodes per hour and the speed-up (target on 2 cores:
-2 workers >= 1.7x one), on the wall time of ``run_parallel`` (workers' start included) and on the
+2 workers >= 1.7x one), on the wall time of ``play_episodes`` (workers' start included) and on the
 episodes' running time (``cb-agent report``'s: the start-up left out, as in a long run). Part B
 replays recorded scoring calls (expert trajectories' contexts and candidate sets) from 4 and 8 concurrent streams against two LM server actors side by side: one
 that batches concurrent calls into one pass (``wait_ms`` 5, up to 16 per pass) and one that
@@ -33,9 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def part_a(args) -> dict:
     from agent_shell.commands._common import prepare
     from agent_shell.commands.run import build_players
-    from agent_shell.parallel import run_parallel
+    from agent_shell.parallel import RayExecutor
     from agent_shell.reporting import running_time
     from agent_shell.run_config import RunConfig
+    from agent_shell.scheduler import play_episodes
     from envs import make_env
 
     config = RunConfig(env="alfworld", agents=("prior-only",), dtype=args.dtype, budget=args.max_steps,
@@ -52,8 +53,8 @@ def part_a(args) -> dict:
     for workers in (1, 2):
         with tempfile.TemporaryDirectory() as tmp:
             t = time.perf_counter()
-            summary = run_parallel(players, ["prior-only"], task_ids, Path(tmp) / "results.jsonl", args.max_steps,
-                                   workers=workers, meta={"seed": 0})
+            summary = play_episodes(RayExecutor(players, workers), ["prior-only"], task_ids,
+                                    Path(tmp) / "results.jsonl", args.max_steps, meta={"seed": 0})
             wall = time.perf_counter() - t
         records = summary["prior-only"].records
         playing = running_time(records)  # the episodes' own intervals, concurrent ones once

@@ -7,9 +7,9 @@ once into the cache) as ReAct demonstrations and concept data; concepts fitted p
 smoke-sized slice); a 50-step budget with think steps counted. ``--per-type 5 --games 0`` gives
 the 30-game evaluation (five per type); ``--all-games`` (= ``--per-type 0 --games 0``) the whole
 split (ALFWorld valid_unseen: 134 games). The options form one :class:`RunConfig`, whose settings
-every results line records. ``--workers N`` plays N episodes at once on Ray workers
-(:mod:`agent_shell.parallel`), each building its own env and backbone from the caches this
-process filled (demonstrations, features, concepts).
+every results line records. Episodes are played in :mod:`agent_shell.scheduler`'s order;
+``--workers N`` plays N at once on Ray workers (:mod:`agent_shell.parallel`), each building its
+own env and backbone from the caches this process filled (demonstrations, features, concepts).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _play(config: RunConfig, env: Any, task_ids: list[str], type_of: Any, settin
     """Set up (demonstrations, features, concepts, backbone) and play ``config``'s unfinished
     episodes of ``task_ids``, sequentially or on Ray workers, appending to its results file."""
     from agent_shell.progress import interactive
-    from agent_shell.runner import episode_summary, make_progress, run_episodes
+    from agent_shell.scheduler import InProcessExecutor, make_progress, play_episodes
 
     results_path = config.results_path
     task_types = None if type_of is None else sorted({type_of(t) for t in task_ids})
@@ -89,7 +89,7 @@ def _play(config: RunConfig, env: Any, task_ids: list[str], type_of: Any, settin
     console.print(f"{len(task_ids)} {config.split} games x {len(config.agents)} agent(s), budget {config.budget} "
                   f"steps (think steps included) -> {results_path}")
     start = time.perf_counter()
-    # a bar on a terminal; elsewhere (a log, CI, nohup) one plain line per finished episode
+    # a bar on a terminal (none in a log, CI, nohup), and one plain line per finished episode
     progress = make_progress() if interactive() else None
 
     def say(line: str) -> None:
@@ -98,14 +98,11 @@ def _play(config: RunConfig, env: Any, task_ids: list[str], type_of: Any, settin
     with progress if progress is not None else contextlib.nullcontext():
         if config.workers > 1 or config.ray_address or config.shared_lm:
             setup.lm = None  # the workers load their own backbones, or share the server's
-            summaries = run_on_ray(config, task_ids, task_types, type_of, meta, progress,
-                                   None if progress is not None else say)
+            summaries = run_on_ray(config, task_ids, task_types, type_of, meta, progress, say)
         else:
-            on_episode = None if progress is not None else (lambda record: say(episode_summary(record)))
-            summaries = {name: run_episodes(env, agent, task_ids, results_path, config.budget,
-                                            resume=config.resume, meta=meta, progress=progress,
-                                            on_episode=on_episode)
-                         for name, agent in players_of(config, setup).items()}
+            summaries = play_episodes(InProcessExecutor(env, players_of(config, setup)), config.agents, task_ids,
+                                      results_path, config.budget, resume=config.resume, meta=meta,
+                                      task_type_of=type_of, progress=progress, echo=say)
     for name, summary in summaries.items():
         if summary.skipped:
             console.print(f"{name}: {len(summary.skipped)} finished episodes skipped (--resume)")
@@ -117,11 +114,12 @@ def _play(config: RunConfig, env: Any, task_ids: list[str], type_of: Any, settin
 
 
 def run_on_ray(config: RunConfig, task_ids: list[str], task_types: list[str] | None, type_of: Any,
-               meta: dict[str, Any], progress: Any, on_event: Any) -> dict[str, Any]:
-    """``config``'s episodes on Ray workers (:func:`agent_shell.parallel.run_parallel`); with
+               meta: dict[str, Any], progress: Any, echo: Any) -> dict[str, Any]:
+    """``config``'s episodes on Ray workers (:class:`agent_shell.parallel.RayExecutor`); with
     ``--shared-lm`` the workers share one backbone behind an ``LMServer`` actor. Returns agent
-    name -> :class:`agent_shell.runner.RunSummary`."""
-    from agent_shell.parallel import run_parallel, start_ray
+    name -> :class:`agent_shell.scheduler.RunSummary`."""
+    from agent_shell.parallel import RayExecutor, start_ray
+    from agent_shell.scheduler import play_episodes
 
     owns_ray = start_ray(config.workers + int(config.shared_lm), config.ray_address)  # + the server's CPU
     try:
@@ -133,9 +131,9 @@ def run_on_ray(config: RunConfig, task_ids: list[str], task_types: list[str] | N
 
             server = start_lm_server(config.model, config.dtype, num_gpus=int(torch.cuda.is_available()), threads=1)
         players = functools.partial(build_players, config, task_types, server)
-        return run_parallel(players, config.agents, task_ids, config.results_path, config.budget,
-                            workers=config.workers, resume=config.resume, meta=meta, ray_address=config.ray_address,
-                            task_type_of=type_of, progress=progress, on_event=on_event)
+        return play_episodes(RayExecutor(players, config.workers, config.ray_address), config.agents, task_ids,
+                             config.results_path, config.budget, resume=config.resume, meta=meta,
+                             task_type_of=type_of, progress=progress, echo=echo)
     finally:
         if owns_ray:
             import ray

@@ -4,7 +4,8 @@
 agents of :data:`AGENTS` over a stateless looping LM (its reply depends only on the prompt, so
 an episode's record does not depend on which episodes the worker played before). ``kill_on``:
 tasks whose first ``kills`` resets SIGKILL the worker process (counted in files under
-``marker_dir``, shared by all workers); ``raise_on``: tasks whose every reset raises.
+``marker_dir``, shared by all workers); ``raise_on``: tasks whose every reset raises (an engine
+fault); ``fail_on``: tasks whose every LM call raises (an exception that is no engine fault).
 """
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ class FaultyEnv(ScriptedEnv):
         return super().reset(task_id)
 
 
-def make_players(kill_on=(), kills=1, raise_on=(), marker_dir=None):
+def make_players(kill_on=(), kills=1, raise_on=(), marker_dir=None, fail_on=()):
     env = FaultyEnv(kill_on, kills, raise_on, marker_dir)
-    return env, {name: build_agent(name, FakeLM(loop_reply), DEMOS) for name in AGENTS}
+
+    def reply(prompt, temperature, n):
+        task = next((t for t in fail_on if f"solve {t}." in prompt), None)
+        if task is not None:
+            raise RuntimeError(f"the LM failed on {task}")
+        return loop_reply(prompt, temperature, n)
+
+    return env, {name: build_agent(name, FakeLM(reply), DEMOS) for name in AGENTS}

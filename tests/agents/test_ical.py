@@ -202,12 +202,12 @@ def test_corrupted_expert_replays_in_the_game():
 
 def test_results_files_give_trials_and_bad_lines_one_line_errors(tmp_path):
     from agent_shell.agents import build_agent
-    from agent_shell.runner import run_episodes
+    from agent_doubles import play_agent
 
     env = ScriptedEnv()
     lm = FakeLM(replies=["> go to window 1"])
     path = tmp_path / "run" / "results.jsonl"
-    run_episodes(env, build_agent("react", lm, {"fetch": ["demo"]}), ["a/1", "a/2"], path, max_steps=3)
+    play_agent(env, build_agent("react", lm, {"fetch": ["demo"]}), ["a/1", "a/2"], path, max_steps=3)
     failed = from_results(path, "failed")
     assert len(failed) == 2 and not failed[0].won and failed[0].meta["noisy_source"]["agent"] == "react"
     assert from_results(path, "won") == []

@@ -8,13 +8,13 @@ from click.testing import CliRunner
 import agent_shell.embeddings
 import agent_shell.lm
 import envs
-from agent_doubles import TASKS, FakeLM, ScriptedEnv
+from agent_doubles import TASKS, FakeLM, ScriptedEnv, play_agent
 from agent_shell.agents import build_agent
 from agent_shell.cli import main
 from agent_shell.ical import Lambdas, Memory, execute, parse_program
 from agent_shell.ical.acting import RetrievedDemos, demos_with_thoughts, parse_demos
 from agent_shell.ical.memory import Example
-from agent_shell.runner import read_results, run_episodes
+from agent_shell.runner import read_results
 from test_ical_memory import TableEmbedder
 
 TABLE = {"Your task is to: solve a/1.": [1, 0, 0], "Your task is to: solve a/2.": [0.9, 0.2, 0],
@@ -39,7 +39,7 @@ def test_retrieved_demos_show_the_nearest_examples_with_their_thoughts(tmp_path)
     demos = RetrievedDemos(mem, k=2, lambdas=Lambdas(1, 0))
     lm = FakeLM(replies=[" go to desk 1"])
     agent = build_agent("react", lm, demos)
-    run_episodes(ScriptedEnv(), agent, ["a/3"], tmp_path / "r.jsonl", max_steps=1)
+    play_agent(ScriptedEnv(), agent, ["a/3"], tmp_path / "r.jsonl", max_steps=1)
     prompt = lm.prompts[0]
     assert prompt.startswith("Interact with a household to solve a task. Here are 2 examples.")
     assert "solve a/1." in prompt and "solve a/2." in prompt and "solve b/1." not in prompt

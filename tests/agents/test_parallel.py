@@ -1,17 +1,20 @@
-"""Parallel episodes on a local Ray cluster: same records as a sequential run, a killed worker's
-episode retried, a repeatedly failing one stored as an error record, nothing lost or duplicated."""
+"""The scheduler's Ray executor on a local Ray cluster: the same records as the in-process executor
+(faults, retries and error records included), a killed worker's episode retried, a repeatedly
+failing one stored as an error record, nothing lost or duplicated."""
 
 from __future__ import annotations
 
 import functools
+import re
 import sys
 
 import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'cb-agent[ray]')")
 
-from agent_shell.parallel import run_parallel  # noqa: E402
-from agent_shell.runner import read_results, run_episodes  # noqa: E402
+from agent_shell.parallel import RayExecutor  # noqa: E402
+from agent_shell.runner import read_results  # noqa: E402
+from agent_shell.scheduler import InProcessExecutor, play_episodes, schedule  # noqa: E402
 from parallel_doubles import AGENTS, make_players  # noqa: E402
 from test_runner import untimed  # noqa: E402
 
@@ -33,35 +36,70 @@ def by_episode(records):
     return out
 
 
+def on_ray(players, agents, tasks, out, workers=2, **kw):
+    return play_episodes(RayExecutor(players, workers), agents, tasks, out, BUDGET, meta={"seed": 0}, **kw)
+
+
+def in_process(players, agents, tasks, out, **kw):
+    return play_episodes(InProcessExecutor(*players()), agents, tasks, out, BUDGET, meta={"seed": 0}, **kw)
+
+
 @pytest.fixture(scope="module")
 def sequential(tmp_path_factory):
     out = tmp_path_factory.mktemp("seq") / "results.jsonl"
-    env, agents = make_players()
-    for name in AGENTS:
-        run_episodes(env, agents[name], TASKS, out, BUDGET, meta={"seed": 0})
+    in_process(make_players, AGENTS, TASKS, out)
     return by_episode(read_results(out))
 
 
 def test_parallel_records_equal_the_sequential_ones(cluster, sequential, tmp_path):
     out = tmp_path / "results.jsonl"
     lines = []
-    summaries = run_parallel(make_players, AGENTS, TASKS, out, BUDGET, workers=2, meta={"seed": 0},
-                             on_event=lines.append)
+    summaries = on_ray(make_players, AGENTS, TASKS, out, echo=lines.append)
     assert by_episode(read_results(out)) == sequential
     assert len(sequential) == 10 and any(r["success"] for r in sequential.values())
     assert {n: len(s.records) for n, s in summaries.items()} == {"react": 5, "prior-only": 5}
     assert len(lines) == 10 and all(" steps=" in line for line in lines)
+    assert not (tmp_path / "results.jsonl.partial").exists()  # the workers' partial states removed
     # resume: nothing left to do, nothing duplicated
-    again = run_parallel(make_players, AGENTS, TASKS, out, BUDGET, workers=2, resume=True, meta={"seed": 0})
+    again = on_ray(make_players, AGENTS, TASKS, out, resume=True)
     assert all(s.records == [] and len(s.skipped) == 5 for s in again.values())
     assert len(read_results(out)) == 10
+
+
+def test_one_worker_in_process_and_two_ray_workers_give_the_same_records(cluster, sequential, tmp_path):
+    """The same jobs (an engine fault, an episode failing every attempt, task types) through both
+    executors: the same records apart from timings, the same lines apart from s/step; in process the
+    file follows the schedule, on Ray the order episodes finished in."""
+    type_of = lambda t: {"a": "fetch", "b": "open"}[t[0]]  # noqa: E731
+    players = functools.partial(make_players, raise_on=("a/3",), fail_on=("b/2",))
+    got, lines = {}, {}
+    for name, run in (("in-process", in_process), ("ray", on_ray)):
+        out = tmp_path / name / "results.jsonl"
+        lines[name] = []
+        run(players, AGENTS, TASKS, out, task_type_of=type_of, max_attempts=2, echo=lines[name].append)
+        got[name] = [(r["agent"], r["task_id"], untimed(r)) for r in read_results(out)]
+        assert not (tmp_path / name / "results.jsonl.partial").exists()
+    order = schedule(AGENTS, TASKS, type_of)
+    assert order[:4] == [("react", "a/1"), ("prior-only", "a/1"), ("react", "b/1"), ("prior-only", "b/1")]
+    assert [(a, t) for a, t, _ in got["in-process"]] == order
+    assert sorted(got["ray"], key=lambda x: order.index(x[:2])) == got["in-process"]
+    records = {(a, t): r for a, t, r in got["in-process"]}
+    for key, record in records.items():  # the faults as planned, every other episode as without them
+        if key[1] not in ("a/3", "b/2"):
+            assert record == sequential[key]
+    assert records[("react", "a/3")]["error"]["type"] == "EngineError"
+    failed = records[("react", "b/2")]["error"]
+    assert failed["attempts"] == 2 and failed["reasons"] == ["RuntimeError: the LM failed on b/2"] * 2
+    untimed_lines = {name: sorted(re.sub(r"s/step=\S+", "", line) for line in lines[name]) for name in lines}
+    assert untimed_lines["ray"] == untimed_lines["in-process"]
+    assert "react b/2 retried (attempt 2/2): RuntimeError: the LM failed on b/2" in lines["ray"]
 
 
 def test_a_killed_worker_s_episode_is_retried_without_loss_or_duplication(cluster, sequential, tmp_path):
     out = tmp_path / "results.jsonl"
     players = functools.partial(make_players, kill_on=("a/2",), kills=1, marker_dir=str(tmp_path))
     lines = []
-    run_parallel(players, AGENTS, TASKS, out, BUDGET, workers=2, meta={"seed": 0}, on_event=lines.append)
+    on_ray(players, AGENTS, TASKS, out, echo=lines.append)
     assert (tmp_path / "a_2").read_text() == "xxx"  # killed once, then played by react and prior-only
     assert by_episode(read_results(out)) == sequential
     assert [line for line in lines if "retried" in line] == [
@@ -73,8 +111,7 @@ def test_a_repeatedly_failing_episode_becomes_an_error_record(cluster, sequentia
     out = tmp_path / "results.jsonl"
     players = functools.partial(make_players, kill_on=("b/1",), kills=99, raise_on=("a/3",),
                                 marker_dir=str(tmp_path))
-    run_parallel(players, ["react"], TASKS, out, BUDGET, workers=2, meta={"seed": 0}, max_attempts=2,
-                 task_type_of=lambda t: {"a": "fetch", "b": "open"}[t[0]])
+    on_ray(players, ["react"], TASKS, out, max_attempts=2, task_type_of=lambda t: {"a": "fetch", "b": "open"}[t[0]])
     got = by_episode(read_results(out))
     assert sorted(got) == sorted(("react", t) for t in TASKS)
     for task in ("a/1", "a/2", "b/2"):
@@ -84,16 +121,15 @@ def test_a_repeatedly_failing_episode_becomes_an_error_record(cluster, sequentia
     assert crashed["success"] is False and crashed["steps"] == 0 and crashed["task_type"] == "fetch"
     assert crashed["error"]["type"] == "EngineError" and "attempts" not in crashed["error"]
     assert crashed["error"]["message"].endswith("RuntimeError: engine crashed on a/3")
-    env, agents = players()
     alone = tmp_path / "sequential.jsonl"
-    run_episodes(env, agents["react"], ["a/3"], alone, BUDGET, meta={"seed": 0})
+    in_process(players, ["react"], ["a/3"], alone)
     assert by_episode(read_results(alone))[("react", "a/3")] == crashed
     # a worker that dies on every attempt: an error record after max_attempts
     assert killed["success"] is False and killed["steps"] == 0 and killed["task_type"] == "open"
     assert killed["error"]["attempts"] == 2 and all(r.startswith("worker died") for r in killed["error"]["reasons"])
     assert killed["error"]["type"] and killed["error"]["message"] == killed["error"]["reasons"][-1]
     # the error records count as finished: a resumed run duplicates nothing
-    again = run_parallel(players, ["react"], TASKS, out, BUDGET, workers=2, resume=True, meta={"seed": 0})
+    again = on_ray(players, ["react"], TASKS, out, resume=True)
     assert again["react"].records == [] and len(read_results(out)) == 5
 
 
@@ -101,8 +137,8 @@ def test_episodes_start_game_by_game(cluster, sequential, tmp_path):
     """Every agent plays a game before the next game starts (one worker: records in that order),
     so a run stopped part-way is a paired comparison; a resumed run keeps the order."""
     out = tmp_path / "results.jsonl"
-    run_parallel(make_players, ["react"], TASKS[:1], out, BUDGET, workers=1, meta={"seed": 0})
-    run_parallel(make_players, AGENTS, TASKS[:3], out, BUDGET, workers=1, resume=True, meta={"seed": 0})
+    on_ray(make_players, ["react"], TASKS[:1], out, workers=1)
+    on_ray(make_players, AGENTS, TASKS[:3], out, workers=1, resume=True)
     order = [(r["agent"], r["task_id"]) for r in read_results(out)]
     assert order == [("react", "a/1"), ("prior-only", "a/1"), ("react", "a/2"), ("prior-only", "a/2"),
                      ("react", "a/3"), ("prior-only", "a/3")]
@@ -111,13 +147,13 @@ def test_episodes_start_game_by_game(cluster, sequential, tmp_path):
 
 def test_with_task_types_games_start_round_robin_over_the_types(cluster, sequential, tmp_path):
     """A stopped run covers every task type alike: a/1, b/1, a/2, b/2, a/3."""
-    from agent_shell.parallel import round_robin_by_type
+    from agent_shell.scheduler import round_robin_by_type
 
     type_of = lambda t: t.split("/")[0]  # noqa: E731
     assert round_robin_by_type(TASKS, type_of) == ["a/1", "b/1", "a/2", "b/2", "a/3"]
     assert round_robin_by_type([], type_of) == []
     out = tmp_path / "results.jsonl"
-    run_parallel(make_players, ["react"], TASKS, out, BUDGET, workers=1, meta={"seed": 0}, task_type_of=type_of)
+    on_ray(make_players, ["react"], TASKS, out, workers=1, task_type_of=type_of)
     assert [r["task_id"] for r in read_results(out)] == ["a/1", "b/1", "a/2", "b/2", "a/3"]
 
 

@@ -13,10 +13,10 @@ from click.testing import CliRunner
 
 import agent_shell.lm
 import envs
-from agent_doubles import FakeLM, ScriptedEnv
+from agent_doubles import FakeLM, ScriptedEnv, play_agent
 from agent_shell.cli import main
 from agent_shell.agents import build_agent
-from agent_shell.runner import longest_repeat_cycle, loop_statistics, read_results, run_episodes
+from agent_shell.runner import longest_repeat_cycle, loop_statistics, read_results
 from envs.trajectory import Step
 
 DEMOS = {"fetch": ["d"], "open": ["d"]}
@@ -58,8 +58,8 @@ def looping_lm():
 def test_records_hold_counts_loop_statistics_and_the_trajectory(tmp_path):
     out = tmp_path / "results.jsonl"
     before = time.time()
-    summary = run_episodes(ScriptedEnv(), build_agent("react", looping_lm(), DEMOS), ["a/1"], out, max_steps=8,
-                           meta={"env": "scripted"})
+    summary = play_agent(ScriptedEnv(), build_agent("react", looping_lm(), DEMOS), ["a/1"], out, max_steps=8,
+                         meta={"env": "scripted"})
     (rec,) = read_results(out)
     assert rec == summary.records[0]
     assert rec["agent"] == "react" and rec["task_type"] == "fetch" and rec["success"] is False
@@ -73,26 +73,26 @@ def test_records_hold_counts_loop_statistics_and_the_trajectory(tmp_path):
 
 def test_no_resume_refuses_to_duplicate(tmp_path):
     out = tmp_path / "r.jsonl"
-    run_episodes(ScriptedEnv(), build_agent("react", FakeLM(), DEMOS), ["a/1"], out, max_steps=2)
+    play_agent(ScriptedEnv(), build_agent("react", FakeLM(), DEMOS), ["a/1"], out, max_steps=2)
     with pytest.raises(ValueError, match="--resume"):
-        run_episodes(ScriptedEnv(), build_agent("react", FakeLM(), DEMOS), ["a/1"], out, max_steps=2, resume=False)
+        play_agent(ScriptedEnv(), build_agent("react", FakeLM(), DEMOS), ["a/1"], out, max_steps=2, resume=False)
     # another agent may share the file
-    run_episodes(ScriptedEnv(), build_agent("prior-only", FakeLM(), DEMOS), ["a/1"], out, max_steps=2, resume=False)
+    play_agent(ScriptedEnv(), build_agent("prior-only", FakeLM(), DEMOS), ["a/1"], out, max_steps=2, resume=False)
     assert [r["agent"] for r in read_results(out)] == ["react", "prior-only"]
 
 
 def test_resume_refuses_to_mix_renderings_or_budgets(tmp_path):
     out = tmp_path / "r.jsonl"
-    run_episodes(ScriptedEnv(), build_agent("react", FakeLM(), DEMOS), ["a/1"], out, max_steps=2,
-                 meta={"rendering": "causal", "layout": "text"})
+    play_agent(ScriptedEnv(), build_agent("react", FakeLM(), DEMOS), ["a/1"], out, max_steps=2,
+               meta={"rendering": "causal", "layout": "text"})
     with pytest.raises(ValueError, match="rendering='causal'.*rendering='raw'"):
-        run_episodes(ScriptedEnv(), build_agent("react", FakeLM(), DEMOS), ["a/1", "b/2"], out, max_steps=2,
-                     meta={"rendering": "raw", "layout": "text"})
+        play_agent(ScriptedEnv(), build_agent("react", FakeLM(), DEMOS), ["a/1", "b/2"], out, max_steps=2,
+                   meta={"rendering": "raw", "layout": "text"})
     with pytest.raises(ValueError, match="budget=2.*budget=3"):
-        run_episodes(ScriptedEnv(), build_agent("react", FakeLM(), DEMOS), ["a/1"], out, max_steps=3,
-                     meta={"rendering": "causal"})
-    summary = run_episodes(ScriptedEnv(), build_agent("react", FakeLM(), DEMOS), ["a/1"], out, max_steps=2,
-                           meta={"rendering": "causal", "layout": "text"})
+        play_agent(ScriptedEnv(), build_agent("react", FakeLM(), DEMOS), ["a/1"], out, max_steps=3,
+                   meta={"rendering": "causal"})
+    summary = play_agent(ScriptedEnv(), build_agent("react", FakeLM(), DEMOS), ["a/1"], out, max_steps=2,
+                         meta={"rendering": "causal", "layout": "text"})
     assert summary.skipped == ["a/1"] and len(read_results(out)) == 1
 
 
@@ -128,19 +128,19 @@ def untimed(value):
 
 def test_interrupted_run_resumes_without_loss_or_duplication(tmp_path):
     out = tmp_path / "results.jsonl"
-    reference = run_episodes(ScriptedEnv(), build_agent("react", looping_lm(), DEMOS), TASKS,
-                             tmp_path / "ref.jsonl", max_steps=4).records
+    reference = play_agent(ScriptedEnv(), build_agent("react", looping_lm(), DEMOS), TASKS,
+                           tmp_path / "ref.jsonl", max_steps=4).records
     lm = InterruptingLM(at=7, replies=loop_reply)  # 4 steps of a/1, then 2 of a/2, then Ctrl-C
     with pytest.raises(KeyboardInterrupt):
-        run_episodes(ScriptedEnv(), build_agent("react", lm, DEMOS), TASKS, out, max_steps=4)
+        play_agent(ScriptedEnv(), build_agent("react", lm, DEMOS), TASKS, out, max_steps=4)
     assert [r["task_id"] for r in read_results(out)] == ["a/1"]
     partial = list((tmp_path / "results.jsonl.partial" / "react").iterdir())
     assert len(partial) == 1
     state = orjson.loads(partial[0].read_bytes())
     assert state["task_id"] == "a/2" and len(state["trials"][0]["trajectory"]["steps"]) == 2
 
-    summary = run_episodes(ScriptedEnv(), build_agent("react", looping_lm(), DEMOS), TASKS, out, max_steps=4,
-                           resume=True)
+    summary = play_agent(ScriptedEnv(), build_agent("react", looping_lm(), DEMOS), TASKS, out, max_steps=4,
+                         resume=True)
     assert summary.skipped == ["a/1"]
     records = read_results(out)
     assert [r["task_id"] for r in records] == TASKS
@@ -165,7 +165,7 @@ KILLED_SCRIPT = """
 import sys, time
 sys.path.insert(0, {tests!r})
 import agent_shell.lm, envs
-from agent_doubles import FakeLM, ScriptedEnv
+from agent_doubles import FakeLM, ScriptedEnv, play_agent
 from agent_shell.cli import main
 from test_runner import kill_reply, kill_run_args
 
@@ -213,8 +213,9 @@ def partial_states(out_dir: Path) -> list[dict]:
 
 def test_a_killed_multi_agent_run_resumes_to_exactly_the_uninterrupted_records(tmp_path, monkeypatch):
     """``cb-agent run`` with two agents (doubles for the LM and the games) is SIGKILLed in the
-    middle of the second agent's second episode; ``--resume`` must then produce, line by line,
-    the records of a run that was never interrupted (wall-clock fields aside)."""
+    middle of the second agent's second episode (the fourth of the schedule: game by game, the
+    games round robin over task types); ``--resume`` must then produce, line by line, the records
+    of a run that was never interrupted (wall-clock fields aside)."""
     reference_dir, killed_dir = tmp_path / "reference", tmp_path / "killed"
     monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "cache-reference"))
     monkeypatch.setattr(envs, "make_env", lambda name, **kw: ScriptedEnv(expert_looks=True))
@@ -223,7 +224,7 @@ def test_a_killed_multi_agent_run_resumes_to_exactly_the_uninterrupted_records(t
     assert res.exit_code == 0, res.output
     reference = read_results(reference_dir / "results.jsonl")
     assert [(r["agent"], r["task_id"]) for r in reference] == [
-        (agent, t) for agent in ("react", "prior-only") for t in ("a/1", "a/2", "a/3", "b/1", "b/2")]
+        (agent, t) for t in ("a/1", "b/1", "a/2", "b/2", "a/3") for agent in ("react", "prior-only")]
 
     proc = run_script(killed_dir, tmp_path / "cache-killed")
     try:
@@ -231,7 +232,7 @@ def test_a_killed_multi_agent_run_resumes_to_exactly_the_uninterrupted_records(t
         while time.time() < deadline and proc.poll() is None:
             done = {(r["agent"], r["task_id"]) for r in read_results(killed_dir / "results.jsonl")}
             states = partial_states(killed_dir)  # read after the records: an unfinished one is running
-            if len(done) >= 6 and any(s["agent"] == "prior-only" and (s["agent"], s["task_id"]) not in done
+            if len(done) >= 3 and any(s["agent"] == "prior-only" and (s["agent"], s["task_id"]) not in done
                                       and len(s["trials"][0]["trajectory"]["steps"]) >= 2 for s in states):
                 break
             time.sleep(0.01)
@@ -274,11 +275,10 @@ def test_an_engine_fault_is_a_recorded_error_episode_and_the_run_goes_on(tmp_pat
     from agent_shell.reporting import summarize
 
     out = tmp_path / "results.jsonl"
-    seen = []
-    summary = run_episodes(FaultyEngine(), build_agent("reflexion-react", looping_lm(), DEMOS, reflexion_trials=2),
-                           TASKS, out, max_steps=6, meta={"env": "scripted", "budget": 6}, on_episode=seen.append)
+    summary = play_agent(FaultyEngine(), build_agent("reflexion-react", looping_lm(), DEMOS, reflexion_trials=2),
+                         TASKS, out, max_steps=6, meta={"env": "scripted", "budget": 6})
     a1, a2, b1 = read_results(out)
-    assert [r["task_id"] for r in seen] == TASKS and summary.n_errors == 2
+    assert [r["task_id"] for r in summary.records] == TASKS and summary.n_errors == 2
     assert a1["success"] is False and a1["error"] == {
         "type": "EngineError", "trial": 1, "step": 3,
         "message": "scripted engine failed in step 'close box 1' at step 3 of 'a/1': Exception: Timeout"}
@@ -291,13 +291,13 @@ def test_an_engine_fault_is_a_recorded_error_episode_and_the_run_goes_on(tmp_pat
     fetch, both = rows[("reflexion-react", "fetch")], rows[("reflexion-react", "all")]
     assert (fetch.n, fetch.errors, both.n, both.errors) == (0, 2, 1, 2)  # errors are neither won nor lost
     # --resume treats them as finished: nothing is played again
-    again = run_episodes(FaultyEngine(), build_agent("reflexion-react", looping_lm(), DEMOS, reflexion_trials=2),
-                         TASKS, out, max_steps=6, meta={"env": "scripted", "budget": 6}, resume=True)
+    again = play_agent(FaultyEngine(), build_agent("reflexion-react", looping_lm(), DEMOS, reflexion_trials=2),
+                       TASKS, out, max_steps=6, meta={"env": "scripted", "budget": 6}, resume=True)
     assert again.skipped == TASKS and not again.records
 
 
 def test_plain_episode_lines():
-    from agent_shell.runner import episode_summary
+    from agent_shell.scheduler import episode_summary
 
     record = {"agent": "react", "task_id": "a/1", "success": True, "steps": 4, "s_per_step": 0.25}
     assert episode_summary(record) == "react a/1 won steps=4 s/step=0.25"
@@ -305,3 +305,41 @@ def test_plain_episode_lines():
     assert episode_summary(failed) == "react a/1 lost steps=4 s/step=- ERROR engine died"
     full = {**record, "success": False, "trials": [{"log": {"replies": []}}, {"log": {"window_full": "too long"}}]}
     assert episode_summary(full) == "react a/1 lost steps=4 s/step=0.25 (context window full)"
+
+
+def test_an_in_process_run_needs_no_ray(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    summary = play_agent(ScriptedEnv(), build_agent("react", looping_lm(), DEMOS), ["a/1", "b/1"],
+                         tmp_path / "results.jsonl", max_steps=3)
+    assert [r["task_id"] for r in summary.records] == ["a/1", "b/1"]
+
+
+class FlakyLM(FakeLM):
+    """Raises on its first ``fails`` generate calls (a fault that is no engine fault)."""
+
+    def __init__(self, fails, **kw):
+        super().__init__(**kw)
+        self.fails = fails
+
+    def generate(self, *args, **kw):
+        if self.fails:
+            self.fails -= 1
+            raise RuntimeError("CUDA out of memory\nwith a second line")
+        return super().generate(*args, **kw)
+
+
+def test_in_process_a_failed_attempt_is_played_again_then_recorded_as_an_error(tmp_path):
+    """The scheduler's retry rule holds in process too: one failed attempt is played again from the
+    start (the record equals an unfailed run's), three make an error record naming every reason."""
+    reference = play_agent(ScriptedEnv(), build_agent("react", looping_lm(), DEMOS), ["a/1"],
+                           tmp_path / "ref.jsonl", max_steps=4).records
+    retried = play_agent(ScriptedEnv(), build_agent("react", FlakyLM(1, replies=loop_reply), DEMOS), ["a/1"],
+                         tmp_path / "retried.jsonl", max_steps=4).records
+    assert [untimed(r) for r in retried] == [untimed(r) for r in reference]
+    failed = play_agent(ScriptedEnv(), build_agent("react", FlakyLM(99, replies=loop_reply), DEMOS), ["a/1", "b/1"],
+                        tmp_path / "failed.jsonl", max_steps=4).records
+    assert [r["task_id"] for r in failed] == ["a/1", "b/1"]  # the run went on to b/1, which failed too
+    error = failed[0]["error"]
+    assert failed[0]["success"] is False and failed[0]["steps"] == 0 and failed[0]["task_type"] == "unknown"
+    assert error["attempts"] == 3 and error["reasons"] == ["RuntimeError: CUDA out of memory"] * 3
+    assert error["type"] == "RuntimeError" and error["message"] == "RuntimeError: CUDA out of memory"
