@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "ical": "agent_shell.commands.ical:ical",
     "tasks": "agent_shell.commands.tasks:tasks",
     "backends": "agent_shell.commands.backends:backends",
+    "agents": "agent_shell.commands.agents:agents",
     "calibrate": "agent_shell.commands.calibrate:calibrate",
 }
 

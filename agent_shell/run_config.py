@@ -1,4 +1,5 @@
-"""One frozen, validated configuration of a pipeline run: :class:`RunConfig`.
+"""One frozen, validated configuration of a pipeline run: :class:`RunConfig`, holding the
+agents' :class:`agent_shell.agents.AgentConfig` as its ``agent``.
 
 ``cb-agent run``, ``fit-concepts``, ``eval-decisions`` and the studies build one ``RunConfig``
 from their options (:func:`agent_shell.commands._common.run_options`), validated once when it is
@@ -14,22 +15,29 @@ Imports no LM, no game engine and not cb_core (the dtype rule imports torch only
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, fields
+import inspect
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent_shell.agents import AGENT_NAMES
-from agent_shell.context import check_layout
+from agent_shell.agents import ACTION_SPACES, AgentConfig, agent_names
 from agent_shell.features import FeatureSet
-from agent_shell.history import check_rendering
 from envs.protocol import Environment
 
-ACTION_SPACES = ("fixed", "open")
+#: Where CB-Agent's concepts are fitted from (``concept_data``).
+CONCEPT_DATA = ("expert", "ical")
+#: The run's settings its agents' config holds (:attr:`RunConfig.agent`); a RunConfig takes them
+#: as keyword arguments and reads them back as attributes.
+AGENT_SETTINGS = ("rendering", "layout", "action_space", "gamma", "seed")
 
 
 @dataclass(frozen=True)
 class RunConfig:
     """Everything a run depends on besides the code (each field is a ``cb-agent run`` option).
+
+    The agents' settings (:data:`AGENT_SETTINGS`) live in the nested :attr:`agent` only: they are
+    keyword arguments of the constructor and of :func:`dataclasses.replace`, read back as
+    read-only attributes (``config.rendering`` is ``config.agent.rendering``).
 
     Attributes:
         env: environment name (:func:`envs.make_env`; the CLI offers :data:`envs.registry.ENVIRONMENTS`).
@@ -46,11 +54,13 @@ class RunConfig:
         dtype: the backbone dtype, resolved by :func:`agent_shell.lm.dtypes.dtype_name`
             (``"auto"`` becomes ``"bfloat16"`` or ``"float32"`` on this machine).
         rendering, layout: history rendering and context layout (fitting and acting alike).
-        lam, gamma: L2 strength of the concept fit (Eq. 6) and the prior's length exponent.
+        lam: L2 strength of the concept fit (Eq. 6).
+        gamma: the prior's length exponent (the concept's fit and prior-only acting).
         features: what the concept sees, a comma-separated selection of feature extractors
             (:mod:`agent_shell.features`; default the seed's ``lm-hidden``), stored normalised;
             :attr:`feature_set` builds them (once per config).
-        agents: agent names (:data:`agent_shell.agents.AGENT_NAMES`), duplicates dropped.
+        agents: agent names (:func:`agent_shell.agents.agent_names`: the registry's built-ins and
+            plug-ins), duplicates dropped.
         action_space: "fixed" (environment candidates) or "open" (sampled replies).
         reflexion_trials: trials of the Reflexion agents.
         budget: step budget per trial, think steps included.
@@ -72,6 +82,9 @@ class RunConfig:
         calibrator: rendering "calibrator": the fitted calibrator file (``cb-agent calibrate fit``);
             required by that rendering (``cb-agent run`` refuses it with any other; the studies
             use it for their "calibrator" rendering only).
+        agent: the agents' :class:`AgentConfig` (derived, not an argument): the environment's ReAct
+            header, ``rendering``, ``layout``, ``action_space``, ``gamma``, ``seed`` (None or
+            absent: AgentConfig's defaults), everything else AgentConfig's defaults.
 
     Raises:
         ValueError: an unknown name or an out-of-range number, naming the field.
@@ -85,16 +98,16 @@ class RunConfig:
     fit_candidates: int = 0
     model: str | None = None
     dtype: str = "auto"
-    rendering: str = "raw"
-    layout: str = "text"
+    rendering: InitVar[str | None] = None
+    layout: InitVar[str | None] = None
     lam: float = 1.0
-    gamma: float = 0.8
+    gamma: InitVar[float | None] = None
     features: str = "lm-hidden"
     agents: tuple[str, ...] = ("cb-agent",)
-    action_space: str = "fixed"
+    action_space: InitVar[str | None] = None
     reflexion_trials: int = 2
     budget: int = 50
-    seed: int = 0
+    seed: InitVar[int | None] = None
     per_type: int = 1
     games: int = 2
     game_ids: tuple[str, ...] = ()
@@ -107,6 +120,7 @@ class RunConfig:
     ray_address: str | None = None
     shared_lm: bool = False
     calibrator: str | None = None
+    agent: AgentConfig = field(init=False)
 
     #: Fields recorded in every results line and compared on resume (with ``model``, the
     #: loaded backbone's name).
@@ -114,19 +128,20 @@ class RunConfig:
                 "demo_split", "lam", "gamma", "features", "reflexion_trials", "budget", "demos", "concept_data",
                 "calibrator", "concept_per_type", "fit_candidates")
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, rendering: str | None, layout: str | None, gamma: float | None,
+                      action_space: str | None, seed: int | None) -> None:
         from agent_shell.lm.dtypes import dtype_name
 
         if not self.env or not isinstance(self.env, str):
             raise ValueError(f"env={self.env!r} must name an environment (envs.make_env checks which)")
-        check_rendering(self.rendering)
-        check_layout(self.layout)
-        if self.action_space not in ACTION_SPACES:
-            raise ValueError(f"action_space={self.action_space!r} is not one of {list(ACTION_SPACES)}")
+        given = dict(rendering=rendering, layout=layout, action_space=action_space, gamma=gamma, seed=seed)
+        # validates the rendering, layout and action space
+        agent = AgentConfig.for_env(self.env, **{k: v for k, v in given.items() if v is not None})
         agents = tuple(dict.fromkeys(self.agents))
+        known = agent_names()
         for name in agents:
-            if name not in AGENT_NAMES:
-                raise ValueError(f"unknown agent {name!r}; known: {list(AGENT_NAMES)}")
+            if name not in known:
+                raise ValueError(f"unknown agent {name!r}; known: {list(known)}")
         for name, low in (("demos_per_type", 1), ("concept_per_type", 0), ("reflexion_trials", 1), ("budget", 1),
                           ("per_type", 0), ("games", 0), ("workers", 1)):
             if getattr(self, name) < low:
@@ -144,10 +159,11 @@ class RunConfig:
         if memory is not None and not Path(memory).is_dir():
             raise ValueError(f"demos: the ICAL memory folder {memory} does not exist (cb-agent ical build-memory "
                              "makes one)")
-        if self.rendering == "calibrator" and self.calibrator is None:
+        if agent.rendering == "calibrator" and self.calibrator is None:
             raise ValueError("calibrator: --history calibrator needs --calibrator FILE (cb-agent calibrate fit)")
-        if self.concept_data not in ("expert", "ical"):
-            raise ValueError(f"concept_data={self.concept_data!r} is not one of ['expert', 'ical']")
+        if self.concept_data not in CONCEPT_DATA:
+            raise ValueError(f"concept_data={self.concept_data!r} is not one of {list(CONCEPT_DATA)}")
+        object.__setattr__(self, "agent", agent)
         object.__setattr__(self, "concept_per_type", self.concept_per_type or self.demos_per_type)
         object.__setattr__(self, "agents", agents)
         object.__setattr__(self, "game_ids", tuple(self.game_ids))
@@ -162,15 +178,16 @@ class RunConfig:
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
+        """The constructor's arguments (the ``cb-agent run`` options), in declaration order."""
+        return tuple(inspect.signature(cls).parameters)
 
     def settings(self) -> dict[str, Any]:
         """The recorded settings (:data:`SETTINGS`), in that order."""
         return {name: getattr(self, name) for name in self.SETTINGS}
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, JSON-ready."""
-        out = asdict(self)
+        """Every constructor argument (:meth:`field_names`), flat and JSON-ready."""
+        out = {name: getattr(self, name) for name in self.field_names()}
         out["agents"], out["game_ids"] = list(self.agents), list(self.game_ids)
         return out
 
@@ -214,6 +231,16 @@ class RunConfig:
         return ids[:self.games] if self.games else ids
 
 
+def _agent_setting(name: str) -> property:
+    return property(lambda self: getattr(self.agent, name), doc=f"The agents' ``{name}`` (``agent.{name}``).")
+
+
+# The agent settings read through to the nested config (after the dataclass is made, so they stay
+# keyword arguments of the constructor and of dataclasses.replace, which reads them back here).
+for _name in AGENT_SETTINGS:
+    setattr(RunConfig, _name, _agent_setting(_name))
+
+
 def check_not_demos(task_ids: list[str], demo_ids: list[str]) -> None:
     """Raise ValueError (one line) when a played game is one of the demonstrations' games."""
     shared = sorted(set(task_ids) & set(demo_ids))
@@ -222,4 +249,4 @@ def check_not_demos(task_ids: list[str], demo_ids: list[str]) -> None:
                          "the agents would play the games of their own demonstrations; choose other --game ids")
 
 
-__all__ = ["ACTION_SPACES", "RunConfig", "check_not_demos"]
+__all__ = ["ACTION_SPACES", "AGENT_SETTINGS", "CONCEPT_DATA", "RunConfig", "check_not_demos"]

@@ -67,6 +67,8 @@ class CBAgent(ReActAgent):
     """
 
     name = "cb-agent"
+    #: The name of the agent built without concepts (the prior-only control).
+    prior_only_name = "prior-only"
 
     def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], concepts: Mapping[str, Concept] | None,
                  config: AgentConfig = AgentConfig(), scorer: LanguageModel | None = None,
@@ -76,8 +78,7 @@ class CBAgent(ReActAgent):
         self.scorer = lm if scorer is None else scorer
         self.features = features if features is not None else FeatureSet.from_spec()
         self.concepts = None if concepts is None else dict(concepts)
-        if concepts is None:
-            self.name = "prior-only"
+        self.name = type(self).name if concepts is not None else self.prior_only_name
 
     def next_action(self, view: View) -> Decision:
         """Route (unless ``view.route`` is False); a thought is a think step, anything else an

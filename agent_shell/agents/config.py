@@ -9,6 +9,9 @@ from typing import Any
 from agent_shell import context as ctx
 
 
+#: The action spaces of a CB-Agent decision: the environment's candidates, or sampled replies.
+ACTION_SPACES = ("fixed", "open")
+
 #: ReAct headers per environment name; ``{n_demos}`` is filled in.
 HEADERS: dict[str, str] = {
     "alfworld": "Interact with a household to solve a task. Here are {n_demos} examples.",
@@ -60,17 +63,20 @@ class AgentConfig:
     def __post_init__(self) -> None:
         ctx.check_rendering(self.rendering)
         ctx.check_layout(self.layout)
-        if self.action_space not in ("fixed", "open"):
-            raise ValueError(f"action_space must be 'fixed' or 'open', got {self.action_space!r}")
+        if self.action_space not in ACTION_SPACES:
+            raise ValueError(f"action_space={self.action_space!r} is not one of {list(ACTION_SPACES)}")
         if self.n_samples < 1:
             raise ValueError(f"n_samples must be >= 1, got {self.n_samples}")
 
     @classmethod
     def for_env(cls, env_name: str, **overrides: Any) -> "AgentConfig":
-        """The default config with the ReAct header of ``env_name`` (generic if unknown)."""
-        header = HEADERS.get(env_name, "Interact with an environment to solve a task. "
-                                       "Here are {n_demos} examples.")
-        return cls(header=header, **overrides)
+        """The default config with the ReAct header of ``env_name`` (:func:`header_of`)."""
+        return cls(header=header_of(env_name), **overrides)
 
 
-__all__ = ["HEADERS", "AgentConfig"]
+def header_of(env_name: str) -> str:
+    """The ReAct header of ``env_name`` (:data:`HEADERS`; a generic one for another environment)."""
+    return HEADERS.get(env_name, "Interact with an environment to solve a task. Here are {n_demos} examples.")
+
+
+__all__ = ["ACTION_SPACES", "HEADERS", "AgentConfig", "header_of"]

@@ -28,14 +28,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from agent_shell import context as ctx
 from agent_shell.agents.cb_agent import CBAgent
+from agent_shell.agents.config import AgentConfig
 from agent_shell.agents.react import ReActAgent
 from agent_shell.agents.step import Decision, View
 from agent_shell.candidates import FALLBACK_ACTION, read_reply
 from agent_shell.experience import NO_UPDATE, Review, parse_review
 from agent_shell.history import EXPERIENCE_LABEL
+from agent_shell.lm.protocol import LanguageModel
+
+if TYPE_CHECKING:
+    from cb_core import Concept
 
 #: How the header asks for the two-line reply.
 JOINT_FORMAT = (f"Reply in two lines: first '{EXPERIENCE_LABEL} ' followed by one short general implication of "
@@ -68,6 +74,22 @@ def parse_joint_reply(reply: str) -> tuple[str, str]:
     return block, action_line
 
 
+def joint_config(config: AgentConfig) -> AgentConfig:
+    """The joint actor's config derived from ``config``: text layout only, and the history shows
+    the kept experiences, so rendering "raw" becomes "experience" (and "experience" stays).
+    Applied to the config a joint actor is given, before its construction.
+
+    Raises:
+        ValueError: the chat layout, or a rendering other than "raw" / "experience".
+    """
+    if config.layout != "text":
+        raise ValueError(f"the joint actor supports --layout text only, got {config.layout!r}")
+    if config.rendering not in ("raw", "experience"):
+        raise ValueError(f"the joint actor shows its own experiences (history raw or experience), got "
+                         f"{config.rendering!r}")
+    return replace(config, rendering="experience")
+
+
 def preceding_transition(view: View) -> int | None:
     """Index of the environment transition the block reviews (the latest step), or None."""
     if view.steps and view.steps[-1].kind == "env":
@@ -79,16 +101,6 @@ class JointMixin:
     """The joint step: one generation = calibration block + action line (see the module doc)."""
 
     separate_review = False  # the reply's calibration block is the review
-
-    def check_joint(self) -> None:
-        """Text layout only; the history shows the kept experiences (rendering "experience"),
-        so the agent's rendering must be "raw" (made "experience") or "experience"."""
-        if self.config.layout != "text":
-            raise ValueError(f"the joint actor supports --layout text only, got {self.config.layout!r}")
-        if self.config.rendering not in ("raw", "experience"):
-            raise ValueError(f"the joint actor shows its own experiences (history raw or experience), got "
-                             f"{self.config.rendering!r}")
-        self.config = replace(self.config, rendering="experience")
 
     def joint_prompt(self, view: View, context: ctx.Context) -> str:
         """The ReAct prompt with :data:`JOINT_FORMAT` in the header, ending ``Experience:``."""
@@ -134,9 +146,9 @@ class JointReActAgent(JointMixin, ReActAgent):
 
     name = "joint-react"
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.check_joint()
+    def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], config: AgentConfig = AgentConfig(),
+                 *args: Any, **kwargs: Any):
+        super().__init__(lm, demos, joint_config(config), *args, **kwargs)
 
     def next_action(self, view: View) -> Decision:
         t0 = time.perf_counter()
@@ -156,11 +168,11 @@ class JointCBAgent(JointMixin, CBAgent):
     steps take the concept-guided argmax over the candidate set."""
 
     name = "joint-cb-agent"
+    prior_only_name = "joint-prior-only"
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.name = "joint-cb-agent" if self.concepts is not None else "joint-prior-only"
-        self.check_joint()
+    def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], concepts: Mapping[str, Concept] | None,
+                 config: AgentConfig = AgentConfig(), *args: Any, **kwargs: Any):
+        super().__init__(lm, demos, concepts, joint_config(config), *args, **kwargs)
 
     def next_action(self, view: View) -> Decision:
         t0 = time.perf_counter()
@@ -177,5 +189,5 @@ class JointCBAgent(JointMixin, CBAgent):
                        seconds={"route": t1 - t0, "choose": time.perf_counter() - t1})
 
 
-__all__ = ["JOINT_FORMAT", "JointCBAgent", "JointFormatError", "JointReActAgent", "parse_joint_reply",
+__all__ = ["JOINT_FORMAT", "JointCBAgent", "JointFormatError", "JointReActAgent", "joint_config", "parse_joint_reply",
            "preceding_transition"]

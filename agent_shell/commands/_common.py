@@ -13,7 +13,7 @@ from typing import Any, Callable, Collection, Sequence
 
 import click
 
-from agent_shell.agents import AGENT_NAMES
+from agent_shell.agents import agent_names
 from agent_shell.history import RENDERINGS, REVIEWED
 from agent_shell.lm.protocol import LanguageModel
 from agent_shell.run_config import ACTION_SPACES, RunConfig
@@ -67,7 +67,7 @@ COMMON_OPTIONS = {
 }
 #: The options of ``cb-agent run`` besides :data:`COMMON_OPTIONS`.
 RUN_OPTIONS = {
-    "agents": click.option("--agent", "agents", type=click.Choice(AGENT_NAMES), multiple=True, default=("cb-agent",),
+    "agents": click.option("--agent", "agents", type=click.Choice(agent_names()), multiple=True, default=("cb-agent",),
                            show_default=True, help="Agent(s) to run (repeatable; all share one backbone load)."),
     "split": click.option("--split", default="valid_unseen", show_default=True, help="Evaluation split (every "
                           "--game must belong to it; list ids with `cb-agent tasks --env ENV --split SPLIT`)."),
