@@ -3,7 +3,7 @@
 Each worker is a Ray actor that builds its own players once (environment instance, backbone,
 agents: ``make_players()``) and then plays one episode at a time
 (:func:`agent_shell.runner.play_episode`). Only the driver writes: it appends every finished
-record as one atomic line (:func:`agent_shell.runner.store_record`), so results go to the same
+record as one atomic line (:func:`agent_shell.results.store_record`), so results go to the same
 ``results.jsonl`` as a sequential run and ``--resume`` works the same way. Workers write no
 partial state.
 
@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from agent_shell.runner import RunSummary, check_results_file, episode_summary, play_episode, store_record
+from agent_shell.results import check_results_file, store_record
+from agent_shell.runner import RunSummary, episode_summary, play_episode
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -64,9 +65,9 @@ class EpisodeWorker:
 def failed_record(agent_name: str, task_id: str, task_type: str | None, errors: Sequence[tuple[str, str]],
                   max_steps: int, meta: dict[str, Any]) -> dict[str, Any]:
     """The record of an episode that failed every attempt (``errors``: (exception type, one-line
-    reason) per attempt): :func:`agent_shell.runner.error_record` with no trials (``error``: the
+    reason) per attempt): :func:`agent_shell.results.error_record` with no trials (``error``: the
     last attempt's type and message, ``attempts``, every attempt's ``reasons``)."""
-    from agent_shell.runner import error_record
+    from agent_shell.results import error_record
 
     record = error_record(agent_name, task_id, task_type or "unknown", [], max_steps, 0.0, meta,
                           RuntimeError(errors[-1][1]))

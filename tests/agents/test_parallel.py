@@ -11,7 +11,8 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'cb-agent[ray]')")
 
 from agent_shell.parallel import run_parallel  # noqa: E402
-from agent_shell.runner import read_results, run_episodes  # noqa: E402
+from agent_shell.results import read_results  # noqa: E402
+from agent_shell.runner import run_episodes  # noqa: E402
 from parallel_doubles import AGENTS, make_players  # noqa: E402
 from test_runner import untimed  # noqa: E402
 
