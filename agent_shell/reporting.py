@@ -1,9 +1,9 @@
 """Success tables and bar charts of episode results (``cb-agent report``, end of ``cb-agent run``).
 
-Rates come with a 95% Wilson score interval (Wilson 1927), which stays inside [0, 1] and is
-sensible for the small counts of a per-type table (0 of 5 gives [0, 0.43], not [0, 0]).
+Rates come with a 95% Wilson score interval (:func:`agent_shell.statistics.wilson_interval`), which
+stays inside [0, 1] and is sensible for the small counts of a per-type table (0 of 5 gives [0, 0.43]).
 
-Records are never pooled across settings: every run setting (:data:`agent_shell.runner.RUN_SETTINGS`:
+Records are never pooled across settings: every run setting (:data:`agent_shell.results.RUN_SETTINGS`:
 env, split, model, dtype, seed, rendering, layout, action space, demonstrations, lam, gamma, trials,
 budget) whose value differs
 between the records becomes part of the row's label (``react (budget=15)``), so episodes run
@@ -20,29 +20,11 @@ from pathlib import Path
 from statistics import mean
 from typing import Iterable, Sequence
 
-#: z for a two-sided 95% interval.
-Z95 = 1.959963984540054
+from agent_shell.results import RUN_SETTINGS, setting
+from agent_shell.statistics import sign_test, wilson_interval
+
 ALL = "all"
-#: The value a record without the field was run with (older records; other missing fields stay None).
-SETTING_DEFAULTS = {"rendering": "raw", "layout": "text", "features": "lm-hidden", "fit_candidates": 0}
 CHART_CAPTION = "bars: success rate; labels: won/n; whiskers: 95% Wilson score intervals"
-
-
-def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval of a binomial rate k/n; (0, 1) for n = 0.
-
-    Raises ValueError unless 0 <= k <= n.
-    """
-    if not 0 <= k <= n:
-        raise ValueError(f"wilson_interval needs 0 <= k <= n, got k={k}, n={n}")
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    low, high = max(0.0, centre - half), min(1.0, centre + half)
-    return min(low, p), max(high, p)  # rounding must not move an end past the rate (0/n, n/n)
 
 
 @dataclass(frozen=True)
@@ -73,19 +55,9 @@ class Row:
         return self.won / self.n if self.n else 0.0
 
 
-def setting(record: dict, key: str):
-    """The record's value of run setting ``key`` (the default for records written without it; a
-    concept was fitted on the demonstrations before ``concept_per_type`` existed)."""
-    if key == "concept_per_type" and key not in record:
-        return record.get("demos_per_type")
-    return record.get(key, SETTING_DEFAULTS.get(key))
-
-
 def differing_settings(records: Iterable[dict]) -> list[str]:
-    """The run settings (:data:`agent_shell.runner.RUN_SETTINGS`) whose values are not the same in
+    """The run settings (:data:`agent_shell.results.RUN_SETTINGS`) whose values are not the same in
     all ``records``, in that order."""
-    from agent_shell.runner import RUN_SETTINGS
-
     values: dict[str, set] = defaultdict(set)
     for r in records:
         for key in RUN_SETTINGS:
@@ -208,16 +180,6 @@ class Pair:
     only_b: int
     neither: int
     p_value: float
-
-
-def sign_test(k: int, n: int) -> float:
-    """Exact two-sided sign test: P(X <= min(k, n - k)) + P(X >= max(k, n - k)) for X ~
-    Binomial(n, 1/2), capped at 1 (1.0 for n = 0). Raises ValueError unless 0 <= k <= n."""
-    if not 0 <= k <= n:
-        raise ValueError(f"sign_test needs 0 <= k <= n, got k={k}, n={n}")
-    low = min(k, n - k)
-    tail = sum(math.comb(n, i) for i in range(low + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
 
 
 def paired_comparisons(records: Iterable[dict]) -> list[Pair]:

@@ -3,9 +3,9 @@ agents' :class:`agent_shell.agents.AgentConfig` as its ``agent``.
 
 ``cb-agent run``, ``fit-concepts``, ``eval-decisions`` and the studies build one ``RunConfig``
 from their options (:func:`agent_shell.commands._common.run_options`), validated once when it is
-made; everything downstream (set-up, agents, the runner) reads it. Its :meth:`RunConfig.settings`
+made; everything downstream (set-up, agents, the scheduler) reads it. Its :meth:`RunConfig.settings`
 are recorded in every results line and compared when a results file is resumed
-(:func:`agent_shell.runner.check_results_file`), so a file never mixes episodes of different
+(:func:`agent_shell.results.check_results_file`), so a file never mixes episodes of different
 settings.
 
 Imports no LM, no game engine and not cb_core (the dtype rule imports torch only to resolve

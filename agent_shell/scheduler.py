@@ -20,7 +20,7 @@ is never caught. After ``max_attempts`` failed attempts the episode is stored as
 
 Error-record rule: an engine fault (:class:`envs.EngineError`) ends its episode at once, without a
 retry (the same fault would come again): :func:`play_episode` returns its
-:func:`agent_shell.runner.error_record` (``success`` False, the trials so far, ``error``: type,
+:func:`agent_shell.results.error_record` (``success`` False, the trials so far, ``error``: type,
 message, trial, step). An episode that failed every attempt gets :func:`failed_record` (no trials,
 ``error`` with the last attempt's type and message, ``attempts`` and every attempt's reason). Either
 is a finished episode: counted apart from won and lost, skipped by ``--resume``.
@@ -28,7 +28,7 @@ is a finished episode: counted apart from won and lost, skipped by ``--resume``.
 Partial-file rule: while an episode runs, the process playing it rewrites its state after every
 step to ``<results>.partial/<agent>/<task>.json`` (:func:`partial_path`; temp file + rename), so a
 crash never loses what happened; the driver alone appends finished records
-(:func:`agent_shell.runner.store_record`, one atomic line), then removes the state. Executors whose
+(:func:`agent_shell.results.store_record`, one atomic line), then removes the state. Executors whose
 episodes run beside the results folder write these states (in-process, a local Ray cluster); on a
 cluster joined with ``--ray-address`` the workers may not see that folder and write none.
 
@@ -48,8 +48,8 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 
-from agent_shell.runner import (check_results_file, episode_record, error_record, store_record,
-                                trial_record)
+from agent_shell.results import (check_results_file, episode_record, error_record, store_record,
+                                 trial_record)
 from envs.protocol import Environment
 from envs.storage import write_json_atomic
 
@@ -175,7 +175,7 @@ def play_episodes(executor: Executor, agent_names: Sequence[str], task_ids: Sequ
 
     Raises:
         ValueError: the results file cannot be continued
-            (:func:`agent_shell.runner.check_results_file`), or ``max_attempts`` below 1.
+            (:func:`agent_shell.results.check_results_file`), or ``max_attempts`` below 1.
         RuntimeError: a Ray worker cannot build its players.
     """
     if max_attempts < 1:
@@ -272,9 +272,9 @@ class _Status:
 def play_episode(env: Environment, agent: Reflexion, task_id: str, max_steps: int, meta: dict[str, Any] | None = None,
                  on_step: Callable[[list[Trial]], None] | None = None) -> dict[str, Any]:
     """Play one episode (all trials) of ``agent`` on ``task_id`` and return its results record
-    (:func:`agent_shell.runner.episode_record`); ``on_step(trials)`` runs after every step.
+    (:func:`agent_shell.results.episode_record`); ``on_step(trials)`` runs after every step.
     ``meta["split"]``, when given, is the split the task must belong to. An
-    :class:`envs.EngineError` ends the episode and its :func:`agent_shell.runner.error_record` is
+    :class:`envs.EngineError` ends the episode and its :func:`agent_shell.results.error_record` is
     returned; any other exception propagates. Writes nothing."""
     from envs.episode import Episode
     from envs.protocol import EngineError
@@ -333,7 +333,7 @@ def failure_of(err: BaseException, prefix: str = "") -> Failure:
 def failed_record(agent_name: str, task_id: str, task_type: str | None, errors: Sequence[Failure],
                   max_steps: int, meta: dict[str, Any]) -> dict[str, Any]:
     """The record of an episode that failed every attempt (``errors``: one :class:`Failure` per
-    attempt): :func:`agent_shell.runner.error_record` with no trials (``error``: the last attempt's
+    attempt): :func:`agent_shell.results.error_record` with no trials (``error``: the last attempt's
     type and message, ``attempts``, every attempt's ``reasons``)."""
     record = error_record(agent_name, task_id, task_type or "unknown", [], max_steps, 0.0, meta,
                           RuntimeError(errors[-1].reason))

@@ -15,7 +15,7 @@ def recorded_episodes(results: str, episodes: int, tiny: bool) -> tuple[list[dic
     records' task types, or with ``tiny`` the recorded trajectories themselves (no environment is
     started). Raises SystemExit on a file without records."""
     from agent_shell.demos import expert_demos, rendered_demos
-    from agent_shell.runner import read_results
+    from agent_shell.results import read_results
     from envs import make_env
     from envs.trajectory import Trajectory
 

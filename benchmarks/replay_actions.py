@@ -49,7 +49,7 @@ class Replay:
 def read_records(path: str | Path) -> list[dict]:
     """The episode records of a results file, plain or gzip-compressed (torn lines are skipped
     with a warning by the results reader)."""
-    from agent_shell.runner import read_results
+    from agent_shell.results import read_results
 
     path = Path(path)
     if path.suffix != ".gz":

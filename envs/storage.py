@@ -6,17 +6,21 @@ is rewritten as a whole (an episode's partial state, cached reviews, indexes) is
 :func:`atomic_path` / :func:`write_json_atomic`; :func:`repair_jsonl` moves a torn line aside
 (what every ``--resume`` runs first); :func:`atomic_folder` replaces a whole folder (cached
 concepts) in one rename, and :func:`stamped_folder` builds one (an extracted or converted model)
-once per source. (cb_core keeps its own private atomic writer for its file formats: it imports
-nothing of this project.)
+once per source; :func:`claim_writer` gives one process at a time the right to append to a
+file. (cb_core keeps its own private atomic writer for its file formats: it imports nothing of
+this project.)
 
 Imports no game engine and nothing of the agent shell.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import fcntl
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +39,8 @@ def append_jsonl(path: str | os.PathLike, record: Mapping[str, Any] | Any) -> No
     most a torn *final* line without its newline. Before appending, a file whose last byte is not
     a newline (a torn line from an earlier crash) gets a newline first, so the torn bytes stay an
     isolated malformed line that :func:`iter_jsonl` reports by line number and the new
-    record is never glued onto them. Writers must not run concurrently on one file.
+    record is never glued onto them. Writers must not run concurrently on one file: a writer that
+    resumes a file claims it first (:func:`claim_writer`).
 
     Raises:
         OSError: the write or fsync failed (the caller's record is then not durable).
@@ -94,6 +99,92 @@ def iter_jsonl(path: str | os.PathLike,
                 yield number, None, str(err)
                 continue
             yield number, value, None
+
+
+class FileBusy(ValueError):
+    """Another process holds the claim to write the file (:func:`claim_writer`); the message names it."""
+
+
+#: This process's claims: absolute path -> [descriptor of the locked sidecar file, nesting depth, pid].
+_CLAIMS: dict[str, list[int]] = {}
+
+
+def _lock_path(path: str) -> str:
+    folder, name = os.path.split(path)
+    return os.path.join(folder, f".{name}.lock")
+
+
+def claim_writer(path: str | os.PathLike) -> None:
+    """Claim ``path`` for this process's writes: an exclusive ``fcntl.flock`` on the hidden sidecar
+    file ``.<name>.lock`` beside it, which records the holder's pid and command line.
+
+    The claim lasts until :func:`release_writer` (as often as it was claimed: claims of one process
+    nest) or until the process ends (the kernel drops the lock of a killed process, so a crash never
+    leaves the file claimed). The sidecar folder is created when missing.
+
+    Raises:
+        FileBusy: another process holds the claim: ``"<path> is being written by pid <pid> (<command
+            line>); wait for it or stop it"``.
+    """
+    key = os.path.abspath(path)
+    if key in _CLAIMS and _CLAIMS[key][2] == os.getpid():
+        _CLAIMS[key][1] += 1
+        return
+    lock = _lock_path(key)
+    os.makedirs(os.path.dirname(lock), exist_ok=True)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise FileBusy(f"{path} is being written by {holder}; wait for it or stop it") from None
+        try:
+            current = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        os.close(fd)  # the last holder removed this sidecar between our open and lock: take the new one
+    command = " ".join([os.path.basename(sys.argv[0] if sys.argv else "python"), *sys.argv[1:]])
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} ({command[:300]})\n".encode(), 0)
+    _CLAIMS[key] = [fd, 1, os.getpid()]
+
+
+def release_writer(path: str | os.PathLike) -> None:
+    """Undo one :func:`claim_writer` of ``path``; the last one removes the sidecar and unlocks it.
+    Releasing a file this process does not claim does nothing."""
+    key = os.path.abspath(path)
+    claim = _CLAIMS.get(key)
+    if claim is None or claim[2] != os.getpid():
+        return
+    claim[1] -= 1
+    if claim[1] > 0:
+        return
+    del _CLAIMS[key]
+    with contextlib.suppress(OSError):
+        os.unlink(_lock_path(key))  # before unlocking: a waiting claimer then retries on a new sidecar
+    os.close(claim[0])
+
+
+@contextlib.contextmanager
+def writer_claim(path: str | os.PathLike) -> Iterator[None]:
+    """:func:`claim_writer` for the duration of a ``with`` block (FileBusy when another process holds it)."""
+    claim_writer(path)
+    try:
+        yield
+    finally:
+        release_writer(path)
+
+
+@atexit.register
+def _release_all() -> None:
+    for key, claim in list(_CLAIMS.items()):
+        if claim[2] == os.getpid():  # never a forked child's copy of its parent's claims
+            claim[1] = 1
+            release_writer(key)
 
 
 def _umask() -> int:
@@ -238,5 +329,5 @@ def stamped_folder(target: str | os.PathLike, stamp: Mapping[str, Any], build: C
     return target
 
 
-__all__ = ["STAMP_FILE", "MalformedLine", "append_jsonl", "atomic_folder", "atomic_path", "iter_jsonl", "repair_jsonl",
-           "stamped_folder", "write_json_atomic"]
+__all__ = ["STAMP_FILE", "FileBusy", "MalformedLine", "append_jsonl", "atomic_folder", "atomic_path", "claim_writer",
+           "iter_jsonl", "release_writer", "repair_jsonl", "stamped_folder", "write_json_atomic", "writer_claim"]

@@ -2,7 +2,7 @@
 by name from the registry (:mod:`agent_shell.agents.registry`, open to plug-ins).
 
 Every agent answers ``next_action(view) -> Decision`` (:mod:`agent_shell.agents.step`) and is
-run through :class:`Reflexion` (one trial for the plain agents), so the runner handles all of
+run through :class:`Reflexion` (one trial for the plain agents), so the scheduler handles all of
 them alike.
 """
 

@@ -237,7 +237,7 @@ def accuracy(pred: Sequence[int], records: Sequence[dict], label_field: str) -> 
     label by the label rule, :func:`tied_labels`), WHEN (update vs NO UPDATE) and WHAT (the same
     candidate, among records whose label updates and whose prediction updates) accuracies against
     ``label_field``, with 95% Wilson intervals; records without that field are left out."""
-    from agent_shell.reporting import wilson_interval
+    from agent_shell.statistics import wilson_interval
 
     used = [(p, r) for p, r in zip(pred, records) if label_field in r]
     pairs = [(p, r[label_field], len(r["options"]) - 1) for p, r in used]

@@ -26,7 +26,7 @@ content-screening label is the retained candidate with the largest margin, else 
 One JSON line per transition (:data:`LABEL_SCHEMA`) holds the history, the options, every
 actor's actions with and without each candidate, the verdicts with the judge that gave them,
 both labels and the split and role of its task (``"split": "train"``, ``"role":
-"calibrator-training"``). Appended with :func:`envs.storage.append_jsonl`; ``resume`` skips
+"calibrator-training"``). Appended by one process at a time (:func:`labels_file`); ``resume`` skips
 finished transitions.
 """
 
@@ -44,8 +44,9 @@ from agent_shell.context import render_history, render_task
 from agent_shell.experience import NO_UPDATE, candidates_after, parse_review, review_prompt, reviewable
 from agent_shell.lm.protocol import LanguageModel
 from agent_shell.studies.probe import probe_answer
-from agent_shell.studies.recorded import RecordedTrial, check_settings
-from envs.storage import append_jsonl, iter_jsonl
+from agent_shell.results import ResumableJsonl
+from agent_shell.studies.recorded import RecordedTrial
+from envs.storage import iter_jsonl
 
 LABEL_SCHEMA = "cb-agent/calibration-label-v1"
 #: What the labelled tasks are for (stated in every record).
@@ -265,28 +266,35 @@ def read_labels(path: str | Path, on_bad: Callable[[str], None] | None = None) -
     return out
 
 
+def labels_file(path: str | Path) -> ResumableJsonl:
+    """The label file ``path`` as a :class:`agent_shell.results.ResumableJsonl` keyed by transition
+    (malformed lines are skipped: their transitions are labelled again)."""
+    return ResumableJsonl(path, lambda p: read_labels(p, on_bad=lambda _msg: None), lambda r: r["item"],
+                          "transitions", lambda r: repr(r["item"]))
+
+
 def pending(path: str | Path, items: Sequence[Transition], resume: bool,
             settings: Mapping[str, Any] | None = None) -> list[Transition]:
     """``items`` not yet labelled in ``path``.
 
     A finished line must show the same transition (instruction, first observation and history:
     the recorded runs it was labelled on) and agree with ``settings`` (field -> value: dtype,
-    seed, k, recipients, model, ...) in every field it records.
+    seed, k, recipients, model, ...) by the rule of :meth:`agent_shell.results.ResumableJsonl.finished`.
+    Claims ``path`` for this process.
 
     Raises:
+        envs.storage.FileBusy: another process is writing ``path``.
         ValueError: without ``resume``, ``path`` already holds one of them (never a duplicate);
             with ``resume``, a finished line shows another transition than the recorded runs
             now give under its key, or was labelled with other ``settings`` (naming the item and
             the field: resuming would mix them).
     """
     by_key = {t.key: t for t in items}
-    done = [r for r in read_labels(path, on_bad=lambda _msg: None) if r["item"] in by_key]
-    if done and not resume:
-        raise ValueError(f"{path} already holds {len(done)} of these transitions; pass --resume to continue it, "
-                         "or choose another --out")
-    check_settings(path, done, settings or {})
-    for r in done:
-        t = by_key[r["item"]]
+    finished = labels_file(path).finished(by_key, resume, settings)
+    for key, r in finished.items():
+        t = by_key.get(key)
+        if t is None:
+            continue
         traj = t.recorded.trajectory
         for field, now in (("instruction", traj.instruction), ("observation", traj.observation),
                            ("history", t.history)):
@@ -294,7 +302,6 @@ def pending(path: str | Path, items: Sequence[Transition], resume: bool,
                 raise ValueError(f"{path} holds {r['item']!r} labelled on another recording (its {field} differs "
                                  f"from {t.recorded.source}'s); resuming would mix them: label these runs into "
                                  "another --out")
-    finished = {r["item"] for r in done}
     return [t for t in items if t.key not in finished]
 
 
@@ -306,7 +313,7 @@ def run_labels(items: Sequence[Transition], out: str | Path, label: Callable[[Tr
     written = []
     for t in pending(out, items, resume, meta):
         record = {**(meta or {}), **label(t)}
-        append_jsonl(out, record)
+        labels_file(out).append(record)
         written.append(record)
         if on_record is not None:
             on_record(record)
@@ -346,5 +353,5 @@ def label_counts(records: Sequence[dict]) -> dict[str, Any]:
 
 
 __all__ = ["ContentScreen", "LABEL_SCHEMA", "ROLE", "SCREEN_QUESTION", "Transition", "label_counts", "label_record",
-           "effect_key", "mine_transitions", "pending", "propose", "read_labels", "retained", "run_labels",
-           "transition_label"]
+           "effect_key", "labels_file", "mine_transitions", "pending", "propose", "read_labels", "retained",
+           "run_labels", "transition_label"]

@@ -94,7 +94,7 @@ def play_study(study: str, out: str, keys: set[tuple[str, str, str, str]], resum
     run_meta = {"env": config.env, "dtype": config.dtype, "seed": config.seed, "demos_per_type": config.demos_per_type,
                 "demo_split": config.demo_split}  # every line's; with the backbone's name once it has loaded
     if resume:  # a torn last line of an interrupted study: aside, the rest byte for byte
-        from agent_shell.commands._resume import repair_for_resume
+        from agent_shell.results import repair_for_resume
 
         repair_for_resume(out, echo)
     try:

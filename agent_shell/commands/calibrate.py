@@ -81,7 +81,7 @@ def label(results, actors, judge, k, temperature, content_screening, max_transit
     if not items:
         raise click.ClickException(f"no reviewable transition followed by an environment step in {len(trials)} trials")
     if resume:
-        from agent_shell.commands._resume import repair_for_resume
+        from agent_shell.results import repair_for_resume
 
         repair_for_resume(out, console.print)
     try:

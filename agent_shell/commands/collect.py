@@ -31,7 +31,7 @@ from agent_shell.commands.tasks import ENV_NAMES, validated_tasks
               help="Step budget per task (default: the environment's, ALFWorld 50).")
 def collect(env_name, split, n_per_type, task_list, out_path, resume, max_steps) -> None:
     """Collect expert trajectories (every candidate set saved) into OUT, one JSON line per task."""
-    from agent_shell.commands._resume import repair_for_resume
+    from agent_shell.results import repair_for_resume
     from agent_shell.progress import episode_line, interactive
     from envs import make_env
     from envs.collect import collect_expert_trajectories, select_tasks

@@ -23,7 +23,7 @@ def decision_accuracy(features: dict, concepts: dict, gamma: float = 0.8) -> lis
     import numpy as np
 
     import cb_core
-    from agent_shell.reporting import wilson_interval
+    from agent_shell.statistics import wilson_interval
 
     def with_intervals(row: dict, hits: dict, has_concept: bool) -> dict:
         n = row["decisions"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import click
 
@@ -32,26 +32,22 @@ def _fail(fn: Callable) -> Callable:
 
 
 def _done_keys(path: Path, resume: bool, wanted: Iterable[str], elsewhere: str = "choose another --out") -> set[str]:
-    """Noisy ids already in the JSONL output ``path``; refuses an existing key without --resume."""
+    """Noisy ids already in the JSONL output ``path``, which this process claims
+    (:class:`agent_shell.results.ResumableJsonl`); refuses an existing key without --resume."""
+    from agent_shell.results import ResumableJsonl, repair_for_resume
     from envs.storage import iter_jsonl
 
-    if not path.exists():
-        return set()
-    if resume:  # a torn last line of an interrupted command: aside, the rest byte for byte
-        from agent_shell.commands._resume import repair_for_resume
+    def keyed(path: Path) -> Iterator[dict]:  # lines without a noisy id are redone
+        for number, record, err in iter_jsonl(path) if path.exists() else ():
+            if err is None and isinstance(record, dict) and "noisy_id" in record:
+                yield record
+            else:
+                click.echo(f"{path}:{number}: skipped unreadable line ({err or 'no noisy_id'}); redone", err=True)
 
+    if resume and path.exists():  # a torn last line of an interrupted command: aside, the rest byte for byte
         repair_for_resume(path)
-    done = set()
-    for number, record, err in iter_jsonl(path):
-        if err is not None or not isinstance(record, dict) or "noisy_id" not in record:
-            click.echo(f"{path}:{number}: skipped unreadable line ({err or 'no noisy_id'}); redone", err=True)
-            continue
-        done.add(record["noisy_id"])
-    overlap = done & set(wanted)
-    if overlap and not resume:
-        raise ValueError(f"{path} already holds {len(overlap)} of these inputs; pass --resume to continue it, "
-                         f"or {elsewhere}")
-    return done
+    return set(ResumableJsonl(path, keyed, lambda r: r["noisy_id"], "inputs", lambda r: repr(r["noisy_id"]),
+                              elsewhere).finished(set(wanted), resume))
 
 
 def _check_split(env_name: str, split: str) -> None:

@@ -5,7 +5,8 @@ that differs between the records becomes part of the row label. Error episodes (
 are counted apart. ``--paired`` adds the same-games comparison of every two agents (exact sign test);
 ``--common-games`` keeps only the games every agent finished (runs of different sizes side by side).
 A torn line is skipped with one plain warning line (``--resume`` of the run
-moves it aside).
+moves it aside); an episode recorded twice (same agent, task and settings) is counted once, with a
+warning line.
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ def report(results, chart_path, markdown_path, paired, common_games) -> None:
     from agent_shell.reporting import (bar_chart, describe_run, differing_settings, markdown_table, paired_comparisons,
                                        pairs_markdown, pairs_table, rich_table, running_time, summarize)
     from agent_shell.reporting import common_games as keep_common_games
-    from agent_shell.runner import read_results
+    from agent_shell.results import read_results, unique_episodes
 
-    records = [r for path in results for r in read_results(path)]
+    records, repeated = unique_episodes(r for path in results for r in read_results(path))
+    for line in repeated:
+        click.echo(f"warning: {line}", err=True)
     if not records:
         raise click.ClickException(f"no finished episodes in {', '.join(results)}")
     console = make_console()

@@ -31,10 +31,10 @@ from agent_shell.run_config import RunConfig, check_not_demos
 @config_options(*COMMON_OPTIONS, *RUN_OPTIONS)
 def run(config: RunConfig) -> None:
     """Run agents on evaluation games; print the success table and write a chart."""
-    from agent_shell.commands._resume import repair_for_resume
+    from agent_shell.results import repair_for_resume
     from agent_shell.commands.tasks import task_error
     from agent_shell.reporting import bar_chart, describe_run, rich_table, summarize
-    from agent_shell.runner import check_results_file, read_results
+    from agent_shell.results import check_results_file, read_results
     from envs import make_env
 
     console = make_console()

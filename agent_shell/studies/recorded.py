@@ -1,10 +1,10 @@
 """What the studies share: recorded trials read from results files, and study lines on disk.
 
-Both studies read results files written by ``cb-agent run`` (:func:`agent_shell.runner.episode_record`:
+Both studies read results files written by ``cb-agent run`` (:func:`agent_shell.results.episode_record`:
 ``trials[i]["trajectory"]`` is an :class:`envs.trajectory.Trajectory` record) and write one JSON
-line per (item, condition, rendering, actor) cell, appended atomically with
-:func:`envs.storage.append_jsonl`; a rerun with ``resume=True`` skips every finished key, so an
-interrupted study loses and duplicates nothing (:func:`run_cells`).
+line per (item, condition, rendering, actor) cell, appended atomically by one process at a time
+(:class:`agent_shell.results.ResumableJsonl`); a rerun with ``resume=True`` skips every finished
+key, so an interrupted study loses and duplicates nothing (:func:`run_cells`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from agent_shell.agents import ReActAgent
-from agent_shell.runner import read_results
+from agent_shell.results import ResumableJsonl, read_results
 from envs.protocol import TaskStart
-from envs.storage import append_jsonl, iter_jsonl
+from envs.storage import iter_jsonl
 from envs.trajectory import Trajectory
 
 #: A cell of a study: (item key, condition ("" for the probe), rendering, actor).
@@ -120,40 +120,28 @@ def finished_keys(path: str | Path, study: str) -> set[Key]:
     return {_key(r) for r in read_study(path, study)}
 
 
+def study_file(path: str | Path, study: str) -> ResumableJsonl:
+    """The lines of ``study`` in ``path`` as a :class:`agent_shell.results.ResumableJsonl`, keyed by
+    (item, condition, rendering, actor)."""
+    return ResumableJsonl(path, lambda p: read_study(p, study), _key, "results", lambda r: repr(r.get("item")))
+
+
 def pending_keys(path: str | Path, study: str, todo: set[Key], resume: bool,
                  settings: Mapping[str, Any] | None = None) -> set[Key]:
     """The (item, condition, rendering, actor) keys of ``todo`` not yet in ``path`` (condition ""
-    for the probe), checked before anything heavy loads.
+    for the probe), checked before anything heavy loads; claims ``path`` for this process.
 
     ``settings`` (field -> value, e.g. dtype, seed, layout, new_actions, model) must agree with every
-    finished line of ``todo`` that records the field (a line without it is not compared).
+    finished line of ``todo`` by the rule of :meth:`agent_shell.results.ResumableJsonl.finished` (a
+    field a line lacks takes its recorded default, e.g. layout "text"; a value None is not compared).
 
     Raises:
+        envs.storage.FileBusy: another process is writing ``path``.
         ValueError: without ``resume``, ``path`` already holds one of ``todo`` (never a duplicate);
             with ``resume``, one of its finished lines was played with other ``settings`` (naming
             the line's key and the field: resuming would mix them).
     """
-    records = [r for r in read_study(path, study) if _key(r) in todo]
-    done = {_key(r) for r in records}
-    if done and not resume:
-        raise ValueError(f"{path} already holds {len(done)} of these results; pass --resume to "
-                         "continue it, or choose another --out")
-    check_settings(path, records, settings or {})
-    return todo - done
-
-
-def check_settings(path: str | Path, records: Iterable[Mapping[str, Any]], settings: Mapping[str, Any]) -> None:
-    """Refuse to continue ``path`` when one of its ``records`` differs from ``settings`` in a field
-    it records (fields it lacks are not compared).
-
-    Raises:
-        ValueError: naming the record's ``item``, the field and both values.
-    """
-    for r in records:
-        for field, value in settings.items():
-            if field in r and r[field] != value:
-                raise ValueError(f"{path} holds {r.get('item')!r} with {field}={r[field]!r}, but this run uses "
-                                 f"{field}={value!r}; resuming would mix them: choose another --out")
+    return todo - set(study_file(path, study).finished(todo, resume, settings))
 
 
 def _key(record: Mapping[str, Any]) -> Key:
@@ -178,7 +166,9 @@ def run_cells(out: Path, study: str, cells: Sequence[tuple[Item, str, str, str]]
     """Play the (item, condition, rendering, actor) ``cells`` in order, appending one line each to
     ``out``; finished keys are skipped (``on_record(None)``), agents are built once per
     (rendering, actor) and only when needed. Returns the records written."""
-    pending = pending_keys(out, study, {(i.key, c, r, a) for i, c, r, a in cells}, resume, meta)
+    lines = study_file(out, study)
+    todo = {(i.key, c, r, a) for i, c, r, a in cells}
+    pending = todo - set(lines.finished(todo, resume, meta))
     agents: dict[tuple[str, str], ReActAgent] = {}
     written = []
     for item, condition, rendering, actor in cells:
@@ -189,12 +179,12 @@ def run_cells(out: Path, study: str, cells: Sequence[tuple[Item, str, str, str]]
         if (rendering, actor) not in agents:
             agents[rendering, actor] = make_agent(rendering, actor)
         record = {**(meta or {}), **line(item, condition, rendering, actor, agents[rendering, actor])}
-        append_jsonl(out, record)
+        lines.append(record)
         written.append(record)
         if on_record is not None:
             on_record(record)
     return written
 
 
-__all__ = ["AgentFactory", "Item", "Key", "RecordedTrial", "check_settings", "env_name_of", "finished_keys", "norm",
-           "pending_keys", "read_study", "recorded_trials", "run_cells"]
+__all__ = ["AgentFactory", "Item", "Key", "RecordedTrial", "env_name_of", "finished_keys", "norm", "pending_keys",
+           "read_study", "recorded_trials", "run_cells", "study_file"]

@@ -23,7 +23,7 @@ from agent_shell.agents import AgentLog, ReActAgent, View
 from agent_shell.context import Reference
 from agent_shell.experience import candidates_after, reviewable
 from agent_shell.history import REVIEWED, action_line
-from agent_shell.runner import loop_statistics
+from agent_shell.results import loop_statistics
 from agent_shell.studies.recorded import AgentFactory, RecordedTrial, norm, run_cells
 from agent_shell.studies.tables import RateRow, rate_rows
 from envs.episode import Episode

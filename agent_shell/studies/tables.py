@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from agent_shell.history import RENDERINGS
-from agent_shell.reporting import wilson_interval
+from agent_shell.statistics import wilson_interval
 
 
 @dataclass(frozen=True)

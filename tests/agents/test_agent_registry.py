@@ -172,7 +172,7 @@ def test_the_run_config_holds_the_agents_config():
 
 
 def test_recorded_settings_and_resume_of_a_committed_results_file_are_unchanged(tmp_path):
-    from agent_shell.runner import check_results_file
+    from agent_shell.results import check_results_file
 
     path = ROOT / "results" / "table1_alfworld.results.jsonl.gz"
     with gzip.open(path, "rt") as f:

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 import cb_core
 from agent_shell.candidates import fixed_action_space
 from agent_shell.cli import main
-from agent_shell.runner import read_results
+from agent_shell.results import read_results
 from envs import make_env
 from envs.trajectory import read_trajectories
 

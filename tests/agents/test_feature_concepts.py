@@ -14,7 +14,7 @@ from agent_shell.concepts import cached_concepts, check_concept_matches, collect
 from agent_shell.demos import expert_demos
 from agent_shell.features import FeatureSet
 from agent_shell.features.novelty import Novelty
-from agent_shell.runner import read_results
+from agent_shell.results import read_results
 from envs.episode import Episode
 from test_features import plugin  # noqa: F401  (the entry-point fixture with the example WordCount)
 from test_reporting_cli import doubles  # noqa: F401  (CLI with FakeLM and ScriptedEnv)

@@ -14,7 +14,7 @@ from agent_shell.cli import main
 from agent_shell.ical import Lambdas, Memory, execute, parse_program
 from agent_shell.ical.acting import RetrievedDemos, demos_with_thoughts, parse_demos
 from agent_shell.ical.memory import Example
-from agent_shell.runner import read_results
+from agent_shell.results import read_results
 from test_ical_memory import TableEmbedder
 
 TABLE = {"Your task is to: solve a/1.": [1, 0, 0], "Your task is to: solve a/2.": [0.9, 0.2, 0],

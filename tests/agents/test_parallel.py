@@ -13,7 +13,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'cb-agent[ray]')")
 
 from agent_shell.parallel import RayExecutor  # noqa: E402
-from agent_shell.runner import read_results  # noqa: E402
+from agent_shell.results import read_results  # noqa: E402
 from agent_shell.scheduler import InProcessExecutor, play_episodes, schedule  # noqa: E402
 from parallel_doubles import AGENTS, make_players  # noqa: E402
 from test_runner import untimed  # noqa: E402
@@ -117,7 +117,7 @@ def test_a_repeatedly_failing_episode_becomes_an_error_record(cluster, sequentia
     for task in ("a/1", "a/2", "b/2"):
         assert got[("react", task)] == sequential[("react", task)]
     crashed, killed = got[("react", "a/3")], got[("react", "b/1")]
-    # an engine fault ends its episode at once, as in the sequential runner (no retry)
+    # an engine fault ends its episode at once, in either executor (no retry)
     assert crashed["success"] is False and crashed["steps"] == 0 and crashed["task_type"] == "fetch"
     assert crashed["error"]["type"] == "EngineError" and "attempts" not in crashed["error"]
     assert crashed["error"]["message"].endswith("RuntimeError: engine crashed on a/3")

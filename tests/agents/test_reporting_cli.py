@@ -12,8 +12,9 @@ import agent_shell.lm
 import envs
 from agent_doubles import FakeLM, ScriptedEnv
 from agent_shell.cli import main
-from agent_shell.reporting import bar_chart, rich_table, summarize, wilson_interval
-from agent_shell.runner import read_results
+from agent_shell.reporting import bar_chart, rich_table, summarize
+from agent_shell.results import read_results
+from agent_shell.statistics import wilson_interval
 
 
 @pytest.mark.parametrize("k, n, low, high", [
@@ -387,7 +388,7 @@ def test_eval_decisions_rows_carry_wilson_intervals(tmp_path, doubles):
 def test_sign_test_is_scipy_s_exact_binomial_test(kn):
     from scipy.stats import binomtest
 
-    from agent_shell.reporting import sign_test
+    from agent_shell.statistics import sign_test
 
     k, n = kn
     expected = binomtest(k, n, 0.5).pvalue if n else 1.0
@@ -395,7 +396,7 @@ def test_sign_test_is_scipy_s_exact_binomial_test(kn):
 
 
 def test_sign_test_rejects_bad_counts():
-    from agent_shell.reporting import sign_test
+    from agent_shell.statistics import sign_test
 
     with pytest.raises(ValueError, match="k=3, n=2"):
         sign_test(3, 2)
@@ -447,7 +448,9 @@ def test_report_paired_prints_and_writes_the_same_games_table(tmp_path):
     twice = tmp_path / "twice.jsonl"
     twice.write_bytes(b"".join(orjson.dumps(game("react", "t/1", s)) + b"\n" for s in (True, False)))
     res = CliRunner().invoke(main, ["report", str(twice), "--paired", "--chart", str(tmp_path / "c2.png")])
-    assert res.exit_code != 0 and "react played t/1 twice" in res.output
+    # one episode stored twice (two writers on one file) is counted once, with a warning: nothing left to pair
+    assert res.exit_code == 0 and "react on t/1 is recorded 2 times with the same settings: counted once" in res.output
+    assert "the results hold one agent only" in res.output and "1/1" in res.output
 
 
 def test_concept_settings_label_only_the_agents_that_act_by_a_concept():

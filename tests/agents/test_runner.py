@@ -16,7 +16,7 @@ import envs
 from agent_doubles import FakeLM, ScriptedEnv, play_agent
 from agent_shell.cli import main
 from agent_shell.agents import build_agent
-from agent_shell.runner import longest_repeat_cycle, loop_statistics, read_results
+from agent_shell.results import longest_repeat_cycle, loop_statistics, read_results
 from envs.trajectory import Step
 
 DEMOS = {"fetch": ["d"], "open": ["d"]}

@@ -314,7 +314,10 @@ def test_pending_keys_refuses_a_resume_with_other_settings(tmp_path):
             "dtype": "float32", "seed": 0}
     append_jsonl(out, line)
     key, other = ("a/1", "history", "raw", "react"), ("a/2", "history", "raw", "react")
-    assert studies.pending_keys(out, "recover", {key, other}, True, {"dtype": "float32", "layout": "chat"}) == {other}
+    assert studies.pending_keys(out, "recover", {key, other}, True, {"dtype": "float32", "layout": "text"}) == {other}
+    # a line without a layout was played in the text layout (the recorded default, as for results lines)
+    with pytest.raises(ValueError, match=r"'a/1' with layout='text', but this run uses layout='chat'"):
+        studies.pending_keys(out, "recover", {key, other}, True, {"dtype": "float32", "layout": "chat"})
     with pytest.raises(ValueError, match=r"'a/1' with dtype='float32', but this run uses dtype='bfloat16'"):
         studies.pending_keys(out, "recover", {key, other}, True, {"dtype": "bfloat16"})
     # lines outside the keys asked for are not compared

@@ -1,0 +1,356 @@
+"""The results record and its files: one owner for what an episode line holds and how it is read,
+written and resumed.
+
+* **The record**: :func:`episode_record` (one finished episode, all Reflexion trials, schema
+  :data:`RESULT_SCHEMA`), :func:`trial_record`, :func:`error_record` (an episode an engine fault
+  ended) and the loop statistics every record carries (:func:`loop_statistics`).
+* **The recorded settings** (:data:`RUN_SETTINGS`) and the one table of their values in records
+  written before a field existed (:data:`SETTING_DEFAULTS`, read through :func:`setting`).
+* **Reading**: :func:`read_results` (a torn or NUL-padded line is skipped with a warning naming its
+  line; :func:`repair_for_resume` moves such lines aside before a resume) and
+  :func:`unique_episodes` (an episode stored twice counts once).
+* **Writing**: :func:`store_record` (one atomic line, then the episode's partial state goes).
+* **Resuming**: :class:`ResumableJsonl`, the one check every resumable JSONL output goes through
+  (episode results, study lines, calibration labels, ICAL outputs): it claims the file for this
+  process (a second writer is refused with one line naming the holder), refuses to duplicate a
+  finished key, and compares the finished lines' settings with the run's by one rule: a field a
+  line lacks takes its value from :data:`SETTING_DEFAULTS`; a field without a value there (None)
+  is not compared.
+
+Imports neither the scheduler nor the reporting (both import this module).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Collection, Hashable, Iterable, Mapping, Sequence
+
+from agent_shell.history import StepLike
+from agent_shell.run_config import RunConfig
+from envs.storage import FileBusy, append_jsonl, claim_writer, iter_jsonl, repair_jsonl
+
+if TYPE_CHECKING:
+    from agent_shell.agents import Trial
+
+#: Version of the episode record layout (``record["schema"]``).
+RESULT_SCHEMA = "cb-agent/episode-v1"
+
+#: Record fields that must agree between a results file and a run that resumes it, and that label
+#: the rows of a report when they differ: the backbone's name and the
+#: :class:`agent_shell.run_config.RunConfig` settings.
+RUN_SETTINGS = ("model", *RunConfig.SETTINGS)
+
+
+class SameAs(str):
+    """A default that is another field's value (:data:`SETTING_DEFAULTS`)."""
+
+
+#: The value a record without the field was run with (records of older versions); a concept was
+#: fitted on the demonstrations (``demos_per_type``) before ``concept_per_type`` existed. A field
+#: that is neither recorded nor here has no known value (None) and is never compared.
+SETTING_DEFAULTS: dict[str, Any] = {"rendering": "raw", "layout": "text", "features": "lm-hidden",
+                                   "fit_candidates": 0, "concept_per_type": SameAs("demos_per_type")}
+
+
+def setting(record: Mapping[str, Any], key: str) -> Any:
+    """The record's value of setting ``key``: the recorded one, else the default of
+    :data:`SETTING_DEFAULTS`, else None."""
+    if key in record:
+        return record[key]
+    default = SETTING_DEFAULTS.get(key)
+    return record.get(default) if isinstance(default, SameAs) else default
+
+
+# ---------------------------------------------------------------------------------------------
+# loop statistics
+
+
+def longest_repeat_cycle(actions: Sequence[str]) -> dict[str, int]:
+    """The longest stretch where one block of actions repeats back to back.
+
+    Returns ``{"period": p, "repeats": r, "span": p * r}`` for the block of length p repeated r
+    >= 2 times in a row that covers the most actions (ties: the shortest period); all zeros when
+    no action or block repeats. ``a b a b a`` -> period 2, repeats 2, span 4.
+    """
+    n = len(actions)
+    best = (0, 0, 0)  # span, -period, repeats (compared as a tuple)
+    for p in range(1, n // 2 + 1):
+        for i in range(0, n - 2 * p + 1):
+            block = actions[i:i + p]
+            r = 1
+            while actions[i + r * p:i + (r + 1) * p] == block:
+                r += 1
+            if r >= 2 and (r * p, -p) > best[:2]:
+                best = (r * p, -p, r)
+    span, neg_p, repeats = best
+    return {"period": -neg_p, "repeats": repeats, "span": span}
+
+
+def loop_statistics(steps: Iterable[StepLike]) -> dict[str, Any]:
+    """Distinct environment actions and the longest repeated cycle of one trial's steps."""
+    actions = [s.action for s in steps if s.kind == "env"]
+    return {"distinct_actions": len(set(actions)), "longest_cycle": longest_repeat_cycle(actions)}
+
+
+# ---------------------------------------------------------------------------------------------
+# records
+
+
+def trial_record(trial: Trial) -> dict[str, Any]:
+    """A trial as JSON: outcome, counts, loop statistics, agent log and the whole trajectory."""
+    ep = trial.episode
+    steps = ep.steps
+    return {
+        "won": bool(ep.won),
+        "steps": len(steps),
+        "think_steps": sum(1 for s in steps if s.kind == "think"),
+        "env_steps": sum(1 for s in steps if s.kind == "env"),
+        "budget": ep.max_steps,
+        **loop_statistics(steps),
+        "reflection": trial.reflection,
+        "log": trial.log.to_dict(),
+        "trajectory": ep.trajectory().to_record(),
+    }
+
+
+def episode_record(agent_name: str, task_id: str, trials: Sequence[Trial], wall_s: float,
+                   meta: dict[str, Any]) -> dict[str, Any]:
+    """One results line. Counts add up over trials; loop statistics are the last trial's;
+    ``wall_s`` is the episode's wall time (s) and ``finished_at`` its end (Unix time, s, the
+    clock of the process that played it): together they give a run's running time
+    (:func:`agent_shell.reporting.running_time`)."""
+    records = [trial_record(t) for t in trials]
+    last = records[-1]
+    steps = sum(r["steps"] for r in records)
+    n_candidates = [d["n_candidates"] for r in records for d in r["log"]["decisions"]
+                    if d.get("n_candidates") is not None]
+    start = trials[0].episode.start
+    return {
+        "schema": RESULT_SCHEMA,
+        "agent": agent_name,
+        "task_id": task_id,
+        "task_type": start.task_type,
+        "success": any(r["won"] for r in records),
+        "steps": steps,
+        "think_steps": sum(r["think_steps"] for r in records),
+        "env_steps": sum(r["env_steps"] for r in records),
+        "budget": last["budget"],
+        "n_trials": len(records),
+        "n_candidates": n_candidates,
+        "format_errors": sum(len(r["log"]["format_errors"]) for r in records),
+        "reviews": sum(len(r["log"].get("reviews", ())) for r in records),
+        "experiences": sum(1 for r in records for rv in r["log"].get("reviews", ()) if rv.get("experience")),
+        "seconds": {k: round(sum(r["log"]["seconds"][k] for r in records), 3) for k in records[0]["log"]["seconds"]},
+        "distinct_actions": last["distinct_actions"],
+        "longest_cycle": last["longest_cycle"],
+        "wall_s": round(wall_s, 3),
+        "s_per_step": round(wall_s / steps, 4) if steps else None,
+        "finished_at": round(time.time(), 1),
+        **meta,
+        "trials": records,
+    }
+
+
+def error_record(agent_name: str, task_id: str, task_type: str, trials: Sequence[Trial], budget: int,
+                 wall_s: float, meta: dict[str, Any], err: BaseException) -> dict[str, Any]:
+    """The results line of an episode that an engine fault ended: the trials played so far (none when
+    the first reset failed), ``success`` False, and ``error`` (type, one-line message, trial, step)."""
+    from envs.protocol import one_line
+
+    if trials:
+        record = episode_record(agent_name, task_id, trials, wall_s, meta)
+    else:
+        record = {"schema": RESULT_SCHEMA, "agent": agent_name, "task_id": task_id, "steps": 0, "think_steps": 0,
+                  "env_steps": 0, "budget": budget, "n_trials": 0, "n_candidates": [], "format_errors": 0,
+                  "reviews": 0, "experiences": 0, "seconds": {}, "distinct_actions": 0,
+                  "longest_cycle": longest_repeat_cycle([]), "wall_s": round(wall_s, 3), "s_per_step": None,
+                  "finished_at": round(time.time(), 1), **meta, "trials": []}
+    last = trials[-1].episode.steps if trials else []
+    record.update(task_type=task_type, success=False,
+                  error={"type": type(err).__name__, "message": one_line(err), "trial": max(len(trials), 1),
+                         "step": len(last) + 1})
+    return record
+
+
+# ---------------------------------------------------------------------------------------------
+# reading and writing
+
+
+def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every episode record of a results file ([] when it does not exist).
+
+    A malformed, torn or NUL-padded line is skipped with a warning naming its line number (its
+    episode is not finished and a resumed run redoes it); nothing is dropped silently.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for number, record, err in iter_jsonl(path, _episode_record):
+        if err is not None:
+            warnings.warn(f"{path}:{number}: skipped malformed results line: {err}", stacklevel=2)
+            continue
+        out.append(record)
+    return out
+
+
+def _episode_record(record: Any) -> dict[str, Any]:
+    if not isinstance(record, dict) or not {"task_id", "agent", "success"} <= record.keys():
+        study = f" (a {record['study']} study line?)" if isinstance(record, dict) and "study" in record else ""
+        raise ValueError(f"not an episode record of cb-agent run{study}")
+    return record
+
+
+def repair_for_resume(path: str | os.PathLike, echo: Callable[[str], None] | None = None) -> None:
+    """What every ``--resume`` does first: claim ``path`` for this process, then move its unreadable
+    lines (a torn last line of an interrupted write, NUL padding) to ``<path>.torn``
+    (:func:`envs.storage.repair_jsonl`), saying so in one plain line per line moved (``echo``,
+    default ``click.echo``); the rest of the file stays byte for byte.
+
+    Raises:
+        click.ClickException: another process is writing ``path`` (one line naming it).
+    """
+    import click
+
+    try:  # claimed first: another writer's line in progress would look torn
+        claim_writer(path)
+    except FileBusy as err:
+        raise click.ClickException(str(err)) from None
+    for line in repair_jsonl(path):
+        (echo or click.echo)(f"repaired {path}: line {line.line_number} ({line.error}) moved to {path}.torn")
+
+
+def unique_episodes(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The records with every episode once: a record whose agent, task id and recorded settings
+    (:data:`RUN_SETTINGS`, by :func:`setting`) repeat an earlier record's is left out (two writers
+    on one file, or one file given twice). Returns (the records kept, in order; one warning line
+    per repeated episode)."""
+    seen: dict[tuple, int] = {}
+    kept = []
+    for r in records:
+        key = (r["agent"], r["task_id"], *(repr(setting(r, k)) for k in RUN_SETTINGS))
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] == 1:
+            kept.append(r)
+    warnings_ = [f"{agent} on {task_id} is recorded {n} times with the same settings: counted once"
+                 for (agent, task_id, *_), n in seen.items() if n > 1]
+    return kept, warnings_
+
+
+def store_record(results_path: Path, record: dict[str, Any], partial: Path | None = None) -> None:
+    """Append ``record`` as one atomic line (after claiming the file for this process: FileBusy
+    when another process writes it), then remove the episode's partial state (and the partial
+    folders it leaves empty)."""
+    claim_writer(results_path)
+    append_jsonl(results_path, record)
+    if partial is None:
+        return
+    partial.unlink(missing_ok=True)
+    for folder in (partial.parent, partial.parent.parent):  # <agent>/, then <results>.partial/
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (or absent): other agents' or tasks' episodes are still running
+            break
+
+
+# ---------------------------------------------------------------------------------------------
+# resuming
+
+
+class ResumableJsonl:
+    """A JSONL output that one process fills with one line per key and a later run may resume.
+
+    Args:
+        path: the file.
+        read: ``read(path)``: the file's lines of this kind ([] when it does not exist), each
+            reader reporting its malformed lines its own way.
+        key: the key of a line (an episode's (agent, task id), a study cell, a transition, ...).
+        what: the lines in a message (``"episodes"``).
+        name: how a message names one line.
+        elsewhere: what to do instead of resuming (``"choose another --out"``).
+    """
+
+    def __init__(self, path: str | os.PathLike, read: Callable[[Path], Iterable[dict]], key: Callable[[dict], Hashable],
+                 what: str, name: Callable[[dict], str], elsewhere: str = "choose another --out"):
+        self.path, self.read, self.key = Path(path), read, key
+        self.what, self.name, self.elsewhere = what, name, elsewhere
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        """Append one line atomically (:func:`envs.storage.append_jsonl`) under this process's claim."""
+        claim_writer(self.path)
+        append_jsonl(self.path, record)
+
+    def finished(self, wanted: Collection[Hashable], resume: bool, settings: Mapping[str, Any] | None = None,
+                 compared: Callable[[dict], bool] | None = None) -> dict[Hashable, dict]:
+        """Claim the file for this process's writes, then return its finished lines (key -> the
+        first line of that key; lines of every key, not only ``wanted``).
+
+        ``settings`` (field -> this run's value) must agree with every finished line that
+        ``compared`` selects (default: the lines of ``wanted`` keys), by the one rule: a field a
+        line lacks takes its value from :data:`SETTING_DEFAULTS` (:func:`setting`); a line's value
+        None (unknown) is not compared.
+
+        Raises:
+            envs.storage.FileBusy: another process is writing the file (naming its pid and
+                command line).
+            ValueError: without ``resume``, the file already holds one of ``wanted`` (never
+                duplicated); with ``resume``, a compared line was written with other
+                ``settings`` (naming the line, the field and both values).
+        """
+        claim_writer(self.path)
+        done: dict[Hashable, dict] = {}
+        for r in self.read(self.path):
+            done.setdefault(self.key(r), r)
+        overlap = [k for k in done if k in wanted]
+        if overlap and not resume:
+            raise ValueError(f"{self.path} already holds {len(overlap)} of these {self.what}; pass --resume to "
+                             f"continue it, or {self.elsewhere}")
+        selected = compared or (lambda r: self.key(r) in wanted)
+        for r in done.values():
+            if not selected(r):
+                continue
+            for field, value in (settings or {}).items():
+                recorded = setting(r, field)
+                if recorded is not None and recorded != value:
+                    raise ValueError(f"{self.path} holds {self.name(r)} with {field}={recorded!r}, but this run "
+                                     f"uses {field}={value!r}; resuming would mix them: {self.elsewhere}")
+        return done
+
+
+def results_file(path: str | os.PathLike) -> ResumableJsonl:
+    """The episode results file ``path`` of ``cb-agent run`` as a :class:`ResumableJsonl`."""
+    return ResumableJsonl(path, read_results, lambda r: (r["agent"], r["task_id"]), "episodes",
+                          lambda r: f"{r['agent']} episodes", "choose another output directory")
+
+
+def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[str], task_ids: Sequence[str],
+                       resume: bool, settings: Mapping[str, Any]) -> dict[str, set[str]]:
+    """The task ids each of ``agent_names`` already finished in ``results_path`` (agent name ->
+    set of task ids, every name a key), after claiming the file for this process and checking that
+    it may be continued (:meth:`ResumableJsonl.finished`); the file is read once for all the agents.
+
+    Every record of one of the agents, whatever its task, must agree with ``settings`` (the
+    :data:`RUN_SETTINGS`: rendering, layout, budget, model, seed, lam, ...; others are ignored).
+
+    Raises:
+        envs.storage.FileBusy: another process is writing the file.
+        ValueError: without ``resume``, the file already holds an episode of one of the agents on
+            one of ``task_ids``; with ``resume``, one of the agents' records was run with other
+            settings, naming the field.
+    """
+    finished: dict[str, set[str]] = {name: set() for name in agent_names}
+    wanted = {(name, t) for name in agent_names for t in task_ids}
+    compared = {k: settings[k] for k in RUN_SETTINGS if k in settings}
+    for agent, task_id in results_file(results_path).finished(wanted, resume, compared,
+                                                              lambda r: r["agent"] in finished):
+        if agent in finished:
+            finished[agent].add(task_id)
+    return finished
+
+
+__all__ = ["RESULT_SCHEMA", "RUN_SETTINGS", "SETTING_DEFAULTS", "ResumableJsonl", "SameAs", "check_results_file",
+           "episode_record", "error_record", "longest_repeat_cycle", "loop_statistics", "read_results",
+           "repair_for_resume", "results_file", "setting", "store_record", "trial_record", "unique_episodes"]
