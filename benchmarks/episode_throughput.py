@@ -31,9 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def part_a(args) -> dict:
-    from agent_shell.commands._common import prepare
-    from agent_shell.commands.run import build_players
     from agent_shell.parallel import RayExecutor
+    from agent_shell.pipeline import build_players, prepare
     from agent_shell.reporting import running_time
     from agent_shell.run_config import RunConfig
     from agent_shell.scheduler import play_episodes

@@ -1,24 +1,18 @@
 """What the commands that load a backbone share: their options, gathered into one validated
-:class:`agent_shell.run_config.RunConfig`, and the set-up of the environment, the backbone, expert
-demonstrations and concepts (all cached)."""
+:class:`agent_shell.run_config.RunConfig`, the console they print on, and the turning of the
+pipeline's errors (:mod:`agent_shell.pipeline`) into one-line click errors."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import time
-from collections import Counter
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Collection, Sequence
+from typing import Any, Callable, Iterator
 
 import click
 
 from agent_shell.agents import agent_names
-from agent_shell.history import RENDERINGS, REVIEWED
-from agent_shell.lm.protocol import LanguageModel
+from agent_shell.history import RENDERINGS
 from agent_shell.run_config import ACTION_SPACES, RunConfig
-from envs.protocol import Environment
-from envs.trajectory import Trajectory
 from envs.registry import ENVIRONMENTS
 
 ENV_NAMES = sorted(ENVIRONMENTS)
@@ -159,165 +153,18 @@ def make_console():
     return Console() if sys.stdout.isatty() else Console(width=160)
 
 
-@dataclass
-class Setup:
-    """Everything a command built: env, backbone, demonstrations, features and concepts."""
-
-    env: Environment
-    lm: LanguageModel | None = None
-    demo_trajectories: list = field(default_factory=list)
-    demos: dict = field(default_factory=dict)
-    features: dict = field(default_factory=dict)
-    concepts: dict | None = None
-    concepts_dir: Path | None = None
-    calibrator: Any = None
-    cache: Path | None = None
-    timings: dict = field(default_factory=dict)
-
-
-def resolve_cache(cache_dir: str | None) -> Path:
-    """``cache_dir`` (created), else the project's cache root (:func:`envs.paths.cache_dir`)."""
-    if cache_dir is not None:
-        path = Path(cache_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-    from envs.paths import cache_dir as default_cache
-
-    return default_cache()
-
-
-def prepare(config: RunConfig, need_concepts: bool, echo: Callable[[str], None] = click.echo,
-            env: Environment | None = None, lm: LanguageModel | None = None,
-            task_types: Collection[str] | None = None) -> Setup:
-    """Make the env (unless given), collect (or read) demonstrations (of ``task_types`` only, when
-    given), load the backbone (unless given), render the demonstrations (rendering "experience":
-    after reviewing them, cached), fit (or read) concepts when ``need_concepts``."""
-    from agent_shell.commands.tasks import validated_tasks
-    from agent_shell.demos import expert_demos, rendered_demos
-    from envs import make_env
-
-    cache = resolve_cache(config.cache_dir)
-    setup = Setup(env=env if env is not None else make_env(config.env), cache=cache)
-    validated_tasks(setup.env, config.demo_split, [])  # before any engine or model loads
-    t = time.perf_counter()
-    n_concept = config.concept_per_type if need_concepts else 0
-    collected = expert_demos(
-        setup.env, max(config.demos_per_type, n_concept), split=config.demo_split,
-        path=cache / "expert" / config.env / f"{config.demo_split}.jsonl", task_types=task_types,
-        on_task=lambda tid: echo(f"collecting expert trajectory {tid}"))
-    setup.demo_trajectories = first_per_type(collected, config.demos_per_type)
-    concept_trajectories = first_per_type(collected, n_concept)
-    for line in shortfalls(collected, task_types, max(config.demos_per_type, n_concept), config.demo_split):
-        echo(line)
-    setup.timings["demos_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    if lm is None:
-        from agent_shell.lm import load_language_model
-
-        lm = load_language_model(config.model, dtype=config.dtype)
-    setup.lm = lm
-    setup.timings["load_lm_s"] = time.perf_counter() - t
-    if config.calibrator is not None:
-        setup.calibrator = load_calibrator(config.calibrator, lm)
-    experiences_of = None
-    if config.rendering in REVIEWED:
-        from agent_shell.experience import review_trajectory
-
-        t = time.perf_counter()
-        reviewed = {}
-        for i, traj in enumerate(setup.demo_trajectories, 1):
-            echo(f"experience reviews {i}/{len(setup.demo_trajectories)}: {traj.task_id}")
-            reviewed[traj.task_id] = review_trajectory(lm, traj, cache, setup.calibrator)
-        experiences_of = lambda traj: reviewed.get(traj.task_id)  # noqa: E731
-        setup.timings["reviews_s"] = time.perf_counter() - t
-    setup.demos = rendered_demos(setup.demo_trajectories, config.rendering, experiences_of)
-    echo(f"expert demonstrations: {len(setup.demo_trajectories)} won trajectories over {len(setup.demos)} task "
-         f"types ({config.demo_split}, {config.demos_per_type} per type), history {config.rendering}")
-    if need_concepts:
-        if n_concept != config.demos_per_type:
-            echo(f"concept data: {len(concept_trajectories)} won trajectories ({n_concept} per type)")
-        setup.features, setup.concepts, setup.concepts_dir = fit_from_trajectories(
-            config, setup.lm, concept_trajectories, cache, echo, setup.timings, setup.calibrator)
-    return setup
-
-
-def shortfalls(trajectories: Sequence[Trajectory], task_types: Collection[str] | None, wanted: int,
-               split: str) -> list[str]:
-    """Warning lines for the played ``task_types`` with fewer than ``wanted`` won expert
-    trajectories in ``split`` (the expert lost the tasks tried): a type with none has no ReAct
-    demonstrations nor concept, so each of its episodes ends as an error record."""
-    if task_types is None:
-        return []
-    won = Counter(t.task_type for t in trajectories)
-    none = sorted(t for t in set(task_types) if won[t] == 0)
-    few = sorted(t for t in set(task_types) if 0 < won[t] < wanted)
-    lines = []
-    if none:
-        lines.append(f"warning: no won expert trajectory in {split} for {len(none)} task type"
-                     f"{'' if len(none) == 1 else 's'} ({', '.join(none)}): without demonstrations their "
-                     "episodes end as error records (counted in the report's errors)")
-    if few:
-        lines.append(f"warning: fewer than {wanted} won expert trajectories in {split} for "
-                     + ", ".join(f"{t} ({won[t]})" for t in few) + ": they use what there is")
-    return lines
-
-
-def first_per_type(trajectories: Sequence[Trajectory], k: int) -> list[Trajectory]:
-    """The first ``k`` of each task type, in the given order (``expert_demos`` returns the won
-    trajectories of each type in sorted task order, so these are what it returns for ``k``)."""
-    seen: Counter = Counter()
-    out = []
-    for traj in trajectories:
-        seen[traj.task_type] += 1
-        if seen[traj.task_type] <= k:
-            out.append(traj)
-    return out
-
-
-def load_calibrator(path: str, lm: LanguageModel) -> Any:
-    """The calibrator file at ``path``, checked against ``lm`` (click.ClickException on a bad file
-    or a mismatch: another backbone, dtype or review prompt)."""
-    from agent_shell.calibration import Calibrator
+@contextlib.contextmanager
+def cli_errors() -> Iterator[None]:
+    """Run library calls (:mod:`agent_shell.pipeline`), turning the ValueError or FileNotFoundError
+    they raise into a one-line click error; an unknown split or task id
+    (:class:`agent_shell.pipeline.UnknownTasks`) also says how to list the valid ids."""
+    from agent_shell.pipeline import UnknownTasks
 
     try:
-        calibrator = Calibrator.load(path)
-        calibrator.check(lm)
+        yield
+    except UnknownTasks as err:
+        from agent_shell.commands.tasks import task_error
+
+        raise task_error(err.env, err.split, err) from None
     except (ValueError, FileNotFoundError) as err:
-        raise click.ClickException(f"calibrator {path}: {err}") from None
-    return calibrator
-
-
-def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: list, cache: Path,
-                          echo: Callable[[str], None] = click.echo,
-                          timings: dict | None = None, calibrator: Any = None) -> tuple[dict, dict, Path | None]:
-    """Features (cached) and concepts (cached) of ``trajectories`` under ``config``'s rendering,
-    layout, feature set, lam and gamma; reports skipped expert steps. ``calibrator`` (rendering
-    "calibrator") writes the trajectories' experiences; its concepts are cached apart per calibrator."""
-    from agent_shell.concepts import cached_concepts, check_concept_matches, collect_features, skipped_summary
-    from cb_core.cache import enable_persistent_cache
-
-    enable_persistent_cache(cache / "jax")  # fits compile once per machine, not per run
-    timings = timings if timings is not None else {}
-    t = time.perf_counter()
-    done = []
-
-    def on_trajectory(traj: Trajectory) -> None:
-        done.append(traj.task_id)
-        echo(f"features {len(done)}/{len(trajectories)}: {traj.task_id}")
-
-    features = collect_features(lm, trajectories, config.rendering, cache_dir=cache, on_trajectory=on_trajectory,
-                                layout=config.layout, feature_set=config.feature_set, calibrator=calibrator,
-                                max_candidates=config.fit_candidates)
-    timings["features_s"] = time.perf_counter() - t
-    timings["features_lm_s"] = sum(f.lm_seconds for f in features.values())
-    echo(f"features: {sum(f.n_decisions for f in features.values())} decisions "
-         f"({timings['features_lm_s']:.1f} s of LM and extractor time; 0 when cached); {skipped_summary(features)}")
-    t = time.perf_counter()
-    concept_cache = cache if calibrator is None else cache / "calibrated" / calibrator.fingerprint
-    concepts, folder = cached_concepts(features, lm, config.rendering, config.lam, config.gamma, env_name=config.env,
-                                       cache_dir=concept_cache, layout=config.layout, feature_set=config.feature_set)
-    for concept in concepts.values():
-        check_concept_matches(concept, lm, config.rendering, config.layout, config.feature_set)
-    timings["fit_s"] = time.perf_counter() - t
-    echo(f"concepts: {len(concepts)} task type{'' if len(concepts) == 1 else 's'} -> {folder}")
-    return features, concepts, folder
+        raise click.ClickException(str(err)) from None

@@ -1,17 +1,16 @@
-"""What ``probe`` and ``recover`` share: the backbone options, the agent factory, and one
-:func:`play_study` that opens the environment, loads the backbone once, shows progress and turns a
-resume conflict into a one-line error (see :mod:`agent_shell.studies` for the studies themselves)."""
+"""What ``probe`` and ``recover`` share: the backbone options, and one :func:`play_study` that opens
+the environment, builds the study's actors (:class:`agent_shell.pipeline.StudyAgents`: the backbone
+loaded once), shows progress and turns a resume conflict or a set-up error into a one-line error
+(see :mod:`agent_shell.studies` for the studies themselves)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any, Callable, Collection, Mapping
+from typing import Any, Callable, Mapping
 
 import click
 
-from agent_shell.agents import ReActAgent
-from agent_shell.commands._common import config_options
-from agent_shell.lm.protocol import LanguageModel
+from agent_shell.commands._common import cli_errors, config_options
+from agent_shell.pipeline import StudyAgents
 from agent_shell.run_config import RunConfig
 from envs.protocol import Environment
 
@@ -26,49 +25,10 @@ study_options = config_options(
                       help="Seed of the agents' generations and of the shuffle renderings."))
 
 
-class AgentFactory:
-    """Builds a study's agents on demand: one :func:`prepare` per rendering (demonstrations, and
-    concepts when ``need_concepts``), one shared backbone with scoring and review views."""
-
-    def __init__(self, config: RunConfig, env: Environment, need_concepts: bool, task_types: Collection[str],
-                 echo: Callable[[str], None]):
-        from agent_shell.lm import load_language_model
-
-        self.config, self.env = config, env
-        self.need_concepts, self.task_types, self.echo = need_concepts, task_types, echo
-        self.lm: LanguageModel = load_language_model(config.model, dtype=config.dtype)
-        self.scorer = self.lm.fork()  # each stream of contexts keeps its own KV cache
-        self.reviewer = self.lm.fork()
-        self.setups: dict[str, Any] = {}
-
-    def setup(self, rendering: str) -> Any:
-        from agent_shell.commands._common import prepare
-
-        if rendering not in self.setups:
-            calibrator = self.config.calibrator if rendering == "calibrator" else None
-            self.setups[rendering] = prepare(replace(self.config, rendering=rendering, calibrator=calibrator),
-                                             self.need_concepts,
-                                             echo=self.echo, env=self.env, lm=self.lm, task_types=self.task_types)
-        return self.setups[rendering]
-
-    def __call__(self, rendering: str, actor: str) -> ReActAgent:
-        from agent_shell.agents import AgentConfig, CBAgent, ReActAgent
-
-        setup = self.setup(rendering)
-        config = AgentConfig.for_env(self.config.env, rendering=rendering, layout=self.config.layout,
-                                     seed=self.config.seed, gamma=self.config.gamma)
-        if actor == "react":
-            return ReActAgent(setup.lm, setup.demos, config, self.reviewer, setup.calibrator)
-        concepts = setup.concepts if actor == "cb-agent" else None
-        if actor == "cb-agent" and concepts is None:
-            raise click.ClickException("cb-agent needs concepts (internal: the factory was built without them)")
-        return CBAgent(setup.lm, setup.demos, concepts, config, self.scorer, self.reviewer, setup.calibrator)
-
-
 def play_study(study: str, out: str, keys: set[tuple[str, str, str, str]], resume: bool, config: RunConfig,
                task_types: set[str], actors: tuple[str, ...], last: Callable[[dict], str],
                echo: Callable[[str], None],
-               play: Callable[[Environment, AgentFactory, dict, Callable[[dict | None], None]], list[dict]],
+               play: Callable[[Environment, StudyAgents, dict, Callable[[dict | None], None]], list[dict]],
                settings: Mapping[str, Any] | None = None) -> list[dict]:
     """Play the (item, condition, rendering, actor) ``keys`` of ``study`` into ``out``.
 
@@ -77,12 +37,13 @@ def play_study(study: str, out: str, keys: set[tuple[str, str, str, str]], resum
     demonstrations or layout than ``config`` (or other ``settings``, e.g. the recovery's
     new_actions; the backbone's name is compared once it has loaded), and with nothing pending
     nothing loads. Otherwise opens ``config.env``, builds an
-    :class:`AgentFactory` (concepts only when ``cb-agent`` is an actor), and calls
+    :class:`agent_shell.pipeline.StudyAgents` (concepts only when ``cb-agent`` is an actor), and calls
     ``play(env, factory, meta, on_record)`` under a progress bar over ``keys`` whose last column
     is ``last(record)``. Returns what ``play`` returns (the records written; [] when none pending).
 
     Raises:
-        click.ClickException: a resume conflict, or ``play`` raised ValueError (e.g. an unknown condition).
+        click.ClickException: a resume conflict, or ``play`` raised ValueError or FileNotFoundError
+            (e.g. an unknown condition, a demonstrations split the env lacks).
     """
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
@@ -105,7 +66,7 @@ def play_study(study: str, out: str, keys: set[tuple[str, str, str, str]], resum
         raise click.ClickException(str(err)) from None
     env = make_env(config.env)
     try:
-        factory = AgentFactory(config, env, "cb-agent" in actors, task_types, echo)
+        factory = StudyAgents(config, env, "cb-agent" in actors, task_types, echo)
         meta = {"env": config.env, "model": factory.lm.name, **run_meta}  # key order: env, model, dtype, ...
         progress = progress_bar(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), TextColumn("{task.fields[last]}"))
@@ -114,13 +75,10 @@ def play_study(study: str, out: str, keys: set[tuple[str, str, str, str]], resum
         def on_record(record: dict | None) -> None:
             progress.update(bar, advance=1, last="" if record is None else last(record))
 
-        try:
-            with progress:
-                return play(env, factory, meta, on_record)
-        except ValueError as err:
-            raise click.ClickException(str(err)) from None
+        with cli_errors(), progress:
+            return play(env, factory, meta, on_record)
     finally:
         env.close()
 
 
-__all__ = ["ACTORS", "AgentFactory", "play_study", "study_options"]
+__all__ = ["ACTORS", "play_study", "study_options"]

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from agent_shell.commands._common import config_options, make_console
+from agent_shell.commands._common import cli_errors, config_options, make_console
 from agent_shell.run_config import RunConfig
 
 #: = :data:`agent_shell.calibration.JUDGES` (kept here so ``--help`` imports nothing heavy).
@@ -105,7 +105,7 @@ def _label(todo, trials, actors, judge_name, k, temperature, content_screening, 
            config: RunConfig, echo: Callable[[str], None]) -> None:
     from agent_shell.agents import AgentConfig, CBAgent, ReActAgent
     from agent_shell.calibration import ContentScreen, ExpertDistanceJudge, LMJudge, label_record, run_labels
-    from agent_shell.commands._common import prepare
+    from agent_shell.pipeline import prepare
     from agent_shell.run_config import check_not_demos
     from envs import make_env
 
@@ -113,8 +113,9 @@ def _label(todo, trials, actors, judge_name, k, temperature, content_screening, 
     env = make_env(env_name)
     try:
         config = replace(config, env=env_name, rendering="raw")
-        setup = prepare(config, "cb-agent" in actors, echo=echo, env=env,
-                        task_types={t.recorded.trajectory.task_type for t in todo})
+        with cli_errors():
+            setup = prepare(config, "cb-agent" in actors, echo=echo, env=env,
+                            task_types={t.recorded.trajectory.task_type for t in todo})
         try:
             check_not_demos([t.recorded.trajectory.task_id for t in todo], [d.task_id for d in setup.demo_trajectories])
         except ValueError as err:
@@ -271,7 +272,7 @@ def evaluation_table(result: dict, title: str) -> Any:
 def fit(labels, out, label_kind, heldout_every, config: RunConfig) -> None:
     """Fit the calibrator on LABELS (`calibrate label` output, training games), report held-out accuracy."""
     from agent_shell.calibration import decisive, fit_calibrator, split_tasks
-    from agent_shell.commands._common import resolve_cache
+    from agent_shell.pipeline import resolve_cache
     from agent_shell.lm import load_language_model
     from envs.storage import write_json_atomic
 
@@ -317,7 +318,7 @@ def fit(labels, out, label_kind, heldout_every, config: RunConfig) -> None:
 def eval_(labels, calibrator_path, all_tasks, config: RunConfig) -> None:
     """Accuracy of a calibrator on LABELS (its held-out tasks unless --all-tasks)."""
     from agent_shell.calibration import Calibrator, decisive
-    from agent_shell.commands._common import load_calibrator, resolve_cache
+    from agent_shell.pipeline import load_calibrator, resolve_cache
     from agent_shell.lm import load_language_model
 
     console = make_console()
@@ -326,7 +327,8 @@ def eval_(labels, calibrator_path, all_tasks, config: RunConfig) -> None:
     except ValueError as err:
         raise click.ClickException(f"calibrator {calibrator_path}: {err}") from None
     lm = load_language_model(config.model, dtype=config.dtype)
-    calibrator = load_calibrator(calibrator_path, lm)
+    with cli_errors():
+        calibrator = load_calibrator(calibrator_path, lm)
     held_tasks = set(calibrator.metadata.get("heldout_tasks") or [])
     records = [r for r in decisive(_train_records(labels)) if all_tasks or r["task_id"] in held_tasks]
     if not records:

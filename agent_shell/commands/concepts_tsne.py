@@ -14,89 +14,17 @@ refit concepts on subsets (:mod:`agent_shell.studies.concept_data`).
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections import Counter
 from pathlib import Path
 
 import click
 
-from agent_shell.commands._common import COMMON_OPTIONS, config_options, make_console, prepare
+from agent_shell.commands._common import COMMON_OPTIONS, cli_errors, config_options, make_console
+from agent_shell.feature_pool import pooled_features
 from agent_shell.run_config import RunConfig
 
 #: Common options of these commands: all but --demos-per-type, which each replaces by its own pool size.
 OPTIONS = tuple(name for name in COMMON_OPTIONS if name != "demos_per_type")
-
-
-def pooled_features(config: RunConfig, pool: int, echo, need_heldout: tuple[str, int] | None = None,
-                    task_types: tuple[str, ...] = (), cached_only: bool = False):
-    """(setup, task type -> one TypeFeatures per won trajectory, held-out features or None).
-
-    The pool: the first ``pool`` won expert trajectories per type of ``config.demo_split`` (of
-    ``task_types`` only, when given); with ``need_heldout = (split, per_type)`` also the held-out
-    split's won expert trajectories (after the pool when the split is the same), merged per type.
-    ``cached_only``: trajectories whose features are not in the cache yet are left out (counted
-    per type), so no LM time is spent.
-    """
-    from agent_shell.concepts import collect_features, features_cached
-    from agent_shell.demos import expert_demos
-    from cb_core.cache import enable_persistent_cache
-
-    from agent_shell.demos import tasks_by_type
-    from envs import make_env
-
-    env = make_env(config.env)
-    try:  # task types are checked before anything loads
-        known = tasks_by_type(env, config.demo_split)
-        unknown = sorted(set(task_types) - set(known))
-        if unknown:
-            raise click.ClickException(f"unknown task type(s) {', '.join(unknown)} in {config.env} "
-                                       f"{config.demo_split}; types: {', '.join(known)}")
-        setup = prepare(dataclasses.replace(config, demos_per_type=pool), need_concepts=False, echo=echo, env=env,
-                        task_types=set(task_types) or None)
-    except BaseException:
-        env.close()
-        raise
-    enable_persistent_cache(setup.cache / "jax")
-
-    def usable(trajs: list) -> list:
-        if not cached_only:
-            return trajs
-        kept = [t for t in trajs if features_cached(setup.lm, t, config.rendering, setup.cache, config.layout)]
-        missing = Counter(t.task_type for t in trajs if t not in kept)
-        for task_type, n in sorted(missing.items()):
-            echo(f"{task_type}: {n} trajectories without cached features left out (--cached-only)")
-        return kept
-
-    try:
-        per_trajectory: dict[str, list] = {}
-        start = time.perf_counter()
-        setup.demo_trajectories = usable(setup.demo_trajectories)
-        for i, traj in enumerate(setup.demo_trajectories, 1):
-            for task_type, tf in collect_features(setup.lm, [traj], config.rendering, cache_dir=setup.cache,
-                                                  layout=config.layout).items():
-                if tf.n_decisions:
-                    per_trajectory.setdefault(task_type, []).append(tf)
-            if i % 10 == 0 or i == len(setup.demo_trajectories):
-                echo(f"features {i}/{len(setup.demo_trajectories)} trajectories ({time.perf_counter() - start:.0f} s)")
-        heldout = None
-        if need_heldout is not None:
-            split, per_type = need_heldout
-            same = split == config.demo_split
-            trajs = expert_demos(setup.env, pool + per_type if same else per_type, split=split,
-                                 path=setup.cache / "expert" / config.env / f"{split}.jsonl",
-                                 task_types=set(task_types) or None,
-                                 on_task=lambda tid: echo(f"collecting expert trajectory {tid}"))
-            if same:  # the held-out trajectories follow the pool's
-                used = {t.task_id for t in setup.demo_trajectories}
-                trajs = [t for t in trajs if t.task_id not in used]
-            trajs = usable(trajs)
-            heldout = collect_features(setup.lm, trajs, config.rendering, cache_dir=setup.cache, layout=config.layout)
-            echo(f"held out: {len(trajs)} won expert trajectories of {split}, "
-                 f"{sum(f.n_decisions for f in heldout.values())} decisions")
-    finally:
-        setup.env.close()
-    return setup, per_trajectory, heldout
 
 
 def pool_filters(fn):
@@ -131,8 +59,9 @@ def concepts_tsne(config: RunConfig, pool_per_type: int, sample_size: int, sampl
     from agent_shell.studies.concept_data import embed_concepts, sampled_concepts, silhouette, tsne_figure
 
     console = make_console()
-    setup, per_trajectory, _ = pooled_features(config, pool_per_type, console.print, task_types=task_types,
-                                               cached_only=cached_only)
+    with cli_errors():
+        setup, per_trajectory, _ = pooled_features(config, pool_per_type, console.print, task_types=task_types,
+                                                   cached_only=cached_only)
     for task_type, pool in sorted(per_trajectory.items()):
         console.print(f"{task_type}: pool of {len(pool)} won trajectories")
     start = time.perf_counter()
@@ -206,9 +135,10 @@ def concept_data_size(config: RunConfig, sizes: list[int], heldout_split: str, h
         validated_tasks(env, heldout_split, [])
     finally:
         env.close()
-    setup, per_trajectory, heldout = pooled_features(config, max(sizes), console.print,
-                                                     need_heldout=(heldout_split, heldout_per_type),
-                                                     task_types=task_types, cached_only=cached_only)
+    with cli_errors():
+        setup, per_trajectory, heldout = pooled_features(config, max(sizes), console.print,
+                                                         need_heldout=(heldout_split, heldout_per_type),
+                                                         task_types=task_types, cached_only=cached_only)
     if not any(f.n_decisions for f in heldout.values()):
         raise click.ClickException(f"no held-out decisions: {heldout_split} gave no won expert trajectory")
     results = data_size_rows(per_trajectory, heldout, sizes, config.lam, config.gamma)

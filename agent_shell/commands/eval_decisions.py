@@ -12,7 +12,8 @@ from pathlib import Path
 
 import click
 
-from agent_shell.commands._common import common_options, make_console, prepare
+from agent_shell.commands._common import cli_errors, common_options, make_console
+from agent_shell.pipeline import prepare
 from agent_shell.run_config import RunConfig
 
 
@@ -92,7 +93,8 @@ def eval_decisions(config: RunConfig, heldout_split: str, heldout_per_type: int,
     env = make_env(config.env)
     try:
         validated_tasks(env, heldout_split, [])  # both splits are checked before anything loads
-        setup = prepare(config, need_concepts=True, echo=console.print, env=env)
+        with cli_errors():
+            setup = prepare(config, need_concepts=True, echo=console.print, env=env)
     except BaseException:
         env.close()
         raise

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from agent_shell.commands._common import common_options, make_console, prepare
+from agent_shell.commands._common import cli_errors, common_options, make_console
+from agent_shell.pipeline import prepare
 from agent_shell.run_config import RunConfig
 
 
@@ -19,7 +20,8 @@ def fit_concepts(config: RunConfig, out_dir: str | None) -> None:
     """Collect expert demonstrations, compute features with the backbone, fit and save concepts."""
     from rich.table import Table
 
-    setup = prepare(config, need_concepts=True)
+    with cli_errors():
+        setup = prepare(config, need_concepts=True, echo=click.echo)
     try:
         table = Table(title=f"Concepts ({setup.lm.name}, rendering {config.rendering}, features {config.features}, "
                             f"lam {config.lam}, gamma {config.gamma})")

@@ -17,13 +17,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from typing import Any, Collection
+from typing import Any
 
 import click
 
-from agent_shell.commands._common import (COMMON_OPTIONS, RUN_OPTIONS, config_options, fit_from_trajectories,
-                                          make_console, prepare)
-from agent_shell.history import REVIEWED
+from agent_shell.commands._common import COMMON_OPTIONS, RUN_OPTIONS, cli_errors, config_options, make_console
+from agent_shell.pipeline import build_players, players_of, set_up
 from agent_shell.run_config import RunConfig, check_not_demos
 
 
@@ -31,10 +30,9 @@ from agent_shell.run_config import RunConfig, check_not_demos
 @config_options(*COMMON_OPTIONS, *RUN_OPTIONS)
 def run(config: RunConfig) -> None:
     """Run agents on evaluation games; print the success table and write a chart."""
-    from agent_shell.results import repair_for_resume
     from agent_shell.commands.tasks import task_error
     from agent_shell.reporting import bar_chart, describe_run, rich_table, summarize
-    from agent_shell.results import check_results_file, read_results
+    from agent_shell.results import check_results_file, read_results, repair_for_resume
     from envs import make_env
 
     console = make_console()
@@ -78,7 +76,8 @@ def _play(config: RunConfig, env: Any, task_ids: list[str], type_of: Any, settin
 
     results_path = config.results_path
     task_types = None if type_of is None else sorted({type_of(t) for t in task_ids})
-    setup = set_up(config, env, task_types, console.print)
+    with cli_errors():
+        setup = set_up(config, env, task_types, console.print)
     if config.split == config.demo_split:  # explicit --game ids: never one of the demonstrations' games
         try:
             check_not_demos(task_ids, [t.task_id for t in setup.demo_trajectories])
@@ -139,78 +138,3 @@ def run_on_ray(config: RunConfig, task_ids: list[str], task_types: list[str] | N
             import ray
 
             ray.shutdown()
-
-
-def set_up(config: RunConfig, env: Any, task_types: Collection[str] | None, echo: Any, lm: Any = None) -> Any:
-    """The run's set-up (:func:`prepare`; with an ICAL memory, its retrieved demonstrations and,
-    concept data "ical", concepts fitted on its won examples); the driver and every parallel
-    worker build it alike (the workers from the caches the driver filled)."""
-    from agent_shell.agents import needs_concepts
-
-    need_concepts = any(needs_concepts(a) for a in config.agents)
-    setup = prepare(config, need_concepts and config.concept_data == "expert", echo=echo, env=env,
-                    task_types=task_types, lm=lm)
-    if config.ical_memory is not None:
-        setup.demos, ical_trajectories = ical_setup(config, task_types, need_concepts)
-        kept = ("; the expert trajectories above stay the concept's data"
-                if need_concepts and config.concept_data == "expert" else "")
-        echo(f"ReAct demonstrations: {config.demos_per_type} retrieved per game from the ICAL memory "
-             f"{config.ical_memory} ({len(setup.demos.memory)} examples) in place of the expert ones{kept}")
-        if need_concepts and config.concept_data == "ical":
-            setup.features, setup.concepts, setup.concepts_dir = fit_from_trajectories(
-                config, setup.lm, ical_trajectories, setup.cache, echo, setup.timings)
-    return setup
-
-
-def ical_setup(config: RunConfig, task_types: Collection[str] | None, need_concepts: bool) -> tuple[Any, list]:
-    """(retrieved demonstrations, the memory's won trajectories of ``task_types`` as concept data)
-    of ``config``'s ICAL memory.
-
-    Raises click.ClickException for an empty memory, or (concept data "ical") a played task type
-    without an example."""
-    from agent_shell.embeddings import SentenceEmbedder
-    from agent_shell.ical import Memory
-    from agent_shell.ical.acting import RetrievedDemos, demos_with_thoughts, examples_by_type
-
-    memory = Memory(config.ical_memory, SentenceEmbedder(), on_malformed=lambda msg: click.echo(msg, err=True))
-    try:
-        demos = RetrievedDemos(memory, k=config.demos_per_type, rendering=config.rendering,
-                               thoughts=demos_with_thoughts(config.demos))
-    except ValueError as err:
-        raise click.ClickException(str(err)) from None
-    groups = examples_by_type(memory)
-    missing = sorted(set(task_types or ()) - set(groups))
-    if need_concepts and config.concept_data == "ical" and missing:
-        raise click.ClickException(f"the ICAL memory {config.ical_memory} has no example of {', '.join(missing)} to "
-                                   "fit its concept; use --concept-data expert")
-    return demos, [e.trajectory for t in sorted(groups) if task_types is None or t in task_types for e in groups[t]]
-
-
-def players_of(config: RunConfig, setup: Any) -> dict[str, Any]:
-    """Agent name -> agent over ``setup``'s backbone (routing, scoring and reviews on separate
-    KV caches), demonstrations and concepts."""
-    from agent_shell.agents import AgentConfig, build_agent
-
-    # prior-only acts with the run's gamma (a concept carries its own fit's gamma)
-    agent_config = AgentConfig.for_env(config.env, rendering=config.rendering, layout=config.layout,
-                                       action_space=config.action_space, seed=config.seed, gamma=config.gamma)
-    scorer = setup.lm.fork()  # scoring contexts and routing prompts keep separate KV caches
-    reviewer = setup.lm.fork() if config.rendering in REVIEWED else None
-    return {name: build_agent(name, setup.lm, setup.demos, setup.concepts, agent_config, config.reflexion_trials,
-                              scorer, reviewer, setup.calibrator, config.feature_set) for name in config.agents}
-
-
-def build_players(config: RunConfig, task_types: list[str] | None, server: Any = None) -> tuple[Any, dict[str, Any]]:
-    """A parallel worker's env and agents (:data:`agent_shell.parallel.MakePlayers`): the same
-    set-up as the driver's, read from the caches the driver filled; with ``server`` (an
-    :class:`agent_shell.lm.server.LMServer` handle) the agents use it and no model is loaded."""
-    import torch
-
-    torch.set_num_threads(1)  # one CPU per worker
-    lm = None
-    if server is not None:
-        from agent_shell.lm.server import RemoteLM
-
-        lm = RemoteLM(server)
-    setup = set_up(config, None, task_types, lambda line: None, lm)
-    return setup.env, players_of(config, setup)

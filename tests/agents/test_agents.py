@@ -264,7 +264,7 @@ def test_run_s_gamma_reaches_the_prior_only_agent(gamma):
     its own fit's gamma; alpha = 0 has none but the run's)."""
     from types import SimpleNamespace
 
-    from agent_shell.commands.run import players_of
+    from agent_shell.pipeline import players_of
     from agent_shell.run_config import RunConfig
 
     lm = FakeLM([" anything"])
@@ -283,7 +283,7 @@ def test_run_s_gamma_reaches_the_prior_only_agent(gamma):
 def test_a_run_warns_up_front_about_task_types_whose_expert_won_no_trajectory(tmp_path):
     """ScienceWorld's expert wins no train variation of some tasks: the run says so at its start
     (naming the types and what happens to their episodes) instead of only in error records."""
-    from agent_shell.commands._common import prepare
+    from agent_shell.pipeline import prepare
     from agent_shell.run_config import RunConfig
 
     class LosingExpert(ScriptedEnv):  # the expert of type "open" gives up at once
