@@ -1,8 +1,8 @@
 """Concept fitting from expert trajectories (seed Sec. 3.2, Eqs. (5)-(6); App. B).
 
 For every environment step of a *won* expert trajectory, the decision's context is the
-scoring context of :func:`agent_shell.context.scoring_context` (task + history with thoughts,
-no demonstrations) and its candidate set the saved environment set filtered exactly as the
+scoring context the acting agent builds (:func:`agent_shell.decision_scorer.decision_context`:
+task + history with thoughts, no demonstrations, the run's seed) and its candidate set the saved environment set filtered exactly as the
 acting agent filters it (:func:`agent_shell.candidates.drop_excluded`). The evaluated backbone
 recomputes log Q, token counts and hidden states for these (:meth:`LanguageModel.score`); one
 concept per task type is then fitted with :func:`cb_core.fit`.
@@ -17,8 +17,9 @@ the seed's ``lm-hidden``); its blocks, side by side, take the place of the hidde
 decisions handed to cb_core, and its description is recorded in every concept
 (``metadata["features"]["extractors"]``) and checked when acting.
 
-The LM's scores (log q, token counts, last-layer hidden states) are cached per trajectory under
-``<cache>/features/<key>.npz``, the key hashing the backbone name, its dtype, the rendering, the
+Every decision is scored by :class:`agent_shell.decision_scorer.DecisionScorer`, as the acting
+agent scores its own. The LM's scores (log q, token counts, last-layer hidden states) are cached
+per trajectory under ``<cache>/features/<key>.npz``, the key hashing the backbone name, its dtype, the rendering, the
 layout, the action prefix and every decision's context, candidates and expert index, so a refit (new
 lam, gamma) costs no LM time and any change of the text invalidates the cache. Every other block
 is cached per trajectory and extractor under ``<cache>/features/blocks/``
@@ -38,12 +39,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import numpy as np
 
 from agent_shell.candidates import drop_excluded
-from agent_shell.context import Context, action_prefix, check_layout, check_rendering, scoring_context
+from agent_shell.context import Context, action_prefix, check_layout, check_rendering
+from agent_shell.decision_scorer import DecisionScorer, decision_context
 from agent_shell.expert_decisions import decision_examples
 from agent_shell.history import REVIEWED
 from agent_shell.lm.formatting import PLAIN
 from agent_shell.features import DecisionInput, FeatureSet, check_extractors, recorded_extractors
-from agent_shell.lm.protocol import LanguageModel
+from agent_shell.lm.protocol import CandidateScores, LanguageModel
 from envs.storage import atomic_folder
 from envs.trajectory import Trajectory
 
@@ -108,13 +110,14 @@ class TypeFeatures:
 
 
 def decision_inputs(trajectory: Trajectory, rendering: str = "raw", layout: str = "text",
-                    experiences: dict[int, str] | None = None,
-                    max_candidates: int = 0) -> tuple[list[tuple[DecisionInput, int]], Counter]:
+                    experiences: dict[int, str] | None = None, max_candidates: int = 0,
+                    seed: int = 0) -> tuple[list[tuple[DecisionInput, int]], Counter]:
     """(decision as the feature extractors see it, expert index) per fitting decision, and the
     skipped expert actions; ``max_candidates`` (0: all) caps each candidate set, the expert's
     action kept (:func:`agent_shell.expert_decisions.capped_candidates`).
 
-    Contexts are :func:`agent_shell.context.scoring_context` under ``rendering`` and ``layout``
+    Contexts are :func:`agent_shell.decision_scorer.decision_context` under ``rendering``, ``layout``
+    and the run's ``seed`` (the shuffle renderings read it), as the acting agent builds them
     (``experiences``: the expert trajectory's reviewed experiences, rendering "experience").
 
     Raises ValueError (from :func:`agent_shell.expert_decisions.decision_examples`) for an expert
@@ -125,19 +128,19 @@ def decision_inputs(trajectory: Trajectory, rendering: str = "raw", layout: str 
     kept = {e.step_index for e in examples}
     skipped = Counter(s.action for i, s in enumerate(trajectory.steps)
                       if s.kind == "env" and i not in kept)
-    out = [(DecisionInput(scoring_context(e.instruction, e.observation, e.history, rendering, layout=layout,
-                                          experiences=experiences),
+    out = [(DecisionInput(decision_context(e.instruction, e.observation, e.history, rendering=rendering,
+                                           layout=layout, seed=seed, experiences=experiences),
                           e.instruction, e.observation, e.history, e.candidates, action_prefix(layout)),
             e.expert_index) for e in examples]
     return out, skipped
 
 
 def decision_texts(trajectory: Trajectory, rendering: str = "raw", layout: str = "text",
-                   experiences: dict[int, str] | None = None,
-                   max_candidates: int = 0) -> tuple[list[DecisionText], Counter]:
+                   experiences: dict[int, str] | None = None, max_candidates: int = 0,
+                   seed: int = 0) -> tuple[list[DecisionText], Counter]:
     """(context, candidates, expert index) per fitting decision, and the skipped expert actions
     (:func:`decision_inputs` without the rest of the decision)."""
-    inputs, skipped = decision_inputs(trajectory, rendering, layout, experiences, max_candidates)
+    inputs, skipped = decision_inputs(trajectory, rendering, layout, experiences, max_candidates, seed)
     return [(d.context, list(d.candidates), e) for d, e in inputs], skipped
 
 
@@ -153,41 +156,49 @@ def feature_key(lm: LanguageModel, rendering: str, texts: Sequence[DecisionText]
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
-def trajectory_features(lm: LanguageModel, texts: Sequence[DecisionText], rendering: str,
-                        cache_dir: str | os.PathLike | None, layout: str = "text") -> tuple[list[tuple], float]:
-    """[(hidden, log_q, n_tokens, expert)] per decision of one trajectory, and LM seconds spent.
+def trajectory_scores(scorer: DecisionScorer, inputs: Sequence[tuple[DecisionInput, int]], rendering: str,
+                      cache_dir: str | os.PathLike | None, layout: str = "text") -> tuple[list[CandidateScores], float]:
+    """The LM's :class:`CandidateScores` of each fitting decision of one trajectory (``inputs``: from
+    :func:`decision_inputs`), and LM seconds spent.
 
-    Read from ``cache_dir/features/<key>.npz`` when present; computed and saved otherwise.
+    Read from ``cache_dir/features/<key>.npz`` when present (log q, token counts, hidden states);
+    computed otherwise (one pass per decision, with the inner layers the scorer's features read)
+    and saved.
     """
     import time
 
     import cb_core
 
+    lm = scorer.lm
+    texts = [(d.context, list(d.candidates), e) for d, e in inputs]
     path = None
     if cache_dir is not None and texts:
         path = Path(cache_dir) / "features" / f"{feature_key(lm, rendering, texts, layout)}.npz"
         if path.exists():
             dec = cb_core.load_decisions(path)
             off = np.asarray(dec.offsets)
-            return ([(np.asarray(dec.hidden[a:b]), np.asarray(dec.log_q[a:b]), np.asarray(dec.n_tokens[a:b]),
-                      int(dec.expert[i])) for i, (a, b) in enumerate(zip(off[:-1], off[1:]))], 0.0)
+            return ([CandidateScores(np.asarray(dec.log_q[a:b]), np.asarray(dec.n_tokens[a:b]),
+                                     np.asarray(dec.hidden[a:b])) for a, b in zip(off[:-1], off[1:])], 0.0)
     start = time.perf_counter()
-    rows = []
-    for context, candidates, expert in texts:
-        s = lm.score(context, candidates, action_prefix(layout))
-        rows.append((np.asarray(s.hidden, np.float32), np.asarray(s.log_q, np.float32),
-                     np.asarray(s.n_tokens), int(expert)))
+    scores = []
+    for d, _ in inputs:
+        s = scorer.lm_scores(scorer.request(d))
+        scores.append(CandidateScores(np.asarray(s.log_q, np.float32), np.asarray(s.n_tokens),
+                                      np.asarray(s.hidden, np.float32), s.layers))
     seconds = time.perf_counter() - start
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        cb_core.save_decisions(path, cb_core.decisions_from_lists(*map(list, zip(*rows))),
+        decisions = cb_core.decisions_from_lists([s.hidden for s in scores], [s.log_q for s in scores],
+                                                 [s.n_tokens for s in scores], [e for _, _, e in texts])
+        cb_core.save_decisions(path, decisions,
                                metadata={"backbone": lm.name, "formatting": PLAIN,
                                          "rendering": rendering, "layout": layout})
-    return rows, seconds
+    return scores, seconds
 
 
 def features_cached(lm: LanguageModel, trajectory: Trajectory, rendering: str,
-                    cache_dir: str | os.PathLike, layout: str = "text", max_candidates: int = 0) -> bool:
+                    cache_dir: str | os.PathLike, layout: str = "text", max_candidates: int = 0,
+                    seed: int = 0) -> bool:
     """Whether :func:`collect_features` would read ``trajectory``'s features from ``cache_dir``
     without LM time (a lost trajectory has none to compute: True). Rendering "experience" depends
     on LM reviews of the trajectory and raises ValueError."""
@@ -195,7 +206,7 @@ def features_cached(lm: LanguageModel, trajectory: Trajectory, rendering: str,
         raise ValueError("features_cached cannot tell for rendering 'experience' (it needs LM reviews)")
     if not trajectory.won:
         return True
-    texts, _ = decision_texts(trajectory, rendering, layout, max_candidates=max_candidates)
+    texts, _ = decision_texts(trajectory, rendering, layout, max_candidates=max_candidates, seed=seed)
     return not texts or (Path(cache_dir) / "features" / f"{feature_key(lm, rendering, texts, layout)}.npz").exists()
 
 
@@ -203,8 +214,12 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rend
                      cache_dir: str | os.PathLike | None = None,
                      on_trajectory: Callable[[Trajectory], None] | None = None, layout: str = "text",
                      reviewer: LanguageModel | None = None, calibrator: Any = None,
-                     feature_set: FeatureSet | None = None, max_candidates: int = 0) -> dict[str, TypeFeatures]:
+                     feature_set: FeatureSet | None = None, max_candidates: int = 0,
+                     seed: int = 0) -> dict[str, TypeFeatures]:
     """Features of every won trajectory, grouped by task type (lost ones are only counted).
+
+    ``seed``: the run's seed, which the shuffle renderings' contexts read, as acting does
+    (:func:`decision_inputs`).
 
     ``max_candidates`` (0: all) caps each decision's candidate set, the expert's action kept
     (:func:`agent_shell.expert_decisions.capped_candidates`; the cached features' key holds the
@@ -217,11 +232,9 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rend
     experiences enter its contexts as they would while acting; rendering "calibrator": the
     same with ``calibrator`` choosing the experiences.
     """
-    from agent_shell.lm.protocol import CandidateScores
-
     check_rendering(rendering)
     check_layout(layout)
-    feature_set = feature_set if feature_set is not None else FeatureSet.from_spec()
+    scorer = DecisionScorer(lm, feature_set)
     by_type: dict[str, TypeFeatures] = {}
     for traj in trajectories:
         tf = by_type.setdefault(traj.task_type, TypeFeatures(traj.task_type, max_candidates=max_candidates))
@@ -236,18 +249,15 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rend
                 raise ValueError("rendering 'calibrator' needs a fitted calibrator to write the experiences")
             experiences = review_trajectory(reviewer if reviewer is not None else lm, traj, cache_dir,
                                             calibrator if rendering == "calibrator" else None)
-        inputs, skipped = decision_inputs(traj, rendering, layout, experiences, max_candidates)
-        texts = [(d.context, list(d.candidates), e) for d, e in inputs]
-        rows, seconds = trajectory_features(lm, texts, rendering, cache_dir, layout)
-        if not feature_set.is_default:
-            scores = [CandidateScores(lq, nt, h) for h, lq, nt, _ in rows]
-            blocks, block_seconds = feature_set.extract_trajectory([d for d, _ in inputs], lm, scores, cache_dir)
-            rows = [(x, lq, nt, e) for x, (_, lq, nt, e) in zip(blocks, rows)]
+        inputs, skipped = decision_inputs(traj, rendering, layout, experiences, max_candidates, seed)
+        scores, seconds = trajectory_scores(scorer, inputs, rendering, cache_dir, layout)
+        scored, block_seconds = scorer.score_many([scorer.request(d) for d, _ in inputs], scores, cache_dir)
+        if not scorer.features.is_default:
             seconds += block_seconds
-        for h, lq, nt, e in rows:
-            tf.hidden.append(h)
-            tf.log_q.append(lq)
-            tf.n_tokens.append(nt)
+        for s, (_, e) in zip(scored, inputs):
+            tf.hidden.append(s.phi)
+            tf.log_q.append(s.scores.log_q)
+            tf.n_tokens.append(s.scores.n_tokens)
             tf.expert.append(e)
         tf.task_ids.append(traj.task_id)
         tf.n_env_steps += traj.n_env_steps

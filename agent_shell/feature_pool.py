@@ -57,7 +57,7 @@ def pooled_features(config: RunConfig, pool: int, echo: Callable[[str], None],
     def usable(trajs: list[Trajectory]) -> list[Trajectory]:
         if not cached_only:
             return trajs
-        kept = [t for t in trajs if features_cached(setup.lm, t, config.rendering, setup.cache, config.layout)]
+        kept = [t for t in trajs if features_cached(setup.lm, t, config.rendering, setup.cache, config.layout, seed=config.seed)]
         missing = Counter(t.task_type for t in trajs if t not in kept)
         for task_type, n in sorted(missing.items()):
             echo(f"{task_type}: {n} trajectories without cached features left out (--cached-only)")
@@ -69,7 +69,7 @@ def pooled_features(config: RunConfig, pool: int, echo: Callable[[str], None],
         setup.demo_trajectories = usable(setup.demo_trajectories)
         for i, traj in enumerate(setup.demo_trajectories, 1):
             for task_type, tf in collect_features(setup.lm, [traj], config.rendering, cache_dir=setup.cache,
-                                                  layout=config.layout).items():
+                                                  layout=config.layout, seed=config.seed).items():
                 if tf.n_decisions:
                     per_trajectory.setdefault(task_type, []).append(tf)
             if i % 10 == 0 or i == len(setup.demo_trajectories):
@@ -86,7 +86,8 @@ def pooled_features(config: RunConfig, pool: int, echo: Callable[[str], None],
                 used = {t.task_id for t in setup.demo_trajectories}
                 trajs = [t for t in trajs if t.task_id not in used]
             trajs = usable(trajs)
-            heldout = collect_features(setup.lm, trajs, config.rendering, cache_dir=setup.cache, layout=config.layout)
+            heldout = collect_features(setup.lm, trajs, config.rendering, cache_dir=setup.cache, layout=config.layout,
+                                       seed=config.seed)
             echo(f"held out: {len(trajs)} won expert trajectories of {split}, "
                  f"{sum(f.n_decisions for f in heldout.values())} decisions")
     finally:

@@ -254,7 +254,7 @@ def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: Se
 
     features = collect_features(lm, trajectories, config.rendering, cache_dir=cache, on_trajectory=on_trajectory,
                                 layout=config.layout, feature_set=config.feature_set, calibrator=calibrator,
-                                max_candidates=config.fit_candidates)
+                                max_candidates=config.fit_candidates, seed=config.seed)
     timings["features_s"] = time.perf_counter() - t
     timings["features_lm_s"] = sum(f.lm_seconds for f in features.values())
     echo(f"features: {sum(f.n_decisions for f in features.values())} decisions "

@@ -37,8 +37,9 @@ from agent_shell.agents.config import AgentConfig
 from agent_shell.agents.react import ReActAgent
 from agent_shell.agents.step import Decision, View
 from agent_shell.candidates import FALLBACK_ACTION, fixed_action_space, parse_actions, read_reply
+from agent_shell.decision_scorer import DecisionRequest, DecisionScorer
 from agent_shell.features import DecisionInput, FeatureSet
-from agent_shell.lm.protocol import CandidateScores, LanguageModel
+from agent_shell.lm.protocol import LanguageModel
 
 if TYPE_CHECKING:
     from cb_core import Concept
@@ -79,6 +80,8 @@ class CBAgent(ReActAgent):
         self.features = features if features is not None else FeatureSet.from_spec()
         self.concepts = None if concepts is None else dict(concepts)
         self.name = type(self).name if concepts is not None else self.prior_only_name
+        # the prior-only control reads no features (alpha = 0): its scorer extracts none
+        self.decision_scorer = DecisionScorer(self.scorer, self.features if concepts is not None else None)
 
     def next_action(self, view: View) -> Decision:
         """Route (unless ``view.route`` is False); a thought is a think step, anything else an
@@ -131,39 +134,30 @@ class CBAgent(ReActAgent):
                                    seed=self.config.seed + len(view.steps))
         return parse_actions(samples) or [FALLBACK_ACTION]
 
-    def choose(self, task_type: str, context: ctx.Context, candidates: Sequence[str],
-               view: View | None = None) -> Decision:
+    def choose(self, task_type: str, context: ctx.Context, candidates: Sequence[str], view: View) -> Decision:
         """The environment step that takes argmax_a log P(a | x) among ``candidates`` scored on
-        ``context`` (a single candidate is taken without scoring). ``view``: the task and history
-        the feature extractors read (needed unless the features are ``lm-hidden``)."""
+        ``context`` (a single candidate is taken without scoring); ``view``: the task and history
+        the feature extractors read."""
         candidates = tuple(candidates)
         if len(candidates) == 1:
             return Decision("env", candidates[0], candidates=candidates, chosen=0, p_chosen=1.0)
-        prefix = ctx.action_prefix(self.config.layout)
-        scores = self.scorer.score(context, candidates, prefix)
-        decision = None if view is None else DecisionInput(context, view.start.instruction, view.start.observation,
-                                                            view.steps, candidates, prefix)
-        logp = self.log_probs(task_type, scores, decision)
+        decision = DecisionInput(context, view.start.instruction, view.start.observation, view.steps, candidates,
+                                 ctx.action_prefix(self.config.layout))
+        logp = self.log_probs(task_type, self.decision_scorer.request(decision))
         chosen = int(np.argmax(logp))
         return Decision("env", candidates[chosen], candidates=candidates, chosen=chosen,
                         log_probs=tuple(float(x) for x in logp), p_chosen=float(np.exp(logp[chosen])))
 
-    def log_probs(self, task_type: str, scores: CandidateScores, decision: DecisionInput | None = None) -> np.ndarray:
+    def log_probs(self, task_type: str, request: DecisionRequest) -> np.ndarray:
         """log P(a | x) over one candidate set (seed Eq. 3) with the concept of ``task_type``
-        (prior-only: alpha = 0), as float32 [M]; a concept reads :attr:`features` of
-        ``decision`` (only ``lm-hidden`` does without one).
+        (prior-only: alpha = 0), as float32 [M]: one LM pass over the request
+        (:class:`agent_shell.decision_scorer.DecisionScorer`), a concept reading :attr:`features`.
 
         Raises:
-            ValueError: no concept for ``task_type``, or features other than ``lm-hidden`` and
-                no ``decision``.
+            ValueError: no concept for ``task_type``; what scoring or the extractors raise.
         """
-        concept = self.concept_of(task_type, np.shape(scores.hidden)[1])
-        phi = scores.hidden
-        if self.concepts is not None and not self.features.is_default:
-            if decision is None:
-                raise ValueError(f"features {self.features.spec!r} need the decision (task and history), got none")
-            phi = self.features.extract(decision, self.scorer, scores)
-        return concept.log_probs(phi, scores.log_q, scores.n_tokens)
+        scored = self.decision_scorer.score(request)
+        return scored.log_probs(self.concept_of(task_type, scored.phi.shape[1]))
 
     def concept_of(self, task_type: str, hidden_size: int) -> Concept:
         """The :class:`cb_core.Concept` acting for a task type (it carries its own gamma and eps);

@@ -184,7 +184,7 @@ class JointCBAgent(JointMixin, CBAgent):
                 return Decision("think", f"{ctx.THINK_PREFIX} {text}", reply,
                                 seconds={"route": time.perf_counter() - t0}, review=review)
         t1 = time.perf_counter()
-        decision = self.choose(view.start.task_type, context, self.candidate_set(view, context))
+        decision = self.choose(view.start.task_type, context, self.candidate_set(view, context), view)
         return replace(decision, reply=reply, format_error=error, review=review,
                        seconds={"route": t1 - t0, "choose": time.perf_counter() - t1})
 

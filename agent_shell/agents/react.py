@@ -30,6 +30,7 @@ from agent_shell import context as ctx
 from agent_shell.agents.config import AgentConfig
 from agent_shell.agents.step import AgentLog, AgentStop, Decision, EpisodeDone, LimitReached, View, WindowFull
 from agent_shell.candidates import FALLBACK_ACTION, read_reply
+from agent_shell.decision_scorer import decision_context
 from agent_shell.experience import Review, review_transition
 from agent_shell.history import REVIEWED
 from agent_shell.lm.protocol import ContextWindowFull, LanguageModel
@@ -160,9 +161,9 @@ class ReActAgent:
     def scoring_context(self, view: View) -> ctx.Context:
         """Task + rendered history (thoughts included) without demonstrations (seed App. B)."""
         cfg = self.config
-        return ctx.scoring_context(view.start.instruction, view.start.observation, view.steps, cfg.rendering,
-                                   view.memory, layout=cfg.layout, experiences=view.experiences, seed=cfg.seed,
-                                   reference=view.reference)
+        return decision_context(view.start.instruction, view.start.observation, view.steps, rendering=cfg.rendering,
+                                layout=cfg.layout, seed=cfg.seed, memory=view.memory, experiences=view.experiences,
+                                reference=view.reference)
 
     def prompt(self, view: View, context: ctx.Context | None = None) -> ctx.Context:
         """The ReAct routing prompt with the demonstrations of the task type, around ``context``

@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from agent_shell.decision_scorer import DecisionRequest, DecisionScorer, ScoredDecision, choices
 from agent_shell.experience import NO_UPDATE, REVIEW_VERSION, Review, parse_review, review_prompt
+from agent_shell.features import DecisionInput
 from agent_shell.history import StepLike
 from agent_shell.lm.formatting import PLAIN
 from agent_shell.lm.protocol import LanguageModel
@@ -70,10 +72,20 @@ def feature_spec(lm: LanguageModel) -> dict[str, Any]:
             "options": "candidate experiences + NO UPDATE (last)"}
 
 
+def option_request(instruction: str, observation: str, steps: Sequence[StepLike], index: int,
+                   candidates: Sequence[str]) -> DecisionRequest:
+    """The decision of transition ``index``'s review: options ``candidates + [NO UPDATE]`` after its
+    review prompt (context), the history up to that transition."""
+    prompt = review_prompt(instruction, observation, steps, index)
+    return DecisionRequest(DecisionInput(prompt, instruction, observation, tuple(steps[:index + 1]),
+                                         (*candidates, NO_UPDATE), OPTION_PREFIX))
+
+
 def option_scores(lm: LanguageModel, instruction: str, observation: str, steps: Sequence[StepLike], index: int,
-                  candidates: Sequence[str]):
-    """:class:`CandidateScores` of ``candidates + [NO UPDATE]`` after the review prompt of transition ``index``."""
-    return lm.score(review_prompt(instruction, observation, steps, index), [*candidates, NO_UPDATE], OPTION_PREFIX)
+                  candidates: Sequence[str]) -> ScoredDecision:
+    """The options ``candidates + [NO UPDATE]`` after the review prompt of transition ``index``, scored
+    (:class:`agent_shell.decision_scorer.DecisionScorer`; phi = the LM's hidden states)."""
+    return DecisionScorer(lm).score(option_request(instruction, observation, steps, index, candidates))
 
 
 class Calibrator:
@@ -121,9 +133,9 @@ class Calibrator:
             if fitted.get(key) != value:
                 raise ValueError(f"calibrator was fitted with {key}={fitted.get(key)!r}, but acting uses {value!r}")
 
-    def log_probs(self, scores) -> np.ndarray:
+    def log_probs(self, scored: ScoredDecision) -> np.ndarray:
         """log P over the options (candidates + NO UPDATE) [M] float32."""
-        return np.asarray(self.concept.log_probs(scores.hidden, scores.log_q, scores.n_tokens))
+        return scored.log_probs(self.concept)
 
     def choose(self, lm: LanguageModel, instruction: str, observation: str, steps: Sequence[StepLike], index: int,
                candidates: Sequence[str]) -> tuple[int, np.ndarray]:
@@ -165,7 +177,7 @@ def decisive(records: Sequence[dict]) -> list[dict]:
 def record_features(lm: LanguageModel, record: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(hidden [M, d], log_q [M], n_tokens [M]) of a label record's options."""
     s = option_scores(lm, record["instruction"], record["observation"], record_steps(record), record["i"],
-                      record["options"][:-1])
+                      record["options"][:-1]).scores
     return np.asarray(s.hidden, np.float32), np.asarray(s.log_q, np.float32), np.asarray(s.n_tokens, np.int32)
 
 
@@ -205,14 +217,16 @@ def fit_calibrator(lm: LanguageModel, records: Sequence[dict], features: Sequenc
 
 
 def predictions(calibrator: Calibrator | None, features: Sequence[tuple], gamma: float = 0.8) -> list[int]:
-    """Argmax option per record (``calibrator`` None: the prior alone, alpha = 0)."""
+    """Argmax option per record (``calibrator`` None: the prior alone, alpha = 0), all records in one
+    batched call (:func:`agent_shell.decision_scorer.choices`)."""
     import cb_core
 
-    out = []
-    for hidden, log_q, n_tokens in features:
-        concept = calibrator.concept if calibrator is not None else cb_core.Concept.prior_only(hidden.shape[1], gamma)
-        out.append(int(np.argmax(np.asarray(concept.log_probs(hidden, log_q, n_tokens)))))
-    return out
+    if not features:
+        return []
+    hidden, log_q, n_tokens = (list(x) for x in zip(*features))
+    decisions = cb_core.decisions_from_lists(hidden, log_q, n_tokens, [0] * len(features))
+    concept = calibrator.concept if calibrator is not None else cb_core.Concept.prior_only(decisions.hidden_size, gamma)
+    return [int(c) for c in choices(concept, decisions)]
 
 
 def tied_labels(record: dict, label_field: str) -> frozenset[int]:
@@ -266,5 +280,5 @@ def baseline_predictions(records: Sequence[dict]) -> dict[str, list[int]]:
 
 
 __all__ = ["Calibrator", "KIND", "LABEL_FIELDS", "OPTION_PREFIX", "accuracy", "baseline_predictions", "decisive",
-           "feature_spec", "fit_calibrator", "option_scores", "predictions", "record_features", "record_steps",
+           "feature_spec", "fit_calibrator", "option_request", "option_scores", "predictions", "record_features", "record_steps",
            "split_tasks", "tied_labels"]

@@ -124,7 +124,7 @@ def concept_data_size(config: RunConfig, sizes: list[int], heldout_split: str, h
     import orjson
     from rich.table import Table
 
-    from agent_shell.commands.eval_decisions import accuracy_cell
+    from agent_shell.decision_scorer import accuracy_cell
     from agent_shell.commands.tasks import validated_tasks
     from agent_shell.studies.concept_data import data_size_rows
     from envs import make_env

@@ -3,7 +3,8 @@
 For each held-out expert decision (its context is the expert's own history, seed Eq. (5)) the
 candidate with the highest log P is compared with the expert's action, once with alpha = 0
 (prior only) and once with the fitted concept of the decision's task type. Every accuracy comes
-with its 95% Wilson score interval (per task type and overall), as success rates do in ``report``.
+with its 95% Wilson score interval (per task type and overall), as success rates do in ``report``
+(:func:`agent_shell.decision_scorer.decision_accuracy`).
 """
 
 from __future__ import annotations
@@ -13,59 +14,9 @@ from pathlib import Path
 import click
 
 from agent_shell.commands._common import cli_errors, common_options, make_console
+from agent_shell.decision_scorer import accuracy_cell, decision_accuracy
 from agent_shell.pipeline import prepare
 from agent_shell.run_config import RunConfig
-
-
-def decision_accuracy(features: dict, concepts: dict, gamma: float = 0.8) -> list[dict]:
-    """Per task type (then ``all``): decisions, mean set size, top-1 accuracy of the prior
-    (alpha = 0 with ``gamma``) and of the type's concept (with its own gamma and eps): ``acc_*``
-    (None without a concept), the hit counts ``hits_*`` and 95% Wilson intervals ``ci_*`` = [low, high]."""
-    import numpy as np
-
-    import cb_core
-    from agent_shell.statistics import wilson_interval
-
-    def with_intervals(row: dict, hits: dict, has_concept: bool) -> dict:
-        n = row["decisions"]
-        for name in ("prior", "concept"):
-            known = name == "prior" or has_concept
-            row[f"acc_{name}"] = hits[name] / n if known else None
-            row[f"hits_{name}"] = int(hits[name]) if known else None
-            row[f"ci_{name}"] = list(wilson_interval(int(hits[name]), n)) if known else None
-        return row
-
-    rows, totals = [], {"n": 0, "prior": 0, "concept": 0, "sizes": 0}
-    for task_type, tf in sorted(features.items()):
-        if not tf.n_decisions:
-            continue
-        concept = concepts.get(task_type)
-        hits = {"prior": 0, "concept": 0}
-        for h, lq, nt, e in zip(tf.hidden, tf.log_q, tf.n_tokens, tf.expert):
-            hits["prior"] += cb_core.Concept.prior_only(np.shape(h)[1], gamma).choose(h, lq, nt) == e
-            if concept is not None:
-                hits["concept"] += concept.choose(h, lq, nt) == e
-        n = tf.n_decisions
-        sizes = float(np.mean([len(x) for x in tf.log_q]))
-        rows.append(with_intervals({"task_type": task_type, "decisions": n, "mean_candidates": sizes}, hits,
-                                   concept is not None))
-        totals["n"] += n
-        totals["prior"] += hits["prior"]
-        totals["concept"] += hits["concept"]
-        totals["sizes"] += sizes * n
-    if totals["n"]:
-        rows.append(with_intervals({"task_type": "all", "decisions": totals["n"],
-                                    "mean_candidates": totals["sizes"] / totals["n"]}, totals,
-                                   True))  # a type without a concept counts as misses, as before
-    return rows
-
-
-def accuracy_cell(row: dict, name: str) -> str:
-    """``"45.0% [30.1, 60.9]"``: the accuracy and its 95% Wilson interval, ``-`` without a concept."""
-    if row[f"acc_{name}"] is None:
-        return "-"
-    low, high = row[f"ci_{name}"]
-    return f"{100 * row[f'acc_{name}']:.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
 
 
 @click.command("eval-decisions")
@@ -108,7 +59,7 @@ def eval_decisions(config: RunConfig, heldout_split: str, heldout_per_type: int,
         heldout = [t for t in trajs if t.task_id not in used]
         console.print(f"held out: {len(heldout)} won expert trajectories from {heldout_split}")
         features = collect_features(setup.lm, heldout, config.rendering, cache_dir=setup.cache, layout=config.layout,
-                                    feature_set=config.feature_set, calibrator=setup.calibrator)
+                                    feature_set=config.feature_set, calibrator=setup.calibrator, seed=config.seed)
         console.print(f"held-out decisions: {sum(f.n_decisions for f in features.values())}; "
                       f"{skipped_summary(features)}")
     finally:

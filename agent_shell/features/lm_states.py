@@ -7,8 +7,11 @@
 * ``lm-layer:K`` / ``lm-layer:K:mean``: the output of decoder layer K (K = 1..L; 0 = the token
   embeddings; negative K counts from the end, -1 = layer L, before the final norm) at the final
   action token (``last``, the default) or averaged over the action's tokens (``mean``). Needs a
-  backend with :meth:`candidate_states` (the HuggingFace backend has it); it reruns the
-  candidates' pass over the cached context (the context's KV cache is reused).
+  backend with :meth:`candidate_states` (the HuggingFace backend has it). The states come from
+  the scoring pass itself when the decision scorer asked for them there
+  (:class:`agent_shell.decision_scorer.DecisionRequest`: ``scores.layers``); otherwise (scores
+  read from the features cache, or a backend without ``score_with_layers``) the candidates' pass
+  is rerun over the cached context.
 
 Must not import the agents, the environments or cb_core.
 """
@@ -90,6 +93,9 @@ class LMLayer:
         return int(lm.hidden_size)
 
     def extract(self, decision: DecisionInput, lm: Any, scores: Any) -> np.ndarray:
+        states = getattr(scores, "layers", {}).get((self.layer, self.pool))
+        if states is not None:  # taken from the scoring pass
+            return np.asarray(states, np.float32)
         if not isinstance(lm, LayerStatesModel):
             raise ValueError(f"feature extractor {self.name!r} needs a backend with candidate_states(); "
                              f"{getattr(lm, 'name', type(lm).__name__)!r} has none")

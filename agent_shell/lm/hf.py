@@ -211,7 +211,20 @@ class HFLanguageModel:
                 no tokens of its own, nothing to condition on, or context plus candidate longer
                 than ``max_context_tokens``.
         """
-        return self._score(context, candidates, action_prefix)[0]
+        return self._score(context, candidates, action_prefix)
+
+    @torch.inference_mode()
+    def score_with_layers(self, context: Context, candidates: Sequence[str], action_prefix: str,
+                          layers: Sequence[tuple[int, str]]) -> CandidateScores:
+        """:meth:`score`, with inner layers' states at the candidates' action tokens taken from the
+        same forward pass (``layers`` entries as in :meth:`candidate_states`: ``(layer, pool)``),
+        in the result's ``layers`` (float32 [M, hidden_size] each, keyed by the entry).
+
+        Raises:
+            ValueError: a layer outside [-L, L], an unknown pool, or what :meth:`score` raises.
+        """
+        return self._score(context, candidates, action_prefix, [(self._layer_module(k), pool, (k, pool))
+                                                                 for k, pool in layers])
 
     @torch.inference_mode()
     def candidate_states(self, context: Context, candidates: Sequence[str], action_prefix: str, layer: int,
@@ -222,25 +235,31 @@ class HFLanguageModel:
         final norm), negative K counts from the end (-1 = layer L). ``pool``: ``"last"`` = the
         state at the final action token, ``"mean"`` = the mean over the action's tokens (the
         same tokens :meth:`score` counts). Runs :meth:`score`'s passes (the context's KV cache is
-        reused) with a hook on that layer (feature block ``lm-layer:K``, :mod:`agent_shell.features`).
+        reused) with a hook on that layer; :meth:`score_with_layers` takes them from the scoring
+        pass itself (feature block ``lm-layer:K``, :mod:`agent_shell.features`).
 
         Raises:
             ValueError: a layer outside [-L, L], an unknown pool, or what :meth:`score` raises.
         """
-        if pool not in ("last", "mean"):
-            raise ValueError(f"pool={pool!r} is not 'last' or 'mean'")
+        return self.score_with_layers(context, candidates, action_prefix, [(layer, pool)]).layers[(layer, pool)]
+
+    def _layer_module(self, layer: int) -> torch.nn.Module:
+        """The module whose output is layer ``layer`` (0: the embeddings; negative from the end)."""
         layers = self.model.get_decoder().layers
         n = len(layers)
         if not -n <= layer <= n:
             raise ValueError(f"layer {layer} is outside [-{n}, {n}] for {self.name!r} ({n} decoder layers)")
         k = layer if layer >= 0 else n + 1 + layer
-        module = self.model.get_input_embeddings() if k == 0 else layers[k - 1]
-        return self._score(context, candidates, action_prefix, capture=(module, pool))[1]
+        return self.model.get_input_embeddings() if k == 0 else layers[k - 1]
 
     def _score(self, context: Context, candidates: Sequence[str], action_prefix: str,
-               capture: tuple[torch.nn.Module, str] | None = None) -> tuple[CandidateScores, np.ndarray | None]:
-        """:meth:`score`, and with ``capture = (module, pool)`` the module's output in the
-        candidates' pass at each candidate's action tokens, pooled (float32 [M, d])."""
+               capture: Sequence[tuple[torch.nn.Module, str, tuple[int, str]]] = ()) -> CandidateScores:
+        """:meth:`score`, and for each ``capture`` entry ``(module, pool, key)`` the module's output
+        in the candidates' pass at each candidate's action tokens, pooled (float32 [M, d]), in
+        ``layers[key]``."""
+        for _, pool, _ in capture:
+            if pool not in ("last", "mean"):
+                raise ValueError(f"pool={pool!r} is not 'last' or 'mean'")
         actions = check_candidates(candidates)
         toks = self.tokens.continuations(self.render(context, action_prefix), actions, templated(context))
         longest = max(toks, key=lambda t: len(t.ids))
@@ -255,9 +274,9 @@ class HFLanguageModel:
                 "nothing to condition on: the rendered context and prefix are empty and the tokenizer adds no BOS"
             )
         s = cached_length(toks)  # all shared tokens but the last
-        hooked = captured_output(capture[0]) if capture is not None else contextlib.nullcontext([])
         offset = 0  # context tokens leading the candidates' pass (tree and packed layouts)
-        with hooked as outputs:
+        with contextlib.ExitStack() as stack:
+            hooked = [stack.enter_context(captured_output(module)) for module, _, _ in capture]
             if self.candidate_layout != "batched":
                 (log_q, hidden), offset = self._score_in_one_pass(toks, s)
             else:
@@ -270,11 +289,12 @@ class HFLanguageModel:
                     if saved is not None:
                         restore(cache, saved)
         n_tokens = np.array([t.n_action for t in toks], dtype=np.int32)
-        states = None
-        if capture is not None:  # outputs[-1]: the candidates' pass, [B, T, d]
+        states = {}
+        if capture:  # outputs[-1]: the candidates' pass, [B, T, d]
             positions = action_positions(toks, s, self.candidate_layout, offset)
-            states = pool_states(outputs[-1], positions, capture[1])
-        return CandidateScores(log_q=log_q, n_tokens=n_tokens, hidden=hidden), states
+            states = {key: pool_states(outputs[-1], positions, pool)
+                      for (_, pool, key), outputs in zip(capture, hooked)}
+        return CandidateScores(log_q=log_q, n_tokens=n_tokens, hidden=hidden, layers=states)
 
     def _score_in_one_pass(self, toks: Sequence[TokenizedContinuation],
                            s: int) -> tuple[tuple[np.ndarray, np.ndarray], int]:

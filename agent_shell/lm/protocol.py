@@ -12,7 +12,7 @@ Must not import the agents or the environments.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence, Union, runtime_checkable
 
 import numpy as np
@@ -32,11 +32,15 @@ class CandidateScores:
         log_q: [M] float32, summed natural-log probabilities of each action's tokens (nats).
         n_tokens: [M] int32, number of action tokens counted (>= 1).
         hidden: [M, d] float32, last-layer hidden state at each action's final token.
+        layers: (layer, pool) -> [M, d] float32, inner-layer states taken from the same forward
+            pass when they were asked for (:meth:`agent_shell.lm.hf.HFLanguageModel.score_with_layers`;
+            feature blocks ``lm-layer:K[:pool]``); empty otherwise.
     """
 
     log_q: np.ndarray
     n_tokens: np.ndarray
     hidden: np.ndarray
+    layers: Mapping[tuple[int, str], np.ndarray] = field(default_factory=dict)
 
 
 @runtime_checkable

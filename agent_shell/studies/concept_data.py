@@ -11,7 +11,7 @@ extraction) and refit concepts (:func:`cb_core.fit`, seed Eq. (6)) on subsets of
   separate in the concept space itself (cosine distance), a number beside the picture;
   :func:`tsne_figure` draws one colour per type.
 * :func:`data_size_rows`: top-1 accuracy on fixed held-out decisions
-  (:func:`agent_shell.commands.eval_decisions.decision_accuracy`) of concepts fitted on the first
+  (:func:`agent_shell.decision_scorer.decision_accuracy`) of concepts fitted on the first
   k trajectories of each type, for several k.
 
 Imports no environment or LM code; callers pass features.
@@ -193,7 +193,7 @@ class DataSizeRow:
     Attributes:
         size: trajectories per type asked for.
         used: task type -> trajectories actually used (fewer when the type has fewer won ones).
-        rows: :func:`agent_shell.commands.eval_decisions.decision_accuracy` rows (per type, then ``all``).
+        rows: :func:`agent_shell.decision_scorer.decision_accuracy` rows (per type, then ``all``).
     """
 
     size: int
@@ -207,7 +207,7 @@ def data_size_rows(per_trajectory: dict[str, list[TypeFeatures]], heldout: dict[
     (all of them when the pool is smaller), evaluated on the same ``heldout`` decisions."""
     import cb_core
 
-    from agent_shell.commands.eval_decisions import decision_accuracy
+    from agent_shell.decision_scorer import decision_accuracy
 
     out = []
     for size in sizes:

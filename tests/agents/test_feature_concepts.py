@@ -165,3 +165,42 @@ def test_concept_data_size_is_decoupled_from_the_react_demonstrations(tmp_path, 
     assert labels == {"react", "cb-agent (concept_per_type=1)", "cb-agent (concept_per_type=2)"}
     old = [{k: v for k, v in r.items() if k != "concept_per_type"} for r in default]  # written before the option
     assert {row.agent for row in summarize(old + default)} == {"react", "cb-agent"}
+
+
+@pytest.mark.parametrize("features", ["novelty", "goal-similarity"])
+def test_joint_cb_agent_plays_with_non_default_features(tmp_path, doubles, features):  # noqa: F811
+    """The joint actor hands its choice the decision's task and history, as CB-Agent does, so the
+    feature extractors that read them work under it too."""
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, ["run", "--env", "textworld", "--split", "test", "--agent", "joint-cb-agent",
+                                    "--games", "1", "--max-steps", "3", "--features", features,
+                                    "--out-dir", str(out)])
+    assert res.exit_code == 0, res.output
+    (rec,) = read_results(out / "results.jsonl")
+    assert rec.get("error") is None, rec.get("error")
+    assert rec["agent"] == "joint-cb-agent" and rec["features"] == features and rec["env_steps"] >= 1
+    assert all(n > 1 for n in rec["n_candidates"]) and len(rec["n_candidates"]) == rec["env_steps"]
+
+
+def test_joint_cb_agent_chooses_under_a_history_concept_as_cb_agent_does():
+    """With the concept of the history test above, the joint actor's environment steps pick the
+    candidates CB-Agent picks on the same view: alpha reads the novelty block of the true history."""
+    from agent_shell.agents import AgentConfig, View
+    from agent_shell.agents.joint import JointCBAgent
+    from envs.protocol import TaskStart
+
+    alpha = np.zeros(6, np.float32)
+    alpha[2:5] = -10.0
+    meta = dict(backbone="fake-lm", features={}, gamma=0.8, lam=1.0, eps=1e-6, task_type="fetch", trajectories=[],
+                versions={}, hidden_size=5)
+    concepts = {"fetch": cb_core.Concept(alpha, 0.8, 1e-6, meta)}
+    fs = FeatureSet.from_spec("novelty")
+    lm = StubbornLM(lambda prompt, t, n: [" NO UPDATE\n> go"] * n)
+    joint = JointCBAgent(lm, DEMOS, concepts, AgentConfig(), features=fs)
+    plain = CBAgent(lm, DEMOS, concepts, AgentConfig(rendering="experience"), features=fs)
+    window = type("S", (), {"kind": "env", "action": "go to window 1", "observation": "Nothing happens."})()
+    view = View(TaskStart("a/1", "fetch", "Your task is to: fetch the key.", "You are in a room."), (window,),
+                ("go to window 1", "go to desk 1", "look"))
+    d = joint.next_action(view)
+    assert d.kind == "env" and d.action == "go to desk 1"  # the prior wants the window by 50 nats
+    assert d.action == plain.choose("fetch", plain.scoring_context(view), d.candidates, view).action

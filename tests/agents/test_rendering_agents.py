@@ -152,3 +152,42 @@ def test_experience_fitting_uses_the_reviewed_experiences(trajectories, tmp_path
         ep.act(step.action)
         if not ep.done:
             log.add_review(agent.review(View.of(ep)))
+
+
+# -- the run's seed: fitting reads the text acting reads ----------------------------------------------
+WALK = {"c/1": ("walk", [f"go to room {i}" for i in range(1, 8)])}  # long enough for the shuffles to move
+SEED = 7
+
+
+@pytest.mark.parametrize("layout", ["text", "chat"])
+def test_fitting_contexts_are_the_acting_contexts_for_every_rendering_under_a_seed(tmp_path, layout):
+    """Each expert decision's fitting context is byte-identical to the context the acting agent
+    builds for the same history with the run's seed (the shuffle renderings read it)."""
+    import json
+
+    from agent_shell.concepts import decision_inputs
+    from agent_shell.history import RENDERINGS, REVIEWED
+    from envs.protocol import TaskStart
+
+    (traj,) = expert_demos(ScriptedEnv(WALK, expert_looks=True), per_type=1, split="train", path=tmp_path / "e.jsonl",
+                           max_steps=30)
+    start = TaskStart(traj.task_id, traj.task_type, traj.instruction, traj.observation)
+    experiences = {i: f"Room {i} leads on." for i, s in enumerate(traj.steps) if s.kind == "env" and i % 3 == 1}
+    moved = set()
+    for rendering in RENDERINGS:
+        given = experiences if rendering in REVIEWED else None
+        inputs, _ = decision_inputs(traj, rendering, layout, given, seed=SEED)
+        unseeded, _ = decision_inputs(traj, rendering, layout, given)
+        agent = CBAgent(FakeLM(), DEMOS, None, AgentConfig(rendering=rendering, layout=layout, seed=SEED))
+        assert len(inputs) == 7
+        for (d, _), (d0, _) in zip(inputs, unseeded):
+            view = View(start, tuple(traj.steps[:len(d.history)]), experiences=given or {})
+            acting = agent.scoring_context(view)
+            assert json.dumps(d.context).encode() == json.dumps(acting).encode(), (rendering, len(d.history))
+            if d.context != d0.context:
+                moved.add(rendering)
+        if rendering not in REVIEWED:  # the path the pipeline fits on
+            lm = FakeLM()
+            collect_features(lm, [traj], rendering, layout=layout, seed=SEED)
+            assert [c for c, _ in lm.score_calls] == [d.context for d, _ in inputs]
+    assert moved == {"shuffle-all", "shuffle-old"}  # the seed changes their text, and only theirs

@@ -48,3 +48,33 @@ def test_negative_layers_count_from_the_end_and_bad_arguments_are_refused(lm32):
         lm32.candidate_states(CONTEXT, CANDIDATES, "\n> ", n + 1)
     with pytest.raises(ValueError, match="pool='max'"):
         lm32.candidate_states(CONTEXT, CANDIDATES, "\n> ", 2, "max")
+
+
+@pytest.mark.parametrize("layout", ["tree", "batched"])
+def test_layer_features_come_from_the_scoring_pass(fresh, layout):
+    """The decision scorer asks for the lm-layer states in the scoring call: one candidates' pass
+    per decision gives log q, the hidden states and every requested layer (each as a plain forward
+    gives it), where a separate ``candidate_states`` call would run the pass again."""
+    from agent_shell.decision_scorer import DecisionScorer
+    from agent_shell.features import DecisionInput, FeatureSet
+
+    lm = fresh(candidate_layout=layout)
+    scorer = DecisionScorer(lm, FeatureSet.from_spec("lm-hidden,lm-layer:4:mean,lm-layer:0"))
+    assert scorer.layers == ((4, "mean"), (0, "last"))
+    passes = []
+    forward = lm._forward
+    lm._forward = lambda ids, cache, **kw: passes.append(ids.shape) or forward(ids, cache, **kw)
+    decision = DecisionInput(CONTEXT, "put a clean mug in coffeemachine.", "You are in the middle of a room.", (),
+                             tuple(CANDIDATES), "\n> ")
+    scored = scorer.score(scorer.request(decision))
+    n_passes = len(passes)
+    np.testing.assert_allclose(scored.phi[:, lm.hidden_size:2 * lm.hidden_size], reference(lm, 4, "mean"),
+                               atol=2e-3, rtol=1e-3)
+    np.testing.assert_allclose(scored.phi[:, 2 * lm.hidden_size:], reference(lm, 0, "last"), atol=2e-3, rtol=1e-3)
+    np.testing.assert_array_equal(scored.phi[:, :lm.hidden_size], scored.scores.hidden)
+    passes.clear()
+    plain = fresh(candidate_layout=layout)
+    plain._forward = lm._forward
+    plain.score(CONTEXT, CANDIDATES, "\n> ")
+    assert n_passes == len(passes)  # the layers cost no forward pass beyond the scores'
+    np.testing.assert_allclose(scored.scores.log_q, plain.score(CONTEXT, CANDIDATES, "\n> ").log_q, atol=1e-4)

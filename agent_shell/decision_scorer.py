@@ -1,0 +1,266 @@
+"""One decision scorer: a candidate set scored by the LM and, given a concept, by the concept (seed Eq. 3).
+
+Acting (:class:`agent_shell.agents.cb_agent.CBAgent`), fitting (:mod:`agent_shell.concepts`),
+evaluation (:func:`decision_accuracy`) and the calibrator
+(:mod:`agent_shell.calibration.calibrator`) all score a decision here:
+
+* :func:`decision_context` builds the scoring context x of a decision, for acting and fitting
+  alike (the run's seed is required: the shuffle renderings read it);
+* a :class:`DecisionRequest` is one decision as the feature extractors see it
+  (:class:`agent_shell.features.DecisionInput`) plus the inner LM layers its features want;
+* :meth:`DecisionScorer.score` scores one request (acting), :meth:`DecisionScorer.score_many` a
+  list of them (fitting; the shape of lm-evaluation-harness's ``loglikelihood(requests)``). The LM
+  runs once per request: the ``lm-layer:K`` states come from the same forward pass as log q and
+  the last-layer hidden states when the backend can capture them
+  (:meth:`agent_shell.lm.hf.HFLanguageModel.score_with_layers`);
+* a :class:`ScoredDecision` holds per candidate the LM's scores and the feature matrix phi's input
+  (the raw blocks side by side, float32 [M, k]) and gives the prior term (log Qbar after length
+  normalisation), the concept term alpha . phi and log P (float32 [M]);
+* :func:`batch_log_probs` is log P over many decisions in one cb_core call (evaluation).
+
+cb_core (JAX) is imported only when something is computed under a concept.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+import numpy as np
+
+from agent_shell import context as ctx
+from agent_shell.features import DecisionInput, FeatureSet
+from agent_shell.features.lm_states import LMLayer
+from agent_shell.history import StepLike
+from agent_shell.lm.protocol import CandidateScores, LanguageModel
+
+if TYPE_CHECKING:
+    from cb_core import Concept, Decisions
+
+#: An inner LM layer wanted from the candidates' pass: (layer, pool), as ``lm-layer:K[:pool]`` names it.
+LayerSpec = tuple[int, str]
+
+
+def decision_context(instruction: str, observation: str, history: Sequence[StepLike], *, rendering: str, layout: str,
+                     seed: int, memory: Sequence[str] = (), experiences: Mapping[int, str] | None = None,
+                     reference: ctx.Reference | None = None) -> ctx.Context:
+    """The scoring context x of one decision (:func:`agent_shell.context.scoring_context`): the one
+    construction acting and fitting share, so a concept is fitted on the text the agent reads.
+
+    ``seed`` has no default: the shuffle renderings (``shuffle-all``, ``shuffle-old``) order the
+    history by it. Raises ValueError for an unknown rendering or layout, or an empty task.
+    """
+    return ctx.scoring_context(instruction, observation, history, rendering, memory, layout=layout,
+                               experiences=experiences, seed=seed, reference=reference)
+
+
+@dataclass(frozen=True)
+class DecisionRequest:
+    """One decision to score.
+
+    Attributes:
+        decision: the context, the task, the executed history and the candidate set (M >= 1).
+        layers: the inner layers whose states at the candidates' action tokens the features read
+            (``lm-layer:K[:pool]``), taken from the same forward pass as the scores when the
+            backend can.
+    """
+
+    decision: DecisionInput
+    layers: tuple[LayerSpec, ...] = ()
+
+
+@dataclass(frozen=True)
+class ScoredDecision:
+    """A scored candidate set.
+
+    Attributes:
+        candidates: the candidate set A (M strings), in scoring order.
+        scores: the LM's :class:`CandidateScores` (log_q [M] float32, n_tokens [M] int32, hidden
+            [M, d] float32; ``layers``: the requested inner-layer states).
+        phi: float32 [M, k], what the concept reads in the place of the hidden states (the raw
+            feature blocks side by side; cb_core standardises each column over A and appends the
+            bias coordinate). ``scores.hidden`` itself for ``lm-hidden``.
+    """
+
+    candidates: tuple[str, ...]
+    scores: CandidateScores
+    phi: np.ndarray
+
+    def prior(self, gamma: float = 0.8) -> np.ndarray:
+        """The prior term log Qbar(a | x) = log q / n_tokens ** gamma, log-normalised over A, float32 [M]
+        (as :func:`cb_core.prior_log_probs` computes it)."""
+        import cb_core
+
+        return np.asarray(cb_core.prior_log_probs(self._one(), gamma), np.float32)
+
+    def concept_term(self, concept: Concept) -> np.ndarray:
+        """alpha . phi(x, a; A) per candidate, float32 [M] (phi standardised with the concept's eps,
+        bias coordinate included). Raises ValueError when phi's width differs from the concept's d."""
+        import cb_core
+
+        self._check_width(concept)
+        phi = np.asarray(cb_core.features(self._one(), concept.eps), np.float32)
+        return phi @ np.asarray(concept.alpha, np.float32)
+
+    def log_probs(self, concept: Concept) -> np.ndarray:
+        """log P(a | x) = log-softmax over A of (prior + concept term) (Eq. 3), float32 [M], by the
+        concept's own one-decision kernel (:meth:`cb_core.Concept.log_probs`). Raises ValueError
+        when phi's width differs from the concept's d, or for non-finite scores."""
+        return np.asarray(concept.log_probs(self.phi, self.scores.log_q, self.scores.n_tokens), np.float32)
+
+    def _check_width(self, concept: Concept) -> None:
+        if self.phi.shape[1] != concept.hidden_size:
+            raise ValueError(f"features of width {self.phi.shape[1]} differ from the concept's "
+                             f"d = {concept.hidden_size}")
+
+    def _one(self) -> Decisions:
+        import cb_core
+
+        return cb_core.decisions_from_lists([self.phi], [self.scores.log_q], [self.scores.n_tokens], [0])
+
+
+class DecisionScorer:
+    """Scores decisions with one backbone and one feature set.
+
+    Args:
+        lm: the backbone that scores the candidates (log q, token counts, hidden states).
+        features: what a concept sees (default the seed's ``lm-hidden``).
+    """
+
+    def __init__(self, lm: LanguageModel, features: FeatureSet | None = None):
+        self.lm = lm
+        self.features = features if features is not None else FeatureSet.from_spec()
+        self._default = self.features.is_default  # phi is the LM's hidden states
+        self.layers: tuple[LayerSpec, ...] = tuple((e.layer, e.pool) for e in self.features.extractors
+                                                   if isinstance(e, LMLayer))
+
+    def request(self, decision: DecisionInput) -> DecisionRequest:
+        """The request for ``decision`` with the layers this scorer's features read."""
+        return DecisionRequest(decision, self.layers)
+
+    def lm_scores(self, request: DecisionRequest) -> CandidateScores:
+        """One LM pass over the request's candidates: :meth:`LanguageModel.score`, with the requested
+        layers' states in ``layers`` when the backend has ``score_with_layers`` (otherwise an
+        ``lm-layer`` block asks the backend for them itself).
+
+        Raises:
+            ValueError: what the backend's ``score`` raises (empty candidates, a full window, ...).
+        """
+        d = request.decision
+        with_layers = getattr(self.lm, "score_with_layers", None)
+        if request.layers and callable(with_layers):
+            return with_layers(d.context, d.candidates, d.action_prefix, request.layers)
+        return self.lm.score(d.context, d.candidates, d.action_prefix)
+
+    def score(self, request: DecisionRequest, scores: CandidateScores | None = None) -> ScoredDecision:
+        """One decision scored (acting). ``scores``: the LM's scores when already known (none: one
+        pass of :meth:`lm_scores`).
+
+        Raises:
+            ValueError: see :meth:`lm_scores`; a feature block of the wrong shape or non-finite.
+        """
+        scores = self.lm_scores(request) if scores is None else scores
+        if self._default:
+            phi = np.asarray(scores.hidden, np.float32)
+        else:
+            phi = self.features.extract(request.decision, self.lm, scores)
+        return ScoredDecision(request.decision.candidates, scores, phi)
+
+    def score_many(self, requests: Sequence[DecisionRequest], scores: Sequence[CandidateScores] | None = None,
+                   cache_dir=None) -> tuple[list[ScoredDecision], float]:
+        """Many decisions scored (fitting, evaluation), each feature block read from / written to the
+        block cache under ``cache_dir`` for the decisions together
+        (:meth:`FeatureSet.extract_trajectory`). ``scores``: the LM's scores when already known
+        (e.g. from the features cache), else one pass per request. Returns (the scored decisions in
+        request order, seconds spent in the LM and the extractors)."""
+        start = time.perf_counter()
+        scores = [self.lm_scores(r) for r in requests] if scores is None else list(scores)
+        if self._default:
+            phi = [np.asarray(s.hidden, np.float32) for s in scores]
+        else:
+            phi, _ = self.features.extract_trajectory([r.decision for r in requests], self.lm, scores, cache_dir)
+        out = [ScoredDecision(r.decision.candidates, s, x) for r, s, x in zip(requests, scores, phi)]
+        return out, time.perf_counter() - start
+
+
+def batch_log_probs(concept: Concept, decisions: Decisions) -> list[np.ndarray]:
+    """log P(a | x) under ``concept`` (its alpha, gamma, eps) for every decision of a ragged set in one
+    cb_core call (:func:`cb_core.log_probs`): one float32 [M_i] array per decision, in order.
+
+    Raises:
+        ValueError: the decisions' feature width differs from the concept's d.
+    """
+    import cb_core
+
+    if decisions.hidden_size != concept.hidden_size:
+        raise ValueError(f"features of width {decisions.hidden_size} differ from the concept's "
+                         f"d = {concept.hidden_size}")
+    flat = np.asarray(cb_core.log_probs(concept.alpha, decisions, concept.gamma, concept.eps), np.float32)
+    off = np.asarray(decisions.offsets)
+    return [flat[a:b] for a, b in zip(off[:-1], off[1:])]
+
+
+def choices(concept: Concept, decisions: Decisions) -> np.ndarray:
+    """int [N]: the argmax of log P per decision (Eq. 7; the lowest index among exact ties)."""
+    return np.array([int(np.argmax(lp)) for lp in batch_log_probs(concept, decisions)], dtype=np.int64)
+
+
+def decision_accuracy(features: Mapping, concepts: Mapping[str, Concept], gamma: float = 0.8) -> list[dict]:
+    """Top-1 accuracy on expert decisions (teacher forcing), per task type then ``all``.
+
+    ``features``: task type -> :class:`agent_shell.concepts.TypeFeatures`; ``concepts``: task type ->
+    concept. Each row: ``task_type``, ``decisions``, ``mean_candidates``, and for ``prior`` (alpha = 0
+    with ``gamma``) and ``concept`` (the type's concept with its own gamma and eps): ``acc_*`` (None
+    without a concept), the hit counts ``hits_*`` and the 95% Wilson intervals ``ci_*`` = [low, high].
+    One batched cb_core call per task type and model. A type without a concept counts as misses in
+    ``all``.
+    """
+    import cb_core
+
+    from agent_shell.statistics import wilson_interval
+
+    def with_intervals(row: dict, hits: dict, has_concept: bool) -> dict:
+        n = row["decisions"]
+        for name in ("prior", "concept"):
+            known = name == "prior" or has_concept
+            row[f"acc_{name}"] = hits[name] / n if known else None
+            row[f"hits_{name}"] = int(hits[name]) if known else None
+            row[f"ci_{name}"] = list(wilson_interval(int(hits[name]), n)) if known else None
+        return row
+
+    rows, totals = [], {"n": 0, "prior": 0, "concept": 0, "sizes": 0}
+    for task_type, tf in sorted(features.items()):
+        if not tf.n_decisions:
+            continue
+        decisions = tf.decisions()
+        expert = np.asarray(tf.expert)
+        concept = concepts.get(task_type)
+        prior = cb_core.Concept.prior_only(decisions.hidden_size, gamma)
+        hits = {"prior": int(np.sum(choices(prior, decisions) == expert)),
+                "concept": 0 if concept is None else int(np.sum(choices(concept, decisions) == expert))}
+        n = tf.n_decisions
+        sizes = float(np.mean([len(x) for x in tf.log_q]))
+        rows.append(with_intervals({"task_type": task_type, "decisions": n, "mean_candidates": sizes}, hits,
+                                   concept is not None))
+        totals["n"] += n
+        totals["prior"] += hits["prior"]
+        totals["concept"] += hits["concept"]
+        totals["sizes"] += sizes * n
+    if totals["n"]:
+        rows.append(with_intervals({"task_type": "all", "decisions": totals["n"],
+                                    "mean_candidates": totals["sizes"] / totals["n"]}, totals, True))
+    return rows
+
+
+def accuracy_cell(row: dict, name: str) -> str:
+    """``"45.0% [30.1, 60.9]"``: a :func:`decision_accuracy` row's accuracy ``name`` (prior or concept)
+    and its 95% Wilson interval, ``-`` without a concept."""
+    if row[f"acc_{name}"] is None:
+        return "-"
+    low, high = row[f"ci_{name}"]
+    return f"{100 * row[f'acc_{name}']:.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
+
+
+__all__ = ["DecisionRequest", "DecisionScorer", "LayerSpec", "ScoredDecision", "accuracy_cell", "batch_log_probs",
+           "choices", "decision_accuracy", "decision_context"]

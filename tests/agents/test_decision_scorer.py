@@ -1,0 +1,90 @@
+"""The decision scorer: the terms of log P on one candidate set (checked against numpy), batched
+evaluation against a per-decision loop, and many decisions scored as one at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cb_core
+from agent_doubles import FakeLM
+from agent_shell.concepts import TypeFeatures
+from agent_shell.decision_scorer import DecisionScorer, batch_log_probs, decision_accuracy
+from agent_shell.features import DecisionInput, FeatureSet
+
+STEP = type("Step", (), {"kind": "env", "action": "go to desk 1", "observation": "Nothing happens."})()
+
+
+def decision(candidates=("go to desk 1", "take key 1 from desk 1", "open drawer 2", "go to desk 1")):
+    return DecisionInput("You are in a room.\nYour task is to: fetch the key.", "Your task is to: fetch the key.",
+                         "You are in a room.", (STEP,), candidates, "\n> ")
+
+
+def numpy_terms(h, lq, nt, alpha, gamma, eps):
+    """Seed Eq. 3 / App. B written out: prior log Qbar, standardised features with the bias M ** -0.5."""
+    h, lq = np.asarray(h, np.float64), np.asarray(lq, np.float64)
+    bar = lq / np.asarray(nt, np.float64) ** gamma
+    prior = bar - np.log(np.sum(np.exp(bar - bar.max()))) - bar.max()
+    phi = (h - h.mean(0)) / np.maximum(h.std(0), eps)
+    phi = np.concatenate([phi, np.full((len(h), 1), len(h) ** -0.5)], axis=1)
+    term = phi @ np.asarray(alpha, np.float64)
+    s = prior + term
+    return prior, term, s - np.log(np.sum(np.exp(s - s.max()))) - s.max()
+
+
+def test_scored_decision_terms_are_eq3_with_the_concepts_gamma_and_eps():
+    lm = FakeLM(hidden_size=6)
+    scored = DecisionScorer(lm).score(DecisionScorer(lm).request(decision()))
+    assert scored.phi.dtype == np.float32 and scored.phi.shape == (4, 6)
+    np.testing.assert_array_equal(scored.phi, scored.scores.hidden)  # lm-hidden: the LM's own states
+    alpha = np.random.default_rng(3).normal(size=7).astype(np.float32)
+    concept = cb_core.Concept(alpha, 0.6, 1e-5)
+    prior, term, logp = numpy_terms(scored.phi, scored.scores.log_q, scored.scores.n_tokens, alpha, 0.6, 1e-5)
+    assert scored.prior(0.6).dtype == np.float32 and scored.log_probs(concept).dtype == np.float32
+    np.testing.assert_allclose(scored.prior(0.6), prior, atol=1e-5)
+    np.testing.assert_allclose(scored.concept_term(concept), term, atol=1e-4)
+    np.testing.assert_allclose(scored.log_probs(concept), logp, atol=1e-4)
+    assert scored.log_probs(concept)[0] == scored.log_probs(concept)[3]  # duplicates: the same numbers
+    with pytest.raises(ValueError, match="differ"):
+        scored.concept_term(cb_core.Concept(np.zeros(4, np.float32), 0.8, 1e-6))
+
+
+def test_many_decisions_score_as_one_at_a_time():
+    lm = FakeLM(hidden_size=6)
+    scorer = DecisionScorer(lm, FeatureSet.from_spec("lm-hidden,novelty"))
+    requests = [scorer.request(decision(c)) for c in (("go to desk 1", "look at wall"), ("open door 1", "go to desk 1",
+                                                                                        "examine key 1"))]
+    many, _ = scorer.score_many(requests)
+    for r, m in zip(requests, many):
+        one = scorer.score(r)
+        assert m.candidates == r.decision.candidates and m.phi.shape == (len(m.candidates), 6 + 5)
+        np.testing.assert_array_equal(m.phi, one.phi)
+        np.testing.assert_array_equal(m.scores.log_q, one.scores.log_q)
+    # "go to desk 1" was taken just before: novelty's taken-before column is 1 for it only
+    assert many[0].phi[:, 6].tolist() == [np.float32(np.log1p(1)), 0.0]
+
+
+def test_batched_accuracy_counts_the_hits_of_one_decision_at_a_time():
+    rng = np.random.default_rng(0)
+    tf = TypeFeatures("t")
+    for i in range(60):
+        m = int(rng.integers(2, 12))
+        h = rng.normal(size=(m, 5)).astype(np.float32)
+        lq = -rng.uniform(1, 20, m).astype(np.float32)
+        if i % 4 == 0:  # an exact tie: the lowest index wins in both
+            h[1], lq[1] = h[0], lq[0]
+        tf.hidden.append(h)
+        tf.log_q.append(lq)
+        tf.n_tokens.append(rng.integers(1, 6, m).astype(np.int32))
+        tf.expert.append(int(rng.integers(0, m)))
+    concept = cb_core.Concept(rng.normal(size=6).astype(np.float32), 0.8, 1e-6)
+    (row, total) = decision_accuracy({"t": tf}, {"t": concept}, gamma=0.7)
+    prior = cb_core.Concept.prior_only(5, 0.7)
+    args = list(zip(tf.hidden, tf.log_q, tf.n_tokens))
+    assert row["hits_prior"] == sum(prior.choose(*a) == e for a, e in zip(args, tf.expert))
+    assert row["hits_concept"] == sum(concept.choose(*a) == e for a, e in zip(args, tf.expert))
+    assert total["task_type"] == "all" and total["hits_concept"] == row["hits_concept"]
+    for lp, a in zip(batch_log_probs(concept, tf.decisions()), args):
+        np.testing.assert_allclose(lp, concept.log_probs(*a), atol=1e-5)
+    (alone,) = decision_accuracy({"t": tf}, {}, gamma=0.7)[:1]
+    assert alone["acc_concept"] is None and alone["hits_prior"] == row["hits_prior"]
