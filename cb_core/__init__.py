@@ -3,14 +3,15 @@
 Public API (seed paper notation; see each docstring for shapes and the equation implemented):
 
 * the decision set: :class:`Decisions` (ragged pytree), :func:`decisions_from_lists`,
-  :func:`load_decisions` / :func:`save_decisions` (the ``.npz`` file); padding, validation and
-  shape buckets in :mod:`cb_core.decisions`.
+  :func:`load_decisions` / :func:`save_decisions` (the ``.npz`` file, :mod:`cb_core.decision_file`);
+  padding, validation and shape buckets in :mod:`cb_core.decisions`.
 * the model (Eq. 3, Eq. 6, App. B): :func:`features`, :func:`prior_log_probs`,
   :func:`log_probs`, :func:`objective`, :func:`gradient`, :func:`hessian`; the padded kernels
   they call in :mod:`cb_core.model`.
 * the fit: :func:`fit` ``(decisions, solver=Subspace() | Newton() | LBFGS() | Adam(), lam=,
   gamma=, eps=)``
-  -> :class:`FitResult` with its :class:`Certificate`.
+  -> :class:`FitResult` with its :class:`Certificate` (:mod:`cb_core.fit`; the solvers in
+  :mod:`cb_core.solvers`).
 * the concept: :class:`Concept` (alpha, gamma, eps, metadata; ``log_probs`` / ``choose`` on one
   candidate set, Eq. 7; ``save`` / ``load``).
 
@@ -31,9 +32,11 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from cb_core._atomic import atomic_path  # noqa: F401  (kept importable; not part of the API)
 from cb_core.concept import Concept
-from cb_core.decisions import Decisions, decisions_from_lists, load_decisions, save_decisions
-from cb_core.fit import LBFGS, Adam, Certificate, FitResult, Newton, Subspace, fit
+from cb_core.decision_file import load_decisions, save_decisions
+from cb_core.decisions import Decisions, decisions_from_lists
+from cb_core.fit import Certificate, FitResult, fit
 from cb_core.model import features, gradient, hessian, log_probs, objective, prior_log_probs
+from cb_core.solvers import LBFGS, Adam, Newton, Subspace
 
 __all__ = [
     "Adam", "Certificate", "Concept", "Decisions", "FitResult", "LBFGS", "Newton", "Subspace",

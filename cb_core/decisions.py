@@ -1,4 +1,4 @@
-"""Ragged decision sets: the data the concept model is fitted on, their checks, layouts and file.
+"""Ragged decision sets: the data the concept model is fitted on, their checks and layouts.
 
 A *decision* (seed paper, Sec. 3) is one agent step with a finite candidate set of M_i >= 1
 actions, one of which the expert took. N decisions are stored *ragged*: their candidate rows are
@@ -6,41 +6,24 @@ stacked into T = sum_i M_i rows, decision i owning rows ``offsets[i]:offsets[i+1
 
 This module holds the :class:`Decisions` pytree, its validation (host-side, numpy), the padded
 ``[N_pad, M_pad, .]`` + mask layout every kernel computes on (:class:`PaddedDecisions`, built
-once at the jit boundary by :func:`to_padded`; acting on one candidate set is N_pad = 1), the
-shape *buckets* that let nearby sizes share compiled code, and the ``.npz`` decision-set file.
+once at the jit boundary by :func:`to_padded`; acting on one candidate set is N_pad = 1) and the
+shape *buckets* that let nearby sizes share compiled code. The ``.npz`` decision-set file is
+read and written by :mod:`cb_core.decision_file`.
 
-Decision-set file (``.npz``, written by :func:`save_decisions`, read by :func:`load_decisions`):
-
-==============  ==========  =======  =====================================================
-key             shape       dtype    meaning
-==============  ==========  =======  =====================================================
-``hidden``      [T, d]      float32  raw LM hidden state at each candidate's last token
-``log_q``       [T]         float32  summed log-probability of the candidate's action tokens
-``n_tokens``    [T]         int      number of action tokens (>= 1)
-``offsets``     [N+1]       int64    decision i owns rows offsets[i]:offsets[i+1]; offsets[0]=0
-``expert``      [N]         int64    index of the expert action *within* its candidate set
-``metadata``    [] (str)    unicode  optional JSON object (backbone, features, task_type, ...)
-==============  ==========  =======  =====================================================
-
-Any extractor can write this file with ``numpy.savez``; ``cb-agent fit FILE --out CONCEPT``
-fits a concept on it. Imports nothing else of this project and no JAX at module import time
-except for pytree registration.
+Imports nothing else of this project and no JAX at module import time except for pytree
+registration.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
-import zipfile
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
-
-from cb_core._atomic import atomic_path
 
 __all__ = [
     "Decisions",
@@ -49,9 +32,6 @@ __all__ = [
     "decisions_from_lists",
     "validate_decisions",
     "to_padded",
-    "load_decisions",
-    "load_decisions_metadata",
-    "save_decisions",
 ]
 
 
@@ -382,76 +362,3 @@ def to_padded(decisions: Decisions, *, dtype: Any = None, n_pad: int | None = No
     weight = np.zeros(n_pad, dtype)
     weight[:n] = 1.0
     return PaddedDecisions(h, log_q, n_tokens, mask, expert, weight)
-
-_REQUIRED = ("hidden", "log_q", "n_tokens", "offsets", "expert")
-
-
-def _check_npz(path: str | os.PathLike) -> None:
-    """ValueError unless ``path`` is a zip archive (what ``numpy.savez`` writes): numpy would
-    otherwise try to read any other file as a pickle and say so."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(path)
-    if not zipfile.is_zipfile(path):
-        raise ValueError(f"{path}: not a decision-set .npz file (not a zip archive as "
-                         "numpy.savez writes; see cb_core.decisions for the format)")
-
-
-def load_decisions(path: str | os.PathLike) -> Decisions:
-    """Read a decision-set ``.npz`` (format in this module's docstring) and validate it.
-
-    Raises:
-        ValueError: not an ``.npz`` archive (naming the file), or naming the missing or
-            malformed field, or the decision at fault.
-        FileNotFoundError: if the file does not exist.
-    """
-    _check_npz(path)
-    with np.load(path, allow_pickle=False) as z:
-        missing = [k for k in _REQUIRED if k not in z.files]
-        if missing:
-            raise ValueError(f"{path}: missing field(s) {', '.join(missing)} "
-                             f"(has {', '.join(z.files) or 'nothing'})")
-        arrays = {k: z[k] for k in _REQUIRED}
-    for k in ("hidden", "log_q"):
-        if not np.issubdtype(arrays[k].dtype, np.floating):
-            raise ValueError(f"{path}: field {k} must be float, got dtype {arrays[k].dtype}")
-    try:
-        return _from_arrays(**arrays)
-    except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
-
-
-def load_decisions_metadata(path: str | os.PathLike) -> dict:
-    """The optional JSON ``metadata`` object of a decision-set file ({} when absent).
-
-    Raises:
-        ValueError: if the field is present but not a JSON object.
-    """
-    _check_npz(path)
-    with np.load(path, allow_pickle=False) as z:
-        if "metadata" not in z.files:
-            return {}
-        raw = z["metadata"]
-    try:
-        meta = json.loads(str(raw[()]))
-    except (json.JSONDecodeError, TypeError) as err:
-        raise ValueError(f"{path}: field metadata is not JSON: {err}") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"{path}: field metadata must be a JSON object, got {type(meta).__name__}")
-    return meta
-
-
-def save_decisions(path: str | os.PathLike, decisions: Decisions, metadata: dict | None = None
-                   ) -> None:
-    """Write a decision-set ``.npz`` atomically (temp file + rename); validates first.
-
-    Raises:
-        ValueError: as :func:`validate_decisions`.
-    """
-    dec = validate_decisions(decisions)
-    arrays = dict(hidden=np.asarray(dec.hidden, np.float32), log_q=np.asarray(dec.log_q, np.float32),
-                  n_tokens=np.asarray(dec.n_tokens, np.int64), offsets=np.asarray(dec.offsets, np.int64),
-                  expert=np.asarray(dec.expert, np.int64))
-    if metadata is not None:
-        arrays["metadata"] = np.asarray(json.dumps(metadata))
-    with atomic_path(path, suffix=".npz.tmp") as tmp, open(tmp, "wb") as f:
-        np.savez(f, **arrays)

@@ -48,7 +48,7 @@ def fit(decisions, out, lam, gamma, eps, method, max_iter, tol, float64, certify
     start = time.perf_counter()
     import cb_core
     from cb_core.cache import enable_persistent_cache
-    from cb_core.decisions import load_decisions_metadata
+    from cb_core.decision_file import load_decisions_metadata
 
     if not no_cache:
         from envs.paths import cache_root  # the project's one cache root (no engine is imported)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 import click
 
@@ -32,22 +32,10 @@ def _fail(fn: Callable) -> Callable:
 
 
 def _done_keys(path: Path, resume: bool, wanted: Iterable[str], elsewhere: str = "choose another --out") -> set[str]:
-    """Noisy ids already in the JSONL output ``path``, which this process claims
-    (:class:`agent_shell.results.ResumableJsonl`); refuses an existing key without --resume."""
-    from agent_shell.results import ResumableJsonl, repair_for_resume
-    from envs.storage import iter_jsonl
+    """:func:`agent_shell.ical.noisy.finished_ids`, unreadable lines reported on standard error."""
+    from agent_shell.ical.noisy import finished_ids
 
-    def keyed(path: Path) -> Iterator[dict]:  # lines without a noisy id are redone
-        for number, record, err in iter_jsonl(path) if path.exists() else ():
-            if err is None and isinstance(record, dict) and "noisy_id" in record:
-                yield record
-            else:
-                click.echo(f"{path}:{number}: skipped unreadable line ({err or 'no noisy_id'}); redone", err=True)
-
-    if resume and path.exists():  # a torn last line of an interrupted command: aside, the rest byte for byte
-        repair_for_resume(path)
-    return set(ResumableJsonl(path, keyed, lambda r: r["noisy_id"], "inputs", lambda r: repr(r["noisy_id"]),
-                              elsewhere).finished(set(wanted), resume))
+    return finished_ids(path, resume, wanted, elsewhere, on_skipped=lambda msg: click.echo(msg, err=True))
 
 
 def _check_split(env_name: str, split: str) -> None:
@@ -71,15 +59,6 @@ def _progress():
                         TextColumn("{task.fields[note]}"), TimeElapsedColumn())
 
 
-def _read_noisy(path: str) -> list:
-    from envs.trajectory import read_trajectories
-
-    trajs = read_trajectories(path)
-    if not trajs:
-        raise ValueError(f"{path}: no noisy trajectories")
-    return trajs
-
-
 def _load_lm(model: str | None, dtype: str) -> Any:
     from agent_shell.lm import load_language_model
 
@@ -94,13 +73,6 @@ def _memory(folder: str | None, need_embedder: bool = True) -> Any:
 
     return Memory(folder, SentenceEmbedder() if need_embedder else None,
                   on_malformed=lambda msg: click.echo(msg, err=True))
-
-
-def _retrieved(memory: Any, noisy: Any, k: int) -> list:
-    if memory is None or k == 0 or not len(memory):
-        return []
-    return [e for e, _ in memory.retrieve(noisy.instruction, noisy.observation, k=k,
-                                          exclude_task_ids=[noisy.task_id])]
 
 
 model_options = [
@@ -163,7 +135,7 @@ def ical() -> None:
 @_fail
 def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, seed, out_path, resume) -> None:
     """Collect noisy trajectories: agent trials from results files and corrupted expert trajectories."""
-    from agent_shell.ical.noisy import corrupted_expert, from_results, noisy_id
+    from agent_shell.ical.noisy import add_trials, corrupted_expert, corrupted_id, noisy_id
     from envs.storage import append_jsonl
     from envs.trajectory import read_trajectories
 
@@ -175,13 +147,7 @@ def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, see
     done = {noisy_id(t) for t in read_trajectories(out, on_error="skip")} if out.exists() else set()
     if done and not resume:
         raise ValueError(f"{out} already exists; pass --resume to add what is missing, or choose another --out")
-    written = 0
-    for run in runs:
-        for traj in from_results(run, which):
-            if noisy_id(traj) not in done:
-                append_jsonl(out, traj)
-                done.add(noisy_id(traj))
-                written += 1
+    written = add_trials(out, runs, which, done)
     if expert_per_type:
         from agent_shell.demos import expert_demos
         from envs import make_env
@@ -190,7 +156,7 @@ def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, see
         try:
             experts = expert_demos(env, expert_per_type, split=expert_split,
                                    on_task=lambda tid: click.echo(f"collecting expert trajectory {tid}"))
-            todo = [e for e in experts if f"corrupted:seed{seed}:{e.task_id}" not in done]
+            todo = [e for e in experts if corrupted_id(e.task_id, seed) not in done]
             with _progress() as progress:
                 bar = progress.add_task("corrupt + replay", total=len(todo), note="")
 
@@ -228,16 +194,15 @@ def abstract(noisy_path, env_name, model, dtype, memory_dir, k, max_new_tokens, 
     """Phase 1 only: the LM abstracts each noisy trajectory; outputs are parsed strictly (not executed)."""
     from collections import Counter
 
-    from agent_shell.ical.learn import (LearnConfig, abstraction_prompt, allowed_actions, final_candidates,
-                                        write_program)
+    from agent_shell.ical.learn import LearnConfig, abstract_record
+    from agent_shell.ical.memory import examples_for
+    from agent_shell.ical.noisy import noisy_id, read_noisy
     from envs import make_env
-    from agent_shell.ical.noisy import noisy_id
-    from agent_shell.ical.program import parse_program
     from envs.storage import append_jsonl
 
     config = LearnConfig(max_new_tokens=max_new_tokens, k=k, decoding=decoding, notes=notes,
                          extra_actions=extra_actions)
-    trajs = _read_noisy(noisy_path)
+    trajs = read_noisy(noisy_path)
     out = Path(out_path)
     done = _done_keys(out, resume, [noisy_id(t) for t in trajs])
     todo = [t for t in trajs if noisy_id(t) not in done]
@@ -250,17 +215,10 @@ def abstract(noisy_path, env_name, model, dtype, memory_dir, k, max_new_tokens, 
         with _progress() as progress, contextlib.closing(env):
             bar = progress.add_task("abstract", total=len(todo), note="")
             for traj in todo:
-                shown = _retrieved(memory, traj, k)
-                output, seen = write_program(lm, env, traj, abstraction_prompt(traj, shown), config)
-                parsed = parse_program(output, allowed_actions(traj) | set(final_candidates(env, traj)) | seen)
+                record, parsed = abstract_record(lm, env, traj, examples_for(memory, traj, k), config)
                 n_ok += parsed.ok
                 reasons.update(parsed.reasons)
-                append_jsonl(out, {"noisy_id": noisy_id(traj), "task_type": traj.task_type, "output": output,
-                                   "parsed": parsed.ok, "parse_issues": [str(i) for i in parsed.issues],
-                                   "parse_reasons": parsed.reasons, "examples": [e.example_id for e in shown],
-                                   "decoding": decoding, "notes": notes,
-                                   "program": None if parsed.program is None else parsed.program.to_record(),
-                                   "backbone": lm.name})
+                append_jsonl(out, record)
                 progress.update(bar, advance=1, note=f"parsed {n_ok}")
     click.echo(f"{len(todo)} abstracted now ({len(done)} already in {out}); parsed {n_ok}/{len(todo)}"
                + ("; rejected: " + ", ".join(f"{r} x{c}" for r, c in reasons.most_common()) if reasons else ""))
@@ -268,7 +226,9 @@ def abstract(noisy_path, env_name, model, dtype, memory_dir, k, max_new_tokens, 
 
 def _learn_all(trajs: list, out: Path, lm: Any, env: Any, memory: Any, config: Any, human: bool,
                first_outputs: dict[str, str] | None = None) -> None:
-    from agent_shell.ical.learn import HumanFeedback, learn_example
+    from agent_shell.ical.execution import HumanFeedback
+    from agent_shell.ical.learn import learn_example, learn_record
+    from agent_shell.ical.memory import examples_for
     from agent_shell.ical.noisy import noisy_id
     from envs.storage import append_jsonl
 
@@ -278,24 +238,21 @@ def _learn_all(trajs: list, out: Path, lm: Any, env: Any, memory: Any, config: A
         bar = progress.add_task("ical", total=len(trajs), note="")
         kept = 0
         for i, traj in enumerate(trajs, 1):
-            shown = _retrieved(memory, traj, config.k)
+            shown = examples_for(memory, traj, config.k)
             first = None if first_outputs is None else first_outputs.get(noisy_id(traj))
             outcome = learn_example(lm, env, traj, shown, config, feedback, first_output=first)
             if outcome.example is not None and memory is not None:
                 memory.add(outcome.example)
             kept += outcome.example is not None
-            append_jsonl(out, {**outcome.to_record(), "examples": [e.example_id for e in shown],
-                               "decoding": config.decoding, "notes": config.notes,
-                               "backbone": lm.name if lm is not None else None})
+            append_jsonl(out, learn_record(outcome, shown, config, lm))
             progress.update(bar, advance=1, note=f"kept {kept}/{i}")
 
 
 def _summarize(out: Path, title: str) -> None:
     from agent_shell.commands._common import make_console
-    from agent_shell.ical.summary import outcome_rows, outcome_table
-    from envs.storage import iter_jsonl
+    from agent_shell.ical.summary import outcome_rows, outcome_table, read_outcomes
 
-    records = [r for _, r, err in iter_jsonl(out) if err is None and isinstance(r, dict) and "rounds" in r]
+    records = read_outcomes(out)
     if records:
         make_console().print(outcome_table(outcome_rows(records), title))
 
@@ -332,22 +289,15 @@ def _check_human(human: bool) -> None:
 def refine(abstract_path, noisy_path, env_name, model, dtype, memory_dir, k, max_rounds, max_new_tokens, decoding,
            notes, extra_actions, human, out_path, resume) -> None:
     """Phase 2: execute each abstraction in the real game and revise it on feedback (every round recorded)."""
-    from agent_shell.ical.learn import LearnConfig
-    from agent_shell.ical.noisy import noisy_id
+    from agent_shell.ical.learn import LearnConfig, read_abstractions
+    from agent_shell.ical.noisy import noisy_id, read_noisy
     from envs import make_env
-    from envs.storage import iter_jsonl
 
     _check_human(human)
     config = LearnConfig(max_rounds=max_rounds, max_new_tokens=max_new_tokens, k=k, decoding=decoding, notes=notes,
                          extra_actions=extra_actions)
-    firsts: dict[str, str] = {}
-    for number, record, err in iter_jsonl(abstract_path):
-        if err is None and not (isinstance(record, dict) and {"noisy_id", "output"} <= record.keys()):
-            err = "not a line of cb-agent ical abstract"
-        if err is not None:
-            raise ValueError(f"{abstract_path}:{number}: {err}")
-        firsts[record["noisy_id"]] = record["output"]
-    trajs = [t for t in _read_noisy(noisy_path) if noisy_id(t) in firsts]
+    firsts = read_abstractions(abstract_path)
+    trajs = [t for t in read_noisy(noisy_path) if noisy_id(t) in firsts]
     out = Path(out_path)
     done = _done_keys(out, resume, [noisy_id(t) for t in trajs])
     todo = [t for t in trajs if noisy_id(t) not in done]
@@ -384,13 +334,13 @@ def build_memory(noisy_path, memory_dir, env_name, model, dtype, k, max_rounds, 
                  extra_actions, human, resume) -> None:
     """Both phases for every noisy trajectory; won examples enter MEMORY (log: MEMORY/log.jsonl)."""
     from agent_shell.ical.learn import LearnConfig
-    from agent_shell.ical.noisy import noisy_id
+    from agent_shell.ical.noisy import noisy_id, read_noisy
     from envs import make_env
 
     _check_human(human)
     config = LearnConfig(max_rounds=max_rounds, max_new_tokens=max_new_tokens, k=k, decoding=decoding, notes=notes,
                          extra_actions=extra_actions)
-    trajs = _read_noisy(noisy_path)
+    trajs = read_noisy(noisy_path)
     out = Path(memory_dir) / "log.jsonl"
     done = _done_keys(out, resume, [noisy_id(t) for t in trajs], elsewhere="choose another --memory")
     todo = [t for t in trajs if noisy_id(t) not in done]
@@ -455,6 +405,9 @@ def retrieve(memory_dir, instruction, state, env_name, split, per_type, k, lambd
 
 def _precision(memory: Any, env_name: str, split: str, per_type: int, k: int, lambdas: Any, out_path: str | None, resume: bool,
                console: Any) -> None:
+    from collections import Counter
+
+    from agent_shell.ical.memory import retrieval_query
     from agent_shell.ical.summary import precision_rows
     from envs import make_env
     from envs.storage import append_jsonl, iter_jsonl
@@ -477,11 +430,7 @@ def _precision(memory: Any, env_name: str, split: str, per_type: int, k: int, la
             for tid in task_ids:
                 if f"{split}:{tid}" in done:
                     continue
-                start = env.reset(tid)
-                got = memory.retrieve(start.instruction, start.observation, k, lambdas)
-                q = {"noisy_id": f"{split}:{tid}", "task_type": start.task_type, "instruction": start.instruction,
-                     "retrieved": [e.example_id for e, _ in got], "retrieved_types": [e.task_type for e, _ in got],
-                     "scores": [round(s, 5) for _, s in got], "k": k, "lambdas": vars(lambdas)}
+                q = retrieval_query(memory, env.reset(tid), f"{split}:{tid}", k, lambdas)
                 queries.append(q)
                 if out is not None:
                     append_jsonl(out, q)
@@ -492,9 +441,7 @@ def _precision(memory: Any, env_name: str, split: str, per_type: int, k: int, la
                         f"lambda_text={lambdas.text})")
     for col in ("task type", "queries", "precision", "examples of the type in memory"):
         table.add_column(col)
-    have: dict[str, int] = {}
-    for e in memory.examples:
-        have[e.task_type] = have.get(e.task_type, 0) + 1
+    have = Counter(e.task_type for e in memory.examples)
     for r in precision_rows(queries):
         table.add_row(r["task_type"], str(r["queries"]), f"{r['precision']:.3f}",
                       str(len(memory) if r["task_type"] == "all" else have.get(r["task_type"], 0)))

@@ -5,13 +5,13 @@
    actions corrected and the four kinds of annotation; the prompt shows ``k`` retrieved examples
    from the memory (or, while the memory is empty, one built-in worked example of the format).
 2. **Refinement** Xi_update(optimized trajectory, H(a_t, o_t), L, I, examples): the program is
-   executed in the real game (:func:`execute`), annotations as think steps. Where it fails -
-   an action outside the state's candidate set, an action the engine answers with its invalid
-   feedback (ALFWorld ``Nothing happens.``), or a finished program that did not reach the goal -
-   feedback H (the failed action, what the game answered, the valid actions there, whether the
-   goal was reached) goes back to the LM, which writes the whole program again. With a person in
-   the loop (:class:`HumanFeedback`) every executed step is shown and a typed line becomes
-   feedback (Enter accepts the step).
+   executed in the real game (:func:`agent_shell.ical.execution.execute`), annotations as think
+   steps. Where it fails - an action outside the state's candidate set, an action the engine
+   answers with its invalid feedback (ALFWorld ``Nothing happens.``), or a finished program that
+   did not reach the goal - feedback H (the failed action, what the game answered, the valid
+   actions there, whether the goal was reached) goes back to the LM, which writes the whole
+   program again. With a person in the loop (:class:`agent_shell.ical.execution.HumanFeedback`)
+   every executed step is shown and a typed line becomes feedback (Enter accepts the step).
 
 :func:`learn_example` runs both phases for up to ``max_rounds`` revisions and records every round;
 only a program whose execution wins yields an :class:`agent_shell.ical.memory.Example`.
@@ -21,18 +21,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
+from agent_shell.ical.execution import Execution, Feedback, execute
 from agent_shell.ical.memory import Example
-from agent_shell.ical.program import ABSTRACTIONS_HEADER, Parsed, Program, parse_program
+from agent_shell.ical.program import ABSTRACTIONS_HEADER, Parsed, parse_program
 from envs.trajectory import Trajectory
 
-#: Observations that mean the engine did not execute an action (ALFWorld, TextWorld, ScienceWorld).
-INVALID_FEEDBACK = ("Nothing happens.", "I don't understand that", "No known action matches that input.")
 #: How a program is written: free generation, or constrained to a grammar and the admissible commands.
 DECODINGS = ("free", "constrained", "anchored")
-#: Valid actions listed in feedback at most (the rest is counted).
-FEEDBACK_CANDIDATES = 40
 
 HEADER = (
     "You turn a noisy record of a task in a text game into a clean example for later use. Remove "
@@ -120,137 +118,6 @@ def revision_prompt(noisy: Trajectory, program_text: str, executed: Trajectory |
     return (f"{HEADER}\n\n" + "\n\n".join(shown) + f"\n\nTask: {noisy.instruction}\nNoisy record:\n"
             f"{render_record(noisy)}\nYour last clean example:\n{program_text.strip()}\n{ran}"
             f"Feedback: {feedback.strip()}\nWrite the corrected clean example.\n{ABSTRACTIONS_HEADER}\n")
-
-
-# ------------------------------------------------------------------------------------------------
-# execution and feedback
-
-
-class Feedback(Protocol):
-    """Who comments on an execution besides the environment (a person at a terminal, or nobody)."""
-
-    def on_step(self, index: int, action: str, observation: str) -> str | None:
-        """After an executed action: None accepts it, a text is feedback (execution stops)."""
-        ...
-
-    def on_end(self, won: bool, last_observation: str) -> str | None:
-        """After the last action: None accepts the outcome, a text is feedback (not kept)."""
-        ...
-
-
-class EnvFeedback:
-    """Feedback from the environment only (the default): accepts every step and outcome."""
-
-    def on_step(self, index: int, action: str, observation: str) -> str | None:
-        return None
-
-    def on_end(self, won: bool, last_observation: str) -> str | None:
-        return None
-
-
-class HumanFeedback:
-    """A person at a terminal: each executed step is shown; Enter accepts, a typed line is feedback.
-
-    Args:
-        ask: reads one line after showing a prompt (default :func:`input`).
-        show: prints a line (default :func:`print`).
-    """
-
-    def __init__(self, ask: Callable[[str], str] = input, show: Callable[[str], None] = print):
-        self.ask = ask
-        self.show = show
-
-    def on_step(self, index: int, action: str, observation: str) -> str | None:
-        self.show(f"step {index + 1}: > {action}\n  {observation.strip()}")
-        line = self.ask("feedback (Enter = accept)> ").strip()
-        return line or None
-
-    def on_end(self, won: bool, last_observation: str) -> str | None:
-        self.show("goal reached" if won else "goal NOT reached")
-        line = self.ask("feedback on the whole example (Enter = accept)> ").strip()
-        return line or None
-
-
-@dataclass
-class Execution:
-    """A program run in the real game.
-
-    Attributes:
-        trajectory: what was executed (annotations as think steps), up to the failure.
-        won: the goal was reached.
-        failure: None when won and accepted, else ``{"reason", "step", "action", "observation"}``;
-            reasons: "not a candidate", "invalid action", "goal not reached", "human feedback".
-        feedback: H, the text given to the LM for revision ("" when none).
-    """
-
-    trajectory: Trajectory
-    won: bool
-    failure: dict | None
-    feedback: str = ""
-
-
-def _valid_list(candidates: Sequence[str]) -> str:
-    shown = list(candidates)[:FEEDBACK_CANDIDATES]
-    more = len(candidates) - len(shown)
-    return ", ".join(shown) + (f" (and {more} more)" if more > 0 else "")
-
-
-def execute(env: Any, task_id: str, program: Program, feedback: Feedback | None = None) -> Execution:
-    """Run ``program`` in a fresh game of ``task_id`` (think steps for annotations; budget = its length).
-
-    An action not in the state's candidate set is not sent to the engine: the execution stops
-    there with feedback naming the valid actions. Stops early, won, when the engine reports
-    success before the program ends (the rest is dropped from the trajectory).
-    """
-    from envs.episode import Episode
-
-    feedback = feedback or EnvFeedback()
-    items = program.items()
-    episode = Episode(env, task_id, max_steps=max(1, len(items)))
-    n_actions = 0
-    last_obs = episode.start.observation
-    for kind, text in items:
-        if episode.done:
-            break
-        if kind == "think":
-            episode.act(text)
-            continue
-        candidates = episode.candidates()
-        if candidates and text not in candidates:
-            h = (f"Action {n_actions + 1} '{text}' is not possible in that state. Valid actions there: "
-                 f"{_valid_list(candidates)}. The goal was not reached.")
-            return Execution(episode.trajectory(), False,
-                             {"reason": "not a candidate", "step": n_actions, "action": text,
-                              "observation": last_obs}, h)
-        result = episode.act(text)
-        last_obs = result.observation
-        n_actions += 1
-        if result.observation.strip() in INVALID_FEEDBACK or (result.info or {}).get("invalid"):
-            h = (f"Action {n_actions} '{text}' failed: the game answered '{result.observation.strip()}'. "
-                 f"Valid actions there: {_valid_list(candidates)}. The goal was not reached.")
-            return Execution(episode.trajectory(), False,
-                             {"reason": "invalid action", "step": n_actions - 1, "action": text,
-                              "observation": result.observation}, h)
-        said = feedback.on_step(n_actions - 1, text, result.observation)
-        if said is not None:
-            return Execution(episode.trajectory(), False,
-                             {"reason": "human feedback", "step": n_actions - 1, "action": text,
-                              "observation": result.observation},
-                             f"After action {n_actions} '{text}' a person said: {said}")
-    won = episode.won
-    said = feedback.on_end(won, last_obs)
-    if won and said is None:
-        return Execution(episode.trajectory(), True, None)
-    if not won:
-        h = (f"All {n_actions} actions ran, but the goal was not reached. The last observation was: "
-             f"'{last_obs.strip()}'. Valid actions then: {_valid_list(episode.candidates())}.")
-        if said:
-            h += f" A person said: {said}"
-        return Execution(episode.trajectory(), False,
-                         {"reason": "goal not reached", "step": n_actions, "action": None, "observation": last_obs}, h)
-    return Execution(episode.trajectory(), False,
-                     {"reason": "human feedback", "step": n_actions, "action": None, "observation": last_obs},
-                     f"The goal was reached, but a person said: {said}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -406,7 +273,8 @@ def learn_example(lm: Any, env: Any, noisy: Trajectory, examples: Sequence[Examp
         env: the environment adapter the program is executed in.
         noisy: the noisy trajectory (:mod:`agent_shell.ical.noisy`).
         examples: retrieved examples for the prompts (at most ``config.k`` are shown).
-        feedback: :class:`HumanFeedback` for a person in the loop; default environment only.
+        feedback: :class:`agent_shell.ical.execution.HumanFeedback` for a person in the loop;
+            default environment only.
         first_output: an abstraction already written (``cb-agent ical abstract``); the LM is
             then called for revisions only.
 
@@ -455,6 +323,52 @@ def learn_example(lm: Any, env: Any, noisy: Trajectory, examples: Sequence[Examp
     return outcome
 
 
-__all__ = ["BUILTIN_EXAMPLE", "DECODINGS", "EnvFeedback", "Execution", "Feedback", "HumanFeedback", "LearnConfig", "Outcome",
-           "abstraction_prompt", "allowed_actions", "execute", "learn_example", "revision_prompt",
-           "write_program"]
+def abstract_record(lm: Any, env: Any, noisy: Trajectory, examples: Sequence[Example], config: LearnConfig
+                    ) -> tuple[dict, Parsed]:
+    """Phase 1 only (``cb-agent ical abstract``): the LM abstracts ``noisy`` after the prompt with
+    ``examples``; the output is parsed strictly against the actions known admissible, not executed.
+
+    Returns:
+        (the output line's record: ``noisy_id``, ``task_type``, ``output``, ``parsed``,
+        ``parse_issues``, ``parse_reasons``, ``examples``, ``decoding``, ``notes``, ``program``,
+        ``backbone``; the parse).
+    """
+    from agent_shell.ical.noisy import noisy_id
+
+    output, seen = write_program(lm, env, noisy, abstraction_prompt(noisy, examples), config)
+    parsed = parse_program(output, allowed_actions(noisy) | set(final_candidates(env, noisy)) | seen)
+    record = {"noisy_id": noisy_id(noisy), "task_type": noisy.task_type, "output": output, "parsed": parsed.ok,
+              "parse_issues": [str(i) for i in parsed.issues], "parse_reasons": parsed.reasons,
+              "examples": [e.example_id for e in examples], "decoding": config.decoding, "notes": config.notes,
+              "program": None if parsed.program is None else parsed.program.to_record(), "backbone": lm.name}
+    return record, parsed
+
+
+def learn_record(outcome: Outcome, examples: Sequence[Example], config: LearnConfig, lm: Any) -> dict:
+    """The output line of ``cb-agent ical refine`` / ``build-memory`` for one noisy trajectory:
+    :meth:`Outcome.to_record` with the examples shown, the decoding, the notes and the backbone
+    (None without an LM)."""
+    return {**outcome.to_record(), "examples": [e.example_id for e in examples], "decoding": config.decoding,
+            "notes": config.notes, "backbone": lm.name if lm is not None else None}
+
+
+def read_abstractions(path: str | Path) -> dict[str, str]:
+    """noisy id -> abstraction output of a ``cb-agent ical abstract`` file (a later line wins).
+
+    Raises:
+        ValueError: a line that is torn or not of that command's output (naming file and line).
+    """
+    from envs.storage import iter_jsonl
+
+    firsts: dict[str, str] = {}
+    for number, record, err in iter_jsonl(path):
+        if err is None and not (isinstance(record, dict) and {"noisy_id", "output"} <= record.keys()):
+            err = "not a line of cb-agent ical abstract"
+        if err is not None:
+            raise ValueError(f"{path}:{number}: {err}")
+        firsts[record["noisy_id"]] = record["output"]
+    return firsts
+
+
+__all__ = ["BUILTIN_EXAMPLE", "DECODINGS", "LearnConfig", "Outcome", "abstract_record", "abstraction_prompt",
+           "allowed_actions", "learn_example", "learn_record", "read_abstractions", "revision_prompt", "write_program"]

@@ -318,4 +318,25 @@ class Memory:
         return [(self.examples[keep[j]], float(scores[j])) for j in top_k(scores, min(k, len(keep)))]
 
 
-__all__ = ["EXAMPLE_SCHEMA_VERSION", "Embedder", "Example", "Lambdas", "Memory", "retrieval_scores", "top_k"]
+def examples_for(memory: Memory | None, noisy: Trajectory, k: int) -> list[Example]:
+    """The ``k`` examples retrieved for a noisy trajectory's prompt (its instruction and first
+    observation; examples of its own task left out); [] without a memory, with ``k == 0`` or
+    while the memory is empty."""
+    if memory is None or k == 0 or not len(memory):
+        return []
+    return [e for e, _ in memory.retrieve(noisy.instruction, noisy.observation, k=k,
+                                          exclude_task_ids=[noisy.task_id])]
+
+
+def retrieval_query(memory: Memory, start: Any, query_id: str, k: int, lambdas: Lambdas) -> dict:
+    """One retrieval-precision query record: the top-``k`` examples for the instruction and
+    observation of ``start`` (an environment's reset step, with ``task_type``), keyed ``query_id``
+    (``noisy_id``), with the retrieved ids, their task types and scores."""
+    got = memory.retrieve(start.instruction, start.observation, k, lambdas)
+    return {"noisy_id": query_id, "task_type": start.task_type, "instruction": start.instruction,
+            "retrieved": [e.example_id for e, _ in got], "retrieved_types": [e.task_type for e, _ in got],
+            "scores": [round(s, 5) for _, s in got], "k": k, "lambdas": vars(lambdas)}
+
+
+__all__ = ["EXAMPLE_SCHEMA_VERSION", "Embedder", "Example", "Lambdas", "Memory", "examples_for", "retrieval_query",
+           "retrieval_scores", "top_k"]

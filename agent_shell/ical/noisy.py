@@ -20,7 +20,7 @@ import os
 import re
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -183,7 +183,7 @@ def corrupted_expert(env: Any, experts: Sequence[Trajectory], seed: int = 0, n_c
         actions, records = corrupt_actions([s.action for s in env_steps], [s.candidates for s in env_steps], rng,
                                            chosen)
         played = replay(env, expert.task_id, actions, max_steps=len(actions))
-        noisy = _with_meta(played, noisy_id=f"corrupted:seed{seed}:{expert.task_id}",
+        noisy = _with_meta(played, noisy_id=corrupted_id(expert.task_id, seed),
                            noisy_source={"kind": "corrupted-expert", "seed": seed, "expert": expert.meta.get("expert")},
                            corruptions=records, reference_actions=[s.action for s in env_steps])
         out.append(noisy)
@@ -197,4 +197,75 @@ def noisy_id(traj: Trajectory) -> str:
     return str(traj.meta.get("noisy_id") or f"{traj.env}:{traj.task_id}")
 
 
-__all__ = ["CORRUPTIONS", "WHICH", "corrupt_actions", "corrupted_expert", "from_results", "noisy_id", "replay"]
+def corrupted_id(task_id: str, seed: int) -> str:
+    """The noisy id :func:`corrupted_expert` gives the corrupted expert trajectory of ``task_id``."""
+    return f"corrupted:seed{seed}:{task_id}"
+
+
+def finished_ids(path: Path, resume: bool, wanted: Iterable[str], elsewhere: str = "choose another --out",
+                 on_skipped: Callable[[str], None] | None = None) -> set[str]:
+    """The noisy ids of ``wanted`` already in the JSONL output ``path`` of an ICAL command (every
+    output line is keyed by ``noisy_id``), which this process claims for writing
+    (:class:`agent_shell.results.ResumableJsonl`); with ``resume`` a torn last line is first moved
+    aside (:func:`agent_shell.results.repair_for_resume`).
+
+    ``on_skipped`` is called with ``"path:LINE: skipped unreadable line (why); redone"`` for each
+    line without a noisy id (default: a warning); such inputs are done again.
+
+    Raises:
+        ValueError: ``path`` holds some of ``wanted`` and ``resume`` is false (the message ends
+            with ``elsewhere``).
+        agent_shell.results.FileBusy: another process is writing ``path``.
+    """
+    import warnings
+
+    from agent_shell.results import ResumableJsonl, repair_for_resume
+    from envs.storage import iter_jsonl
+
+    report = on_skipped or (lambda msg: warnings.warn(msg, stacklevel=3))
+
+    def keyed(path: Path) -> Iterator[dict]:
+        for number, record, err in iter_jsonl(path) if path.exists() else ():
+            if err is None and isinstance(record, dict) and "noisy_id" in record:
+                yield record
+            else:
+                report(f"{path}:{number}: skipped unreadable line ({err or 'no noisy_id'}); redone")
+
+    if resume and path.exists():
+        repair_for_resume(path)
+    return set(ResumableJsonl(path, keyed, lambda r: r["noisy_id"], "inputs", lambda r: repr(r["noisy_id"]),
+                              elsewhere).finished(set(wanted), resume))
+
+
+def read_noisy(path: str | os.PathLike) -> list[Trajectory]:
+    """The noisy trajectories of a JSONL file (``cb-agent ical noisy``'s output).
+
+    Raises:
+        ValueError: the file holds none, or a line is not a trajectory (naming file and line).
+        FileNotFoundError: no such file.
+    """
+    from envs.trajectory import read_trajectories
+
+    trajs = read_trajectories(path)
+    if not trajs:
+        raise ValueError(f"{path}: no noisy trajectories")
+    return trajs
+
+
+def add_trials(out: Path, runs: Sequence[str | os.PathLike], which: str, done: set[str]) -> int:
+    """Append to the JSONL file ``out`` the trials of the results files ``runs`` (:func:`from_results`)
+    whose noisy id is not in ``done``; ``done`` gains their ids. Returns how many were appended."""
+    from envs.storage import append_jsonl
+
+    written = 0
+    for run in runs:
+        for traj in from_results(run, which):
+            if noisy_id(traj) not in done:
+                append_jsonl(out, traj)
+                done.add(noisy_id(traj))
+                written += 1
+    return written
+
+
+__all__ = ["CORRUPTIONS", "WHICH", "add_trials", "corrupt_actions", "corrupted_expert", "corrupted_id",
+           "finished_ids", "from_results", "noisy_id", "read_noisy", "replay"]

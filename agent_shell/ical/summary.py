@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from pathlib import Path
 from statistics import mean
 from typing import Iterable, Sequence
 
 ALL = "all"
+
+
+def read_outcomes(path: str | Path) -> list[dict]:
+    """The outcome records (lines with ``rounds``) of an ICAL refine or memory log; other and
+    unreadable lines are left out."""
+    from envs.storage import iter_jsonl
+
+    return [r for _, r, err in iter_jsonl(path) if err is None and isinstance(r, dict) and "rounds" in r]
 
 
 def outcome_rows(records: Iterable[dict]) -> list[dict]:

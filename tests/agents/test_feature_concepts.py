@@ -17,7 +17,7 @@ from agent_shell.features.novelty import Novelty
 from agent_shell.results import read_results
 from envs.episode import Episode
 from test_features import plugin  # noqa: F401  (the entry-point fixture with the example WordCount)
-from test_reporting_cli import doubles  # noqa: F401  (CLI with FakeLM and ScriptedEnv)
+from test_reporting_cli_run import doubles  # noqa: F401  (CLI with FakeLM and ScriptedEnv)
 
 DEMOS = {"fetch": ["DEMO-FETCH"], "open": ["DEMO-OPEN"]}
 

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 import cb_core
-from cb_core.decisions import load_decisions_metadata
+from cb_core.decision_file import load_decisions_metadata
 from core_helpers import random_decisions, random_lists
 
 
