@@ -108,4 +108,4 @@ class GoalSimilarity:
         return out
 
 
-__all__ = ["COLUMNS", "GoalSimilarity", "shared_embedder"]
+__all__ = ["COLUMNS", "Embedder", "GoalSimilarity", "shared_embedder"]
