@@ -39,17 +39,18 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import numpy as np
 
 from agent_shell.candidates import drop_excluded
-from agent_shell.context import Context, action_prefix, check_layout, check_rendering
+from agent_shell.context import action_prefix, check_layout, check_rendering
 from agent_shell.decision_scorer import DecisionScorer, decision_context
 from agent_shell.expert_decisions import decision_examples
 from agent_shell.history import REVIEWED
 from agent_shell.lm.formatting import PLAIN
 from agent_shell.features import DecisionInput, FeatureSet, check_extractors, recorded_extractors
-from agent_shell.lm.protocol import CandidateScores, LanguageModel
+from agent_shell.lm.protocol import CandidateScores, Context, LanguageModel
 from envs.storage import atomic_folder
 from envs.trajectory import Trajectory
 
 if TYPE_CHECKING:
+    from agent_shell.calibration.calibrator import Calibrator
     from cb_core import Concept
 
 #: One fitting decision as text: (scoring context, candidate set, expert index).
@@ -213,7 +214,7 @@ def features_cached(lm: LanguageModel, trajectory: Trajectory, rendering: str,
 def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rendering: str = "raw",
                      cache_dir: str | os.PathLike | None = None,
                      on_trajectory: Callable[[Trajectory], None] | None = None, layout: str = "text",
-                     reviewer: LanguageModel | None = None, calibrator: Any = None,
+                     reviewer: LanguageModel | None = None, calibrator: Calibrator | None = None,
                      feature_set: FeatureSet | None = None, max_candidates: int = 0,
                      seed: int = 0) -> dict[str, TypeFeatures]:
     """Features of every won trajectory, grouped by task type (lost ones are only counted).

@@ -30,22 +30,24 @@ the next assistant message (action prefix ``""``).
 A *reference* (reference-history recovery) is a recorded stretch of steps shown at a position
 of the history and marked as not executed in the current environment.
 
-This module imports nothing from the LM or cb_core, and from the environments only the think-step
-convention (:mod:`envs.episode`).
+This module imports nothing from the LM (its :data:`~agent_shell.lm.protocol.Context` type only for
+annotations) or cb_core, and from the environments only the think-step convention (:mod:`envs.episode`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from agent_shell.history import (CHECK_REMINDER, EXPERIENCE_LABEL, INTERVENTIONS, RENDERINGS, REVIEWED, HistoryView,
                                  StepLike,
                                  action_line, check_rendering, demo_rendering, render)
 from envs.episode import THINK_FEEDBACK, THINK_PREFIX
 
-#: A context or prompt: one text (layout "text") or chat messages (layout "chat").
-Context = Union[str, list]
+if TYPE_CHECKING:
+    from agent_shell.lm.protocol import Context
+
+
 #: The transcript's mark of an action line (``> go to desk 1``); a routing prompt ends with it, and
 #: a reply's leading marks are no part of the reply (:func:`agent_shell.candidates.parse_reply`).
 ACTION_MARK = ">"
@@ -255,7 +257,7 @@ def context_text(context: Context) -> str:
     return "\n".join(m["content"] if m["role"] == "user" else f"{ACTION_MARK} {m['content']}" for m in context)
 
 
-__all__ = ["ACTION_MARK", "ACTION_PREFIX", "CHECK_REMINDER", "Context", "INTERVENTIONS", "LAYOUTS", "RENDERINGS",
+__all__ = ["ACTION_MARK", "ACTION_PREFIX", "CHECK_REMINDER", "INTERVENTIONS", "LAYOUTS", "RENDERINGS",
            "Reference", "THINK_FEEDBACK", "THINK_PREFIX", "action_line", "action_prefix", "check_layout",
            "check_rendering", "context_text", "react_head", "react_prompt", "render_demo", "render_history",
            "render_memory", "render_task", "scoring_context"]

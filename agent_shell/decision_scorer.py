@@ -33,7 +33,7 @@ from agent_shell import context as ctx
 from agent_shell.features import DecisionInput, FeatureSet
 from agent_shell.features.lm_states import LMLayer
 from agent_shell.history import StepLike
-from agent_shell.lm.protocol import CandidateScores, LanguageModel
+from agent_shell.lm.protocol import CandidateScores, Context, LanguageModel
 
 if TYPE_CHECKING:
     from cb_core import Concept, Decisions
@@ -44,7 +44,7 @@ LayerSpec = tuple[int, str]
 
 def decision_context(instruction: str, observation: str, history: Sequence[StepLike], *, rendering: str, layout: str,
                      seed: int, memory: Sequence[str] = (), experiences: Mapping[int, str] | None = None,
-                     reference: ctx.Reference | None = None) -> ctx.Context:
+                     reference: ctx.Reference | None = None) -> Context:
     """The scoring context x of one decision (:func:`agent_shell.context.scoring_context`): the one
     construction acting and fitting share, so a concept is fitted on the text the agent reads.
 

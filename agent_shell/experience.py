@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from agent_shell.context import render_history, render_task
 from agent_shell.lm.formatting import PLAIN
@@ -27,6 +27,9 @@ from agent_shell.history import StepLike
 from agent_shell.lm.protocol import LanguageModel
 from envs.storage import write_json_atomic
 from envs.trajectory import Step, Trajectory
+
+if TYPE_CHECKING:
+    from agent_shell.calibration.calibrator import Calibrator
 
 #: The reply that keeps nothing.
 NO_UPDATE = "NO UPDATE"
@@ -163,8 +166,8 @@ def candidates_after(steps: Sequence[Step], index: int) -> list[str]:
     return []
 
 
-def review_trajectory(lm: LanguageModel, trajectory: Trajectory,
-                      cache_dir: str | os.PathLike | None = None, calibrator: Any = None) -> dict[int, str]:
+def review_trajectory(lm: LanguageModel, trajectory: Trajectory, cache_dir: str | os.PathLike | None = None,
+                      calibrator: Calibrator | None = None) -> dict[int, str]:
     """Experiences of every non-terminal transition of an expert ``trajectory`` (step -> text).
 
     ``calibrator``: a :class:`agent_shell.calibration.Calibrator` that writes the experiences

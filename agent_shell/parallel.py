@@ -16,12 +16,19 @@ Ray is imported only here and only when a Ray executor starts: ``--workers 1`` n
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from agent_shell.scheduler import Failure, Job, failure_of, play_job
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
+    from agent_shell.agents import Reflexion
+    from envs.protocol import Environment
+
 #: ``make_players() -> (env, {agent name: Reflexion})``: picklable; called once in each worker.
-MakePlayers = Callable[[], tuple[Any, Mapping[str, Any]]]
+MakePlayers = Callable[[], tuple["Environment", Mapping[str, "Reflexion"]]]
 INSTALL_HINT = "parallel episodes need Ray: pip install 'cb-agent[ray]' (or run with --workers 1)"
 
 
@@ -77,9 +84,9 @@ class RayExecutor:
             raise ValueError(f"workers={workers} must be >= 1")
         self.make_players, self.slots, self.ray_address = make_players, workers, ray_address
         self.local_files = ray_address is None
-        self.started: list[Any] = []  # every actor, to kill at the end
-        self.idle: list[Any] = []
-        self.running: dict[Any, tuple[Any, Job]] = {}  # object ref -> (actor, job)
+        self.started: list[ActorHandle] = []  # every actor, to kill at the end
+        self.idle: list[ActorHandle] = []
+        self.running: dict[ObjectRef, tuple[ActorHandle, Job]] = {}  # object ref -> (actor, job)
         self.owns_ray = False
 
     def start(self, max_steps: int, meta: dict[str, Any], on_step: Callable[[Job, list], None]) -> None:
@@ -89,7 +96,7 @@ class RayExecutor:
         self.actor_class = ray.remote(num_cpus=1, max_restarts=0, max_concurrency=1)(EpisodeWorker)
         self.max_steps, self.meta = max_steps, meta
 
-    def _new_actor(self) -> Any:
+    def _new_actor(self) -> ActorHandle:
         import ray
         from ray.exceptions import RayActorError
 

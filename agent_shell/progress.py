@@ -10,7 +10,10 @@ Imports nothing heavy (``cb-agent --help`` stays fast).
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, ProgressColumn
 
 
 def interactive() -> bool:
@@ -65,7 +68,7 @@ class PlainProgress:
         return None
 
 
-def progress_bar(*columns: Any) -> Any:
+def progress_bar(*columns: str | ProgressColumn) -> Progress | PlainProgress:
     """A :class:`rich.progress.Progress` with ``columns`` on a terminal, else a :class:`PlainProgress`."""
     if not interactive():
         return PlainProgress()

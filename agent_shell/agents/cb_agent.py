@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
@@ -39,9 +39,10 @@ from agent_shell.agents.step import Decision, View
 from agent_shell.candidates import FALLBACK_ACTION, fixed_action_space, parse_actions, read_reply
 from agent_shell.decision_scorer import DecisionRequest, DecisionScorer
 from agent_shell.features import DecisionInput, FeatureSet
-from agent_shell.lm.protocol import LanguageModel
+from agent_shell.lm.protocol import Context, LanguageModel
 
 if TYPE_CHECKING:
+    from agent_shell.calibration.calibrator import Calibrator
     from cb_core import Concept
 
 #: Most tokens of a routing reply CB-Agent reads before it knows the step is no think step (it
@@ -73,7 +74,7 @@ class CBAgent(ReActAgent):
 
     def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], concepts: Mapping[str, Concept] | None,
                  config: AgentConfig = AgentConfig(), scorer: LanguageModel | None = None,
-                 reviewer: LanguageModel | None = None, calibrator: Any = None,
+                 reviewer: LanguageModel | None = None, calibrator: Calibrator | None = None,
                  features: FeatureSet | None = None):
         super().__init__(lm, demos, config, reviewer, calibrator)
         self.scorer = lm if scorer is None else scorer
@@ -102,7 +103,7 @@ class CBAgent(ReActAgent):
         return replace(decision, reply=reply, format_error=error,
                        seconds={"route": t1 - t0, "choose": time.perf_counter() - t1})
 
-    def route(self, prompt: ctx.Context) -> str:
+    def route(self, prompt: Context) -> str:
         """The routing reply, read only as far as needed: CB-Agent never executes the reply's
         action text, so generation stops after the first token that shows letters (at most
         :data:`ROUTE_PEEK_TOKENS` tokens) unless they can still begin ``think:`` (then the whole
@@ -122,7 +123,7 @@ class CBAgent(ReActAgent):
             return super().route(prompt)
         return peek
 
-    def candidate_set(self, view: View, context: ctx.Context, prompt: ctx.Context | None = None) -> list[str]:
+    def candidate_set(self, view: View, context: Context, prompt: Context | None = None) -> list[str]:
         """The decision's candidate set A: the fixed action space of ``view.candidates``, or
         ``n_samples`` replies sampled under the routing prompt (built from ``context`` unless
         given), parsed into actions."""
@@ -134,7 +135,7 @@ class CBAgent(ReActAgent):
                                    seed=self.config.seed + len(view.steps))
         return parse_actions(samples) or [FALLBACK_ACTION]
 
-    def choose(self, task_type: str, context: ctx.Context, candidates: Sequence[str], view: View) -> Decision:
+    def choose(self, task_type: str, context: Context, candidates: Sequence[str], view: View) -> Decision:
         """The environment step that takes argmax_a log P(a | x) among ``candidates`` scored on
         ``context`` (a single candidate is taken without scoring); ``view``: the task and history
         the feature extractors read."""

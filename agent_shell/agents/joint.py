@@ -38,7 +38,7 @@ from agent_shell.agents.step import Decision, View
 from agent_shell.candidates import FALLBACK_ACTION, read_reply
 from agent_shell.experience import NO_UPDATE, Review, parse_review
 from agent_shell.history import EXPERIENCE_LABEL
-from agent_shell.lm.protocol import LanguageModel
+from agent_shell.lm.protocol import Context, LanguageModel
 
 if TYPE_CHECKING:
     from cb_core import Concept
@@ -102,13 +102,13 @@ class JointMixin:
 
     separate_review = False  # the reply's calibration block is the review
 
-    def joint_prompt(self, view: View, context: ctx.Context) -> str:
+    def joint_prompt(self, view: View, context: Context) -> str:
         """The ReAct prompt with :data:`JOINT_FORMAT` in the header, ending ``Experience:``."""
         prompt = ctx.react_prompt(self.config.header + " " + JOINT_FORMAT, self.task_demos(view), context,
                                   self.config.task_header)
         return prompt.removesuffix(ctx.ACTION_MARK) + EXPERIENCE_LABEL
 
-    def joint_reply(self, view: View, context: ctx.Context) -> tuple[str, str | None, str | None, Review | None]:
+    def joint_reply(self, view: View, context: Context) -> tuple[str, str | None, str | None, Review | None]:
         """(reply, action line or None, format error or None, review or None).
 
         The reply is greedy and read line by line: the calibration block up to its newline (at

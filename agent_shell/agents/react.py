@@ -24,7 +24,7 @@ step, so a crash never loses a step.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from agent_shell import context as ctx
 from agent_shell.agents.config import AgentConfig
@@ -33,8 +33,11 @@ from agent_shell.candidates import FALLBACK_ACTION, read_reply
 from agent_shell.decision_scorer import decision_context
 from agent_shell.experience import Review, review_transition
 from agent_shell.history import REVIEWED
-from agent_shell.lm.protocol import ContextWindowFull, LanguageModel
+from agent_shell.lm.protocol import Context, ContextWindowFull, LanguageModel
 from envs.episode import Episode
+
+if TYPE_CHECKING:
+    from agent_shell.calibration.calibrator import Calibrator
 
 
 class ReActAgent:
@@ -58,7 +61,7 @@ class ReActAgent:
     separate_review = True
 
     def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], config: AgentConfig = AgentConfig(),
-                 reviewer: LanguageModel | None = None, calibrator: Any = None):
+                 reviewer: LanguageModel | None = None, calibrator: Calibrator | None = None):
         self.lm = lm
         self.calibrator = calibrator
         self.demo_source = demos if hasattr(demos, "for_task") else None
@@ -138,7 +141,7 @@ class ReActAgent:
             cfg = self.config
             pin_prefix(self.lm, ctx.react_head(cfg.header, self.demos[task_type], cfg.task_header, cfg.layout))
 
-    def route(self, prompt: ctx.Context) -> str:
+    def route(self, prompt: Context) -> str:
         """The routing reply: greedy, one transcript line."""
         return self.lm.generate(prompt, max_new_tokens=self.config.reply_tokens, stop=("\n",),
                                 temperature=0.0, n=1, seed=self.config.seed)[0]
@@ -158,14 +161,14 @@ class ReActAgent:
                                  len(view.steps) - 1, view.candidates, self.config.review_tokens)
 
     # -- contexts ------------------------------------------------------------------------------
-    def scoring_context(self, view: View) -> ctx.Context:
+    def scoring_context(self, view: View) -> Context:
         """Task + rendered history (thoughts included) without demonstrations (seed App. B)."""
         cfg = self.config
         return decision_context(view.start.instruction, view.start.observation, view.steps, rendering=cfg.rendering,
                                 layout=cfg.layout, seed=cfg.seed, memory=view.memory, experiences=view.experiences,
                                 reference=view.reference)
 
-    def prompt(self, view: View, context: ctx.Context | None = None) -> ctx.Context:
+    def prompt(self, view: View, context: Context | None = None) -> Context:
         """The ReAct routing prompt with the demonstrations of the task type, around ``context``
         (default: :meth:`scoring_context` of ``view``)."""
         context = self.scoring_context(view) if context is None else context

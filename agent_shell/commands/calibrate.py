@@ -15,12 +15,15 @@ import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import click
 
 from agent_shell.commands._common import cli_errors, config_options, make_console
 from agent_shell.run_config import RunConfig
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 #: = :data:`agent_shell.calibration.JUDGES` (kept here so ``--help`` imports nothing heavy).
 JUDGES = ("expert-distance", "lm")
@@ -166,7 +169,7 @@ def studies_env(trials) -> str:
         raise click.ClickException(str(err)) from None
 
 
-def counts_table(counts: dict) -> Any:
+def counts_table(counts: dict) -> Table:
     """A rich table of :func:`agent_shell.calibration.label_counts`."""
     from rich.table import Table
 
@@ -240,7 +243,7 @@ def evaluation(calibrator, records: Sequence[dict], features: Sequence[tuple], g
     return {name: {f: accuracy(pred, records, f) for f in fields} for name, pred in rows.items()}
 
 
-def evaluation_table(result: dict, title: str) -> Any:
+def evaluation_table(result: dict, title: str) -> Table:
     from rich.table import Table
 
     table = Table(title=title)

@@ -17,13 +17,20 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
 from agent_shell.commands._common import COMMON_OPTIONS, RUN_OPTIONS, cli_errors, config_options, make_console
 from agent_shell.pipeline import build_players, players_of, set_up
 from agent_shell.run_config import RunConfig, check_not_demos
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from agent_shell.scheduler import RunSummary
+    from envs.protocol import Environment
 
 
 @click.command()
@@ -67,8 +74,8 @@ def run(config: RunConfig) -> None:
     console.print(f"chart: {bar_chart(rows, results_path.with_suffix('.png'), f'{title}: success rate by task type')}")
 
 
-def _play(config: RunConfig, env: Any, task_ids: list[str], type_of: Any, settings: dict[str, Any],
-          console: Any) -> None:
+def _play(config: RunConfig, env: Environment, task_ids: list[str], type_of: Callable[[str], str] | None,
+          settings: dict[str, Any], console: Console) -> None:
     """Set up (demonstrations, features, concepts, backbone) and play ``config``'s unfinished
     episodes of ``task_ids``, sequentially or on Ray workers, appending to its results file."""
     from agent_shell.progress import interactive
@@ -112,8 +119,9 @@ def _play(config: RunConfig, env: Any, task_ids: list[str], type_of: Any, settin
                   + ", ".join(f"{k} {v:.1f}" for k, v in setup.timings.items()))
 
 
-def run_on_ray(config: RunConfig, task_ids: list[str], task_types: list[str] | None, type_of: Any,
-               meta: dict[str, Any], progress: Any, echo: Any) -> dict[str, Any]:
+def run_on_ray(config: RunConfig, task_ids: list[str], task_types: list[str] | None,
+               type_of: Callable[[str], str] | None, meta: dict[str, Any], progress: Progress | None,
+               echo: Callable[[str], None]) -> dict[str, RunSummary]:
     """``config``'s episodes on Ray workers (:class:`agent_shell.parallel.RayExecutor`); with
     ``--shared-lm`` the workers share one backbone behind an ``LMServer`` actor. Returns agent
     name -> :class:`agent_shell.scheduler.RunSummary`."""

@@ -17,17 +17,20 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from agent_shell.features.protocol import DecisionInput
 
+if TYPE_CHECKING:
+    from agent_shell.history import StepLike
+
 #: Bumped when the file layout or the key's payload changes.
 BLOCK_VERSION = 1
 
 
-def _step_payload(step: Any) -> list[str]:
+def _step_payload(step: StepLike) -> list[str]:
     return [step.kind, step.action, step.observation]
 
 

@@ -20,12 +20,15 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from agent_shell.features.protocol import DecisionInput, FeatureExtractor, check_block
 from agent_shell.features.registry import DEFAULT_FEATURES, make_extractor, parse_features
+
+if TYPE_CHECKING:
+    from agent_shell.lm.protocol import CandidateScores, LanguageModel
 
 
 @dataclass(frozen=True)
@@ -66,15 +69,15 @@ class FeatureSet:
         """True for the seed's features alone (``lm-hidden``)."""
         return self.names == (DEFAULT_FEATURES,)
 
-    def size(self, lm: Any) -> int:
+    def size(self, lm: LanguageModel) -> int:
         """k: the summed block widths for backbone ``lm``."""
         return sum(int(e.size(lm)) for e in self.extractors)
 
-    def describe(self, lm: Any) -> list[dict[str, Any]]:
+    def describe(self, lm: LanguageModel) -> list[dict[str, Any]]:
         """Per block ``{"name", "size", "metadata"}`` (JSON), recorded in each concept."""
         return [_describe(e, lm) for e in self.extractors]
 
-    def extract(self, decision: DecisionInput, lm: Any, scores: Any) -> np.ndarray:
+    def extract(self, decision: DecisionInput, lm: LanguageModel, scores: CandidateScores) -> np.ndarray:
         """float32 [M, k]: the raw blocks side by side (cb_core standardises them per candidate set).
 
         Raises:
@@ -84,7 +87,8 @@ class FeatureSet:
         return _side_by_side([check_block(e.name, e.extract(decision, lm, scores), m, int(e.size(lm)))
                               for e in self.extractors])
 
-    def extract_trajectory(self, decisions: Sequence[DecisionInput], lm: Any, scores: Sequence[Any],
+    def extract_trajectory(self, decisions: Sequence[DecisionInput], lm: LanguageModel,
+                           scores: Sequence[CandidateScores],
                            cache_dir: str | os.PathLike | None = None) -> tuple[list[np.ndarray], float]:
         """:meth:`extract` for the decisions of one trajectory, each block read from / written to
         the block cache (:mod:`agent_shell.features.cache`) when ``cache_dir`` is given.
@@ -114,7 +118,7 @@ def _side_by_side(blocks: Sequence[np.ndarray]) -> np.ndarray:
     return blocks[0] if len(blocks) == 1 else np.concatenate(blocks, axis=1)
 
 
-def _describe(extractor: FeatureExtractor, lm: Any) -> dict[str, Any]:
+def _describe(extractor: FeatureExtractor, lm: LanguageModel) -> dict[str, Any]:
     meta = json.loads(json.dumps(dict(extractor.metadata)))  # JSON-normalised, as it reads back from a file
     return {"name": extractor.name, "size": int(extractor.size(lm)), "metadata": meta}
 

@@ -21,12 +21,16 @@ Must not import the agents, the environments or cb_core.
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from agent_shell.features.actions import head_words, names_in, split_action
 from agent_shell.features.protocol import DecisionInput
+
+if TYPE_CHECKING:
+    from agent_shell.embeddings import SentenceEmbedder
+    from agent_shell.lm.protocol import CandidateScores, LanguageModel
 
 COLUMNS = ("cos_instruction", "cos_observation", "object_in_instruction", "receptacle_in_instruction")
 #: Texts kept in an extractor's embedding memo before it is cleared (bounds memory in long runs).
@@ -34,11 +38,20 @@ MEMO_LIMIT = 50_000
 
 
 @functools.lru_cache(maxsize=1)
-def shared_embedder() -> Any:
+def shared_embedder() -> SentenceEmbedder:
     """The process's one offline :class:`~agent_shell.embeddings.SentenceEmbedder` (loaded once)."""
     from agent_shell.embeddings import SentenceEmbedder
 
     return SentenceEmbedder()
+
+
+class Embedder(Protocol):
+    """What the block needs of a sentence embedder: unit rows float32 [n, D] and a JSON ``metadata``."""
+
+    @property
+    def metadata(self) -> Mapping[str, Any]: ...
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 class GoalSimilarity:
@@ -52,14 +65,14 @@ class GoalSimilarity:
 
     name = "goal-similarity"
 
-    def __init__(self, arg: str | None = None, embedder: Any = None):
+    def __init__(self, arg: str | None = None, embedder: Embedder | None = None):
         if arg:
             raise ValueError(f"feature extractor 'goal-similarity' takes no argument, got {arg!r}")
         self._embedder = embedder
         self._memo: dict[str, np.ndarray] = {}
 
     @property
-    def embedder(self) -> Any:
+    def embedder(self) -> Embedder:
         if self._embedder is None:
             self._embedder = shared_embedder()
         return self._embedder
@@ -68,7 +81,7 @@ class GoalSimilarity:
     def metadata(self) -> Mapping[str, Any]:
         return {"columns": list(COLUMNS), "embedder": dict(self.embedder.metadata)}
 
-    def size(self, lm: Any) -> int:
+    def size(self, lm: LanguageModel) -> int:
         return len(COLUMNS)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
@@ -81,7 +94,7 @@ class GoalSimilarity:
                 self._memo[t] = v
         return np.stack([self._memo[t] for t in texts])
 
-    def extract(self, decision: DecisionInput, lm: Any, scores: Any) -> np.ndarray:
+    def extract(self, decision: DecisionInput, lm: LanguageModel, scores: CandidateScores) -> np.ndarray:
         cands = list(decision.candidates)
         vec = self.embed(cands + [decision.instruction, decision.latest_observation])
         cand, instr, obs = vec[:-2], vec[-2], vec[-1]
@@ -95,4 +108,4 @@ class GoalSimilarity:
         return out
 
 
-__all__ = ["COLUMNS", "GoalSimilarity", "shared_embedder"]
+__all__ = ["COLUMNS", "Embedder", "GoalSimilarity", "shared_embedder"]

@@ -18,11 +18,14 @@ Must not import the agents, the environments or cb_core.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from agent_shell.features.protocol import DecisionInput
+
+if TYPE_CHECKING:
+    from agent_shell.lm.protocol import CandidateScores, Context, LanguageModel
 
 POOLS = ("last", "mean")
 
@@ -31,7 +34,7 @@ POOLS = ("last", "mean")
 class LayerStatesModel(Protocol):
     """A backend that returns an inner layer's states at the candidates' action tokens."""
 
-    def candidate_states(self, context: Any, candidates: Sequence[str], action_prefix: str, layer: int,
+    def candidate_states(self, context: Context, candidates: Sequence[str], action_prefix: str, layer: int,
                          pool: str = "last") -> np.ndarray:
         """float32 [M, hidden_size]: layer ``layer``'s output (0 = embeddings, negative from the
         end) at each candidate's final action token (``pool="last"``) or averaged over its action
@@ -57,10 +60,10 @@ class LMHidden:
     def metadata(self) -> Mapping[str, Any]:
         return {"state": "last-layer state read by the LM head (after the final norm) at the final action token"}
 
-    def size(self, lm: Any) -> int:
+    def size(self, lm: LanguageModel) -> int:
         return int(lm.hidden_size)
 
-    def extract(self, decision: DecisionInput, lm: Any, scores: Any) -> np.ndarray:
+    def extract(self, decision: DecisionInput, lm: LanguageModel, scores: CandidateScores) -> np.ndarray:
         return np.asarray(scores.hidden, np.float32)
 
 
@@ -89,10 +92,10 @@ class LMLayer:
         return {"layer": self.layer, "pool": self.pool,
                 "state": "decoder layer output (0 = token embeddings, negative from the end), before the final norm"}
 
-    def size(self, lm: Any) -> int:
+    def size(self, lm: LanguageModel) -> int:
         return int(lm.hidden_size)
 
-    def extract(self, decision: DecisionInput, lm: Any, scores: Any) -> np.ndarray:
+    def extract(self, decision: DecisionInput, lm: LanguageModel, scores: CandidateScores) -> np.ndarray:
         states = getattr(scores, "layers", {}).get((self.layer, self.pool))
         if states is not None:  # taken from the scoring pass
             return np.asarray(states, np.float32)

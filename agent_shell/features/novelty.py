@@ -16,12 +16,15 @@ Pure function of the decision; imports nothing of the agents, the environments o
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
 from agent_shell.features.actions import split_action
 from agent_shell.features.protocol import DecisionInput
+
+if TYPE_CHECKING:
+    from agent_shell.lm.protocol import CandidateScores, LanguageModel
 
 COLUMNS = ("log_times_taken", "log_object_taken", "taken_last_step", "last_outcome_nothing",
            "last_outcome_unchanged")
@@ -42,10 +45,10 @@ class Novelty:
     def metadata(self) -> Mapping[str, Any]:
         return {"columns": list(COLUMNS), "nothing_happens": NOTHING_HAPPENS}
 
-    def size(self, lm: Any) -> int:
+    def size(self, lm: LanguageModel) -> int:
         return len(COLUMNS)
 
-    def extract(self, decision: DecisionInput, lm: Any, scores: Any) -> np.ndarray:
+    def extract(self, decision: DecisionInput, lm: LanguageModel, scores: CandidateScores) -> np.ndarray:
         steps = decision.env_steps
         taken: Counter = Counter()
         objects: Counter = Counter()

@@ -23,9 +23,14 @@ Must not import the agents, the environments or cb_core.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from agent_shell.lm.protocol import CandidateScores, Context, LanguageModel
 
 #: Feedback of a think step (agent_shell.history.THINK_FEEDBACK); think steps are no transitions.
 _THINK = "think"
@@ -46,7 +51,7 @@ class DecisionInput:
         action_prefix: what the LM puts between the context and a candidate (layout's prefix).
     """
 
-    context: Any
+    context: Context
     instruction: str
     observation: str
     history: tuple
@@ -91,11 +96,11 @@ class FeatureExtractor(Protocol):
     @property
     def metadata(self) -> Mapping[str, Any]: ...
 
-    def size(self, lm: Any) -> int:
+    def size(self, lm: LanguageModel) -> int:
         """k, the block's width, for backbone ``lm`` (e.g. ``lm.hidden_size``)."""
         ...
 
-    def extract(self, decision: DecisionInput, lm: Any, scores: Any) -> np.ndarray:
+    def extract(self, decision: DecisionInput, lm: LanguageModel, scores: CandidateScores) -> np.ndarray:
         """The raw block for the decision's M candidates: float32 [M, k], finite.
 
         Args:
@@ -106,7 +111,7 @@ class FeatureExtractor(Protocol):
         ...
 
 
-def check_block(name: str, block: Any, m: int, k: int) -> np.ndarray:
+def check_block(name: str, block: npt.ArrayLike, m: int, k: int) -> np.ndarray:
     """``block`` as float32 [m, k]; ValueError naming extractor ``name`` when it is not that."""
     arr = np.asarray(block, dtype=np.float32)
     if arr.shape != (m, k):

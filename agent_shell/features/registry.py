@@ -32,7 +32,7 @@ from agent_shell.features.protocol import FeatureExtractor
 #: The entry-point group third-party extractors register under.
 ENTRY_POINT_GROUP = "cb_agent.feature_extractors"
 #: Built-in extractor names -> factories ``(arg: str | None) -> FeatureExtractor``.
-BUILTIN: dict[str, Callable[[str | None], Any]] = {
+BUILTIN: dict[str, Callable[[str | None], FeatureExtractor]] = {
     "lm-hidden": LMHidden,
     "lm-layer": LMLayer,
     "goal-similarity": GoalSimilarity,

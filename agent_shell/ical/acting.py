@@ -12,9 +12,12 @@ won trajectories with candidate sets recorded at every environment step, thought
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from agent_shell.ical.memory import Example, Lambdas, Memory
+
+if TYPE_CHECKING:
+    from envs.protocol import TaskStart
 
 #: ``--demos`` value prefix that selects an ICAL memory.
 DEMOS_PREFIX = "ical:"
@@ -57,7 +60,7 @@ class RetrievedDemos:
         self.retrieved: dict[str, list[tuple[str, float]]] = {}
         self._cache: dict[str, list[str]] = {}
 
-    def for_task(self, start: Any) -> list[str]:
+    def for_task(self, start: TaskStart) -> list[str]:
         """The rendered demonstrations for a task (a :class:`envs.protocol.TaskStart`), cached."""
         from agent_shell.context import render_demo
 

@@ -47,11 +47,15 @@ refinement phase runs it in a fresh game, and its rounds are recorded like free 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from agent_shell.ical.program import ABSTRACTIONS_HEADER, END_MARK, PROGRAM_HEADER
+
+if TYPE_CHECKING:
+    from agent_shell.lm.protocol import LanguageModel
+    from envs.protocol import Environment
 
 #: Line options after each kind of line (``program``: right after ``Program:``).
 GRAMMAR = {
@@ -64,7 +68,7 @@ GRAMMAR = {
 OPENERS = {"subgoal": "subgoal:", "effect": "effect:", "end": END_MARK}
 
 
-def choose(lm: Any, text: str, options: Sequence[str], gamma: float) -> int:
+def choose(lm: LanguageModel, text: str, options: Sequence[str], gamma: float) -> int:
     """Index of the option the LM prefers as the next line of ``text``: the argmax of
     log q(option | text) / n_tokens ** gamma (ties: the first).
 
@@ -75,7 +79,7 @@ def choose(lm: Any, text: str, options: Sequence[str], gamma: float) -> int:
     return int(np.argmax(np.asarray(scores.log_q, np.float64) / np.asarray(scores.n_tokens, np.float64) ** gamma))
 
 
-def line_text(lm: Any, text: str, max_tokens: int, seed: int = 0) -> str:
+def line_text(lm: LanguageModel, text: str, max_tokens: int, seed: int = 0) -> str:
     """The LM's greedy continuation of ``text`` up to the end of the line (stripped)."""
     reply = lm.generate(text, max_new_tokens=max_tokens, stop=("\n",), temperature=0.0, n=1, seed=seed)[0]
     return " ".join(reply.split())
@@ -101,7 +105,7 @@ class ChatNotes:
     non-empty line is the note. Runs on ``lm.fork()``, so the abstraction prompt's KV cache is kept.
     """
 
-    def __init__(self, lm: Any, instruction: str, record: Sequence[str], max_tokens: int = 32, seed: int = 0):
+    def __init__(self, lm: LanguageModel, instruction: str, record: Sequence[str], max_tokens: int = 32, seed: int = 0):
         self.lm = lm.fork()
         self.instruction = instruction.strip()
         self.record = list(record)
@@ -144,9 +148,10 @@ def anchored_options(ahead: Sequence[str], admissible: Sequence[str]) -> list[st
     return options or list(admissible)
 
 
-def constrained_program(lm: Any, env: Any, task_id: str, prompt: str, *, max_actions: int, max_uses: int = 2,
-                        record: Sequence[str] | None = None, window: int = 3, gamma: float = 0.8,
-                        line_tokens: int = 32, seed: int = 0, notes: Any = None) -> tuple[str, set[str]]:
+def constrained_program(lm: LanguageModel, env: Environment, task_id: str, prompt: str, *, max_actions: int,
+                        max_uses: int = 2, record: Sequence[str] | None = None, window: int = 3, gamma: float = 0.8,
+                        line_tokens: int = 32, seed: int = 0,
+                        notes: Callable[[str, list[str], str | None], str] | None = None) -> tuple[str, set[str]]:
     """Write one program for ``task_id`` under the grammar and the admissible commands.
 
     Args:

@@ -20,11 +20,14 @@ import os
 import re
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from envs.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from envs.protocol import Environment
 
 #: Corruption kinds of :func:`corrupt_actions`.
 CORRUPTIONS = ("insert", "repeat", "drop", "swap")
@@ -144,7 +147,7 @@ def corrupt_actions(actions: Sequence[str], candidate_sets: Sequence[Sequence[st
     return seq, records
 
 
-def replay(env: Any, task_id: str, actions: Sequence[str], max_steps: int | None = None) -> Trajectory:
+def replay(env: Environment, task_id: str, actions: Sequence[str], max_steps: int | None = None) -> Trajectory:
     """Play ``actions`` in order in a fresh game of ``task_id`` (stops early when the engine is done).
 
     Raises ValueError from the adapter for an unknown task."""
@@ -158,7 +161,7 @@ def replay(env: Any, task_id: str, actions: Sequence[str], max_steps: int | None
     return episode.trajectory()
 
 
-def corrupted_expert(env: Any, experts: Sequence[Trajectory], seed: int = 0, n_corruptions: int = 2,
+def corrupted_expert(env: Environment, experts: Sequence[Trajectory], seed: int = 0, n_corruptions: int = 2,
                      kinds: Sequence[str] = CORRUPTIONS,
                      on_trajectory: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """Noisy versions of won expert trajectories: seeded corruptions, replayed in the real game.

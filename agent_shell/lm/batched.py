@@ -26,17 +26,22 @@ Must not import the agents or the environments.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
 
 from agent_shell.lm.decoding import check_generation, extend_reply, sampler
 from agent_shell.lm.formatting import templated
-from agent_shell.lm.kv_cache import PrefixCache, new_cache, snapshot
+from agent_shell.lm.kv_cache import PrefixCache, Snapshot, new_cache, snapshot
 from agent_shell.lm.protocol import CandidateScores, Context, ContextWindowFull, check_candidates
 from agent_shell.lm.scoring import cached_length, candidate_tree, gather, head_pass, head_rows
 from agent_shell.lm.tokenization import TokenizedContinuation
+
+if TYPE_CHECKING:
+    from transformers.cache_utils import Cache
+
+    from agent_shell.lm.hf import HFLanguageModel
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,7 @@ class ScoreRequest:
     action_prefix: str
 
 
-def _tokenize(lm: Any, req: ScoreRequest) -> tuple[list[TokenizedContinuation], int]:
+def _tokenize(lm: HFLanguageModel, req: ScoreRequest) -> tuple[list[TokenizedContinuation], int]:
     """(tokenized candidates, cached length s) after the checks of :meth:`HFLanguageModel.score`."""
     actions = check_candidates(req.candidates)
     toks = lm.tokens.continuations(lm.render(req.context, req.action_prefix), actions, templated(req.context))
@@ -62,7 +67,7 @@ def _tokenize(lm: Any, req: ScoreRequest) -> tuple[list[TokenizedContinuation], 
     return toks, cached_length(toks)
 
 
-def _padded_cache(lm: Any, prefixes: list[list[tuple[Any, Any]]], depth: int) -> Any:
+def _padded_cache(lm: HFLanguageModel, prefixes: list[Snapshot], depth: int) -> Cache:
     """A batch cache whose row b holds ``prefixes[b]`` (a :func:`snapshot`) right-padded with
     zeros to ``depth`` tokens; an empty prefix is all padding."""
     cache = new_cache(lm.model)
@@ -82,7 +87,7 @@ def _padded_cache(lm: Any, prefixes: list[list[tuple[Any, Any]]], depth: int) ->
 
 
 @torch.inference_mode()
-def score_many(lm: Any, requests: Sequence[ScoreRequest]) -> list[CandidateScores]:
+def score_many(lm: HFLanguageModel, requests: Sequence[ScoreRequest]) -> list[CandidateScores]:
     """Score every request's candidate set; all candidate sets go through one forward pass.
 
     Args:
@@ -148,7 +153,7 @@ class GenerateRequest:
 
 
 @torch.inference_mode()
-def generate_many(lm: Any, requests: Sequence[GenerateRequest]) -> list[str]:
+def generate_many(lm: HFLanguageModel, requests: Sequence[GenerateRequest]) -> list[str]:
     """One reply per request, all decoded together (one token per row per forward pass).
 
     Args:

@@ -22,12 +22,16 @@ Must not import the agents or the environments.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from agent_shell.lm.kv_cache import Forward
 from agent_shell.lm.shared_prefix import PromptKV, SharedPrefix
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers.cache_utils import Cache
 
 
 def check_generation(max_new_tokens: int, stop: Sequence[str] | str, temperature: float, n: int) -> tuple[str, ...]:
@@ -48,7 +52,7 @@ def check_generation(max_new_tokens: int, stop: Sequence[str] | str, temperature
     return stop
 
 
-def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     """End-of-sequence ids of the model's generation config and of the tokenizer."""
     eos: set[int] = set()
     for source in (getattr(model, "generation_config", None), tokenizer):
@@ -73,7 +77,7 @@ def sampler(temperature: float, seed: int | None, device: torch.device) -> torch
 
 
 def extend_reply(tokens: list[int], token: int, stop_ids: frozenset[int], stop: Sequence[str],
-                 tokenizer: Any) -> tuple[bool, str | None]:
+                 tokenizer: PreTrainedTokenizerBase) -> tuple[bool, str | None]:
     """Add the sampled ``token`` to a reply's ``tokens``: (the reply is finished, its text when a
     stop string cut it, else None). An end-of-sequence token finishes it without being added."""
     if token in stop_ids:
@@ -108,8 +112,8 @@ def lookup_draft(ids: Sequence[int], n_max: int = LOOKUP_NGRAM, k: int = DRAFT_T
     return []
 
 
-def decode(forward: Forward, tokenizer: Any, stop_ids: frozenset[int], cache: Any, logits: torch.Tensor,
-           length: int, rows: int, budget: int, stop: Sequence[str], temperature: float,
+def decode(forward: Forward, tokenizer: PreTrainedTokenizerBase, stop_ids: frozenset[int], cache: Cache,
+           logits: torch.Tensor, length: int, rows: int, budget: int, stop: Sequence[str], temperature: float,
            generator: torch.Generator | None, device: torch.device, prompt_ids: Sequence[int] | None = None,
            draft_tokens: int = DRAFT_TOKENS, shared: SharedPrefix | None = None) -> list[str]:
     """``rows`` continuations of a prompt of ``length`` tokens whose cache is ``cache`` and whose
@@ -139,8 +143,8 @@ def decode(forward: Forward, tokenizer: Any, stop_ids: frozenset[int], cache: An
                             generator, device, extra)
 
 
-def _decode_rows(forward: Forward, tokenizer: Any, stop_ids: frozenset[int], cache: Any, logits: torch.Tensor,
-                 length: int, rows: int, budget: int, stop: Sequence[str], temperature: float,
+def _decode_rows(forward: Forward, tokenizer: PreTrainedTokenizerBase, stop_ids: frozenset[int], cache: Cache,
+                 logits: torch.Tensor, length: int, rows: int, budget: int, stop: Sequence[str], temperature: float,
                  generator: torch.Generator | None, device: torch.device, extra: dict[str, Any]) -> list[str]:
     """The token loop of :func:`decode` (``extra``: more keyword arguments of every forward pass)."""
     new: list[list[int]] = [[] for _ in range(rows)]
@@ -164,15 +168,15 @@ def _decode_rows(forward: Forward, tokenizer: Any, stop_ids: frozenset[int], cac
     return [t if t is not None else tokenizer.decode(new[r], skip_special_tokens=True) for r, t in enumerate(texts)]
 
 
-def _holds_stop(tokenizer: Any, token: int, stop: Sequence[str]) -> bool:
+def _holds_stop(tokenizer: PreTrainedTokenizerBase, token: int, stop: Sequence[str]) -> bool:
     """Whether the text of ``token`` alone contains one of the ``stop`` strings."""
     text = tokenizer.decode([token], skip_special_tokens=True)
     return any(s in text for s in stop)
 
 
-def _decode_with_drafts(forward: Forward, tokenizer: Any, stop_ids: frozenset[int], cache: Any, logits: torch.Tensor,
-                        ids: list[int], budget: int, stop: Sequence[str], draft_tokens: int,
-                        device: torch.device) -> str:
+def _decode_with_drafts(forward: Forward, tokenizer: PreTrainedTokenizerBase, stop_ids: frozenset[int],
+                        cache: Cache, logits: torch.Tensor, ids: list[int], budget: int, stop: Sequence[str],
+                        draft_tokens: int, device: torch.device) -> str:
     """The greedy reply of :func:`decode`, verified draft by draft (``ids``: the prompt's tokens,
     extended in place by the reply's)."""
     from agent_shell.lm.kv_cache import restore, snapshot

@@ -13,9 +13,12 @@ Must not import the agents or the environments.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from agent_shell.lm.protocol import Context
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 #: How a text context reaches the tokenizer: as it is. Recorded as ``formatting`` in concept
 #: metadata and in feature and review cache keys, as it was when a backend could also wrap a text
@@ -38,7 +41,7 @@ class Formatter:
         name: the backbone's name, for error messages.
     """
 
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     name: str
 
     def render(self, context: Context, action_prefix: str) -> str:

@@ -24,7 +24,7 @@ import copy
 import inspect
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
@@ -38,6 +38,11 @@ from agent_shell.lm.scoring import (CANDIDATE_LAYOUTS, action_positions, cached_
                                     score_batched, score_packed)
 from agent_shell.lm.shared_prefix import SharedPrefix
 from agent_shell.lm.tokenization import Tokenization, TokenizedContinuation
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers.cache_utils import Cache
+    from transformers.modeling_outputs import CausalLMOutputWithPast
 
 
 class HFLanguageModel:
@@ -66,9 +71,9 @@ class HFLanguageModel:
             ``draft_tokens``.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, name: str, max_context_tokens: int | None = None,
-                 candidate_layout: str = "tree", reuse_cache: bool = True, max_heads: int = 16,
-                 draft_tokens: int = DRAFT_TOKENS, shared_prefix: bool = True) -> None:
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, name: str,
+                 max_context_tokens: int | None = None, candidate_layout: str = "tree", reuse_cache: bool = True,
+                 max_heads: int = 16, draft_tokens: int = DRAFT_TOKENS, shared_prefix: bool = True) -> None:
         if candidate_layout not in CANDIDATE_LAYOUTS:
             raise ValueError(f"candidate_layout={candidate_layout!r} is not one of {CANDIDATE_LAYOUTS}")
         if draft_tokens < 0:
@@ -192,7 +197,7 @@ class HFLanguageModel:
         self.cache.reset()
 
     @torch.inference_mode()
-    def _forward(self, input_ids: torch.Tensor, cache: Any, **kwargs: Any) -> Any:
+    def _forward(self, input_ids: torch.Tensor, cache: Cache, **kwargs: Any) -> CausalLMOutputWithPast:
         # every forward of the backend goes through here: never record an autograd graph (a
         # kept KV cache would otherwise hold every earlier step's activations alive)
         return self.model(input_ids=input_ids, use_cache=True, **{self._cache_kw: cache}, **kwargs)

@@ -22,20 +22,27 @@ Must not import the agents or the environments.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
 from agent_shell.lm.tokenization import common_prefix_len
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+    from transformers.cache_utils import Cache
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
 #: Longest stretch of new context tokens encoded in one forward pass (bounds attention memory).
 PREFILL_CHUNK = 2048
 
 #: ``forward(input_ids [B, T], cache, **model kwargs) -> model output`` with ``use_cache=True``.
-Forward = Callable[..., Any]
+Forward = Callable[..., "CausalLMOutputWithPast"]
+#: A cache's per-layer (keys [B, heads, T, d], values [B, heads, T, d]), as :func:`snapshot` takes them.
+Snapshot = list[tuple[torch.Tensor | None, torch.Tensor | None]]
 
 
-def new_cache(model: Any) -> Any:
+def new_cache(model: PreTrainedModel) -> Cache:
     """An empty transformers ``DynamicCache`` for ``model``."""
     from transformers import DynamicCache
 
@@ -45,7 +52,7 @@ def new_cache(model: Any) -> Any:
         return DynamicCache()
 
 
-def from_snapshot(model: Any, saved: list[tuple[Any, Any]], length: int) -> Any:
+def from_snapshot(model: PreTrainedModel, saved: Snapshot, length: int) -> Cache:
     """A new cache holding the first ``length`` tokens of ``saved`` (a :func:`snapshot`); the
     tensors are sliced, not copied."""
     cache = new_cache(model)
@@ -57,12 +64,12 @@ def from_snapshot(model: Any, saved: list[tuple[Any, Any]], length: int) -> Any:
     return cache
 
 
-def snapshot(cache: Any) -> list[tuple[Any, Any]]:
+def snapshot(cache: Cache) -> Snapshot:
     """The cache's per-layer (keys, values), to be put back with :func:`restore`."""
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
-def restore(cache: Any, saved: list[tuple[Any, Any]], length: int | None = None) -> None:
+def restore(cache: Cache, saved: Snapshot, length: int | None = None) -> None:
     """Put ``saved`` (from :func:`snapshot`) back into ``cache``, cut to ``length`` tokens if given."""
     for layer, (k, v) in zip(cache.layers, saved):
         if length is not None and k is not None:
@@ -81,7 +88,7 @@ class HeadStore:
         if max_heads < 1:
             raise ValueError(f"max_heads={max_heads}: keep at least one head")
         self.max_heads = max_heads
-        self._heads: OrderedDict[tuple[int, ...], list[tuple[Any, Any]]] = OrderedDict()
+        self._heads: OrderedDict[tuple[int, ...], Snapshot] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._heads)
@@ -89,7 +96,7 @@ class HeadStore:
     def __contains__(self, ids: Sequence[int]) -> bool:
         return tuple(ids) in self._heads
 
-    def add(self, ids: Sequence[int], saved: list[tuple[Any, Any]]) -> None:
+    def add(self, ids: Sequence[int], saved: Snapshot) -> None:
         """Pin ``saved`` (a :func:`snapshot` covering exactly ``ids``)."""
         ids = tuple(ids)
         self._heads[ids] = saved
@@ -97,7 +104,7 @@ class HeadStore:
         while len(self._heads) > self.max_heads:
             self._heads.popitem(last=False)
 
-    def best(self, ids: Sequence[int]) -> tuple[int, list[tuple[Any, Any]] | None]:
+    def best(self, ids: Sequence[int]) -> tuple[int, Snapshot | None]:
         """(length, keys and values) of the pinned head sharing the longest token prefix with ``ids``;
         (0, None) when none shares a token."""
         best_len, best = 0, None
@@ -110,7 +117,7 @@ class HeadStore:
         return best_len, best
 
 
-def truncatable(cache: Any) -> bool:
+def truncatable(cache: Cache | None) -> bool:
     """Whether every layer of ``cache`` is a plain full-attention layer (transformers'
     ``DynamicLayer``), whose keys and values :func:`restore` can cut to a shorter prefix; a
     sliding-window or linear-attention layer cannot be rolled back."""
@@ -129,13 +136,14 @@ class PrefixCache:
         heads: the pinned heads to start from (default: a new, empty store).
     """
 
-    def __init__(self, model: Any, device: torch.device, reuse: bool = True, heads: HeadStore | None = None):
+    def __init__(self, model: PreTrainedModel, device: torch.device, reuse: bool = True,
+                 heads: HeadStore | None = None):
         self.model = model
         self.device = device
         self.reuse = reuse
         self.heads = heads if heads is not None else HeadStore()
         self.ids: tuple[int, ...] = ()
-        self.cache: Any = None
+        self.cache: Cache | None = None
         #: tokens encoded by :meth:`prefill` so far (what prefix reuse saves shows here)
         self.encoded_tokens = 0
 
@@ -143,15 +151,15 @@ class PrefixCache:
         """Forget the stored cache (e.g. at the start of an unrelated episode)."""
         self.cache, self.ids = None, ()
 
-    def reusable(self, cache: Any) -> bool:
+    def reusable(self, cache: Cache) -> bool:
         """Only plain full-attention layers can be truncated to a shorter prefix."""
         return self.reuse and truncatable(cache)
 
-    def keep(self, cache: Any, ids: Sequence[int]) -> None:
+    def keep(self, cache: Cache, ids: Sequence[int]) -> None:
         """Store ``cache`` as covering exactly ``ids``."""
         self.cache, self.ids = cache, tuple(ids)
 
-    def start(self, ids: Sequence[int]) -> tuple[Any, int]:
+    def start(self, ids: Sequence[int]) -> tuple[Cache, int]:
         """(cache, n): a batch-1 cache already holding the first ``n`` tokens of ``ids`` (the longest
         prefix the stored cache or a pinned head shares with them; an empty cache and 0 when none
         does), for the caller to encode ``ids[n:]`` itself. The stored cache is detached: store
@@ -172,7 +180,8 @@ class PrefixCache:
             cache = new_cache(self.model)
         return cache, start
 
-    def encode(self, cache: Any, ids: Sequence[int], start: int, forward: Forward, stop: int | None = None) -> Any:
+    def encode(self, cache: Cache, ids: Sequence[int], start: int, forward: Forward,
+               stop: int | None = None) -> CausalLMOutputWithPast | None:
         """Encode ``ids[start:stop]`` (default: to the end) into ``cache`` (which holds ``ids[:start]``)
         in chunks of at most :data:`PREFILL_CHUNK` tokens; returns the last chunk's model output
         (its logits at the chunk's last token), or None when there was nothing to encode."""
@@ -186,7 +195,7 @@ class PrefixCache:
             out = forward(chunk, cache, position_ids=pos, logits_to_keep=1)
         return out
 
-    def prefill(self, ids: Sequence[int], forward: Forward) -> Any:
+    def prefill(self, ids: Sequence[int], forward: Forward) -> Cache:
         """A batch-1 cache holding exactly ``ids``, reusing the stored cache's common prefix.
 
         The stored cache is detached while it is being changed, so an exception never leaves a
@@ -216,4 +225,4 @@ class PrefixCache:
         return True
 
 
-__all__ = ["PREFILL_CHUNK", "HeadStore", "PrefixCache", "from_snapshot", "new_cache", "restore", "snapshot"]
+__all__ = ["PREFILL_CHUNK", "HeadStore", "PrefixCache", "Snapshot", "from_snapshot", "new_cache", "restore", "snapshot"]

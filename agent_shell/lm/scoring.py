@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -32,10 +32,13 @@ import torch
 from agent_shell.lm.kv_cache import Forward
 from agent_shell.lm.tokenization import TokenizedContinuation, common_prefix_len
 
+if TYPE_CHECKING:
+    from transformers.cache_utils import Cache
+
 CANDIDATE_LAYOUTS = ("tree", "packed", "batched")
 
 
-def head_pass(forward: Forward, head: torch.nn.Module, cache: Any, input_ids: torch.Tensor, keep: torch.Tensor,
+def head_pass(forward: Forward, head: torch.nn.Module, cache: Cache, input_ids: torch.Tensor, keep: torch.Tensor,
               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward with the LM head at ``keep`` only; returns (logits [K, V], head input [K, d])."""
     captured: list[torch.Tensor] = []
@@ -125,7 +128,7 @@ def head_rows(toks: Sequence[TokenizedContinuation], tree: PrefixTree,
     return needed, (pred_rows, targets, owner, final_rows)
 
 
-def score_packed(forward: Forward, head: torch.nn.Module, cache: Any, s: int,
+def score_packed(forward: Forward, head: torch.nn.Module, cache: Cache, s: int,
                  toks: Sequence[TokenizedContinuation], dtype: torch.dtype,
                  device: torch.device, start: int | None = None,
                  layout: str = "tree") -> tuple[np.ndarray, np.ndarray]:
@@ -158,7 +161,7 @@ def score_packed(forward: Forward, head: torch.nn.Module, cache: Any, s: int,
     return gather(logits, head_in, *rows, len(toks))
 
 
-def score_batched(forward: Forward, head: torch.nn.Module, cache: Any, s: int,
+def score_batched(forward: Forward, head: torch.nn.Module, cache: Cache, s: int,
                   toks: Sequence[TokenizedContinuation], pad_id: int | None,
                   device: torch.device) -> tuple[np.ndarray, np.ndarray]:
     """As :func:`score_packed`, with one right-padded row per candidate (the cache is repeated)."""

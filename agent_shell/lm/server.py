@@ -17,9 +17,15 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import OrderedDict
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from agent_shell.lm.protocol import CandidateScores, Context
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+    from agent_shell.lm.batched import GenerateRequest, ScoreRequest
+    from agent_shell.lm.hf import HFLanguageModel
 
 
 class LMServer:
@@ -39,7 +45,7 @@ class LMServer:
 
     def __init__(self, model: str | None = None, dtype: str = "auto", device: str | None = None,
                  wait_ms: float = 5.0, max_batch: int = 16, threads: int | None = None, max_streams: int = 64,
-                 lm: Any = None):
+                 lm: HFLanguageModel | None = None):
         import torch
 
         from agent_shell.lm import load_language_model
@@ -47,11 +53,11 @@ class LMServer:
         if threads:
             torch.set_num_threads(threads)
         self.lm = lm if lm is not None else load_language_model(model, dtype=dtype, device=device)
-        self.views: OrderedDict[str, Any] = OrderedDict()
+        self.views: OrderedDict[str, HFLanguageModel] = OrderedDict()
         self.max_streams = max_streams
         self.wait_s = wait_ms / 1000
         self.max_batch = max_batch
-        self.pending: list[tuple[Any, asyncio.Future]] = []
+        self.pending: list[tuple[ScoreRequest | GenerateRequest, asyncio.Future]] = []
         self.batches: list[int] = []  # sizes of the batched scoring passes so far
         self.generate_batches: list[int] = []  # sizes of the batches of replies decoded together
         self._wake: asyncio.Event | None = None
@@ -60,7 +66,7 @@ class LMServer:
         return {"name": self.lm.name, "hidden_size": self.lm.hidden_size, "dtype": str(self.lm.dtype),
                 "batches": list(self.batches), "generate_batches": list(self.generate_batches)}
 
-    def _view(self, stream: str) -> Any:
+    def _view(self, stream: str) -> HFLanguageModel:
         if stream in self.views:
             self.views.move_to_end(stream)
         else:
@@ -86,7 +92,7 @@ class LMServer:
         request = GenerateRequest(self._view(stream).cache, prompt, max_new_tokens, tuple(stop), temperature, seed)
         return [await self._submit(request)]
 
-    async def _submit(self, request: Any) -> Any:
+    async def _submit(self, request: ScoreRequest | GenerateRequest) -> CandidateScores | str:
         future = asyncio.get_running_loop().create_future()
         self.pending.append((request, future))
         if self._wake is None:
@@ -111,7 +117,8 @@ class LMServer:
                         self._serve(run, group)
                         sizes.append(len(group))
 
-    def _serve(self, run: Any, group: list[tuple[Any, asyncio.Future]]) -> None:
+    def _serve(self, run: Callable[[HFLanguageModel, list], list],
+               group: list[tuple[ScoreRequest | GenerateRequest, asyncio.Future]]) -> None:
         """Answer a batch of one kind; when the batch fails, one by one, so each caller gets its own error."""
         try:
             results = run(self.lm, [r for r, _ in group])
@@ -140,7 +147,7 @@ class RemoteLM:
         info: the server's :meth:`LMServer.info` (fetched when None).
     """
 
-    def __init__(self, server: Any, info: dict[str, Any] | None = None, stream: str | None = None):
+    def __init__(self, server: ActorHandle, info: dict[str, Any] | None = None, stream: str | None = None):
         import ray
 
         self.server = server
@@ -176,7 +183,7 @@ class RemoteLM:
 
 
 def start_lm_server(model: str | None = None, dtype: str = "auto", *, num_gpus: float = 0, num_cpus: float = 1,
-                    **kwargs: Any) -> Any:
+                    **kwargs: Any) -> ActorHandle:
     """Start one :class:`LMServer` actor (one per device: ``num_gpus=1`` on a GPU) and wait until
     its model is loaded; returns the handle (a connected Ray is required)."""
     import ray

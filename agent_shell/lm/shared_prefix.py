@@ -21,11 +21,15 @@ Must not import the agents or the environments.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
 from agent_shell.lm.kv_cache import new_cache, truncatable
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+    from transformers.cache_utils import Cache
 
 #: The name under which :func:`attention` is registered with transformers' ``AttentionInterface``.
 ATTENTION = "cb_shared_prefix"
@@ -36,7 +40,7 @@ ATTENTION = "cb_shared_prefix"
 SUPPORTED = frozenset({"llama", "qwen2", "qwen3"})
 
 
-def supports(model: Any) -> bool:
+def supports(model: PreTrainedModel) -> bool:
     """Whether ``model`` (a transformers causal LM) can decode rows with :func:`attention`."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "model_type", None) not in SUPPORTED:
@@ -60,7 +64,7 @@ class PromptKV:
             full-attention layers.
     """
 
-    def __init__(self, cache: Any, length: int) -> None:
+    def __init__(self, cache: Cache, length: int) -> None:
         if not truncatable(cache):
             raise ValueError("shared-prefix attention needs a cache of plain full-attention layers (DynamicLayer)")
         shape = tuple(cache.layers[0].keys.shape)
@@ -77,7 +81,7 @@ class PromptKV:
         return self._layers[index]
 
 
-def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, *,
               shared_prefix: PromptKV, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """One layer's attention of ``R`` rows' single new tokens over a shared prompt and their suffixes.
@@ -136,7 +140,7 @@ def _register() -> None:
 
 
 @contextmanager
-def _active(model: Any) -> Iterator[None]:
+def _active(model: PreTrainedModel) -> Iterator[None]:
     """Route ``model``'s attention through :func:`attention` for the ``with`` block (the forward
     passes must then pass ``shared_prefix=PromptKV(<prompt cache>, length)``)."""
     _register()
@@ -158,18 +162,18 @@ class SharedPrefix:
         ValueError: ``model`` is not supported (:func:`supports`).
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         if not supports(model):
             raise ValueError(f"shared-prefix attention does not support model type "
                              f"{getattr(model.config, 'model_type', None)!r} (supported: {sorted(SUPPORTED)})")
         self.model = model
 
     @classmethod
-    def of(cls, model: Any) -> "SharedPrefix | None":
+    def of(cls, model: PreTrainedModel) -> "SharedPrefix | None":
         """The sharing of ``model``, or None when it is not supported."""
         return cls(model) if supports(model) else None
 
-    def new_cache(self) -> Any:
+    def new_cache(self) -> Cache:
         """An empty transformers cache for the rows' own tokens."""
         return new_cache(self.model)
 

@@ -14,7 +14,10 @@ Must not import the agents or the environments.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ class Tokenization:
     the tokenizer's special tokens once. A doubled leading BOS is collapsed.
     """
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
         self.tokenizer = tokenizer
         self.bos_id = tokenizer.bos_token_id
         self.special_ids = frozenset(getattr(tokenizer, "all_special_ids", ()))

@@ -26,13 +26,18 @@ Imports vllm only inside :func:`load_vllm_model`; must not import the agents or 
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from agent_shell.lm.formatting import PLAIN, Formatter, templated
 from agent_shell.lm.protocol import CandidateScores, Context, ContextWindowFull, check_candidates
 from agent_shell.lm.tokenization import Tokenization
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+    from vllm import LLM
+    from vllm.config import PoolerConfig
 
 #: Marked in metadata and names until the agreement check has passed on a GPU.
 VERIFIED = False
@@ -54,7 +59,7 @@ class VLLMLanguageModel:
         dtype: the engines' dtype name.
     """
 
-    def __init__(self, generator: Any, pooler: Any, tokenizer: Any, *, name: str, hidden_size: int,
+    def __init__(self, generator: LLM, pooler: LLM, tokenizer: PreTrainedTokenizerBase, *, name: str, hidden_size: int,
                  max_context_tokens: int, dtype: str):
         self.generator = generator
         self.pooler = pooler
@@ -171,7 +176,7 @@ def load_vllm_model(path: str | os.PathLike | None, dtype: str = "auto", device:
                              hidden_size=config.hidden_size, max_context_tokens=window, dtype=dtype_str)
 
 
-def _last_pooling() -> Any:
+def _last_pooling() -> PoolerConfig:
     """LAST pooling without normalisation (the raw final-norm state at the last token)."""
     from vllm.config import PoolerConfig
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from agent_shell.agents import Decision, ReActAgent, View
 from agent_shell.candidates import fixed_action_space
@@ -32,6 +32,9 @@ from agent_shell.history import RENDERINGS, REVIEWED, StepLike
 from agent_shell.lm.protocol import LanguageModel
 from agent_shell.studies.recorded import AgentFactory, RecordedTrial, norm, run_cells
 from agent_shell.studies.tables import RateRow, rate_rows
+
+if TYPE_CHECKING:
+    from agent_shell.calibration.calibrator import Calibrator
 
 PROBE_SCHEMA = "cb-agent/probe-v1"
 #: ALFWorld's answer to an action without effect.
@@ -116,7 +119,7 @@ class ReviewCache:
         self.calls = 0
 
     def experiences(self, recorded: RecordedTrial, n_steps: int,
-                    calibrator: Any = None) -> tuple[dict[int, str], list[Review]]:
+                    calibrator: Calibrator | None = None) -> tuple[dict[int, str], list[Review]]:
         """(step -> kept experience, the reviews) of the non-terminal transitions of ``steps[:n_steps]``;
         ``calibrator`` (rendering "calibrator"): its calibrated reviews instead (cached apart)."""
         traj = recorded.trajectory

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from agent_shell.history import RENDERINGS
 from agent_shell.statistics import wilson_interval
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ def rate_rows(records: Iterable[dict], group_by: Sequence[str], success: str,
 
 
 def rate_table(rows: Sequence[RateRow], columns: Sequence[str], rate_name: str, title: str,
-               caption: str = "") -> Any:
+               caption: str = "") -> Table:
     """A :class:`rich.table.Table`: the group columns, k/n, rate, 95% Wilson interval, extras."""
     from rich.table import Table
 
