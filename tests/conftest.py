@@ -24,3 +24,15 @@ def ray_cluster():
         os.environ.pop("PYTHONPATH", None)
     else:
         os.environ["PYTHONPATH"] = old
+
+
+@pytest.fixture()
+def site(tmp_path, monkeypatch, request):
+    """A fresh site folder on the path for fake installed plug-ins
+    (:func:`entry_point_doubles.install_entry_point`), the test's own folder too (where the
+    example plug-in modules live)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(request.path.parent))
+    monkeypatch.syspath_prepend(str(site))
+    return site

@@ -21,6 +21,7 @@ from agent_shell.agents.joint import JointCBAgent, JointReActAgent, joint_config
 from agent_shell.agents.registry import ENTRY_POINT_GROUP, agent_entry
 from agent_shell.cli import main
 from agent_shell.run_config import RunConfig
+from entry_point_doubles import install_entry_point
 from envs.episode import Episode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,20 +32,8 @@ BUILT_IN = ("cb-agent", "prior-only", "react", "reflexion-cb-agent", "reflexion-
 
 
 def install_plugin(site: Path, name: str, target: str) -> None:
-    """What ``pip install`` of a package declaring the entry point leaves on the path."""
-    info = site / f"agent_plugin_{name.replace('-', '_')}-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: agent-plugin-{name}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{name} = {target}\n")
-
-
-@pytest.fixture()
-def site(tmp_path, monkeypatch):
-    site = tmp_path / "site"
-    site.mkdir()
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # where the example module lives
-    monkeypatch.syspath_prepend(str(site))
-    return site
+    """What ``pip install`` of a package declaring the agent entry point leaves on the path."""
+    install_entry_point(site, ENTRY_POINT_GROUP, name, target, f"agent-plugin-{name}")
 
 
 # ------------------------------------------------------------------------------------- registry

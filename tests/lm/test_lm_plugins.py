@@ -9,25 +9,14 @@ import pytest
 from click.testing import CliRunner
 
 from agent_shell.cli import main
+from entry_point_doubles import install_entry_point
 from agent_shell.lm import LanguageModel, load_language_model
 from agent_shell.lm.factory import ENTRY_POINT_GROUP, split_model_uri
 
 
 def install_plugin(site: Path, name: str = "tiny", target: str = "tiny_lm_backend:load") -> None:
-    """What ``pip install`` of a package declaring the entry point leaves on the path."""
-    info = site / f"tiny_lm_backend_{name}-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: tiny-lm-backend-{name}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{name} = {target}\n")
-
-
-@pytest.fixture()
-def site(tmp_path, monkeypatch):
-    site = tmp_path / "site"
-    site.mkdir()
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # where the example module lives
-    monkeypatch.syspath_prepend(str(site))
-    return site
+    """What ``pip install`` of a package declaring the LM-backend entry point leaves on the path."""
+    install_entry_point(site, ENTRY_POINT_GROUP, name, target, f"tiny-lm-backend-{name}")
 
 
 def test_a_registered_backend_is_selected_by_name(site):
