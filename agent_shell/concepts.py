@@ -111,8 +111,8 @@ class TypeFeatures:
 
 
 def decision_inputs(trajectory: Trajectory, rendering: str = "raw", layout: str = "text",
-                    experiences: dict[int, str] | None = None, max_candidates: int = 0,
-                    seed: int = 0) -> tuple[list[tuple[DecisionInput, int]], Counter]:
+                    experiences: dict[int, str] | None = None, max_candidates: int = 0, *,
+                    seed: int) -> tuple[list[tuple[DecisionInput, int]], Counter]:
     """(decision as the feature extractors see it, expert index) per fitting decision, and the
     skipped expert actions; ``max_candidates`` (0: all) caps each candidate set, the expert's
     action kept (:func:`agent_shell.expert_decisions.capped_candidates`).
@@ -137,11 +137,11 @@ def decision_inputs(trajectory: Trajectory, rendering: str = "raw", layout: str 
 
 
 def decision_texts(trajectory: Trajectory, rendering: str = "raw", layout: str = "text",
-                   experiences: dict[int, str] | None = None, max_candidates: int = 0,
-                   seed: int = 0) -> tuple[list[DecisionText], Counter]:
+                   experiences: dict[int, str] | None = None, max_candidates: int = 0, *,
+                   seed: int) -> tuple[list[DecisionText], Counter]:
     """(context, candidates, expert index) per fitting decision, and the skipped expert actions
     (:func:`decision_inputs` without the rest of the decision)."""
-    inputs, skipped = decision_inputs(trajectory, rendering, layout, experiences, max_candidates, seed)
+    inputs, skipped = decision_inputs(trajectory, rendering, layout, experiences, max_candidates, seed=seed)
     return [(d.context, list(d.candidates), e) for d, e in inputs], skipped
 
 
@@ -198,8 +198,8 @@ def trajectory_scores(scorer: DecisionScorer, inputs: Sequence[tuple[DecisionInp
 
 
 def features_cached(lm: LanguageModel, trajectory: Trajectory, rendering: str,
-                    cache_dir: str | os.PathLike, layout: str = "text", max_candidates: int = 0,
-                    seed: int = 0) -> bool:
+                    cache_dir: str | os.PathLike, layout: str = "text", max_candidates: int = 0, *,
+                    seed: int) -> bool:
     """Whether :func:`collect_features` would read ``trajectory``'s features from ``cache_dir``
     without LM time (a lost trajectory has none to compute: True). Rendering "experience" depends
     on LM reviews of the trajectory and raises ValueError."""
@@ -215,12 +215,12 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rend
                      cache_dir: str | os.PathLike | None = None,
                      on_trajectory: Callable[[Trajectory], None] | None = None, layout: str = "text",
                      reviewer: LanguageModel | None = None, calibrator: Calibrator | None = None,
-                     feature_set: FeatureSet | None = None, max_candidates: int = 0,
-                     seed: int = 0) -> dict[str, TypeFeatures]:
+                     feature_set: FeatureSet | None = None, max_candidates: int = 0, *,
+                     seed: int) -> dict[str, TypeFeatures]:
     """Features of every won trajectory, grouped by task type (lost ones are only counted).
 
-    ``seed``: the run's seed, which the shuffle renderings' contexts read, as acting does
-    (:func:`decision_inputs`).
+    ``seed``: the run's seed (required: the shuffle renderings' contexts read it, as acting's do;
+    :func:`decision_inputs`).
 
     ``max_candidates`` (0: all) caps each decision's candidate set, the expert's action kept
     (:func:`agent_shell.expert_decisions.capped_candidates`; the cached features' key holds the
@@ -250,7 +250,7 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rend
                 raise ValueError("rendering 'calibrator' needs a fitted calibrator to write the experiences")
             experiences = review_trajectory(reviewer if reviewer is not None else lm, traj, cache_dir,
                                             calibrator if rendering == "calibrator" else None)
-        inputs, skipped = decision_inputs(traj, rendering, layout, experiences, max_candidates, seed)
+        inputs, skipped = decision_inputs(traj, rendering, layout, experiences, max_candidates, seed=seed)
         scores, seconds = trajectory_scores(scorer, inputs, rendering, cache_dir, layout)
         scored, block_seconds = scorer.score_many([scorer.request(d) for d, _ in inputs], scores, cache_dir)
         if not scorer.features.is_default:

@@ -57,7 +57,8 @@ def pooled_features(config: RunConfig, pool: int, echo: Callable[[str], None],
     def usable(trajs: list[Trajectory]) -> list[Trajectory]:
         if not cached_only:
             return trajs
-        kept = [t for t in trajs if features_cached(setup.lm, t, config.rendering, setup.cache, config.layout, seed=config.seed)]
+        kept = [t for t in trajs
+                if features_cached(setup.lm, t, config.rendering, setup.cache, config.layout, seed=config.seed)]
         missing = Counter(t.task_type for t in trajs if t not in kept)
         for task_type, n in sorted(missing.items()):
             echo(f"{task_type}: {n} trajectories without cached features left out (--cached-only)")

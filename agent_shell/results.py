@@ -241,11 +241,10 @@ def unique_episodes(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str, A
 
 
 def store_record(results_path: Path, record: dict[str, Any], partial: Path | None = None) -> None:
-    """Append ``record`` as one atomic line (after claiming the file for this process: FileBusy
-    when another process writes it), then remove the episode's partial state (and the partial
-    folders it leaves empty)."""
-    claim_writer(results_path)
-    append_jsonl(results_path, record)
+    """Append ``record`` as one atomic line (:meth:`ResumableJsonl.append`: FileBusy when another
+    process writes the file), then remove the episode's partial state (and the partial folders it
+    leaves empty)."""
+    results_file(results_path).append(record)
     if partial is None:
         return
     partial.unlink(missing_ok=True)

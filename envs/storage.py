@@ -105,8 +105,8 @@ class FileBusy(ValueError):
     """Another process holds the claim to write the file (:func:`claim_writer`); the message names it."""
 
 
-#: This process's claims: absolute path -> [descriptor of the locked sidecar file, nesting depth, pid].
-_CLAIMS: dict[str, list[int]] = {}
+#: This process's claims: absolute path -> (descriptor of the locked sidecar file, pid of the claimer).
+_CLAIMS: dict[str, tuple[int, int]] = {}
 
 
 def _lock_path(path: str) -> str:
@@ -118,17 +118,16 @@ def claim_writer(path: str | os.PathLike) -> None:
     """Claim ``path`` for this process's writes: an exclusive ``fcntl.flock`` on the hidden sidecar
     file ``.<name>.lock`` beside it, which records the holder's pid and command line.
 
-    The claim lasts until :func:`release_writer` (as often as it was claimed: claims of one process
-    nest) or until the process ends (the kernel drops the lock of a killed process, so a crash never
-    leaves the file claimed). The sidecar folder is created when missing.
+    Claiming a file this process holds already does nothing. The claim lasts until the process
+    ends: at a normal exit the sidecar is removed, and the kernel drops the lock of a killed process,
+    so a crash never leaves the file claimed. The sidecar folder is created when missing.
 
     Raises:
         FileBusy: another process holds the claim: ``"<path> is being written by pid <pid> (<command
             line>); wait for it or stop it"``.
     """
     key = os.path.abspath(path)
-    if key in _CLAIMS and _CLAIMS[key][2] == os.getpid():
-        _CLAIMS[key][1] += 1
+    if key in _CLAIMS and _CLAIMS[key][1] == os.getpid():
         return
     lock = _lock_path(key)
     os.makedirs(os.path.dirname(lock), exist_ok=True)
@@ -150,41 +149,20 @@ def claim_writer(path: str | os.PathLike) -> None:
     command = " ".join([os.path.basename(sys.argv[0] if sys.argv else "python"), *sys.argv[1:]])
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()} ({command[:300]})\n".encode(), 0)
-    _CLAIMS[key] = [fd, 1, os.getpid()]
-
-
-def release_writer(path: str | os.PathLike) -> None:
-    """Undo one :func:`claim_writer` of ``path``; the last one removes the sidecar and unlocks it.
-    Releasing a file this process does not claim does nothing."""
-    key = os.path.abspath(path)
-    claim = _CLAIMS.get(key)
-    if claim is None or claim[2] != os.getpid():
-        return
-    claim[1] -= 1
-    if claim[1] > 0:
-        return
-    del _CLAIMS[key]
-    with contextlib.suppress(OSError):
-        os.unlink(_lock_path(key))  # before unlocking: a waiting claimer then retries on a new sidecar
-    os.close(claim[0])
-
-
-@contextlib.contextmanager
-def writer_claim(path: str | os.PathLike) -> Iterator[None]:
-    """:func:`claim_writer` for the duration of a ``with`` block (FileBusy when another process holds it)."""
-    claim_writer(path)
-    try:
-        yield
-    finally:
-        release_writer(path)
+    _CLAIMS[key] = (fd, os.getpid())
 
 
 @atexit.register
 def _release_all() -> None:
-    for key, claim in list(_CLAIMS.items()):
-        if claim[2] == os.getpid():  # never a forked child's copy of its parent's claims
-            claim[1] = 1
-            release_writer(key)
+    """Remove this process's sidecars, then unlock them (never a forked child's copy of its parent's
+    claims); a waiting claimer then retries on a new sidecar."""
+    for key, (fd, pid) in list(_CLAIMS.items()):
+        if pid != os.getpid():
+            continue
+        del _CLAIMS[key]
+        with contextlib.suppress(OSError):
+            os.unlink(_lock_path(key))
+        os.close(fd)
 
 
 def _umask() -> int:
@@ -330,4 +308,4 @@ def stamped_folder(target: str | os.PathLike, stamp: Mapping[str, Any], build: C
 
 
 __all__ = ["STAMP_FILE", "FileBusy", "MalformedLine", "append_jsonl", "atomic_folder", "atomic_path", "claim_writer",
-           "iter_jsonl", "release_writer", "repair_jsonl", "stamped_folder", "write_json_atomic", "writer_claim"]
+           "iter_jsonl", "repair_jsonl", "stamped_folder", "write_json_atomic"]

@@ -31,7 +31,7 @@ def test_expert_demos_collect_won_trajectories_per_type_once(tmp_path, trajector
 
 def test_look_steps_are_no_target_but_stay_in_the_history(trajectories):
     traj = trajectories[0]  # look, go to desk 1, look, take key 1 from desk 1
-    texts, skipped = decision_texts(traj)
+    texts, skipped = decision_texts(traj, seed=0)
     assert skipped == {"look": 2}
     assert [t[1][t[2]] for t in texts] == ["go to desk 1", "take key 1 from desk 1"]
     assert texts[1][0] == scoring_context(traj.instruction, traj.observation, traj.steps[:3])
@@ -41,23 +41,23 @@ def test_look_steps_are_no_target_but_stay_in_the_history(trajectories):
 
 def test_features_are_cached_so_a_refit_costs_no_lm_time(tmp_path, trajectories):
     lm = FakeLM()
-    first = collect_features(lm, trajectories, cache_dir=tmp_path / "cache")
+    first = collect_features(lm, trajectories, cache_dir=tmp_path / "cache", seed=0)
     n_calls = len(lm.score_calls)
     assert n_calls == 4 + 6  # fetch: 2 + 2 decisions, open: 3 + 3
-    second = collect_features(lm, trajectories, cache_dir=tmp_path / "cache")
+    second = collect_features(lm, trajectories, cache_dir=tmp_path / "cache", seed=0)
     assert len(lm.score_calls) == n_calls and second["open"].lm_seconds == 0.0
     for t in first:
         for a, b in zip(first[t].hidden, second[t].hidden):
             np.testing.assert_array_equal(a, b)
         assert first[t].expert == second[t].expert
     other = FakeLM(name="other-lm")
-    collect_features(other, trajectories, cache_dir=tmp_path / "cache")
+    collect_features(other, trajectories, cache_dir=tmp_path / "cache", seed=0)
     assert len(other.score_calls) == n_calls  # another backbone never reads these features
 
 
 def test_only_won_trajectories_are_fitted_and_lost_ones_counted(trajectories):
     lost = trajectories[0].__class__(**{**trajectories[0].__dict__, "task_id": "a/9", "won": False})
-    feats = collect_features(FakeLM(), trajectories + [lost])
+    feats = collect_features(FakeLM(), trajectories + [lost], seed=0)
     assert feats["fetch"].task_ids == ["a/1", "a/2"] and feats["fetch"].n_lost == 1
     assert feats["fetch"].n_skipped == 4 and feats["fetch"].n_env_steps == 8
     assert skipped_summary(feats) == "10 of 20 expert steps (50.0%) were no fitting target (look x10)"
@@ -65,7 +65,7 @@ def test_only_won_trajectories_are_fitted_and_lost_ones_counted(trajectories):
 
 def test_one_concept_per_type_with_metadata_and_a_cache(tmp_path, trajectories):
     lm = FakeLM()
-    feats = collect_features(lm, trajectories)
+    feats = collect_features(lm, trajectories, seed=0)
     concepts, folder = cached_concepts(feats, lm, "raw", lam=0.5, gamma=0.8, env_name="scripted",
                                        cache_dir=tmp_path)
     assert sorted(concepts) == ["fetch", "open"] and sorted(p.name for p in folder.iterdir()) == [
@@ -88,8 +88,8 @@ def test_one_concept_per_type_with_metadata_and_a_cache(tmp_path, trajectories):
 
 def test_capped_candidate_sets_are_fitted_and_cached_apart(tmp_path, trajectories):
     lm = FakeLM()
-    whole = collect_features(lm, trajectories, cache_dir=tmp_path)
-    capped = collect_features(lm, trajectories, cache_dir=tmp_path, max_candidates=2)
+    whole = collect_features(lm, trajectories, cache_dir=tmp_path, seed=0)
+    capped = collect_features(lm, trajectories, cache_dir=tmp_path, max_candidates=2, seed=0)
     assert max(len(h) for h in whole["open"].hidden) > 2  # the cap bites
     assert all(len(h) <= 2 for tf in capped.values() for h in tf.hidden)
     assert capped["open"].max_candidates == 2 and whole["open"].max_candidates == 0
@@ -103,7 +103,7 @@ def test_capped_candidate_sets_are_fitted_and_cached_apart(tmp_path, trajectorie
 def test_a_concept_fitted_in_another_dtype_is_refused(trajectories):
     fitted_with, acting_with = FakeLM(), FakeLM()
     fitted_with.dtype, acting_with.dtype = "bfloat16", "float32"
-    concept = cached_concepts(collect_features(fitted_with, trajectories), fitted_with)[0]["open"]
+    concept = cached_concepts(collect_features(fitted_with, trajectories, seed=0), fitted_with)[0]["open"]
     assert concept.metadata["features"]["dtype"] == "bfloat16"
     check_concept_matches(concept, fitted_with, "raw")
     with pytest.raises(ValueError, match="concept for 'open' was fitted with dtype='bfloat16', but acting uses 'float32'"):
@@ -117,7 +117,7 @@ def test_a_concept_from_another_feature_construction_is_refused(trajectories, fi
     action prefix, another dtype: e.g. written by another version or tool) is refused by name."""
     lm = FakeLM()
     lm.dtype = "float32"
-    concept = cached_concepts(collect_features(lm, trajectories), lm)[0]["fetch"]
+    concept = cached_concepts(collect_features(lm, trajectories, seed=0), lm)[0]["fetch"]
     acting = concept.metadata["features"][field]
     assert acting != fitted
     meta = {**concept.metadata, "features": {**concept.metadata["features"], field: fitted}}

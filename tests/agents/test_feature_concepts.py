@@ -30,12 +30,12 @@ def trajectories(tmp_path):
 def test_collected_features_are_the_blocks_side_by_side_and_each_block_is_cached(tmp_path, trajectories,
                                                                                   monkeypatch, plugin):  # noqa: F811
     lm = FakeLM(hidden_size=8)
-    seed = collect_features(lm, trajectories, cache_dir=tmp_path / "cache")
+    seed = collect_features(lm, trajectories, cache_dir=tmp_path / "cache", seed=0)
     calls = []
     original = Novelty.extract
     monkeypatch.setattr(Novelty, "extract", lambda self, *a: calls.append(1) or original(self, *a))
     fs = FeatureSet.from_spec("lm-hidden,novelty,word-count")
-    feats = collect_features(lm, trajectories, cache_dir=tmp_path / "cache", feature_set=fs)
+    feats = collect_features(lm, trajectories, cache_dir=tmp_path / "cache", feature_set=fs, seed=0)
     assert len(calls) == 10  # one novelty block per decision (4 + 6), computed once
     for t in feats:
         assert feats[t].expert == seed[t].expert
@@ -45,7 +45,7 @@ def test_collected_features_are_the_blocks_side_by_side_and_each_block_is_cached
             np.testing.assert_array_equal(lq, lq0)           # the prior is untouched
     n_scores = len(lm.score_calls)
     other = collect_features(lm, trajectories, cache_dir=tmp_path / "cache",
-                             feature_set=FeatureSet.from_spec("novelty"))
+                             feature_set=FeatureSet.from_spec("novelty"), seed=0)
     assert len(calls) == 10 and len(lm.score_calls) == n_scores  # both blocks and scores came from the cache
     np.testing.assert_array_equal(other["open"].hidden[2], feats["open"].hidden[2][:, 8:13])
     # b/1's second decision: "open door 1" names the object of the earlier "go to door 1"
@@ -55,7 +55,7 @@ def test_collected_features_are_the_blocks_side_by_side_and_each_block_is_cached
 def test_concepts_record_their_feature_set_and_acting_refuses_another(tmp_path, trajectories):
     lm = FakeLM(hidden_size=8)
     fs = FeatureSet.from_spec("novelty,lm-hidden")
-    feats = collect_features(lm, trajectories, feature_set=fs)
+    feats = collect_features(lm, trajectories, feature_set=fs, seed=0)
     concepts, folder = cached_concepts(feats, lm, "raw", lam=0.5, gamma=0.8, cache_dir=tmp_path, feature_set=fs)
     c = cb_core.Concept.load(folder / "open.safetensors")  # one safetensors file, read back
     assert c.hidden_size == 13 and [b["name"] for b in c.metadata["features"]["extractors"]] == ["novelty", "lm-hidden"]
@@ -63,7 +63,7 @@ def test_concepts_record_their_feature_set_and_acting_refuses_another(tmp_path, 
     check_concept_matches(c, lm, "raw", feature_set=fs)
     with pytest.raises(ValueError, match="fitted with features 'novelty,lm-hidden', but acting uses 'lm-hidden'"):
         check_concept_matches(c, lm, "raw")
-    seed_concepts, seed_folder = cached_concepts(collect_features(lm, trajectories), lm, "raw", lam=0.5,
+    seed_concepts, seed_folder = cached_concepts(collect_features(lm, trajectories, seed=0), lm, "raw", lam=0.5,
                                                  gamma=0.8, cache_dir=tmp_path)
     assert seed_folder != folder and seed_concepts["open"].hidden_size == 8  # the cache keys differ
 

@@ -87,7 +87,7 @@ def trajectories(tmp_path):
 @pytest.mark.parametrize("rendering, layout", [("causal", "chat"), ("check", "text"), ("shuffle-all", "chat")])
 def test_decision_texts_are_the_scoring_contexts(trajectories, rendering, layout):
     traj = trajectories[2]  # b/1: go to door 1, open door 1, go to hall 1
-    texts, skipped = decision_texts(traj, rendering, layout)
+    texts, skipped = decision_texts(traj, rendering, layout, seed=0)
     assert len(texts) == 3 and not skipped
     for k, (context, candidates, expert) in enumerate(texts):
         assert context == scoring_context(traj.instruction, traj.observation, traj.steps[:k], rendering, layout=layout)
@@ -100,7 +100,7 @@ def test_fitting_and_acting_contexts_are_byte_identical(trajectories):
     """CB-Agent under causal + chat, following the expert's path, scores exactly the contexts the
     concept was fitted on."""
     lm = FakeLM([" act"], prefer="desk")
-    feats = collect_features(lm, trajectories[:1], rendering="causal", layout="chat")
+    feats = collect_features(lm, trajectories[:1], rendering="causal", layout="chat", seed=0)
     fitted_contexts = [c for c, _ in lm.score_calls]
     acting = SteeredLM([" act"], prefer="desk")
     ep, log = play(CBAgent(acting, DEMOS, None, AgentConfig(rendering="causal", layout="chat")))
@@ -112,7 +112,7 @@ def test_fitting_and_acting_contexts_are_byte_identical(trajectories):
 
 def test_concept_metadata_records_rendering_and_layout(trajectories):
     lm = FakeLM()
-    feats = collect_features(lm, trajectories, rendering="causal", layout="chat")
+    feats = collect_features(lm, trajectories, rendering="causal", layout="chat", seed=0)
     assert all(isinstance(c, list) and c[0]["role"] == "user" for c, _ in lm.score_calls)
     assert any('Result of "go to door 1":' in m["content"] for c, _ in lm.score_calls for m in c)
     concepts = fit_concepts(feats, lm, rendering="causal", layout="chat", env_name="scripted")
@@ -127,14 +127,14 @@ def test_concept_metadata_records_rendering_and_layout(trajectories):
         check_concept_matches(concepts["open"], lm, "causal", "text")
     assert feature_spec(lm, "causal", "text")["action_prefix"] == "\n> "
     # the text layout scores other contexts, hence gives other features
-    text_feats = collect_features(lm, trajectories, rendering="causal", layout="text")
+    text_feats = collect_features(lm, trajectories, rendering="causal", layout="text", seed=0)
     assert not np.allclose(text_feats["open"].hidden[0], feats["open"].hidden[0])
 
 
 def test_experience_fitting_uses_the_reviewed_experiences(trajectories, tmp_path):
     reviewer = FakeLM(["Doors lead somewhere."])
     lm = FakeLM()
-    feats = collect_features(lm, trajectories[2:3], rendering="experience", cache_dir=tmp_path, reviewer=reviewer)
+    feats = collect_features(lm, trajectories[2:3], rendering="experience", cache_dir=tmp_path, reviewer=reviewer, seed=0)
     assert feats["open"].n_decisions == 3 and len(reviewer.prompts) == 2  # 2 non-terminal transitions
     contexts = [c for c, _ in lm.score_calls]
     assert contexts[0].count("Experience:") == 0
@@ -177,7 +177,7 @@ def test_fitting_contexts_are_the_acting_contexts_for_every_rendering_under_a_se
     for rendering in RENDERINGS:
         given = experiences if rendering in REVIEWED else None
         inputs, _ = decision_inputs(traj, rendering, layout, given, seed=SEED)
-        unseeded, _ = decision_inputs(traj, rendering, layout, given)
+        unseeded, _ = decision_inputs(traj, rendering, layout, given, seed=0)
         agent = CBAgent(FakeLM(), DEMOS, None, AgentConfig(rendering=rendering, layout=layout, seed=SEED))
         assert len(inputs) == 7
         for (d, _), (d0, _) in zip(inputs, unseeded):
