@@ -377,11 +377,10 @@ class StudyAgents:
         return self.setups[rendering]
 
     def __call__(self, rendering: str, actor: str) -> ReActAgent:
-        from agent_shell.agents import AgentConfig, CBAgent, ReActAgent
+        from agent_shell.agents import CBAgent, ReActAgent
 
         setup = self.setup(rendering)
-        config = AgentConfig.for_env(self.config.env, rendering=rendering, layout=self.config.layout,
-                                     seed=self.config.seed, gamma=self.config.gamma)
+        config = replace(self.config.agent, rendering=rendering)  # the run's agent settings, this rendering
         if actor == "react":
             return ReActAgent(setup.lm, setup.demos, config, self.reviewer, setup.calibrator)
         concepts = setup.concepts if actor == "cb-agent" else None
