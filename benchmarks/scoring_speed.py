@@ -30,7 +30,7 @@ median is reported. ``backend`` and the cold methods start from an empty cache e
 Reported per method: median seconds, all seconds, effective tokens per second (context + all
 candidate tokens, the same numerator for every method), peak memory above the pre-call level
 (resident set on CPU, allocator peak on CUDA), and the largest log-prob gap to ``naive`` in the
-primary dtype. Each ratio in the summary names its baseline. Targets (issue 2): ``backend`` >= 5x
+primary dtype. Each ratio in the summary names its baseline. Targets: ``backend`` >= 5x
 faster than ``batched`` at 30 candidates after 2,048 tokens, and within 1.5x of ``floor``.
 
 Results are written atomically to ``--out`` (JSON) after each configuration; ``--resume`` skips

@@ -103,7 +103,7 @@ table1() {  # ALFWorld valid_unseen, budget 50; grown one game per type at a tim
 }
 
 table1_bf16() {  # Table 1 again in bfloat16 (this CPU's --dtype auto), all 134 games on $WORKERS workers: the
-                 # other dtype's results, and issue 17's timing of the whole table (report's running time)
+                 # other dtype's results, and the timing of the whole table (report's running time)
   seed "$RUNS/alfworld-bf16/results.jsonl" results/table1_alfworld_bf16.results.jsonl.gz
   "$CB" run --env alfworld --dtype bfloat16 --agent react --agent prior-only --agent cb-agent --all-games \
     --max-steps "$ALF_BUDGET" --out-dir "$RUNS/alfworld-bf16" --resume --workers "$WORKERS"
@@ -118,14 +118,14 @@ table1_reflexion() {  # the Reflexion rows of Table 1 (two trials each)
   finish "$RUNS/alfworld-reflexion/results.jsonl" table1_alfworld_reflexion --paired
 }
 
-table1_features() {  # issue 19's extra features on the Table 1 games (needs `run --features`)
+table1_features() {  # the extra feature blocks on the Table 1 games (needs `run --features`)
   seed "$RUNS/alfworld-features/results.jsonl" results/table1_alfworld_features.results.jsonl.gz
   grown --agent cb-agent --features lm-hidden,goal-similarity,novelty --out-dir "$RUNS/alfworld-features" \
     --workers "$WORKERS"
   finish "$RUNS/alfworld-features/results.jsonl" table1_alfworld_features
 }
 
-ical() {  # issue 14: ICAL memory from 30 corrupted expert trajectories (anchored decoding), retrieval
+ical() {  # ICAL memory from 30 corrupted expert trajectories (anchored decoding), retrieval
           # precision, and ReAct / CB-Agent on Table 1's games with the retrieved examples (no annotations;
           # with annotations on one game per type); the expert-demonstration rows are table1's
   local dir="${ICAL:-runs/ical}" k
@@ -181,7 +181,7 @@ table2() {  # ScienceWorld: one test variation of each task, open action space (
   finish "$out/results.jsonl" table2_scienceworld
 }
 
-calibration() {  # issue 15: labels from ReAct / prior-only runs on training games that are no
+calibration() {  # labels from ReAct / prior-only runs on training games that are no
                  # demonstrations, the calibrator and its content-screening ablation, then CB-Agent on
                  # Table 1's 30 games with Causal and Calibrator histories (Raw: table1's runs), the
                  # recovery study with the calibrator, and the joint actors

@@ -1,4 +1,4 @@
-"""``cb-agent probe``: the repetition probe of issue 5 (see :mod:`agent_shell.studies`).
+"""``cb-agent probe``: the repetition probe (see :mod:`agent_shell.studies`).
 
 Fixed histories mined from results files of ``cb-agent run`` end in two identical environment
 actions whose feedback does not support repeating them; each actor is asked for its next action

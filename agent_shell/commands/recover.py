@@ -1,4 +1,4 @@
-"""``cb-agent recover``: reference-history recovery of issue 5 (see :mod:`agent_shell.studies`).
+"""``cb-agent recover``: reference-history recovery (see :mod:`agent_shell.studies`).
 
 Unsuccessful trajectories of ``cb-agent run`` (L steps, at least 6 environment steps) are
 replayed to step floor(L/3) in a fresh episode; the agent then plays at most ``--new-actions``

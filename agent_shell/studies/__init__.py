@@ -1,4 +1,4 @@
-"""The two studies of history renderings (issue 5), one module each, over shared recorded trials.
+"""The two studies of history renderings, one module each, over shared recorded trials.
 
 * :mod:`~agent_shell.studies.recorded`: trials read from results files of ``cb-agent run``, and
   study lines on disk (one JSON line per (item, condition, rendering, actor), resumable).

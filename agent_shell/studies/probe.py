@@ -1,4 +1,4 @@
-"""The repetition probe (issue 5): does an actor repeat an action that just did nothing?
+"""The repetition probe: does an actor repeat an action that just did nothing?
 
 An *item* is a position ``j`` of a recorded trajectory where steps ``j-1`` and ``j`` are
 environment steps with the same action, step ``j``'s feedback does not support repeating it

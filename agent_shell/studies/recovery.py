@@ -1,4 +1,4 @@
-"""Reference-history recovery (issue 5): can an agent finish a failed game from a third of the way?
+"""Reference-history recovery: can an agent finish a failed game from a third of the way?
 
 An item is an unsuccessful recorded trajectory of ``L`` steps (thoughts included) with at least
 :data:`MIN_ENV_STEPS` environment steps. A fresh :class:`envs.episode.Episode` is restored to step

@@ -98,7 +98,7 @@ def test_textworld_fit_concepts_then_cb_agent_and_reflexion_cb_agent(tmp_path):
         assert reflexion["success"] == any(t["won"] for t in trials)
         if len(trials) == 2:  # the failed first trial's reflection is the second trial's memory
             assert not trials[0]["won"] and isinstance(trials[0]["reflection"], str)
-            # an empty reflection (SmolLM2 wrote one here on 1 December 2026) adds nothing
+            # an empty reflection (SmolLM2 can write one) adds nothing
             reflection = trials[0]["reflection"]
             assert trials[1]["log"]["memory"] == ([reflection] if reflection else [])
 

@@ -1,4 +1,4 @@
-"""Experience reviews (issue 5): parsing replies, counting, the review calls of an acting agent
+"""Experience reviews: parsing replies, counting, the review calls of an acting agent
 and of expert trajectories, and what reaches later prompts."""
 
 import json

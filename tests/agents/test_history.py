@@ -1,4 +1,4 @@
-"""History renderings and layouts (issue 5): exact texts on a hand-made trajectory, shuffle
+"""History renderings and layouts: exact texts on a hand-made trajectory, shuffle
 invariants, NO UPDATE inserting nothing, chat messages, Reference blocks, demonstrations."""
 
 from collections import Counter

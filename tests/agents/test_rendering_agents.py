@@ -1,4 +1,4 @@
-"""Renderings through the agents and concept fitting (issue 5): CB-Agent's routing peek, and the
+"""Renderings through the agents and concept fitting: CB-Agent's routing peek, and the
 same rendering/layout for fitting and acting, recorded in every concept's metadata."""
 
 import numpy as np

@@ -254,7 +254,7 @@ def test_a_killed_multi_agent_run_resumes_to_exactly_the_uninterrupted_records(t
     assert not (killed_dir / "results.jsonl.partial").exists()
 
 
-# -- issue 12: an engine fault ends its episode only ------------------------------------------------
+# -- an engine fault ends its episode only ------------------------------------------------
 
 class FaultyEngine(ScriptedEnv):
     """Its engine raises on `close box 1` in task a/1 (at step 3 of the looping agent) and on every

@@ -1,4 +1,4 @@
-"""The repetition probe and reference-history recovery (issue 5) with FakeLM / ScriptedEnv."""
+"""The repetition probe and reference-history recovery with FakeLM / ScriptedEnv."""
 
 import numpy as np
 import orjson

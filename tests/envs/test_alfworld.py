@@ -121,7 +121,7 @@ def test_patched_expert_wins_a_pick_two_game_the_unpatched_one_loses(env):
     assert ep.won
 
 
-# -- issue 12: the expert only where it is used; chained commands; task ids and splits ---------------
+# -- the expert only where it is used; chained commands; task ids and splits ---------------
 
 def test_the_expert_runs_only_in_expert_episodes_and_gives_up_without_raising(monkeypatch):
     """ALFWorld 0.4.2's handcoded expert raises Exception("Timeout") after its step limit (200), inside
@@ -155,7 +155,7 @@ def test_the_expert_runs_only_in_expert_episodes_and_gives_up_without_raising(mo
 
 @pytest.mark.slow
 def test_a_250_step_agent_episode_ends_at_its_budget(env):
-    """Issue 12's input: valid_unseen[0], 250 steps of `look` used to crash at step 201 (the expert's Timeout)."""
+    """The input: valid_unseen[0], 250 steps of `look` used to crash at step 201 (the expert's Timeout)."""
     ep = Episode(env, env.tasks("valid_unseen")[0], max_steps=250)
     while not ep.done:
         ep.act("look")

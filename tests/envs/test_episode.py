@@ -85,7 +85,7 @@ def test_is_think_and_bad_inputs():
         Episode(ScriptedEnv(), "t").act("  ")
 
 
-# -- issue 12: engine faults, the expert only on request, the split ---------------------------------
+# -- engine faults, the expert only on request, the split ---------------------------------
 
 class FaultyEnv(ScriptedEnv):
     """Raises like a third-party engine on the action "crash"; knows its tasks' splits."""

@@ -83,7 +83,7 @@ def test_ambiguity_prompt_is_answered_and_recorded(env):
     assert traj.won
 
 
-# -- issue 12: ids checked without the JVM, the gold path only for the expert, one-line errors -------
+# -- ids checked without the JVM, the gold path only for the expert, one-line errors -------
 
 def test_a_bad_variation_is_one_line_before_the_simulator_starts():
     fresh = make_env("scienceworld")

@@ -57,7 +57,7 @@ def test_difficulty_levels_pass_their_flags_and_only_cooking_takes_the_split(tmp
         tw_make_command("cooking-9", "train", 1, tmp_path / "g.z8")
 
 
-# -- issue 12: one input is one command ------------------------------------------------------------
+# -- one input is one command ------------------------------------------------------------
 
 def test_split_commands_follows_the_inform_parser():
     from envs.textworld import split_commands
@@ -81,7 +81,7 @@ def custom():
 
 
 def test_a_chained_input_never_reaches_the_engine_and_the_candidates_stay_true(custom):
-    """Issue 12's input on custom/train/1 (walkthrough: go south, go east, go north, open type D
+    """The input on custom/train/1 (walkthrough: go south, go east, go north, open type D
     locker, take keyboard from type D locker). The engine would run both commands of `go south then
     go east` but its tracker would see only the first, leaving an earlier room's candidates for the
     rest of the episode (no `take keyboard from type D locker` after opening the locker)."""

@@ -1,6 +1,6 @@
 """The chat layout on the real offline SmolLM2 (float32): a message-list context goes through the
 tokenizer's chat template with a generation prompt, and a candidate is the next assistant
-message's content (issue 5). The reference below is computed independently of the backend."""
+message's content. The reference below is computed independently of the backend."""
 
 from __future__ import annotations
 
