@@ -352,7 +352,7 @@ def _score(row: Row) -> str:
 
 
 def markdown_table(rows: Sequence[Row]) -> str:
-    """The rows of :func:`rich_table` as a Markdown table (README results), one line per row:
+    """The rows of :func:`rich_table` as a Markdown table (results/*.md, docs/results.md), one line per row:
     agent, task type, won/n, rate, 95% Wilson interval, mean steps, think steps, distinct actions,
     mean longest-cycle span, format errors, budget (and errors when there are any, and the mean
     final score when some episode's score is graded, :func:`final_score`)."""

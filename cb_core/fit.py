@@ -40,7 +40,7 @@ __all__ = ["Certificate", "DEFAULT_SOLVER", "EXACT_EIG_MAX_DIM", "FitResult", "f
 EXACT_EIG_MAX_DIM = 512
 
 #: the default solver of :func:`fit`: Newton-CG. Subspace needs fewer passes over the hidden
-#: states (README "Fit speed") but was not faster in wall time in every case there (its inner
+#: states (docs/benchmarks.md) but was not faster in wall time in every case there (its inner
 #: iterations cost time at small sizes), and Newton-CG stops with the smaller gap
 DEFAULT_SOLVER: Solver = Newton()
 

@@ -2,7 +2,7 @@
 commands for the actions.
 
 A small backbone rarely writes a whole program in the form :func:`agent_shell.ical.program.parse_program`
-reads (SmolLM2-135M: 0 of 30 free outputs parsed, README "ICAL"). Constrained decoding keeps the
+reads (SmolLM2-135M: 0 of 30 free outputs parsed, docs/results.md "ICAL"). Constrained decoding keeps the
 LM as the author of every choice and every word while the decoder supplies the form:
 
 * **Lines by grammar.** ``Abstractions:`` gets one ``causal:`` and one ``state:`` line (their

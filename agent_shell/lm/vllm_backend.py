@@ -18,7 +18,7 @@ Both engines use automatic prefix caching, so the shared context of a candidate 
 ReAct head shared by episodes) is computed once and reused across candidates, calls and
 concurrent requests; vLLM batches concurrent requests itself. The two engines split the GPU
 memory (``gpu_memory_utilization`` each, default 0.3), leaving room for the concept fit in JAX
-(see the README's GPU set-up).
+(see docs/gpu.md).
 
 Imports vllm only inside :func:`load_vllm_model`; must not import the agents or the environments.
 """
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 #: Marked in metadata and names until the agreement check has passed on a GPU.
 VERIFIED = False
 INSTALL_HINT = ("the vllm backend needs vLLM and a CUDA GPU: pip install 'cb-agent[vllm]' "
-                "(see the README's GPU set-up); this backend is unverified")
+                "(see docs/gpu.md); this backend is unverified")
 
 
 class VLLMLanguageModel:
