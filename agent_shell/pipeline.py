@@ -386,7 +386,8 @@ class StudyAgents:
         concepts = setup.concepts if actor == "cb-agent" else None
         if actor == "cb-agent" and concepts is None:
             raise ValueError("cb-agent needs concepts (internal: the factory was built without them)")
-        return CBAgent(setup.lm, setup.demos, concepts, config, self.scorer, self.reviewer, setup.calibrator)
+        return CBAgent(setup.lm, setup.demos, concepts, config, self.scorer, self.reviewer, setup.calibrator,
+                       self.config.feature_set)  # the features the concepts were fitted on
 
 
 __all__ = ["Setup", "StudyAgents", "UnknownTasks", "build_players", "check_tasks", "first_per_type",

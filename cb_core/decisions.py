@@ -20,9 +20,9 @@ import dataclasses
 import functools
 import os
 from collections.abc import Sequence
-from typing import Any
 
 import jax
+from jax.typing import ArrayLike, DTypeLike
 import numpy as np
 
 __all__ = [
@@ -52,12 +52,12 @@ class Decisions:
     the constructor itself does not check (it must stay traceable).
     """
 
-    hidden: Any
-    log_q: Any
-    n_tokens: Any
-    offsets: Any
-    segment_ids: Any
-    expert: Any
+    hidden: ArrayLike
+    log_q: ArrayLike
+    n_tokens: ArrayLike
+    offsets: ArrayLike
+    segment_ids: ArrayLike
+    expert: ArrayLike
 
     @property
     def n_decisions(self) -> int:
@@ -196,9 +196,9 @@ def validate_decisions(decisions: Decisions, *, finite_hidden: bool = True) -> D
 
 
 def decisions_from_lists(
-    hidden: Sequence[Any],
-    log_q: Sequence[Any],
-    n_tokens: Sequence[Any],
+    hidden: Sequence[ArrayLike],
+    log_q: Sequence[ArrayLike],
+    n_tokens: Sequence[ArrayLike],
     expert: Sequence[int],
 ) -> Decisions:
     """Stack per-decision arrays into a validated ragged :class:`Decisions` (float32).
@@ -272,20 +272,20 @@ class PaddedDecisions:
         weight: [N_pad] float, 1 for real decisions, 0 for padded ones.
     """
 
-    hidden: Any
-    log_q: Any
-    n_tokens: Any
-    mask: Any
-    expert: Any
-    weight: Any
+    hidden: ArrayLike
+    log_q: ArrayLike
+    n_tokens: ArrayLike
+    mask: ArrayLike
+    expert: ArrayLike
+    weight: ArrayLike
 
-    def unpad(self, x: Any) -> Any:
+    def unpad(self, x: ArrayLike) -> ArrayLike:
         """Rows of ``x`` [N_pad, M_pad, ...] for the real candidates, in ragged order [T, ...]."""
         rows = np.flatnonzero(np.asarray(self.mask).reshape(-1))
         return x.reshape((-1,) + tuple(x.shape[2:]))[rows]
 
 
-def _aligned_zeros(shape: tuple[int, ...], dtype: Any, align: int = 64) -> np.ndarray:
+def _aligned_zeros(shape: tuple[int, ...], dtype: DTypeLike, align: int = 64) -> np.ndarray:
     """Zero-filled array whose data start on an ``align``-byte boundary (JAX's CPU client then
     aliases it in ``jax.device_put`` and jit calls instead of copying)."""
     dtype = np.dtype(dtype)
@@ -306,7 +306,7 @@ def _copy_pool():
     return ThreadPoolExecutor(_COPY_THREADS, thread_name_prefix="cb_core-pad")
 
 
-def to_padded(decisions: Decisions, *, dtype: Any = None, n_pad: int | None = None,
+def to_padded(decisions: Decisions, *, dtype: DTypeLike | None = None, n_pad: int | None = None,
               m_pad: int | None = None) -> PaddedDecisions:
     """Pad ragged decisions into the kernels' layout, once, on the host (numpy out).
 

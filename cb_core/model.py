@@ -28,9 +28,9 @@ kernels on a :class:`Problem` instead. No I/O. Imports nothing else of this proj
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
+from jax.typing import ArrayLike
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -74,14 +74,14 @@ class Problem:
         weight: [N] 1 / N for real decisions, 0 for padded ones (the objective's average).
     """
 
-    hidden: Any
-    mean: Any
-    inv_scale: Any
-    bias: Any
-    prior: Any
-    mask: Any
-    expert: Any
-    weight: Any
+    hidden: ArrayLike
+    mean: ArrayLike
+    inv_scale: ArrayLike
+    bias: ArrayLike
+    prior: ArrayLike
+    mask: ArrayLike
+    expert: ArrayLike
+    weight: ArrayLike
 
 
 def prepare(padded: PaddedDecisions, gamma, eps) -> Problem:

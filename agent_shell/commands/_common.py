@@ -156,7 +156,7 @@ def make_console():
 @contextlib.contextmanager
 def cli_errors() -> Iterator[None]:
     """Run library calls (:mod:`agent_shell.pipeline`), turning the ValueError or FileNotFoundError
-    they raise into a one-line click error; an unknown split or task id
+    they raise into a one-line click error (the message's lines joined); an unknown split or task id
     (:class:`agent_shell.pipeline.UnknownTasks`) also says how to list the valid ids."""
     from agent_shell.pipeline import UnknownTasks
 
@@ -167,4 +167,4 @@ def cli_errors() -> Iterator[None]:
 
         raise task_error(err.env, err.split, err) from None
     except (ValueError, FileNotFoundError) as err:
-        raise click.ClickException(str(err)) from None
+        raise click.ClickException(" ".join(str(err).split())) from None

@@ -10,23 +10,30 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import click
 
-ENV_NAMES = ["alfworld", "scienceworld", "textworld"]
+from agent_shell.commands._common import ENV_NAMES, cli_errors
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from agent_shell.ical.learn import LearnConfig
+    from agent_shell.ical.memory import Lambdas, Memory
+    from agent_shell.lm.protocol import LanguageModel
+    from envs.protocol import Environment
+    from envs.trajectory import Trajectory
 
 
 def _fail(fn: Callable) -> Callable:
-    """Run ``fn`` turning bad-input errors into one-line click errors."""
+    """Run ``fn`` under :func:`agent_shell.commands._common.cli_errors` (bad input: one line)."""
     import functools
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
+    def wrapper(*args: object, **kwargs: object) -> object:
+        with cli_errors():
             return fn(*args, **kwargs)
-        except (ValueError, FileNotFoundError) as err:
-            raise click.ClickException(" ".join(str(err).split("\n")[0].split())) from None
 
     return wrapper
 
@@ -59,13 +66,13 @@ def _progress():
                         TextColumn("{task.fields[note]}"), TimeElapsedColumn())
 
 
-def _load_lm(model: str | None, dtype: str) -> Any:
+def _load_lm(model: str | None, dtype: str) -> LanguageModel:
     from agent_shell.lm import load_language_model
 
     return load_language_model(model, dtype=dtype)
 
 
-def _memory(folder: str | None, need_embedder: bool = True) -> Any:
+def _memory(folder: str | None, need_embedder: bool = True) -> Memory | None:
     if folder is None:
         return None
     from agent_shell.embeddings import SentenceEmbedder
@@ -160,7 +167,7 @@ def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, see
             with _progress() as progress:
                 bar = progress.add_task("corrupt + replay", total=len(todo), note="")
 
-                def save(traj: Any) -> None:
+                def save(traj: Trajectory) -> None:
                     nonlocal written
                     append_jsonl(out, traj)
                     written += 1
@@ -224,7 +231,7 @@ def abstract(noisy_path, env_name, model, dtype, memory_dir, k, max_new_tokens, 
                + ("; rejected: " + ", ".join(f"{r} x{c}" for r, c in reasons.most_common()) if reasons else ""))
 
 
-def _learn_all(trajs: list, out: Path, lm: Any, env: Any, memory: Any, config: Any, human: bool,
+def _learn_all(trajs: list, out: Path, lm: LanguageModel, env: Environment, memory: Memory | None, config: LearnConfig, human: bool,
                first_outputs: dict[str, str] | None = None) -> None:
     from agent_shell.ical.execution import HumanFeedback
     from agent_shell.ical.learn import learn_example, learn_record
@@ -403,8 +410,8 @@ def retrieve(memory_dir, instruction, state, env_name, split, per_type, k, lambd
     _precision(memory, env_name, split, per_type, k, lambdas, out_path, resume, console)
 
 
-def _precision(memory: Any, env_name: str, split: str, per_type: int, k: int, lambdas: Any, out_path: str | None, resume: bool,
-               console: Any) -> None:
+def _precision(memory: Memory, env_name: str, split: str, per_type: int, k: int, lambdas: Lambdas, out_path: str | None, resume: bool,
+               console: Console) -> None:
     from collections import Counter
 
     from agent_shell.ical.memory import retrieval_query

@@ -13,23 +13,21 @@ from typing import Iterable
 import click
 
 from envs.protocol import Environment
-from envs.registry import ENVIRONMENTS
-
-ENV_NAMES = tuple(sorted(ENVIRONMENTS))
+from agent_shell.commands._common import ENV_NAMES
 
 
 def validated_tasks(env: Environment, split: str, task_ids: Iterable[str]) -> list[str]:
-    """:func:`envs.check_tasks` as a one-line click error that also says how to list the valid ids.
+    """:func:`agent_shell.pipeline.check_tasks` as a one-line click error that also says how to
+    list the valid ids.
 
     Raises:
         click.ClickException: an unknown split, an unknown id, or an id of another split.
     """
-    from envs import check_tasks
+    from agent_shell.commands._common import cli_errors
+    from agent_shell.pipeline import check_tasks
 
-    try:
-        return check_tasks(env, split, task_ids)
-    except ValueError as err:
-        raise task_error(env, split, err) from None
+    with cli_errors():
+        return check_tasks(env, split, list(task_ids))
 
 
 def task_error(env: Environment, split: str, err: ValueError) -> click.ClickException:

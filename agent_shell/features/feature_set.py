@@ -123,7 +123,7 @@ def _describe(extractor: FeatureExtractor, lm: LanguageModel) -> dict[str, Any]:
     return {"name": extractor.name, "size": int(extractor.size(lm)), "metadata": meta}
 
 
-def recorded_extractors(features_meta: Any, hidden_size: int) -> list[dict[str, Any]]:
+def recorded_extractors(features_meta: object, hidden_size: int) -> list[dict[str, Any]]:
     """The extractor description stored in a concept's ``features`` metadata; for a concept file
     from before feature extractors (no ``extractors`` field) the seed's ``lm-hidden`` of width
     ``hidden_size``."""

@@ -21,13 +21,13 @@ Must not import the agents, the environments or cb_core.
 from __future__ import annotations
 
 import inspect
-from importlib.metadata import entry_points
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from agent_shell.features.goal import GoalSimilarity
 from agent_shell.features.lm_states import LMHidden, LMLayer
 from agent_shell.features.novelty import Novelty
 from agent_shell.features.protocol import FeatureExtractor
+from agent_shell.plugins import load_registered, registered
 
 #: The entry-point group third-party extractors register under.
 ENTRY_POINT_GROUP = "cb_agent.feature_extractors"
@@ -42,13 +42,9 @@ BUILTIN: dict[str, Callable[[str | None], FeatureExtractor]] = {
 DEFAULT_FEATURES = "lm-hidden"
 
 
-def _plugins() -> dict[str, Any]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in BUILTIN}
-
-
 def available_extractors() -> dict[str, str]:
     """Extractor name -> where it comes from (``"built-in"`` or the entry point's target)."""
-    return {**{n: "built-in" for n in BUILTIN}, **{n: ep.value for n, ep in sorted(_plugins().items())}}
+    return {**{n: "built-in" for n in BUILTIN}, **{n: ep.value for n, ep in sorted(registered(ENTRY_POINT_GROUP, BUILTIN).items())}}
 
 
 def parse_features(selection: str | Iterable[str]) -> tuple[str, ...]:
@@ -92,17 +88,12 @@ def make_extractor(spec: str) -> FeatureExtractor:
     """The extractor a spec names (its factory called with the spec's argument).
 
     Raises:
-        ValueError: an unknown name (listing the known ones), a bad argument (from the factory),
+        ValueError: an unknown name (listing the known ones), a plug-in that fails to import, a bad
+            argument (from the factory),
             or a factory whose result is no FeatureExtractor or is named other than ``spec``.
     """
     base, _, arg = spec.strip().partition(":")
-    factory = BUILTIN.get(base)
-    if factory is None:
-        plugin = _plugins().get(base)
-        if plugin is None:
-            raise ValueError(f"unknown feature extractor {base!r}; known: {sorted(available_extractors())} "
-                             f"(third-party ones register under the entry-point group {ENTRY_POINT_GROUP!r})")
-        factory = plugin.load()
+    factory = BUILTIN.get(base) or load_registered(ENTRY_POINT_GROUP, base, BUILTIN, what="feature extractor")
     extractor = factory(arg or None)
     if not _is_extractor(extractor):
         raise ValueError(f"feature extractor {spec!r}: its factory returned a {type(extractor).__name__}, which "

@@ -10,10 +10,13 @@ comment through :class:`HumanFeedback`) it stops and returns an :class:`Executio
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from agent_shell.ical.program import Program
 from envs.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from envs.protocol import Environment
 
 #: Observations that mean the engine did not execute an action (ALFWorld, TextWorld, ScienceWorld).
 INVALID_FEEDBACK = ("Nothing happens.", "I don't understand that", "No known action matches that input.")
@@ -90,7 +93,7 @@ def _valid_list(candidates: Sequence[str]) -> str:
     return ", ".join(shown) + (f" (and {more} more)" if more > 0 else "")
 
 
-def execute(env: Any, task_id: str, program: Program, feedback: Feedback | None = None) -> Execution:
+def execute(env: Environment, task_id: str, program: Program, feedback: Feedback | None = None) -> Execution:
     """Run ``program`` in a fresh game of ``task_id`` (think steps for annotations; budget = its length).
 
     An action not in the state's candidate set is not sent to the engine: the execution stops

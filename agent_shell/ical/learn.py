@@ -22,12 +22,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from agent_shell.ical.execution import Execution, Feedback, execute
 from agent_shell.ical.memory import Example
 from agent_shell.ical.program import ABSTRACTIONS_HEADER, Parsed, parse_program
 from envs.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from agent_shell.lm.protocol import LanguageModel
+    from envs.protocol import Environment
 
 #: How a program is written: free generation, or constrained to a grammar and the admissible commands.
 DECODINGS = ("free", "constrained", "anchored")
@@ -201,7 +205,7 @@ def allowed_actions(*trajectories: Trajectory) -> set[str]:
     return {c for t in trajectories for s in t.steps if s.candidates for c in s.candidates}
 
 
-def final_candidates(env: Any, noisy: Trajectory) -> list[str]:
+def final_candidates(env: Environment, noisy: Trajectory) -> list[str]:
     """The candidate set after the noisy trajectory's last step (a trajectory stores the sets
     *before* each action only), found by replaying its environment actions in a fresh game;
     [] when the replay wins."""
@@ -218,14 +222,14 @@ def final_candidates(env: Any, noisy: Trajectory) -> list[str]:
     return [] if episode.won else list(env.candidates())
 
 
-def generate_program(lm: Any, prompt: str, config: LearnConfig) -> str:
+def generate_program(lm: LanguageModel, prompt: str, config: LearnConfig) -> str:
     """One program from the LM (greedy), with the section header the prompt ended with put back."""
     reply = lm.generate(prompt, max_new_tokens=config.max_new_tokens, stop=("\nEnd", "\n\n\n"), temperature=0.0,
                         n=1, seed=config.seed)[0]
     return f"{ABSTRACTIONS_HEADER}\n{reply}"
 
 
-def write_program(lm: Any, env: Any, noisy: Trajectory, prompt: str, config: LearnConfig) -> tuple[str, set[str]]:
+def write_program(lm: LanguageModel, env: Environment, noisy: Trajectory, prompt: str, config: LearnConfig) -> tuple[str, set[str]]:
     """One program for ``noisy``'s task after ``prompt``, as ``config.decoding`` says: free
     (:func:`generate_program`) or constrained (:func:`agent_shell.ical.constrained.constrained_program`,
     at most the record's environment actions + ``config.extra_actions``).
@@ -245,7 +249,7 @@ def write_program(lm: Any, env: Any, noisy: Trajectory, prompt: str, config: Lea
                                notes=notes)
 
 
-def run_round(outcome: Outcome, kind: str, output: str, parsed: Parsed, env: Any, noisy: Trajectory,
+def run_round(outcome: Outcome, kind: str, output: str, parsed: Parsed, env: Environment, noisy: Trajectory,
               feedback: Feedback | None, seconds: float) -> Execution | None:
     """Record one round: a parsed program is executed; an unparsable one is not."""
     execution = None
@@ -263,7 +267,7 @@ def run_round(outcome: Outcome, kind: str, output: str, parsed: Parsed, env: Any
     return execution
 
 
-def learn_example(lm: Any, env: Any, noisy: Trajectory, examples: Sequence[Example] = (),
+def learn_example(lm: LanguageModel, env: Environment, noisy: Trajectory, examples: Sequence[Example] = (),
                   config: LearnConfig = LearnConfig(), feedback: Feedback | None = None,
                   first_output: str | None = None) -> Outcome:
     """Abstraction, then up to ``config.max_rounds`` revisions, for one noisy trajectory.
@@ -323,7 +327,7 @@ def learn_example(lm: Any, env: Any, noisy: Trajectory, examples: Sequence[Examp
     return outcome
 
 
-def abstract_record(lm: Any, env: Any, noisy: Trajectory, examples: Sequence[Example], config: LearnConfig
+def abstract_record(lm: LanguageModel, env: Environment, noisy: Trajectory, examples: Sequence[Example], config: LearnConfig
                     ) -> tuple[dict, Parsed]:
     """Phase 1 only (``cb-agent ical abstract``): the LM abstracts ``noisy`` after the prompt with
     ``examples``; the output is parsed strictly against the actions known admissible, not executed.
@@ -344,7 +348,7 @@ def abstract_record(lm: Any, env: Any, noisy: Trajectory, examples: Sequence[Exa
     return record, parsed
 
 
-def learn_record(outcome: Outcome, examples: Sequence[Example], config: LearnConfig, lm: Any) -> dict:
+def learn_record(outcome: Outcome, examples: Sequence[Example], config: LearnConfig, lm: LanguageModel) -> dict:
     """The output line of ``cb-agent ical refine`` / ``build-memory`` for one noisy trajectory:
     :meth:`Outcome.to_record` with the examples shown, the decoding, the notes and the backbone
     (None without an LM)."""

@@ -34,6 +34,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from agent_shell.ical.program import Program
+from envs.protocol import TaskStart
 from envs.trajectory import Trajectory
 
 #: Bumped when an example field changes meaning or is removed; readers refuse newer versions.
@@ -114,7 +115,7 @@ class Example:
                 "source": self.source, "rounds": self.rounds, "backbone": self.backbone}
 
     @classmethod
-    def from_record(cls, record: Any) -> "Example":
+    def from_record(cls, record: object) -> "Example":
         """Inverse of :meth:`to_record`. Raises ValueError (missing field, newer schema, ...)."""
         if not isinstance(record, dict):
             raise ValueError(f"an example record must be a JSON object, got {type(record).__name__}")
@@ -328,7 +329,7 @@ def examples_for(memory: Memory | None, noisy: Trajectory, k: int) -> list[Examp
                                           exclude_task_ids=[noisy.task_id])]
 
 
-def retrieval_query(memory: Memory, start: Any, query_id: str, k: int, lambdas: Lambdas) -> dict:
+def retrieval_query(memory: Memory, start: TaskStart, query_id: str, k: int, lambdas: Lambdas) -> dict:
     """One retrieval-precision query record: the top-``k`` examples for the instruction and
     observation of ``start`` (an environment's reset step, with ``task_type``), keyed ``query_id``
     (``noisy_id``), with the retrieved ids, their task types and scores."""

@@ -10,7 +10,6 @@ constructor takes the spec's argument, registered in a package's ``pyproject.tom
 from __future__ import annotations
 
 import hashlib
-from importlib.metadata import EntryPoint
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,6 +17,7 @@ import pytest
 
 import cb_core
 from agent_doubles import FakeLM
+from entry_point_doubles import install_entry_point
 from agent_shell.features import (DecisionInput, FeatureExtractor, FeatureSet, available_extractors,
                                   check_extractors, make_extractor, parse_features, recorded_extractors)
 from agent_shell.features import registry
@@ -52,11 +52,9 @@ def decision(candidates, history=(), instruction="Your task is to: put a clean m
 
 
 @pytest.fixture()
-def plugin(monkeypatch):
-    eps = [EntryPoint(name="word-count", value="test_features:WordCount", group=registry.ENTRY_POINT_GROUP),
-           EntryPoint(name="lm-hidden", value="test_features:WordCount", group=registry.ENTRY_POINT_GROUP),
-           EntryPoint(name="misnamed", value="test_features:WordCount", group=registry.ENTRY_POINT_GROUP)]
-    monkeypatch.setattr(registry, "entry_points", lambda group: [e for e in eps if e.group == group])
+def plugin(site):
+    for name in ("word-count", "lm-hidden", "misnamed"):
+        install_entry_point(site, registry.ENTRY_POINT_GROUP, name, "test_features:WordCount", f"cb-{name}-plugin")
 
 
 # ---------------------------------------------------------------------------------- actions
