@@ -124,12 +124,12 @@ def load_decisions(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> Decis
         raise ValueError(f"{path}: {err}") from None
 
 
-def load_decisions_metadata(path: str | os.PathLike, max_bytes: int = 1 << 20) -> dict:
+def load_decisions_metadata(path: str | os.PathLike, max_bytes: int = 16 << 20) -> dict:
     """The optional JSON ``metadata`` object of a decision-set file ({} when absent).
 
     Raises:
         ValueError: if the field is present but not a JSON object, or declares over
-            ``max_bytes`` (default 1 MiB).
+            ``max_bytes`` (default 16 MiB).
     """
     raw = _read_members(path, ("metadata",), max_bytes, required=False).get("metadata")
     if raw is None:
