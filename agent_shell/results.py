@@ -291,11 +291,13 @@ class ResumableJsonl:
         self.path, self.read, self.key = Path(path), read, key
         self.what, self.name, self.elsewhere, self.line = what, name, elsewhere, line
 
-    def check(self) -> None:
-        """Refuse (ValueError, one line) a file that is a symbolic link (:func:`refuse_link`), or
-        whose first line is not a line of this kind (appending would mix records into an
-        unrelated file)."""
+    def claim(self) -> None:
+        """Refuse (ValueError, one line) a file that is a symbolic link (:func:`refuse_link`), claim
+        it for this process (:func:`envs.storage.claim_writer`: FileBusy when another process
+        writes it), then refuse it when its first line is not a line of this kind (appending would
+        mix records into an unrelated file)."""
         refuse_link(self.path, self.elsewhere)
+        claim_writer(self.path)  # before reading: another writer's line in progress would look torn
         if self.line is None or not self.path.exists():
             return
         for number, _record, err in iter_jsonl(self.path, self.line):
@@ -305,15 +307,14 @@ class ResumableJsonl:
             return
 
     def append(self, record: Mapping[str, Any]) -> None:
-        """Append one line atomically (:func:`envs.storage.append_jsonl`) under this process's claim,
-        after :meth:`check`."""
-        self.check()
-        claim_writer(self.path)
+        """Append one line atomically (:func:`envs.storage.append_jsonl`) under this process's claim
+        (:meth:`claim`)."""
+        self.claim()
         append_jsonl(self.path, record)
 
     def finished(self, wanted: Collection[Hashable], resume: bool, settings: Mapping[str, Any] | None = None,
                  compared: Callable[[dict], bool] | None = None) -> dict[Hashable, dict]:
-        """:meth:`check` the file and claim it for this process's writes, then return its finished
+        """Claim the file for this process's writes (:meth:`claim`), then return its finished
         lines (key -> the first line of that key; lines of every key, not only ``wanted``).
 
         ``settings`` (field -> this run's value) must agree with every finished line that
@@ -324,12 +325,11 @@ class ResumableJsonl:
         Raises:
             envs.storage.FileBusy: another process is writing the file (naming its pid and
                 command line).
-            ValueError: the file is a link or not of this kind (:meth:`check`); without ``resume``, the file already holds one of ``wanted`` (never
+            ValueError: the file is a link or not of this kind (:meth:`claim`); without ``resume``, the file already holds one of ``wanted`` (never
                 duplicated); with ``resume``, a compared line was written with other
                 ``settings`` (naming the line, the field and both values).
         """
-        self.check()
-        claim_writer(self.path)
+        self.claim()
         done: dict[Hashable, dict] = {}
         for r in self.read(self.path):
             done.setdefault(self.key(r), r)
