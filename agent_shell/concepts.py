@@ -46,7 +46,7 @@ from agent_shell.history import REVIEWED
 from agent_shell.lm.formatting import PLAIN
 from agent_shell.features import DecisionInput, FeatureSet, check_extractors, recorded_extractors
 from agent_shell.lm.protocol import CandidateScores, Context, LanguageModel
-from envs.storage import atomic_folder
+from envs.storage import atomic_folder, atomic_path, write_bytes_atomic
 from envs.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -191,9 +191,9 @@ def trajectory_scores(scorer: DecisionScorer, inputs: Sequence[tuple[DecisionInp
         path.parent.mkdir(parents=True, exist_ok=True)
         decisions = cb_core.decisions_from_lists([s.hidden for s in scores], [s.log_q for s in scores],
                                                  [s.n_tokens for s in scores], [e for _, _, e in texts])
-        cb_core.save_decisions(path, decisions,
-                               metadata={"backbone": lm.name, "formatting": PLAIN,
-                                         "rendering": rendering, "layout": layout})
+        with atomic_path(path, suffix=".npz") as tmp, open(tmp, "wb") as f:
+            cb_core.write_decisions(f, decisions, metadata={"backbone": lm.name, "formatting": PLAIN,
+                                                            "rendering": rendering, "layout": layout})
     return scores, seconds
 
 
@@ -324,11 +324,12 @@ def concepts_dir_key(features: dict[str, TypeFeatures], lm: LanguageModel, rende
 
 
 def save_concepts(concepts: dict[str, Concept], directory: str | os.PathLike) -> None:
-    """Write ``<directory>/<task_type>.safetensors`` for each concept (:meth:`cb_core.Concept.save`)."""
+    """Write ``<directory>/<task_type>.safetensors`` for each concept (:meth:`cb_core.Concept.to_bytes`,
+    atomically)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     for task_type, concept in concepts.items():
-        concept.save(directory / f"{task_type}.safetensors")
+        write_bytes_atomic(directory / f"{task_type}.safetensors", concept.to_bytes())
 
 
 def load_concepts(directory: str | os.PathLike) -> dict[str, Concept]:

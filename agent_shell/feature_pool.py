@@ -38,6 +38,7 @@ def pooled_features(config: RunConfig, pool: int, echo: Callable[[str], None],
     from agent_shell.concepts import collect_features, features_cached
     from agent_shell.demos import expert_demos, tasks_by_type
     from cb_core.cache import enable_persistent_cache
+    from envs.storage import write_bytes_atomic
     from envs import make_env
 
     env = make_env(config.env)
@@ -52,7 +53,7 @@ def pooled_features(config: RunConfig, pool: int, echo: Callable[[str], None],
     except BaseException:
         env.close()
         raise
-    enable_persistent_cache(setup.cache / "jax")
+    enable_persistent_cache(setup.cache / "jax", write_bytes_atomic)
 
     def usable(trajs: list[Trajectory]) -> list[Trajectory]:
         if not cached_only:

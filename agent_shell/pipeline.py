@@ -242,8 +242,9 @@ def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: Se
     """
     from agent_shell.concepts import cached_concepts, check_concept_matches, collect_features, skipped_summary
     from cb_core.cache import enable_persistent_cache
+    from envs.storage import write_bytes_atomic
 
-    enable_persistent_cache(cache / "jax")  # fits compile once per machine, not per run
+    enable_persistent_cache(cache / "jax", write_bytes_atomic)  # fits compile once per machine, not per run
     timings = timings if timings is not None else {}
     t = time.perf_counter()
     done = []

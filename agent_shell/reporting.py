@@ -9,6 +9,10 @@ budget) whose value differs
 between the records becomes part of the row's label (``react (budget=15)``), so episodes run
 under different settings stay in different rows. Episodes that ended by an engine fault
 (``record["error"]``) are counted apart (``errors``), never as won or lost.
+
+Charts and tables are written to a temporary file beside their path and renamed over it
+(:func:`save_figure`, :func:`envs.storage.write_bytes_atomic`): a link at the path is replaced,
+never written through.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Iterable, Sequence
 
 from agent_shell.results import RUN_SETTINGS, setting
 from agent_shell.statistics import sign_test, wilson_interval
+from envs.storage import atomic_path
 
 ALL = "all"
 CHART_CAPTION = "bars: success rate; labels: won/n; whiskers: 95% Wilson score intervals"
@@ -415,12 +420,21 @@ def chart_figure(rows: Sequence[Row], title: str = "Success rate by task type"):
     return fig
 
 
-def bar_chart(rows: Sequence[Row], path: str | Path, title: str = "Success rate by task type") -> Path:
-    """:func:`chart_figure` saved as an image at ``path`` (format from the suffix)."""
+def save_figure(fig, path: str | Path, dpi: int) -> Path:
+    """Save a matplotlib figure at ``path`` atomically (a temporary file beside it, then one rename:
+    a link at ``path`` is replaced, its target untouched), format from the suffix (PNG without
+    one), and close it. Returns ``path``."""
     import matplotlib.pyplot as plt
 
-    fig = chart_figure(rows, title)
     path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        with atomic_path(path, suffix=path.suffix) as tmp, open(tmp, "wb") as f:
+            fig.savefig(f, format=path.suffix[1:] or "png", dpi=dpi)
+    finally:
+        plt.close(fig)
     return path
+
+
+def bar_chart(rows: Sequence[Row], path: str | Path, title: str = "Success rate by task type") -> Path:
+    """:func:`chart_figure` saved as an image at ``path`` (format from the suffix; :func:`save_figure`)."""
+    return save_figure(chart_figure(rows, title), path, dpi=120)

@@ -12,8 +12,9 @@ written and resumed.
 * **Writing**: :func:`store_record` (one atomic line, then the episode's partial state goes).
 * **Resuming**: :class:`ResumableJsonl`, the one check every resumable JSONL output goes through
   (episode results, study lines, calibration labels, ICAL outputs): it claims the file for this
-  process (a second writer is refused with one line naming the holder), refuses to duplicate a
-  finished key, and compares the finished lines' settings with the run's by one rule: a field a
+  process (a second writer is refused with one line naming the holder), refuses a file that is a
+  symbolic link or whose first line is not a line of its kind (it would append to an unrelated
+  file), refuses to duplicate a finished key, and compares the finished lines' settings with the run's by one rule: a field a
   line lacks takes its value from :data:`SETTING_DEFAULTS`; a field without a value there (None)
   is not compared.
 
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Hashable, Iterable,
 
 from agent_shell.history import StepLike
 from agent_shell.run_config import RunConfig
-from envs.storage import FileBusy, append_jsonl, claim_writer, iter_jsonl, repair_jsonl
+from envs.storage import append_jsonl, claim_writer, iter_jsonl, repair_jsonl
 
 if TYPE_CHECKING:
     from agent_shell.agents import Trial
@@ -211,13 +212,15 @@ def repair_for_resume(path: str | os.PathLike, echo: Callable[[str], None] | Non
     default ``click.echo``); the rest of the file stays byte for byte.
 
     Raises:
-        click.ClickException: another process is writing ``path`` (one line naming it).
+        click.ClickException: ``path`` is a symbolic link, or another process is writing it (one
+            line naming it).
     """
     import click
 
     try:  # claimed first: another writer's line in progress would look torn
+        refuse_link(path)
         claim_writer(path)
-    except FileBusy as err:
+    except ValueError as err:  # FileBusy too
         raise click.ClickException(str(err)) from None
     for line in repair_jsonl(path):
         (echo or click.echo)(f"repaired {path}: line {line.line_number} ({line.error}) moved to {path}.torn")
@@ -242,7 +245,7 @@ def unique_episodes(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str, A
 
 def store_record(results_path: Path, record: dict[str, Any], partial: Path | None = None) -> None:
     """Append ``record`` as one atomic line (:meth:`ResumableJsonl.append`: FileBusy when another
-    process writes the file), then remove the episode's partial state (and the partial folders it
+    process writes the file, ValueError when it is a link or not a results file), then remove the episode's partial state (and the partial folders it
     leaves empty)."""
     results_file(results_path).append(record)
     if partial is None:
@@ -259,6 +262,14 @@ def store_record(results_path: Path, record: dict[str, Any], partial: Path | Non
 # resuming
 
 
+def refuse_link(path: str | os.PathLike, instead: str = "choose another output directory") -> None:
+    """ValueError (one line) when ``path`` is a symbolic link: an output is never written through
+    one (it would change the file the link points to)."""
+    if os.path.islink(path):
+        raise ValueError(f"{path} is a symbolic link (to {os.readlink(path)}); an output is never written "
+                         f"through a link: remove it, or {instead}")
+
+
 class ResumableJsonl:
     """A JSONL output that one process fills with one line per key and a later run may resume.
 
@@ -270,22 +281,41 @@ class ResumableJsonl:
         what: the lines in a message (``"episodes"``).
         name: how a message names one line.
         elsewhere: what to do instead of resuming (``"choose another --out"``).
+        line: ``line(record)`` raises ValueError when a JSON value is not a line of this kind; the
+            file's first line must pass it (None: not checked).
     """
 
     def __init__(self, path: str | os.PathLike, read: Callable[[Path], Iterable[dict]], key: Callable[[dict], Hashable],
-                 what: str, name: Callable[[dict], str], elsewhere: str = "choose another --out"):
+                 what: str, name: Callable[[dict], str], elsewhere: str = "choose another --out",
+                 line: Callable[[Any], Any] | None = None):
         self.path, self.read, self.key = Path(path), read, key
-        self.what, self.name, self.elsewhere = what, name, elsewhere
+        self.what, self.name, self.elsewhere, self.line = what, name, elsewhere, line
+
+    def claim(self) -> None:
+        """Refuse (ValueError, one line) a file that is a symbolic link (:func:`refuse_link`), claim
+        it for this process (:func:`envs.storage.claim_writer`: FileBusy when another process
+        writes it), then refuse it when its first line is not a line of this kind (appending would
+        mix records into an unrelated file)."""
+        refuse_link(self.path, self.elsewhere)
+        claim_writer(self.path)  # before reading: another writer's line in progress would look torn
+        if self.line is None or not self.path.exists():
+            return
+        for number, _record, err in iter_jsonl(self.path, self.line):
+            if err is not None:
+                raise ValueError(f"{self.path}: line {number} is not one of its {self.what} ({err}); refusing to "
+                                 f"append to it: {self.elsewhere}")
+            return
 
     def append(self, record: Mapping[str, Any]) -> None:
-        """Append one line atomically (:func:`envs.storage.append_jsonl`) under this process's claim."""
-        claim_writer(self.path)
+        """Append one line atomically (:func:`envs.storage.append_jsonl`) under this process's claim
+        (:meth:`claim`)."""
+        self.claim()
         append_jsonl(self.path, record)
 
     def finished(self, wanted: Collection[Hashable], resume: bool, settings: Mapping[str, Any] | None = None,
                  compared: Callable[[dict], bool] | None = None) -> dict[Hashable, dict]:
-        """Claim the file for this process's writes, then return its finished lines (key -> the
-        first line of that key; lines of every key, not only ``wanted``).
+        """Claim the file for this process's writes (:meth:`claim`), then return its finished
+        lines (key -> the first line of that key; lines of every key, not only ``wanted``).
 
         ``settings`` (field -> this run's value) must agree with every finished line that
         ``compared`` selects (default: the lines of ``wanted`` keys), by the one rule: a field a
@@ -295,11 +325,11 @@ class ResumableJsonl:
         Raises:
             envs.storage.FileBusy: another process is writing the file (naming its pid and
                 command line).
-            ValueError: without ``resume``, the file already holds one of ``wanted`` (never
+            ValueError: the file is a link or not of this kind (:meth:`claim`); without ``resume``, the file already holds one of ``wanted`` (never
                 duplicated); with ``resume``, a compared line was written with other
                 ``settings`` (naming the line, the field and both values).
         """
-        claim_writer(self.path)
+        self.claim()
         done: dict[Hashable, dict] = {}
         for r in self.read(self.path):
             done.setdefault(self.key(r), r)
@@ -322,7 +352,7 @@ class ResumableJsonl:
 def results_file(path: str | os.PathLike) -> ResumableJsonl:
     """The episode results file ``path`` of ``cb-agent run`` as a :class:`ResumableJsonl`."""
     return ResumableJsonl(path, read_results, lambda r: (r["agent"], r["task_id"]), "episodes",
-                          lambda r: f"{r['agent']} episodes", "choose another output directory")
+                          lambda r: f"{r['agent']} episodes", "choose another output directory", _episode_record)
 
 
 def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[str], task_ids: Sequence[str],
@@ -336,7 +366,8 @@ def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[st
 
     Raises:
         envs.storage.FileBusy: another process is writing the file.
-        ValueError: without ``resume``, the file already holds an episode of one of the agents on
+        ValueError: the file is a symbolic link, or its first line is not an episode record; without
+            ``resume``, the file already holds an episode of one of the agents on
             one of ``task_ids``; with ``resume``, one of the agents' records was run with other
             settings, naming the field.
     """
@@ -352,4 +383,4 @@ def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[st
 
 __all__ = ["RESULT_SCHEMA", "RUN_SETTINGS", "SETTING_DEFAULTS", "ResumableJsonl", "SameAs", "check_results_file",
            "episode_record", "error_record", "longest_repeat_cycle", "loop_statistics", "read_results",
-           "repair_for_resume", "results_file", "setting", "store_record", "trial_record", "unique_episodes"]
+           "refuse_link", "repair_for_resume", "results_file", "setting", "store_record", "trial_record", "unique_episodes"]

@@ -98,12 +98,13 @@ def judge(out, model, f_star):
 
 
 def run_problem(workers, n, d, regime, rounds, seed, tmp):
-    from cb_core.decision_file import save_decisions
+    from cb_core.decision_file import write_decisions
     from cb_core.synthetic import synthetic_decisions
 
     dec = synthetic_decisions(n, d, seed=seed, rank=REGIMES[regime])
     npz = os.path.join(tmp, f"d{n}x{d}-{regime}.npz")
-    save_decisions(npz, dec)
+    with open(npz, "wb") as f:
+        write_decisions(f, dec)
     model = float64_model(load_npz(npz))
     f_star, ref = reference_optimum(npz, model)
     print(f"\n=== N = {n}, d = {d}, regime {regime} (rank {REGIMES[regime]}), T = {dec.n_rows} "
@@ -140,11 +141,12 @@ def run_problem(workers, n, d, regime, rounds, seed, tmp):
 
 # ----------------------------------------------------------------------------------- one-off CLI
 def cli_timing(n, d, seed, rounds, tmp):
-    from cb_core.decision_file import save_decisions
+    from cb_core.decision_file import write_decisions
     from cb_core.synthetic import synthetic_decisions
 
     npz = os.path.join(tmp, f"cli{n}x{d}.npz")
-    save_decisions(npz, synthetic_decisions(n, d, seed=seed))
+    with open(npz, "wb") as f:
+        write_decisions(f, synthetic_decisions(n, d, seed=seed))
     env = dict(os.environ, CB_AGENT_CACHE=os.path.join(tmp, f"cache{n}x{d}"))
     exe = os.path.join(os.path.dirname(sys.executable), "cb-agent")
     cmd = [exe, "fit", npz, "--out", os.path.join(tmp, "c.safetensors"), "--json"]
@@ -175,11 +177,12 @@ def six_concepts_main(cache: str, d: int) -> None:
     """Fit six per-type concepts (d = 576 by default) in this process; print the fits' times."""
     import cb_core
     from cb_core.cache import enable_persistent_cache
+    from envs.storage import write_bytes_atomic
     from cb_core.synthetic import synthetic_decisions
 
     t0 = time.perf_counter()
     if cache:
-        enable_persistent_cache(cache)
+        enable_persistent_cache(cache, write_bytes_atomic)
     decs = [synthetic_decisions(n, d, m_mean=22, m_spread=14, seed=k, min_m=2)
             for k, n in enumerate(SIX_SIZES)]
     t1 = time.perf_counter()

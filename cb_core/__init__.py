@@ -3,7 +3,7 @@
 Public API (seed paper notation; see each docstring for shapes and the equation implemented):
 
 * the decision set: :class:`Decisions` (ragged pytree), :func:`decisions_from_lists`,
-  :func:`load_decisions` / :func:`save_decisions` (the ``.npz`` file, :mod:`cb_core.decision_file`);
+  :func:`load_decisions` / :func:`write_decisions` (the ``.npz`` file, :mod:`cb_core.decision_file`);
   padding, validation and shape buckets in :mod:`cb_core.decisions`.
 * the model (Eq. 3, Eq. 6, App. B): :func:`features`, :func:`prior_log_probs`,
   :func:`log_probs`, :func:`objective`, :func:`gradient`, :func:`hessian`; the padded kernels
@@ -13,10 +13,12 @@ Public API (seed paper notation; see each docstring for shapes and the equation 
   -> :class:`FitResult` with its :class:`Certificate` (:mod:`cb_core.fit`; the solvers in
   :mod:`cb_core.solvers`).
 * the concept: :class:`Concept` (alpha, gamma, eps, metadata; ``log_probs`` / ``choose`` on one
-  candidate set, Eq. 7; ``save`` / ``load``).
+  candidate set, Eq. 7; ``to_bytes`` / ``load``: the safetensors file).
 
 Other helpers stay importable from their modules (:mod:`cb_core.cache`,
-:mod:`cb_core.synthetic`, ...). Imports nothing else of this project.
+:mod:`cb_core.synthetic`, ...). Imports nothing else of this project, and writes no files: the
+file formats are serialised here and written by the caller (the agent shell through
+:mod:`envs.storage`, the project's one atomic writer).
 
 On a GPU the fit shares the device with the PyTorch LM: JAX would otherwise reserve 75% of the
 GPU's memory when it first runs, and the LM would run out. Importing cb_core therefore sets
@@ -30,9 +32,8 @@ import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-from cb_core._atomic import atomic_path  # noqa: F401  (kept importable; not part of the API)
 from cb_core.concept import Concept
-from cb_core.decision_file import load_decisions, save_decisions
+from cb_core.decision_file import load_decisions, write_decisions
 from cb_core.decisions import Decisions, decisions_from_lists
 from cb_core.fit import Certificate, FitResult, fit
 from cb_core.model import features, gradient, hessian, log_probs, objective, prior_log_probs
@@ -41,5 +42,5 @@ from cb_core.solvers import LBFGS, Adam, Newton, Subspace
 __all__ = [
     "Adam", "Certificate", "Concept", "Decisions", "FitResult", "LBFGS", "Newton", "Subspace",
     "decisions_from_lists", "features", "fit", "gradient", "hessian", "load_decisions",
-    "log_probs", "objective", "prior_log_probs", "save_decisions",
+    "log_probs", "objective", "prior_log_probs", "write_decisions",
 ]

@@ -1,7 +1,8 @@
 """Compiled programs kept on disk, in a directory the caller chooses (for one-off CLI fits).
 
-cb_core decides no file locations: the agent shell passes ``<its cache dir>/jax`` to
-:func:`enable_persistent_cache`. That turns on two stores in the directory:
+cb_core decides no file locations and writes no files: the agent shell passes ``<its cache
+dir>/jax`` and its atomic file writer to :func:`enable_persistent_cache`. That turns on two
+stores in the directory:
 
 * JAX's persistent compilation cache (every compiled program; still traces and lowers the
   program in each new process to find it), and
@@ -11,7 +12,10 @@ cb_core decides no file locations: the agent shell passes ``<its cache dir>/jax`
   lowering or compiling (:func:`call_compiled`). What is stored is always a fresh compile, never
   an executable JAX's cache handed back: on the CPU that one re-serializes without its machine
   code, and a later process that loads it fails with ``NOT_FOUND: Function <fusion> not found``
-  (jaxlib 0.10).
+  (jaxlib 0.10). Each file holds the SHA-256 digest of the serialized executable before it
+  (:func:`seal` / :func:`unseal`); a file whose digest does not match (a flipped byte, a torn
+  write) is never deserialized (a damaged executable can crash the process with SIGILL or an XLA
+  abort, which no ``except`` catches): the program is compiled again and the file replaced.
 
 Like JAX's own cache, the store is trusted code: loading an executable can run anything, so the
 directory must be the user's own. Call :func:`enable_persistent_cache` from entry points, never
@@ -29,28 +33,50 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from cb_core._atomic import atomic_path
-
-__all__ = ["enable_persistent_cache", "call_compiled"]
+__all__ = ["enable_persistent_cache", "call_compiled", "seal", "unseal"]
 
 _EXECUTABLES: Path | None = None
+_WRITE: Callable[[Path, bytes], None] | None = None  # the caller's atomic writer
 _LOADED: dict[Path, Any] = {}  # executables loaded or compiled by this process, by file
 _COMPILING = threading.Lock()  # one fresh compile at a time (it switches JAX's cache off)
 
 
-def enable_persistent_cache(directory: str | os.PathLike) -> Path:
+def enable_persistent_cache(directory: str | os.PathLike,
+                            write_file: Callable[[Path, bytes], None]) -> Path:
     """Turn on JAX's persistent compilation cache and cb_core's executable store in
-    ``directory`` (created if needed). Returns the directory."""
+    ``directory`` (created if needed). Returns the directory.
+
+    Args:
+        directory: the cache folder (the user's own: its executables are run).
+        write_file: ``write_file(path, data)`` replaces ``path`` by a file holding ``data``
+            atomically, creating its folder (the agent shell passes
+            :func:`envs.storage.write_bytes_atomic`).
+    """
     import jax
 
-    global _EXECUTABLES
+    global _EXECUTABLES, _WRITE
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    _EXECUTABLES = directory / "executables"
+    _EXECUTABLES, _WRITE = directory / "executables", write_file
     return directory
+
+
+_DIGEST = hashlib.sha256().digest_size  # bytes of the digest at the start of a stored file
+
+
+def seal(blob: bytes) -> bytes:
+    """A stored file's content: the SHA-256 digest of ``blob`` (32 bytes), then ``blob``."""
+    return hashlib.sha256(blob).digest() + blob
+
+
+def unseal(data: bytes) -> bytes | None:
+    """The blob a :func:`seal`-ed ``data`` holds, or None when its digest does not match (the file
+    was changed, torn or written in another layout)."""
+    blob = data[_DIGEST:]
+    return blob if len(data) > _DIGEST and hashlib.sha256(blob).digest() == data[:_DIGEST] else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -104,8 +130,9 @@ def call_compiled(name: str, jitted: Callable, static: tuple, args: tuple, out_e
 
     Without :func:`enable_persistent_cache` this is the plain jit call. Otherwise the
     executable for (``name``, ``static``, the shapes and dtypes of ``args``, the fingerprint) is
-    loaded from the store, or compiled and stored on a miss (atomically); a file that fails to
-    load is replaced.
+    loaded from the store, or compiled and stored on a miss (atomically, through the writer given
+    to :func:`enable_persistent_cache`); a file whose digest does not match is not deserialized,
+    and it and a file that fails to load are replaced.
 
     Only for programs without custom calls (LAPACK, FFI): a deserialized executable refers to
     them by a handler the new process may not have registered yet (the fit's solve has none).
@@ -133,10 +160,13 @@ def call_compiled(name: str, jitted: Callable, static: tuple, args: tuple, out_e
         return _LOADED[path](*args)
     in_tree = jax.tree_util.tree_structure((args, {}))
     out_tree = jax.tree_util.tree_structure(out_example)
-    if path.exists():
+    try:
+        blob = unseal(path.read_bytes())
+    except OSError:  # no such file (a miss), or unreadable
+        blob = None
+    if blob is not None:
         try:
-            compiled = serialize_executable.deserialize_and_load(path.read_bytes(), in_tree,
-                                                                 out_tree)
+            compiled = serialize_executable.deserialize_and_load(blob, in_tree, out_tree)
             # block: a broken executable fails when it runs, and dispatch is asynchronous
             out = jax.block_until_ready(compiled(*args))
             _LOADED[path] = compiled
@@ -147,9 +177,7 @@ def call_compiled(name: str, jitted: Callable, static: tuple, args: tuple, out_e
         compiled = _LOADED[path] = jitted.lower(*static, *args).compile()
     try:
         blob, _, _ = serialize_executable.serialize(compiled)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(path) as tmp, open(tmp, "wb") as f:
-            f.write(blob)
+        _WRITE(path, seal(blob))
     except (ValueError, NotImplementedError, OSError):
         pass  # not serializable here: run it anyway
     return compiled(*args)

@@ -35,7 +35,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from cb_core._atomic import atomic_path
 from cb_core.decisions import Decisions, bucket_size, to_padded
 from cb_core.model import _k_log_probs
 
@@ -69,8 +68,25 @@ def library_versions() -> dict[str, str]:
     return out
 
 
-def _check_metadata(alpha: np.ndarray, metadata: dict, where: str) -> None:
-    """The file format's metadata fields (see the module docstring)."""
+def _header_metadata(header: dict, where: str) -> dict:
+    """The concept's metadata object from a safetensors header's ``__metadata__`` strings."""
+    if header.get("format") != FORMAT:
+        raise ValueError(f"{where}: header field 'format' must be {FORMAT!r}, "
+                         f"got {header.get('format')!r}")
+    if "metadata" not in header:
+        raise ValueError(f"{where}: header field 'metadata' is missing")
+    try:
+        meta = json.loads(header["metadata"])
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{where}: header field 'metadata' is not JSON ({err})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{where}: header field 'metadata' must be a JSON object")
+    return meta
+
+
+def _check_metadata(n_alpha: int, metadata: dict, where: str) -> None:
+    """The file format's metadata fields (see the module docstring); alpha has ``n_alpha``
+    entries."""
     for field, types in REQUIRED_FIELDS.items():
         if field not in metadata:
             raise ValueError(f"{where}: metadata field {field!r} is missing")
@@ -85,9 +101,9 @@ def _check_metadata(alpha: np.ndarray, metadata: dict, where: str) -> None:
         raise ValueError(f"{where}: metadata fields 'lam' and 'eps' must be > 0")
     if not all(isinstance(t, str) for t in metadata["trajectories"]):
         raise ValueError(f"{where}: metadata field 'trajectories' must be a list of str")
-    if metadata["hidden_size"] != alpha.shape[0] - 1:
+    if metadata["hidden_size"] != n_alpha - 1:
         raise ValueError(f"{where}: metadata field 'hidden_size' = {metadata['hidden_size']} but "
-                         f"alpha has {alpha.shape[0]} = d + 1 entries")
+                         f"alpha has {n_alpha} = d + 1 entries")
 
 
 def _check_candidate_set(hidden: Any, log_q: Any, n_tokens: Any, d: int):
@@ -139,7 +155,7 @@ class Concept:
     A frozen JAX pytree (leaves alpha, gamma, eps; the metadata is static), validated on
     construction. Act with :meth:`log_probs` / :meth:`choose` on one decision's candidate set;
     :meth:`from_fit` builds one from a :class:`cb_core.fit.FitResult`, :meth:`prior_only` the
-    alpha = 0 control; :meth:`save` / :meth:`load` the file (format in the module docstring).
+    alpha = 0 control; :meth:`to_bytes` / :meth:`load` the file (format in the module docstring).
 
     Attributes:
         alpha: [d + 1] read-only numpy float32 or float64, last entry the bias weight.
@@ -248,19 +264,20 @@ class Concept:
         return cls(np.asarray(result.alpha), s["gamma"], s["eps"], meta)
 
     # ------------------------------------------------------------------------------ the file
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the concept atomically (temp file + rename) as safetensors + JSON metadata.
+    def to_bytes(self) -> bytes:
+        """The concept file's content (format in the module docstring): safetensors + JSON
+        metadata. cb_core writes no files: the caller writes these bytes (the agent shell through
+        :func:`envs.storage.write_bytes_atomic`), and :meth:`load` reads them back.
 
         Raises:
             ValueError: the metadata lacks a field of the file format (naming it).
         """
-        from safetensors.numpy import save_file
+        from safetensors.numpy import save
 
         meta = dict(self.metadata, gamma=self.gamma, eps=self.eps, hidden_size=self.hidden_size)
-        _check_metadata(self.alpha, meta, "concept")
-        with atomic_path(path) as tmp:
-            save_file({"alpha": np.ascontiguousarray(self.alpha)}, tmp,
-                      metadata={"format": FORMAT, "metadata": json.dumps(meta)})
+        _check_metadata(self.alpha.shape[0], meta, "concept")
+        return save({"alpha": np.ascontiguousarray(self.alpha)},
+                    metadata={"format": FORMAT, "metadata": json.dumps(meta)})
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Concept:
@@ -278,28 +295,19 @@ class Concept:
             raise FileNotFoundError(path)
         try:
             with safe_open(path, framework="np") as f:
-                header = f.metadata() or {}
+                meta = _header_metadata(f.metadata() or {}, path)
                 keys = list(f.keys())
                 if "alpha" not in keys:
                     raise ValueError(f"{path}: tensor 'alpha' is missing (has {keys})")
+                header = f.get_slice("alpha")  # the header's shape and dtype: nothing read yet
+                shape, dtype = header.get_shape(), header.get_dtype()
+                if len(shape) != 1 or dtype not in ("F32", "F64"):
+                    raise ValueError(f"{path}: alpha must be [d + 1] float32 or float64, got "
+                                     f"{dtype} {shape}")
+                _check_metadata(shape[0], meta, path)  # before the tensor is read
                 alpha = f.get_tensor("alpha")
         except SafetensorError as err:
             raise ValueError(f"{path}: not a safetensors concept file ({err})") from None
-        if header.get("format") != FORMAT:
-            raise ValueError(f"{path}: header field 'format' must be {FORMAT!r}, "
-                             f"got {header.get('format')!r}")
-        if "metadata" not in header:
-            raise ValueError(f"{path}: header field 'metadata' is missing")
-        try:
-            meta = json.loads(header["metadata"])
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: header field 'metadata' is not JSON ({err})") from None
-        if not isinstance(meta, dict):
-            raise ValueError(f"{path}: header field 'metadata' must be a JSON object")
-        if alpha.ndim != 1 or alpha.dtype not in (np.float32, np.float64):
-            raise ValueError(f"{path}: alpha must be [d + 1] float32 or float64, got "
-                             f"{alpha.dtype} {alpha.shape}")
-        _check_metadata(alpha, meta, path)
         try:
             return cls(alpha, meta["gamma"], meta["eps"], meta)
         except ValueError as err:

@@ -1,6 +1,6 @@
 """The decision-set file: a ragged :class:`cb_core.decisions.Decisions` as one ``.npz`` archive.
 
-Decision-set file (``.npz``, written by :func:`save_decisions`, read by :func:`load_decisions`):
+Decision-set file (``.npz``, written by :func:`write_decisions`, read by :func:`load_decisions`):
 
 ==============  ==========  =======  =====================================================
 key             shape       dtype    meaning
@@ -14,50 +14,107 @@ key             shape       dtype    meaning
 ==============  ==========  =======  =====================================================
 
 Any extractor can write this file with ``numpy.savez``; ``cb-agent fit FILE --out CONCEPT``
-fits a concept on it. Imports nothing else of this project.
+fits a concept on it. Before any member is loaded, its ``.npy`` header is read: its declared
+shape and dtype must match the bytes the archive stores for it, and the members read must
+together stay under ``max_bytes`` (default :data:`MAX_BYTES`), so a crafted header or a small
+compressed member that inflates hugely is refused before anything is allocated or inflated.
+
+cb_core writes no files: :func:`write_decisions` writes to a binary file the caller opened (the
+agent shell writes through :func:`envs.storage.atomic_path`). Imports nothing else of this
+project.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import zipfile
+from typing import BinaryIO
 
 import numpy as np
 
-from cb_core._atomic import atomic_path
 from cb_core.decisions import Decisions, _from_arrays, validate_decisions
 
-__all__ = ["load_decisions", "load_decisions_metadata", "save_decisions"]
+__all__ = ["MAX_BYTES", "load_decisions", "load_decisions_metadata", "write_decisions"]
 
 _REQUIRED = ("hidden", "log_q", "n_tokens", "offsets", "expert")
 
+#: Default cap on the bytes the members of one decision-set file may declare (4 GiB: the fit
+#: holds a few padded copies of ``hidden``, which must fit beside the LM on a 24 GiB machine).
+MAX_BYTES = 4 << 30
 
-def _check_npz(path: str | os.PathLike) -> None:
-    """ValueError unless ``path`` is a zip archive (what ``numpy.savez`` writes): numpy would
-    otherwise try to read any other file as a pickle and say so."""
+
+def _read_members(path: str | os.PathLike, names: tuple[str, ...], max_bytes: int,
+                  required: bool = True) -> dict[str, np.ndarray]:
+    """The members ``names`` of the ``.npz`` at ``path`` (absent ones left out unless
+    ``required``), each loaded only after its ``.npy`` header was checked against the bytes the
+    archive stores for it and the members' declared bytes together against ``max_bytes``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not a zip archive, a missing member (``required``), a header that is not an
+            ``.npy`` header, declares an object dtype, or disagrees with the stored size, or
+            members over ``max_bytes`` (naming the file and member).
+    """
     if not os.path.exists(path):
         raise FileNotFoundError(path)
-    if not zipfile.is_zipfile(path):
+    if not zipfile.is_zipfile(path):  # numpy would otherwise read any other file as a pickle
         raise ValueError(f"{path}: not a decision-set .npz file (not a zip archive as "
                          "numpy.savez writes; see cb_core.decision_file for the format)")
+    total = 0
+    with zipfile.ZipFile(path) as archive:
+        stored = {info.filename.removesuffix(".npy"): info for info in archive.infolist()}
+        missing = [k for k in names if k not in stored]
+        if missing and required:
+            raise ValueError(f"{path}: missing field(s) {', '.join(missing)} "
+                             f"(has {', '.join(sorted(stored)) or 'nothing'})")
+        present = [k for k in names if k in stored]
+        for name in present:
+            info = stored[name]
+            with archive.open(info) as member:  # inflates only the header's few bytes
+                try:
+                    version = np.lib.format.read_magic(member)
+                    read = {(1, 0): np.lib.format.read_array_header_1_0,
+                            (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                    if read is None:
+                        raise ValueError(f".npy format version {version} is not supported")
+                    shape, _fortran, dtype = read(member)
+                except ValueError as err:
+                    raise ValueError(f"{path}: field {name} has no valid .npy header ({err})") from None
+                offset = member.tell()
+            if dtype.hasobject:
+                raise ValueError(f"{path}: field {name} holds Python objects (dtype {dtype}); "
+                                 "a decision-set file holds numbers and one JSON string")
+            declared = math.prod(shape) * dtype.itemsize
+            if info.file_size != offset + declared:
+                raise ValueError(f"{path}: field {name} declares {dtype} {tuple(shape)} ({declared} bytes) "
+                                 f"but the archive stores {info.file_size - offset} bytes for it")
+            total += declared
+            if total > max_bytes:
+                raise ValueError(f"{path}: the fields declare over {max_bytes / 2**30:.3g} GiB "
+                                 f"(field {name}: {dtype} {tuple(shape)}); raise the cap "
+                                 "(cb-agent fit --max-gib) if this machine has the memory")
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in present}
 
 
-def load_decisions(path: str | os.PathLike) -> Decisions:
+def load_decisions(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> Decisions:
     """Read a decision-set ``.npz`` (format in this module's docstring) and validate it.
+
+    Args:
+        path: the file.
+        max_bytes: cap on the bytes the required members declare together (checked on their
+            headers before anything is loaded).
 
     Raises:
         ValueError: not an ``.npz`` archive (naming the file), or naming the missing or
-            malformed field, or the decision at fault.
+            malformed field (a header that disagrees with its stored size, over ``max_bytes``),
+            or the decision at fault.
         FileNotFoundError: if the file does not exist.
+        MemoryError: the machine cannot hold the arrays (under ``max_bytes``).
     """
-    _check_npz(path)
-    with np.load(path, allow_pickle=False) as z:
-        missing = [k for k in _REQUIRED if k not in z.files]
-        if missing:
-            raise ValueError(f"{path}: missing field(s) {', '.join(missing)} "
-                             f"(has {', '.join(z.files) or 'nothing'})")
-        arrays = {k: z[k] for k in _REQUIRED}
+    arrays = _read_members(path, _REQUIRED, max_bytes)
     for k in ("hidden", "log_q"):
         if not np.issubdtype(arrays[k].dtype, np.floating):
             raise ValueError(f"{path}: field {k} must be float, got dtype {arrays[k].dtype}")
@@ -67,29 +124,29 @@ def load_decisions(path: str | os.PathLike) -> Decisions:
         raise ValueError(f"{path}: {err}") from None
 
 
-def load_decisions_metadata(path: str | os.PathLike) -> dict:
+def load_decisions_metadata(path: str | os.PathLike, max_bytes: int = 16 << 20) -> dict:
     """The optional JSON ``metadata`` object of a decision-set file ({} when absent).
 
     Raises:
-        ValueError: if the field is present but not a JSON object.
+        ValueError: if the field is present but not a JSON object, or declares over
+            ``max_bytes`` (default 16 MiB).
     """
-    _check_npz(path)
-    with np.load(path, allow_pickle=False) as z:
-        if "metadata" not in z.files:
-            return {}
-        raw = z["metadata"]
+    raw = _read_members(path, ("metadata",), max_bytes, required=False).get("metadata")
+    if raw is None:
+        return {}
     try:
         meta = json.loads(str(raw[()]))
-    except (json.JSONDecodeError, TypeError) as err:
+    except (json.JSONDecodeError, TypeError, IndexError) as err:
         raise ValueError(f"{path}: field metadata is not JSON: {err}") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: field metadata must be a JSON object, got {type(meta).__name__}")
     return meta
 
 
-def save_decisions(path: str | os.PathLike, decisions: Decisions, metadata: dict | None = None
-                   ) -> None:
-    """Write a decision-set ``.npz`` atomically (temp file + rename); validates first.
+def write_decisions(file: BinaryIO, decisions: Decisions, metadata: dict | None = None) -> None:
+    """Write a decision-set ``.npz`` to ``file`` (a binary file opened for writing); validates
+    first. To write a path atomically: ``with envs.storage.atomic_path(path, suffix=".npz") as
+    tmp, open(tmp, "wb") as f: write_decisions(f, decisions)``.
 
     Raises:
         ValueError: as :func:`validate_decisions`.
@@ -100,5 +157,4 @@ def save_decisions(path: str | os.PathLike, decisions: Decisions, metadata: dict
                   expert=np.asarray(dec.expert, np.int64))
     if metadata is not None:
         arrays["metadata"] = np.asarray(json.dumps(metadata))
-    with atomic_path(path, suffix=".npz.tmp") as tmp, open(tmp, "wb") as f:
-        np.savez(f, **arrays)
+    np.savez(file, **arrays)

@@ -2,13 +2,14 @@
 
 Every JSONL file the project writes (expert trajectories, episode results, study lines, ICAL
 outputs) is appended with :func:`append_jsonl` and read with :func:`iter_jsonl`; every file that
-is rewritten as a whole (an episode's partial state, cached reviews, indexes) is replaced with
-:func:`atomic_path` / :func:`write_json_atomic`; :func:`repair_jsonl` moves a torn line aside
-(what every ``--resume`` runs first); :func:`atomic_folder` replaces a whole folder (cached
+is written or rewritten as a whole (an episode's partial state, cached reviews, indexes, concept
+and decision-set files, cb_core's stored executables, charts and tables) is replaced with
+:func:`atomic_path` / :func:`write_bytes_atomic` / :func:`write_json_atomic`, the project's one
+atomic writer (a link at the path is replaced, never followed); :func:`repair_jsonl` moves a torn
+line aside (what every ``--resume`` runs first); :func:`atomic_folder` replaces a whole folder (cached
 concepts) in one rename, and :func:`stamped_folder` builds one (an extracted or converted model)
 once per source; :func:`claim_writer` gives one process at a time the right to append to a
-file. (cb_core keeps its own private atomic writer for its file formats: it imports nothing of
-this project.)
+file. (cb_core writes no files: its callers write what it serialises through this module.)
 
 Imports no game engine and nothing of the agent shell.
 """
@@ -181,7 +182,8 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str]:
     """Yield a temporary path beside ``path``; on success it replaces ``path`` in one rename.
 
     The new file gets the ordinary permissions of a newly created file (not mkstemp's 0600). On
-    any exception the temporary file is removed and ``path`` is left untouched.
+    any exception the temporary file is removed and ``path`` is left untouched. A symbolic link at
+    ``path`` is replaced by the new file; the file it pointed to is left untouched.
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
@@ -223,10 +225,15 @@ def atomic_folder(path: str | os.PathLike, marker: str | None = None) -> Iterato
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Replace ``path`` by a file holding ``data`` atomically (:func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        Path(tmp).write_bytes(data)
+
+
 def write_json_atomic(path: str | os.PathLike, payload: Any) -> None:
     """Write ``payload`` as JSON (orjson) to ``path`` atomically (:func:`atomic_path`)."""
-    with atomic_path(path) as tmp:
-        Path(tmp).write_bytes(orjson.dumps(payload))
+    write_bytes_atomic(path, orjson.dumps(payload))
 
 
 def repair_jsonl(path: str | os.PathLike, aside: str | os.PathLike | None = None) -> list[MalformedLine]:
@@ -308,4 +315,4 @@ def stamped_folder(target: str | os.PathLike, stamp: Mapping[str, Any], build: C
 
 
 __all__ = ["STAMP_FILE", "FileBusy", "MalformedLine", "append_jsonl", "atomic_folder", "atomic_path", "claim_writer",
-           "iter_jsonl", "repair_jsonl", "stamped_folder", "write_json_atomic"]
+           "iter_jsonl", "repair_jsonl", "stamped_folder", "write_bytes_atomic", "write_json_atomic"]

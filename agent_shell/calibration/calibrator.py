@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -119,8 +118,9 @@ class Calibrator:
         return cls(cb_core.Concept.load(path))
 
     def save(self, path: str | os.PathLike) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.concept.save(path)
+        from envs.storage import write_bytes_atomic
+
+        write_bytes_atomic(path, self.concept.to_bytes())
 
     def check(self, lm: LanguageModel) -> None:
         """Raise ValueError when ``lm`` (backbone, dtype) or this code's review prompt differ

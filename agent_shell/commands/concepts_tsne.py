@@ -22,6 +22,7 @@ import click
 from agent_shell.commands._common import COMMON_OPTIONS, cli_errors, config_options, make_console
 from agent_shell.feature_pool import pooled_features
 from agent_shell.run_config import RunConfig
+from envs.storage import write_bytes_atomic
 
 #: Common options of these commands: all but --demos-per-type, which each replaces by its own pool size.
 OPTIONS = tuple(name for name in COMMON_OPTIONS if name != "demos_per_type")
@@ -90,7 +91,7 @@ def concepts_tsne(config: RunConfig, pool_per_type: int, sample_size: int, sampl
               "silhouette_cosine": sil, "skipped_types": skipped,
               "points": [{"task_type": c.task_type, "x": float(p[0]), "y": float(p[1]), "task_ids": c.task_ids,
                           "n_decisions": c.n_decisions, "converged": c.converged} for c, p in zip(fitted, points)]}
-    path.with_suffix(".json").write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2))
+    write_bytes_atomic(path.with_suffix(".json"), orjson.dumps(record, option=orjson.OPT_INDENT_2))
     console.print(f"silhouette of the task types in concept space (cosine): "
                   + (f"{sil:.3f}" if sil is not None else "n/a"))
     console.print(f"figure: {path} (points: {path.with_suffix('.json')})")
@@ -169,12 +170,12 @@ def concept_data_size(config: RunConfig, sizes: list[int], heldout_split: str, h
     console.print(f"held-out decisions: {held} ({heldout_split}, {heldout_per_type} won expert trajectories per type)")
     if out_path:
         Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(out_path).write_bytes(orjson.dumps(
+        write_bytes_atomic(out_path, orjson.dumps(
             {"env": config.env, "backbone": setup.lm.name,
              "dtype": str(getattr(setup.lm, "dtype", "")).removeprefix("torch."), "demo_split": config.demo_split,
              "heldout_split": heldout_split, "heldout_per_type": heldout_per_type, "heldout_decisions": held,
              "lam": config.lam, "gamma": config.gamma,
              "sizes": [{"k": r.size, "used": r.used, "rows": r.rows} for r in results]},
             option=orjson.OPT_INDENT_2))
-        Path(out_path).with_suffix(".md").write_text("\n".join(lines) + "\n")
+        write_bytes_atomic(Path(out_path).with_suffix(".md"), ("\n".join(lines) + "\n").encode())
         console.print(f"table: {out_path} and {Path(out_path).with_suffix('.md')}")

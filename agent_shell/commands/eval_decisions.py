@@ -9,14 +9,13 @@ with its 95% Wilson score interval (per task type and overall), as success rates
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from agent_shell.commands._common import cli_errors, common_options, make_console
 from agent_shell.decision_scorer import accuracy_cell, decision_accuracy
 from agent_shell.pipeline import prepare
 from agent_shell.run_config import RunConfig
+from envs.storage import write_bytes_atomic
 
 
 @click.command("eval-decisions")
@@ -74,4 +73,4 @@ def eval_decisions(config: RunConfig, heldout_split: str, heldout_per_type: int,
                       accuracy_cell(r, "concept"), style="bold" if r["task_type"] == "all" else None)
     console.print(table)
     if out_path:
-        Path(out_path).write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))
+        write_bytes_atomic(out_path, orjson.dumps(rows, option=orjson.OPT_INDENT_2))

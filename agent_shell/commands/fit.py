@@ -1,9 +1,11 @@
 """``cb-agent fit DECISIONS.npz --out CONCEPT``: fit a concept on a decision-set file.
 
-Imports JAX only inside the command (``cb-agent --help`` stays fast) and turns on JAX's
-persistent compilation cache in the shell's cache directory (``<cache>/jax``, cache =
-$CB_AGENT_CACHE or ~/.cache/cb-agent) so a one-off fit does not pay the compile again after the
-first run on a given shape bucket.
+Imports JAX only inside the command (``cb-agent --help`` stays fast) and turns on the compile
+cache (:mod:`cb_core.cache`: JAX's persistent compilation cache and the fit's stored executables,
+each checked against its digest before it is loaded) in the shell's cache directory
+(``<cache>/jax``, cache = $CB_AGENT_CACHE or ~/.cache/cb-agent) so a one-off fit does not pay the
+compile again after the first run on a given shape bucket. A decision-set file whose arrays
+declare more than ``--max-gib`` is refused from its headers, and running out of memory is one line.
 """
 
 from __future__ import annotations
@@ -41,26 +43,30 @@ import click
 @click.option("--features", "features", default=None,
               help="Feature construction (default: file metadata or the App. B default).")
 @click.option("--no-cache", is_flag=True, help="Do not use the persistent compilation cache.")
+@click.option("--max-gib", default=4.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Refuse a decision-set file whose arrays declare more than this many GiB "
+                   "(checked on the file's headers before anything is read).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON line.")
 def fit(decisions, out, lam, gamma, eps, method, max_iter, tol, float64, certify, backbone,
-        task_type, features, no_cache, as_json):
+        task_type, features, no_cache, max_gib, as_json):
     """Fit a concept on DECISIONS.npz (hidden, log_q, n_tokens, offsets, expert) and save it."""
     start = time.perf_counter()
     import cb_core
     from cb_core.cache import enable_persistent_cache
     from cb_core.decision_file import load_decisions_metadata
+    from envs.storage import write_bytes_atomic
 
     if not no_cache:
         from envs.paths import cache_root  # the project's one cache root (no engine is imported)
 
-        enable_persistent_cache(cache_root() / "jax")
+        enable_persistent_cache(cache_root() / "jax", write_bytes_atomic)
     timings = {"import_s": time.perf_counter() - start}
     solver = {"subspace": cb_core.Subspace, "newton": cb_core.Newton, "lbfgs": cb_core.LBFGS,
               "adam": cb_core.Adam}[method]
     options = {k: v for k, v in (("max_iter", max_iter), ("tol", tol)) if v is not None}
     try:
         t = time.perf_counter()
-        dec = cb_core.load_decisions(decisions)
+        dec = cb_core.load_decisions(decisions, max_bytes=int(max_gib * 2**30))
         meta = load_decisions_metadata(decisions)
         timings["load_s"] = time.perf_counter() - t
         result = cb_core.fit(dec, solver(**options), lam=lam, gamma=gamma, eps=eps,
@@ -68,6 +74,10 @@ def fit(decisions, out, lam, gamma, eps, method, max_iter, tol, float64, certify
         timings["fit_s"] = result.seconds
     except ValueError as err:
         raise click.ClickException(str(err)) from None
+    except MemoryError as err:
+        raise click.ClickException(f"{decisions}: not enough memory to load and fit it ({type(err).__name__}: "
+                                   f"{err}); fit it on a machine with more memory, or lower --max-gib to refuse "
+                                   "such files early") from None
     trajectories = meta.get("trajectories", [])
     if not isinstance(trajectories, list):
         raise click.ClickException(f"{decisions}: metadata 'trajectories' must be a list")
@@ -81,7 +91,7 @@ def fit(decisions, out, lam, gamma, eps, method, max_iter, tol, float64, certify
         extra={"decisions_file": str(decisions)},
     )
     t = time.perf_counter()
-    concept.save(out)
+    write_bytes_atomic(out, concept.to_bytes())
     timings["save_s"] = time.perf_counter() - t
     elapsed = timings["command_s"] = time.perf_counter() - start
     if as_json:

@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from agent_shell.commands._common import make_console
+from envs.storage import write_bytes_atomic
 
 
 @click.command()
@@ -88,7 +89,7 @@ def report(results, chart_path, markdown_path, paired, common_games) -> None:
             text += f"\nSame games, agent against agent (exact sign test on the discordant games)\n\n{pairs_markdown(pairs)}"
         if timing_line:
             text += f"\n{timing_line[0].upper()}{timing_line[1:]}.\n"
-        Path(markdown_path).write_text(text)
+        write_bytes_atomic(markdown_path, text.encode())
         click.echo(f"markdown: {markdown_path}")
     default_chart = Path(results[0]).with_suffix(".png") if len(results) == 1 else Path("report.png")
     chart = bar_chart(rows, chart_path or default_chart, f"{title}: success rate by task type")

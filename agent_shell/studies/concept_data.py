@@ -28,6 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from agent_shell.concepts import TypeFeatures
+from agent_shell.reporting import save_figure
 
 
 def merge_features(parts: Sequence[TypeFeatures]) -> TypeFeatures:
@@ -181,9 +182,7 @@ def tsne_figure(points: np.ndarray, labels: Sequence[str], path: str | Path, tit
     if caption:
         fig.text(0.01, 0.01, caption, fontsize=6.5, ha="left", va="bottom")
     fig.tight_layout(rect=(0, 0.02 + 0.025 * (caption.count("\n") + 1) if caption else 0, 1, 1))
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=130)
 
 
 @dataclass

@@ -74,7 +74,7 @@ def test_a_concept_file_from_before_extractors_loads_as_lm_hidden(tmp_path):
                 hidden_size=8, features={"formatting": "plain", "dtype": "", "rendering": "raw", "layout": "text",
                                          "action_prefix": "\n> ", "context": "task + history, no demonstrations",
                                          "candidate_filter": "drop look/inventory/help"})
-    cb_core.Concept(np.ones(9, np.float32), 0.8, 1e-6, meta).save(tmp_path / "open.safetensors")
+    (tmp_path / "open.safetensors").write_bytes(cb_core.Concept(np.ones(9, np.float32), 0.8, 1e-6, meta).to_bytes())
     old = cb_core.Concept.load(tmp_path / "open.safetensors")
     check_concept_matches(old, lm, "raw")
     with pytest.raises(ValueError, match="fitted with features 'lm-hidden', but acting uses 'lm-hidden,novelty'"):

@@ -122,8 +122,8 @@ def test_run_refuses_a_cached_concept_fitted_in_another_dtype(tmp_path, doubles)
     (folder,) = (tmp_path / "cache" / "concepts").iterdir()
     for path in folder.glob("*.safetensors"):
         c = cb_core.Concept.load(path)
-        cb_core.Concept(c.alpha, c.gamma, c.eps, {**c.metadata, "features": {**c.metadata["features"],
-                                                                             "dtype": "bfloat16"}}).save(path)
+        path.write_bytes(cb_core.Concept(c.alpha, c.gamma, c.eps, {**c.metadata, "features": {
+            **c.metadata["features"], "dtype": "bfloat16"}}).to_bytes())
     res = CliRunner().invoke(main, [*args[:-1], str(tmp_path / "again")])
     assert res.exit_code != 0
     assert "dtype='bfloat16', but acting uses ''" in str(res.exception) + res.output

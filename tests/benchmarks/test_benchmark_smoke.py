@@ -29,7 +29,7 @@ def load(name: str):
 
 
 #: smoke-tested in this file
-HERE = ["episode_throughput", "fit_speed", "routing_speed", "sampling_speed", "scoring_speed", "step_cost"]
+HERE = ["compile_cache", "episode_throughput", "fit_speed", "routing_speed", "sampling_speed", "scoring_speed", "step_cost"]
 #: smoke-tested elsewhere
 ELSEWHERE = {"vllm_agreement": "tests/lm/test_vllm_gpu.py (gpu marker)",
              "replay_actions": "tests/benchmarks/test_replay_actions.py"}
@@ -139,6 +139,15 @@ def test_step_cost_tiny(tmp_path):
     assert math.isclose(data["packed_over_tree"], data["cb_agent_packed_s_per_step"] / data["cb_agent_tree_s_per_step"])
     # "go to c..." is shared by three candidates: the tree encodes fewer tokens than the candidates have
     assert 0 < data["mean_tree_nodes_per_step"] < data["mean_candidate_tokens_per_step"]
+
+
+@pytest.mark.slow
+def test_compile_cache_tiny(capsys):
+    """Slow: four `cb-agent fit` processes, two of them compiling."""
+    load("compile_cache").main(["--tiny"])
+    out = capsys.readouterr().out
+    assert "round 0 store:" in out and "round 0 jax-cache:" in out
+    assert "ratio jax-cache / store (median wall): " in out
 
 
 @pytest.mark.slow

@@ -22,6 +22,12 @@ def random_decisions(seed: int, sizes, d: int, scale: float = 1.0) -> cb_core.De
     return cb_core.decisions_from_lists(*random_lists(seed, sizes, d, scale))
 
 
+def save_decisions(path, dec: cb_core.Decisions, metadata: dict | None = None) -> None:
+    """Write a decision-set file at ``path`` (plainly: cb_core writes to an open file)."""
+    with open(path, "wb") as f:
+        cb_core.write_decisions(f, dec, metadata)
+
+
 def as_float64(dec: cb_core.Decisions) -> cb_core.Decisions:
     return cb_core.Decisions(np.asarray(dec.hidden, np.float64), np.asarray(dec.log_q, np.float64),
                              dec.n_tokens, dec.offsets, dec.segment_ids, dec.expert)

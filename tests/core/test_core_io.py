@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import cb_core
 from cb_core.decision_file import load_decisions_metadata
-from core_helpers import random_decisions, random_lists
+from core_helpers import random_decisions, random_lists, save_decisions
 
 
 # ---------------------------------------------------------------- bad input names the culprit
@@ -53,7 +53,7 @@ def test_hand_built_decisions_are_checked_by_fit():
 def test_decision_file_round_trip(tmp_path):
     dec = random_decisions(1, [3, 1, 5], 4)
     path = tmp_path / "d.npz"
-    cb_core.save_decisions(path, dec, metadata={"backbone": "tiny", "trajectories": ["g1"]})
+    save_decisions(path, dec, metadata={"backbone": "tiny", "trajectories": ["g1"]})
     back = cb_core.load_decisions(path)
     for f in ("hidden", "log_q", "n_tokens", "offsets", "segment_ids", "expert"):
         np.testing.assert_array_equal(getattr(back, f), getattr(dec, f))
@@ -119,7 +119,7 @@ def _concept(alpha, meta):
 def test_concept_round_trip(tmp_path):
     alpha = np.arange(5, dtype=np.float32) / 3
     c = _concept(alpha, _meta(4))
-    c.save(tmp_path / "c.safetensors")
+    (tmp_path / "c.safetensors").write_bytes(c.to_bytes())
     back = cb_core.Concept.load(tmp_path / "c.safetensors")
     np.testing.assert_array_equal(back.alpha, alpha)
     assert (back.gamma, back.eps) == (0.8, 1e-6)
@@ -130,7 +130,7 @@ def test_concept_round_trip(tmp_path):
 
 def test_concept_file_of_the_first_format_still_loads():
     """tests/core/data/concept_format1.safetensors was written by the code before the concept
-    carried gamma and eps (Concept(alpha, metadata).save): it loads, and acts with its own
+    carried gamma and eps (``Concept(alpha, metadata).save``): it loads, and acts with its own
     gamma = 0.7 and eps = 1e-5."""
     path = Path(__file__).parent / "data" / "concept_format1.safetensors"
     c = cb_core.Concept.load(path)
@@ -153,24 +153,36 @@ def test_concept_is_a_pytree():
 
 
 def test_saved_files_get_ordinary_permissions_and_no_leftovers(tmp_path):
-    """Atomic saves must not leave mkstemp's private 0600 mode (shared concepts) or temp files."""
+    """The shell's atomic writes of concept and decision-set files must not leave mkstemp's
+    private 0600 mode (shared concepts) or temp files."""
     import os
+
+    from envs.storage import atomic_path, write_bytes_atomic
+
     old = os.umask(0o022)
     try:
-        _concept(np.zeros(5, np.float32), _meta(4)).save(tmp_path / "c.safetensors")
-        cb_core.save_decisions(tmp_path / "d.npz", random_decisions(1, [3, 2], 4))
+        write_bytes_atomic(tmp_path / "c.safetensors", _concept(np.zeros(5, np.float32), _meta(4)).to_bytes())
+        with atomic_path(tmp_path / "d.npz", suffix=".npz") as tmp, open(tmp, "wb") as f:
+            cb_core.write_decisions(f, random_decisions(1, [3, 2], 4))
     finally:
         os.umask(old)
     for name in ("c.safetensors", "d.npz"):
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o644
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.safetensors", "d.npz"]
+    np.testing.assert_array_equal(cb_core.load_decisions(tmp_path / "d.npz").hidden,
+                                  random_decisions(1, [3, 2], 4).hidden)
 
 
 def test_failed_save_leaves_the_old_file(tmp_path):
+    from envs.storage import atomic_path, write_bytes_atomic
+
     path = tmp_path / "c.safetensors"
-    _concept(np.ones(5, np.float32), _meta(4)).save(path)
-    with pytest.raises(Exception):
-        cb_core.Concept(np.ones(5, np.float32), 0.8, 1e-6, dict(_meta(4), x=object())).save(path)
+    write_bytes_atomic(path, _concept(np.ones(5, np.float32), _meta(4)).to_bytes())
+    with pytest.raises(TypeError):
+        cb_core.Concept(np.ones(5, np.float32), 0.8, 1e-6, dict(_meta(4), x=object())).to_bytes()
+    with pytest.raises(RuntimeError), atomic_path(path) as tmp:  # a writer that dies half way
+        Path(tmp).write_bytes(_concept(np.zeros(5, np.float32), _meta(4)).to_bytes()[:40])
+        raise RuntimeError("killed")
     np.testing.assert_array_equal(cb_core.Concept.load(path).alpha, np.ones(5, np.float32))
     assert [p.name for p in tmp_path.iterdir()] == ["c.safetensors"]
 
@@ -188,7 +200,7 @@ def test_concept_missing_field_is_named(tmp_path, field):
         cb_core.Concept.load(tmp_path / "c.safetensors")
     if field not in ("gamma", "eps", "hidden_size"):  # those the concept itself supplies
         with pytest.raises(ValueError, match=f"field '{field}' is missing"):
-            cb_core.Concept(np.zeros(5, np.float32), 0.8, 1e-6, meta).save(tmp_path / "d")
+            cb_core.Concept(np.zeros(5, np.float32), 0.8, 1e-6, meta).to_bytes()
 
 
 @pytest.mark.parametrize("field, value", [("gamma", "x"), ("lam", -1.0), ("trajectories", "a"),
@@ -280,7 +292,7 @@ def test_cli_fit_writes_a_loadable_concept(tmp_path):
     from agent_shell.commands.fit import fit as fit_cmd
 
     dec = random_decisions(4, [4, 6, 3, 5, 2], 6)
-    cb_core.save_decisions(tmp_path / "d.npz", dec, metadata={"backbone": "tiny-lm",
+    save_decisions(tmp_path / "d.npz", dec, metadata={"backbone": "tiny-lm",
                                                                "task_type": "pick",
                                                                "trajectories": ["g1", "g2"]})
     out = tmp_path / "c.safetensors"
@@ -299,98 +311,6 @@ def test_cli_fit_writes_a_loadable_concept(tmp_path):
     parts = summary["timings"]
     assert set(parts) == {"import_s", "load_s", "fit_s", "save_s", "command_s"}
     assert sum(v for k, v in parts.items() if k != "command_s") <= parts["command_s"]
-
-
-def test_cli_process_uses_the_stored_executable_and_imports_no_backbone(tmp_path):
-    """A second one-off `cb-agent fit` process loads the fit's compiled executable from the
-    cache (JAX compiles nothing: the log of compiles is empty of the fit) and gives the same
-    concept; the command imports neither torch, transformers nor a game engine."""
-    import os
-    import subprocess
-    import sys
-
-    dec = random_decisions(5, [4, 6, 3], 5)
-    cb_core.save_decisions(tmp_path / "d.npz", dec)
-    env = dict(os.environ, CB_AGENT_CACHE=str(tmp_path / "cache"), JAX_LOG_COMPILES="1")
-    script = ("import sys; from agent_shell.cli import main\n"
-              "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-              "print('modules', sorted({m.split('.')[0] for m in sys.modules}))")
-    outs = []
-    for k in range(2):
-        cmd = [sys.executable, "-c", script, "fit", str(tmp_path / "d.npz"), "--out",
-               str(tmp_path / f"c{k}.safetensors")]
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0 and "converged=True" in res.stdout, res.stderr
-        outs.append(res)
-    modules = outs[1].stdout.split("modules", 1)[1]
-    for heavy in ("torch", "transformers", "alfworld", "textworld", "scienceworld"):
-        assert f"'{heavy}'" not in modules
-    assert "_solve" in outs[0].stderr  # the first process compiled the fit ...
-    assert "_solve" not in outs[1].stderr  # ... the second loaded it
-    assert len(list((tmp_path / "cache" / "jax" / "executables").iterdir())) >= 1
-    a, b = (cb_core.Concept.load(tmp_path / f"c{k}.safetensors") for k in range(2))
-    np.testing.assert_array_equal(a.alpha, b.alpha)
-
-
-def test_an_executable_stored_after_a_jax_cache_hit_still_loads(tmp_path):
-    """The store holds fresh compiles only. When the store lacks a fit that JAX's own persistent
-    cache holds, the process that stores it must not serialize the executable JAX's cache handed
-    back (on the CPU that one has no machine code: the next process that loaded it failed with
-    ``NOT_FOUND: Function ... not found``). Three one-off fits: store, then JAX's cache alone,
-    then the store again; all three give the same concept."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-
-    dec = random_decisions(7, [4, 6, 3, 5], 6)
-    cb_core.save_decisions(tmp_path / "d.npz", dec)
-    cache = tmp_path / "cache"
-    env = dict(os.environ, CB_AGENT_CACHE=str(cache))
-    alphas = []
-    for k in range(3):
-        if k == 1:  # JAX's cache keeps what the first process compiled; the store is lost
-            shutil.rmtree(cache / "jax" / "executables")
-        out = tmp_path / f"c{k}.safetensors"
-        res = subprocess.run([sys.executable, "-m", "agent_shell.cli", "fit", str(tmp_path / "d.npz"),
-                              "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0 and "converged=True" in res.stdout, (k, res.stderr[-2000:])
-        alphas.append(cb_core.Concept.load(out).alpha)
-    assert len(list((cache / "jax" / "executables").iterdir())) >= 1
-    for alpha in alphas[1:]:
-        np.testing.assert_array_equal(alpha, alphas[0])
-
-
-def test_a_stored_executable_that_fails_to_run_is_compiled_again(tmp_path, monkeypatch):
-    """A stored file that loads but fails when it runs (a broken or foreign executable; the
-    failure shows only once the asynchronously dispatched result is waited for) costs a fresh
-    compile, never the fit: the result equals the plain jit call's and the file is replaced."""
-    import jax
-    from jax.experimental import serialize_executable
-
-    from cb_core import cache as store
-
-    monkeypatch.setattr(store, "_EXECUTABLES", tmp_path / "executables")
-    monkeypatch.setattr(store, "_LOADED", {})
-    double = jax.jit(lambda scale, x: scale * x, static_argnums=0)
-    x = np.arange(4.0, dtype=np.float32)
-    store.call_compiled("double", double, (2.0,), (x,), 0)  # compiles and stores
-    (path,) = (tmp_path / "executables").iterdir()
-    before = path.read_bytes()
-
-    class Pending:  # an asynchronously dispatched result whose program turns out broken
-        def block_until_ready(self):
-            raise RuntimeError("NOT_FOUND: Function multiply_fusion not found")
-
-    def broken(*_args, **_kwargs):
-        return lambda *_a: Pending()
-
-    monkeypatch.setattr(serialize_executable, "deserialize_and_load", broken)
-    monkeypatch.setattr(store, "_LOADED", {})  # a new process
-    path.write_bytes(b"not this program")
-    out = store.call_compiled("double", double, (2.0,), (x,), 0)
-    np.testing.assert_array_equal(np.asarray(out), 2.0 * x)
-    assert path.read_bytes() == before  # stored again, whole
 
 
 def test_cli_fit_reports_bad_file(tmp_path):
