@@ -41,7 +41,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 PREFIX = "\n> "
 CANDIDATES = ["go to cabinet 1", "go to cabinet 12", "go to cabinet 1", " open drawer 3", "put café crème in 冰箱 1",
@@ -174,19 +175,20 @@ def batched(tokenizer, device: torch.device, quick: bool) -> tuple[dict, dict]:
     return out, {"batched": bool(score_gap <= 1e-4 and all(v for k, v in out.items() if k.endswith("equal")))}
 
 
-def fit_child(n: int, d: int, cache_dir: str) -> dict:
-    """In a fresh process: one fit with the persistent cache on; prints (and returns) its seconds."""
-    import cb_core
-    from cb_core.cache import enable_persistent_cache
-    from cb_core.synthetic import synthetic_decisions
-
-    enable_persistent_cache(cache_dir)
-    dec = synthetic_decisions(n, d, m_mean=12, m_spread=4, seed=n)
-    start = time.perf_counter()
-    cb_core.fit(dec)
-    timing = {"seconds": time.perf_counter() - start}
-    print(json.dumps(timing))
-    return timing
+#: The second process of the persistent-cache check: one fit, imports cb_core only; prints its seconds.
+FIT_CHILD = """
+import json, sys, time
+sys.path.insert(0, sys.argv[4])
+import cb_core
+from cb_core.cache import enable_persistent_cache
+from cb_core.synthetic import synthetic_decisions
+n, d = int(sys.argv[1]), int(sys.argv[2])
+enable_persistent_cache(sys.argv[3])
+dec = synthetic_decisions(n, d, m_mean=12, m_spread=4, seed=n)
+start = time.perf_counter()
+cb_core.fit(dec)
+print(json.dumps({"seconds": time.perf_counter() - start}))
+"""
 
 
 def fits(quick: bool) -> tuple[dict, dict]:
@@ -225,7 +227,7 @@ def fits(quick: bool) -> tuple[dict, dict]:
         else:
             enable_persistent_cache(cache)
             first = cb_core.fit(synthetic_decisions(n, d, m_mean=12, m_spread=4, seed=n)).seconds
-        child = subprocess.run([sys.executable, __file__, "--fit-child", str(n), str(d), cache], check=True,
+        child = subprocess.run([sys.executable, "-c", FIT_CHILD, str(n), str(d), cache, str(ROOT)], check=True,
                                capture_output=True, text=True)
         second = json.loads(child.stdout.splitlines()[-1])["seconds"]
     out["persistent_cache"] = {"size": f"N{n}_d{d}", "first_process_s": first, "second_process_s": second}
@@ -279,6 +281,7 @@ def step_cost(tokenizer, device: torch.device, quick: bool) -> tuple[dict, dict]
                 ("naive", lambda: padded_forward(fresh, context, candidates))]
         for name, fn in pair if rep % 2 == 0 else pair[::-1]:
             (cold if name == "cold" else naive_s).append(timed(fn))
+    lm.score(context, candidates, PREFIX)  # the episode so far: its prefix cache holds the context
     grown = context
     for step in range(steps):
         grown += f"> open drawer {step}\nYou open the drawer {step}. In it, you see a mug {step}.\n"
@@ -323,10 +326,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N.")
     parser.add_argument("--quick", action="store_true", help="Small sizes (a CPU smoke run).")
     parser.add_argument("--export-tokenizer", metavar="DIR", help="Only write the default model's tokenizer to DIR.")
-    parser.add_argument("--fit-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.fit_child:
-        return fit_child(int(args.fit_child[0]), int(args.fit_child[1]), args.fit_child[2])
     from transformers import AutoTokenizer
 
     from agent_shell.lm.dtypes import resolve_device
@@ -364,5 +364,4 @@ def _commit() -> str | None:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    verdicts = main().get("verdicts", {})
-    sys.exit(0 if all(verdicts.values()) else 1)
+    sys.exit(0 if all(main().get("verdicts", {}).values()) else 1)

@@ -57,7 +57,8 @@ def parse_device(device: str | torch.device | None = None) -> torch.device:
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
-    """:func:`parse_device`, checked against the GPUs torch sees (where a backbone loads).
+    """:func:`parse_device`, checked against the GPUs torch sees (where a backbone loads); ``"cuda"``
+    becomes the current CUDA device (``cuda:0`` unless changed).
 
     Raises:
         ValueError: an unknown name, or a CUDA device this machine does not have (one line).
@@ -70,6 +71,8 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
                              "driver); use --device cpu, or install a CUDA build of torch")
         if dev.index is not None and dev.index >= count:
             raise ValueError(f"device={str(dev)!r}: torch sees {count} CUDA GPU(s), numbered 0 to {count - 1}")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 
