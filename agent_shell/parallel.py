@@ -4,7 +4,9 @@
 their order, retries, error records, partial states and progress output for every executor) on
 Ray actors. Each actor (:class:`EpisodeWorker`) builds its own players once (environment instance,
 backbone, agents: ``make_players()``) and then plays one episode at a time
-(:func:`agent_shell.scheduler.play_job`); only the driver appends records. When a worker dies
+(:func:`agent_shell.scheduler.play_job`); only the driver appends records. A worker holds one CPU
+and no GPU: a backbone on a CUDA device is loaded once, by the LM server actor
+(:mod:`agent_shell.lm.server`, placed by :func:`server_placement`), and the workers share it. When a worker dies
 (killed, out of memory, a crashed engine taking the process down) its attempt is a failure
 (reason ``worker died: ...``) and the worker is replaced by a fresh one; an episode that raises is
 a failure too, and the scheduler plays it again.
@@ -46,6 +48,16 @@ class EpisodeWorker:
 
     def play(self, job: Job) -> dict[str, Any]:
         return play_job(self.env, self.agents, job, self.max_steps, self.meta)
+
+
+def server_placement(device: str) -> dict[str, Any]:
+    """``start_lm_server`` keywords that put the shared backbone on ``device`` (a
+    :func:`agent_shell.lm.dtypes.device_name`): on CUDA the server actor asks Ray for one GPU and
+    loads on ``"cuda"``, the one GPU Ray makes visible to it (Ray picks which: ``CUDA_VISIBLE_DEVICES``
+    narrows the choice); on the CPU it asks for none."""
+    if device.startswith("cuda"):
+        return {"device": "cuda", "num_gpus": 1}
+    return {"device": "cpu", "num_gpus": 0}
 
 
 def start_ray(workers: int, address: str | None = None) -> bool:
@@ -139,4 +151,4 @@ class RayExecutor:
             ray.shutdown()
 
 
-__all__ = ["EpisodeWorker", "INSTALL_HINT", "MakePlayers", "RayExecutor", "start_ray"]
+__all__ = ["EpisodeWorker", "INSTALL_HINT", "MakePlayers", "RayExecutor", "server_placement", "start_ray"]

@@ -149,7 +149,7 @@ def prepare(config: RunConfig, need_concepts: bool, echo: Echo = _quiet, env: En
     if lm is None:
         from agent_shell.lm import load_language_model
 
-        lm = load_language_model(config.model, dtype=config.dtype)
+        lm = load_language_model(config.model, dtype=config.dtype, device=config.device)
     setup.lm = lm
     setup.timings["load_lm_s"] = time.perf_counter() - t
     if config.calibrator is not None:
@@ -363,7 +363,7 @@ class StudyAgents:
 
         self.config, self.env = config, env
         self.need_concepts, self.task_types, self.echo = need_concepts, task_types, echo
-        self.lm: LanguageModel = load_language_model(config.model, dtype=config.dtype)
+        self.lm: LanguageModel = load_language_model(config.model, dtype=config.dtype, device=config.device)
         self.scorer = self.lm.fork()  # each stream of contexts keeps its own KV cache
         self.reviewer = self.lm.fork()
         self.setups: dict[str, Setup] = {}

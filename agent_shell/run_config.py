@@ -52,7 +52,9 @@ class RunConfig:
             sets of about 1,000 valid combinations need one (``make_results.sh table2``: 64).
         model: backbone name or folder (None: the offline default).
         dtype: the backbone dtype, resolved by :func:`agent_shell.lm.dtypes.dtype_name`
-            (``"auto"`` becomes ``"bfloat16"`` or ``"float32"`` on this machine).
+            (``"auto"`` becomes ``"bfloat16"`` or ``"float32"`` on ``device``).
+        device: where the backbone loads (:func:`agent_shell.lm.dtypes.device_name`: ``"auto"``/None
+            becomes ``"cuda"`` when torch sees a GPU, else ``"cpu"``; or ``"cuda:N"``).
         rendering, layout: history rendering and context layout (fitting and acting alike).
         lam: L2 strength of the concept fit (Eq. 6).
         gamma: the prior's length exponent (the concept's fit and prior-only acting).
@@ -78,7 +80,8 @@ class RunConfig:
         workers: episodes played at once on Ray workers (1: in this process, no Ray).
         ray_address: a Ray cluster to join (None: start a local one when ``workers > 1``).
         shared_lm: workers share one backbone per device behind a batching Ray actor
-            (:mod:`agent_shell.lm.server`) instead of loading their own.
+            (:mod:`agent_shell.lm.server`) instead of loading their own; on by itself when
+            ``device`` is CUDA and the episodes run on Ray (its workers hold no GPU).
         calibrator: rendering "calibrator": the fitted calibrator file (``cb-agent calibrate fit``);
             required by that rendering (``cb-agent run`` refuses it with any other; the studies
             use it for their "calibrator" rendering only).
@@ -98,6 +101,7 @@ class RunConfig:
     fit_candidates: int = 0
     model: str | None = None
     dtype: str = "auto"
+    device: str | None = None
     rendering: InitVar[str | None] = None
     layout: InitVar[str | None] = None
     lam: float = 1.0
@@ -130,7 +134,7 @@ class RunConfig:
 
     def __post_init__(self, rendering: str | None, layout: str | None, gamma: float | None,
                       action_space: str | None, seed: int | None) -> None:
-        from agent_shell.lm.dtypes import dtype_name
+        from agent_shell.lm.dtypes import device_name, dtype_name
 
         if not self.env or not isinstance(self.env, str):
             raise ValueError(f"env={self.env!r} must name an environment (envs.make_env checks which)")
@@ -167,7 +171,10 @@ class RunConfig:
         object.__setattr__(self, "concept_per_type", self.concept_per_type or self.demos_per_type)
         object.__setattr__(self, "agents", agents)
         object.__setattr__(self, "game_ids", tuple(self.game_ids))
-        object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        object.__setattr__(self, "device", device_name(self.device))
+        object.__setattr__(self, "dtype", dtype_name(self.dtype, self.device))
+        if self.device.startswith("cuda") and (self.workers > 1 or self.ray_address):
+            object.__setattr__(self, "shared_lm", True)  # Ray workers hold no GPU: they share the server's
         object.__setattr__(self, "features", self.feature_set.spec)
 
     @functools.cached_property

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
 import time
 from typing import Any, Literal
@@ -31,7 +30,7 @@ import numpy as np
 
 from cb_core.cache import call_compiled
 from cb_core.decisions import Decisions, to_padded, validate_decisions
-from cb_core.model import hessian_factor, prepare
+from cb_core.model import compiled, hessian_factor, prepare
 from cb_core.solvers import LBFGS, Adam, Newton, Solver, SolverOutput, Subspace
 
 __all__ = ["Certificate", "DEFAULT_SOLVER", "EXACT_EIG_MAX_DIM", "FitResult", "fit"]
@@ -132,7 +131,7 @@ def _default_tol(dtype) -> float:
 # the compiled programs
 # ----------------------------------------------------------------------------------------------
 
-@functools.partial(jax.jit, static_argnums=0)
+@compiled(static_argnums=0)
 def _solve(solver: Solver, padded, lam, gamma, eps, tol) -> tuple[SolverOutput, Any]:
     """(the solver's output, [N_pad] bool: the decision's hidden states are finite)."""
     p = prepare(padded, gamma, eps)
@@ -144,7 +143,7 @@ def _solve(solver: Solver, padded, lam, gamma, eps, tol) -> tuple[SolverOutput, 
     return out._replace(n_passes=jnp.where(out.n_passes >= 0, out.n_passes + 1, -1)), finite
 
 
-@jax.jit
+@compiled
 def _gram(alpha, padded, gamma, eps):
     """The smaller Gram matrix of the Hessian's covariance factor B (H = B^T B + lam I):
     B B^T [T_pad, T_pad] when T_pad < m, else B^T B [m, m]."""

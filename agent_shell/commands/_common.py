@@ -29,6 +29,9 @@ COMMON_OPTIONS = {
     "dtype": click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto",
                           show_default=True, help="Backbone dtype; auto = bfloat16 on a GPU or a CPU with native "
                           "bf16 (avx512_bf16/amx), else float32 (emulated bf16 is several times slower)."),
+    "device": click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda|cuda:N",
+                           help="Where the backbone loads (auto = cuda when torch sees a GPU, else cpu). With "
+                                "--workers on CUDA the workers share one backbone (--shared-lm)."),
     "demo_split": click.option("--demo-split", default="train", show_default=True,
                                help="Split the expert demonstrations come from."),
     "demos_per_type": click.option("--demos-per-type", type=click.IntRange(min=1), default=2, show_default=True,
@@ -117,7 +120,10 @@ def config_options(*names: str, **overrides: Callable) -> Callable[[Callable], C
     """Add the options ``names`` (keys of :data:`COMMON_OPTIONS` / :data:`RUN_OPTIONS`, or
     ``overrides`` given as name -> click option) to a command; it receives them as one validated
     ``config:`` :class:`RunConfig` (other fields keep their defaults). ``--all-games`` sets
-    ``per_type`` and ``games`` to 0. An invalid value is a usage error naming the field."""
+    ``per_type`` and ``games`` to 0. An invalid value is a usage error naming the field; with
+    ``model`` among ``names``, a model that cannot be found here, a CUDA device this machine lacks
+    or a library outside its tested range (:func:`check_backbone`) is a one-line error before
+    anything loads."""
     options = {**COMMON_OPTIONS, **RUN_OPTIONS, **overrides}
     fields = set(RunConfig.field_names())
 
@@ -131,6 +137,8 @@ def config_options(*names: str, **overrides: Callable) -> Callable[[Callable], C
                 config = RunConfig(**values)
             except ValueError as err:
                 raise click.UsageError(str(err)) from None
+            if "model" in names:
+                check_backbone(config.model, config.device)
             return fn(config=config, **kwargs)
 
         for name in reversed(names):
@@ -138,6 +146,22 @@ def config_options(*names: str, **overrides: Callable) -> Callable[[Callable], C
         return command
 
     return decorate
+
+
+def check_backbone(model: str | None, device: str | None) -> None:
+    """One-line click errors, before anything loads, for a backbone that cannot load here: library
+    versions outside their tested ranges (:mod:`agent_shell.lm.versions`), a model that cannot be
+    found (:func:`agent_shell.lm.factory.check_model_source`) or a CUDA device this machine lacks."""
+    from agent_shell.lm.dtypes import resolve_device
+    from agent_shell.lm.factory import check_model_source
+    from agent_shell.lm.versions import check_versions
+
+    try:
+        check_versions()
+        check_model_source(model)
+        resolve_device(device)
+    except (ValueError, FileNotFoundError, ModuleNotFoundError) as err:
+        raise click.ClickException(str(err)) from None
 
 
 #: The options of ``fit-concepts`` and ``eval-decisions``.

@@ -20,7 +20,7 @@ ACTORS = ("react", "prior-only", "cb-agent")
 #: The backbone options of a study; the command receives them as one ``config:`` :class:`RunConfig`
 #: (its ``env`` and ``rendering`` are set per study and per rendering).
 study_options = config_options(
-    "model", "dtype", "demo_split", "demos_per_type", "layout", "calibrator", "cache_dir", "seed",
+    "model", "dtype", "device", "demo_split", "demos_per_type", "layout", "calibrator", "cache_dir", "seed",
     seed=click.option("--seed", type=int, default=0, show_default=True,
                       help="Seed of the agents' generations and of the shuffle renderings."))
 

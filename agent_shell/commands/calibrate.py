@@ -30,7 +30,7 @@ JUDGES = ("expert-distance", "lm")
 #: Recipient actors (the study actors).
 ACTORS = ("react", "prior-only", "cb-agent")
 
-backbone_options = config_options("model", "dtype", "cache_dir")
+backbone_options = config_options("model", "dtype", "device", "cache_dir")
 
 
 @click.group()
@@ -60,7 +60,7 @@ def calibrate() -> None:
               help="JSONL of label records, one per transition; counts go to <out>.counts.json.")
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip transitions already in --out (after moving a torn last line aside).")
-@config_options("model", "dtype", "demo_split", "demos_per_type", "cache_dir", "seed")
+@config_options("model", "dtype", "device", "demo_split", "demos_per_type", "cache_dir", "seed")
 def label(results, actors, judge, k, temperature, content_screening, max_transitions, max_expert_steps, out, resume,
           config: RunConfig) -> None:
     """Label candidate experiences of the transitions in RESULTS (runs on training games) by their effect
@@ -271,7 +271,7 @@ def evaluation_table(result: dict, title: str) -> Table:
               help="Fit on the effect labels, or on the content-screening labels (the ablation).")
 @click.option("--heldout-every", type=click.IntRange(min=2), default=3, show_default=True,
               help="Every n-th task (sorted ids) is held out of fitting and evaluated.")
-@config_options("model", "dtype", "lam", "gamma", "cache_dir")
+@config_options("model", "dtype", "device", "lam", "gamma", "cache_dir")
 def fit(labels, out, label_kind, heldout_every, config: RunConfig) -> None:
     """Fit the calibrator on LABELS (`calibrate label` output, training games), report held-out accuracy."""
     from agent_shell.calibration import decisive, fit_calibrator, split_tasks
@@ -288,7 +288,7 @@ def fit(labels, out, label_kind, heldout_every, config: RunConfig) -> None:
     console.print(f"{len(records)} label records, {len(usable)} with a candidate experience; fitting on {len(train)} "
                   f"({len(fit_tasks)} tasks), held out {len(held)} ({len(held_tasks)} tasks)")
     field = "label" if label_kind == "effect" else "content_label"
-    lm = load_language_model(config.model, dtype=config.dtype)
+    lm = load_language_model(config.model, dtype=config.dtype, device=config.device)
     cache = resolve_cache(config.cache_dir)
     feats = cached_features(lm, train + held, cache, console.print)
     first = records[0]
@@ -317,7 +317,7 @@ def fit(labels, out, label_kind, heldout_every, config: RunConfig) -> None:
 @click.option("--calibrator", "calibrator_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="A calibrator file of `cb-agent calibrate fit`.")
 @click.option("--all-tasks", is_flag=True, help="Evaluate on every labelled task, not only the held-out ones.")
-@config_options("model", "dtype", "cache_dir")
+@config_options("model", "dtype", "device", "cache_dir")
 def eval_(labels, calibrator_path, all_tasks, config: RunConfig) -> None:
     """Accuracy of a calibrator on LABELS (its held-out tasks unless --all-tasks)."""
     from agent_shell.calibration import Calibrator, decisive
@@ -329,7 +329,7 @@ def eval_(labels, calibrator_path, all_tasks, config: RunConfig) -> None:
         Calibrator.load(calibrator_path)
     except ValueError as err:
         raise click.ClickException(f"calibrator {calibrator_path}: {err}") from None
-    lm = load_language_model(config.model, dtype=config.dtype)
+    lm = load_language_model(config.model, dtype=config.dtype, device=config.device)
     with cli_errors():
         calibrator = load_calibrator(calibrator_path, lm)
     held_tasks = set(calibrator.metadata.get("heldout_tasks") or [])

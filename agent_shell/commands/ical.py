@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 import click
 
-from agent_shell.commands._common import ENV_NAMES, cli_errors
+from agent_shell.commands._common import COMMON_OPTIONS, ENV_NAMES, cli_errors
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -66,10 +66,12 @@ def _progress():
                         TextColumn("{task.fields[note]}"), TimeElapsedColumn())
 
 
-def _load_lm(model: str | None, dtype: str) -> LanguageModel:
+def _load_lm(model: str | None, dtype: str, device: str) -> LanguageModel:
+    from agent_shell.commands._common import check_backbone
     from agent_shell.lm import load_language_model
 
-    return load_language_model(model, dtype=dtype)
+    check_backbone(model, device)
+    return load_language_model(model, dtype=dtype, device=device)
 
 
 def _memory(folder: str | None, need_embedder: bool = True) -> Memory | None:
@@ -82,11 +84,8 @@ def _memory(folder: str | None, need_embedder: bool = True) -> Memory | None:
                   on_malformed=lambda msg: click.echo(msg, err=True))
 
 
-model_options = [
-    click.option("--model", default=None, help="Backbone name or folder (default: the offline SmolLM2-135M-Instruct)."),
-    click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto", show_default=True,
-                 help="Backbone dtype (auto: bfloat16 only where it is native)."),
-]
+#: The backbone options (the same as every command's that loads one).
+model_options = [COMMON_OPTIONS[name] for name in ("model", "dtype", "device")]
 
 
 #: Options several sub-commands share.
@@ -196,8 +195,8 @@ def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, see
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip noisy ids already in --out; without it an existing id is refused.")
 @_fail
-def abstract(noisy_path, env_name, model, dtype, memory_dir, k, max_new_tokens, decoding, notes, extra_actions,
-             out_path, resume) -> None:
+def abstract(noisy_path, env_name, model, dtype, device, memory_dir, k, max_new_tokens, decoding, notes,
+             extra_actions, out_path, resume) -> None:
     """Phase 1 only: the LM abstracts each noisy trajectory; outputs are parsed strictly (not executed)."""
     from collections import Counter
 
@@ -216,7 +215,7 @@ def abstract(noisy_path, env_name, model, dtype, memory_dir, k, max_new_tokens, 
     reasons: Counter = Counter()
     n_ok = 0
     if todo:
-        lm = _load_lm(model, dtype)
+        lm = _load_lm(model, dtype, device)
         memory = _memory(memory_dir)
         env = make_env(env_name)
         with _progress() as progress, contextlib.closing(env):
@@ -293,8 +292,8 @@ def _check_human(human: bool) -> None:
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip noisy ids already in --out; without it an existing id is refused.")
 @_fail
-def refine(abstract_path, noisy_path, env_name, model, dtype, memory_dir, k, max_rounds, max_new_tokens, decoding,
-           notes, extra_actions, human, out_path, resume) -> None:
+def refine(abstract_path, noisy_path, env_name, model, dtype, device, memory_dir, k, max_rounds, max_new_tokens,
+           decoding, notes, extra_actions, human, out_path, resume) -> None:
     """Phase 2: execute each abstraction in the real game and revise it on feedback (every round recorded)."""
     from agent_shell.ical.learn import LearnConfig, read_abstractions
     from agent_shell.ical.noisy import noisy_id, read_noisy
@@ -309,7 +308,7 @@ def refine(abstract_path, noisy_path, env_name, model, dtype, memory_dir, k, max
     done = _done_keys(out, resume, [noisy_id(t) for t in trajs])
     todo = [t for t in trajs if noisy_id(t) not in done]
     if todo:
-        lm = _load_lm(model, dtype) if max_rounds else None
+        lm = _load_lm(model, dtype, device) if max_rounds else None
         env = make_env(env_name)
         try:
             _learn_all(todo, out, lm, env, _memory(memory_dir), config, human, firsts)
@@ -337,8 +336,8 @@ def refine(abstract_path, noisy_path, env_name, model, dtype, memory_dir, k, max
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip noisy ids already in the memory's log; without it an existing id is refused.")
 @_fail
-def build_memory(noisy_path, memory_dir, env_name, model, dtype, k, max_rounds, max_new_tokens, decoding, notes,
-                 extra_actions, human, resume) -> None:
+def build_memory(noisy_path, memory_dir, env_name, model, dtype, device, k, max_rounds, max_new_tokens, decoding,
+                 notes, extra_actions, human, resume) -> None:
     """Both phases for every noisy trajectory; won examples enter MEMORY (log: MEMORY/log.jsonl)."""
     from agent_shell.ical.learn import LearnConfig
     from agent_shell.ical.noisy import noisy_id, read_noisy
@@ -353,7 +352,7 @@ def build_memory(noisy_path, memory_dir, env_name, model, dtype, k, max_rounds, 
     todo = [t for t in trajs if noisy_id(t) not in done]
     if todo:
         memory = _memory(memory_dir)
-        lm = _load_lm(model, dtype)
+        lm = _load_lm(model, dtype, device)
         env = make_env(env_name)
         try:
             _learn_all(todo, out, lm, env, memory, config, human)

@@ -123,20 +123,19 @@ def run_on_ray(config: RunConfig, task_ids: list[str], task_types: list[str] | N
                type_of: Callable[[str], str] | None, meta: dict[str, Any], progress: Progress | None,
                echo: Callable[[str], None]) -> dict[str, RunSummary]:
     """``config``'s episodes on Ray workers (:class:`agent_shell.parallel.RayExecutor`); with
-    ``--shared-lm`` the workers share one backbone behind an ``LMServer`` actor. Returns agent
+    ``--shared-lm`` (on by itself on CUDA) the workers share one backbone behind an ``LMServer`` actor
+    on ``config.device`` (:func:`agent_shell.parallel.server_placement`). Returns agent
     name -> :class:`agent_shell.scheduler.RunSummary`."""
-    from agent_shell.parallel import RayExecutor, start_ray
+    from agent_shell.parallel import RayExecutor, server_placement, start_ray
     from agent_shell.scheduler import play_episodes
 
     owns_ray = start_ray(config.workers + int(config.shared_lm), config.ray_address)  # + the server's CPU
     try:
         server = None
         if config.shared_lm:
-            import torch
-
             from agent_shell.lm.server import start_lm_server
 
-            server = start_lm_server(config.model, config.dtype, num_gpus=int(torch.cuda.is_available()), threads=1)
+            server = start_lm_server(config.model, config.dtype, threads=1, **server_placement(config.device))
         players = functools.partial(build_players, config, task_types, server)
         return play_episodes(RayExecutor(players, config.workers, config.ray_address), config.agents, task_ids,
                              config.results_path, config.budget, resume=config.resume, meta=meta,

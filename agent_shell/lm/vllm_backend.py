@@ -2,7 +2,8 @@
 
 UNVERIFIED: written without a GPU (vLLM needs one); its agreement with the HuggingFace backend
 has not been measured. Run the check before trusting numbers from it:
-``python benchmarks/vllm_agreement.py --model PATH`` (or ``python -m pytest -m gpu``).
+``python benchmarks/vllm_agreement.py --model PATH`` (or ``python -m pytest -m gpu``). Written
+against vLLM's API of the range :data:`agent_shell.lm.versions.TESTED` names.
 
 The same three numbers per candidate as :mod:`agent_shell.lm.hf` (seed App. B), from two vLLM
 engines over the same weights:
@@ -11,14 +12,20 @@ engines over the same weights:
   (``SamplingParams(prompt_logprobs=0)`` gives the log-probability of each prompt token given
   the tokens before it) summed over the candidate's action tokens; the tokenization and the
   context/action boundary are :mod:`agent_shell.lm.tokenization`'s, exactly as in the HF backend;
-* ``hidden``: the *pooling* engine (``runner="pooling"``) with LAST pooling and no
-  normalisation, i.e. the final-norm output at the candidate's final token, the LM head's input.
+* ``hidden``: the *pooling* engine (``runner="pooling"``) with LAST pooling and no activation
+  (``PoolerConfig(pooling_type="LAST", use_activation=False)``: for an embedding pooler the
+  activation is the L2 normalisation), i.e. the final-norm output at the candidate's final token,
+  the LM head's input.
 
-Both engines use automatic prefix caching, so the shared context of a candidate set (and the
-ReAct head shared by episodes) is computed once and reused across candidates, calls and
-concurrent requests; vLLM batches concurrent requests itself. The two engines split the GPU
-memory (``gpu_memory_utilization`` each, default 0.3), leaving room for the concept fit in JAX
-(see docs/gpu.md).
+Expected cost: vLLM does not read its prefix cache for a request that asks for prompt
+log-probabilities (cached blocks carry no logits), so the generation engine encodes the whole
+context again for every candidate: a step with M candidates after a C-token context costs about
+M (C + L) prefill tokens, against the HF backend's new context tokens plus the candidates' token
+tree. The pooling engine does read the prefix cache (the context once per step). vLLM batches the
+M requests itself, so the GPU stays busy, but the HF prefix-tree scorer
+(:mod:`agent_shell.lm.scoring`) is the GPU default. The two engines split the GPU memory
+(``gpu_memory_utilization`` each, default 0.3), leaving room for the concept fit in JAX
+(``docs/gpu.md``).
 
 Imports vllm only inside :func:`load_vllm_model`; must not import the agents or the environments.
 """
@@ -51,7 +58,7 @@ class VLLMLanguageModel:
     Args:
         generator: a ``vllm.LLM`` (generation runner, prefix caching on).
         pooler: a ``vllm.LLM`` over the same weights with ``runner="pooling"``, LAST pooling,
-            ``normalize=False``.
+            no activation (:func:`last_pooling`).
         tokenizer: the model's HuggingFace tokenizer (the generator's).
         name: backbone identifier (concept metadata).
         hidden_size: d.
@@ -82,8 +89,9 @@ class VLLMLanguageModel:
         return self
 
     def pin_prefix(self, head: Context) -> int:
-        """Run ``head`` through the generation engine once so its blocks are in the prefix cache
-        (vLLM may evict them under memory pressure; nothing is pinned for good)."""
+        """Run ``head`` through the generation engine once so its blocks are in the prefix cache,
+        for :meth:`generate` (scoring requests ask for prompt log-probabilities and do not read
+        that cache; vLLM may evict the blocks under memory pressure: nothing is pinned for good)."""
         from vllm import SamplingParams
 
         ids = self.tokens.encode(self.formatter.render_prompt(head), templated(head))
@@ -146,12 +154,16 @@ def load_vllm_model(path: str | os.PathLike | None, dtype: str = "auto", device:
 
     Raises:
         ModuleNotFoundError: vLLM is not installed (the message says how to install it).
+        agent_shell.lm.versions.UntestedVersion: vLLM outside its tested range (one line).
         ValueError: a device other than CUDA.
     """
     try:
         import vllm  # noqa: F401
     except ImportError as err:
         raise ModuleNotFoundError(INSTALL_HINT) from err
+    from agent_shell.lm.versions import check_versions
+
+    check_versions(("vllm",))
     if device not in (None, "cuda") and not str(device).startswith("cuda"):
         raise ValueError(f"the vllm backend runs on a CUDA GPU, not on device={device!r}")
     from transformers import AutoConfig
@@ -168,7 +180,7 @@ def load_vllm_model(path: str | os.PathLike | None, dtype: str = "auto", device:
     common = dict(model=folder, dtype=dtype_str, gpu_memory_utilization=gpu_memory_utilization,
                   max_model_len=max_model_len, enable_prefix_caching=True, **kwargs)
     generator = LLM(**common)
-    pooler = LLM(**common, runner="pooling", convert="embed", pooler_config=_last_pooling())
+    pooler = LLM(**common, runner="pooling", convert="embed", pooler_config=last_pooling())
     config = AutoConfig.from_pretrained(folder)
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     window = generator.llm_engine.model_config.max_model_len
@@ -176,11 +188,17 @@ def load_vllm_model(path: str | os.PathLike | None, dtype: str = "auto", device:
                              hidden_size=config.hidden_size, max_context_tokens=window, dtype=dtype_str)
 
 
-def _last_pooling() -> PoolerConfig:
-    """LAST pooling without normalisation (the raw final-norm state at the last token)."""
+def last_pooling() -> PoolerConfig:
+    """LAST pooling without activation: the raw final-norm state at the last token.
+
+    vLLM names the switch ``use_activation`` (for an embedding pooler, the L2 normalisation);
+    releases before it named it ``normalize``, which current ones refuse."""
+    import inspect
+
     from vllm.config import PoolerConfig
 
-    return PoolerConfig(pooling_type="LAST", normalize=False)
+    switch = "use_activation" if "use_activation" in inspect.signature(PoolerConfig).parameters else "normalize"
+    return PoolerConfig(pooling_type="LAST", **{switch: False})
 
 
-__all__ = ["INSTALL_HINT", "VERIFIED", "VLLMLanguageModel", "load_vllm_model"]
+__all__ = ["INSTALL_HINT", "VERIFIED", "VLLMLanguageModel", "last_pooling", "load_vllm_model"]

@@ -179,7 +179,7 @@ def test_recorded_settings_and_resume_of_a_committed_results_file_are_unchanged(
     assert (settings["concept_per_type"], settings["fit_candidates"]) == (2, 0)
     assert json.loads(json.dumps(settings)) == settings
     assert list(config.to_dict()) == [
-        "env", "split", "demo_split", "demos_per_type", "concept_per_type", "fit_candidates", "model", "dtype",
+        "env", "split", "demo_split", "demos_per_type", "concept_per_type", "fit_candidates", "model", "dtype", "device",
         "rendering", "layout", "lam", "gamma", "features", "agents", "action_space", "reflexion_trials", "budget",
         "seed", "per_type", "games", "game_ids", "cache_dir", "out_dir", "resume", "demos", "concept_data", "workers",
         "ray_address", "shared_lm", "calibrator"]

@@ -77,7 +77,7 @@ def doubles(monkeypatch, tmp_path):
     monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "cache"))
     lms = []
 
-    def load(name=None, dtype="bfloat16", formatting="plain"):
+    def load(name=None, dtype="bfloat16", formatting="plain", **_):
         lms.append(FakeLM([" think: plan", " go to desk 1", " take key 1 from desk 1", " go to door 1"]))
         return lms[-1]
 

@@ -32,6 +32,7 @@ def load(name: str):
 HERE = ["compile_cache", "episode_throughput", "fit_speed", "routing_speed", "sampling_speed", "scoring_speed", "step_cost"]
 #: smoke-tested elsewhere
 ELSEWHERE = {"vllm_agreement": "tests/lm/test_vllm_gpu.py (gpu marker)",
+             "gpu_check": "tests/lm/test_gpu_check.py (slow marker, --quick on the CPU)",
              "replay_actions": "tests/benchmarks/test_replay_actions.py"}
 #: known gaps: a --tiny smoke test each is still to be written
 NO_SMOKE_TEST_YET: list[str] = []

