@@ -198,7 +198,7 @@ def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
     return out
 
 
-def _episode_record(record: Any) -> dict[str, Any]:
+def _episode_record(record: object) -> dict[str, Any]:
     if not isinstance(record, dict) or not {"task_id", "agent", "success"} <= record.keys():
         study = f" (a {record['study']} study line?)" if isinstance(record, dict) and "study" in record else ""
         raise ValueError(f"not an episode record of cb-agent run{study}")

@@ -125,7 +125,7 @@ def _fresh_compilation():
             compilation_cache.reset_cache()
 
 
-def call_compiled(name: str, jitted: Callable, static: tuple, args: tuple, out_example: Any):
+def call_compiled(name: str, jitted: Callable, static: tuple, args: tuple, out_example: object):
     """``jitted(*static, *args)``, from a stored executable when one fits (no tracing).
 
     Without :func:`enable_persistent_cache` this is the plain jit call. Otherwise the

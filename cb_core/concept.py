@@ -30,13 +30,17 @@ import json
 import math
 import os
 from importlib import metadata as importlib_metadata
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
+from jax.typing import ArrayLike
 
 from cb_core.decisions import Decisions, bucket_size, to_padded
 from cb_core.model import _k_log_probs
+
+if TYPE_CHECKING:
+    from cb_core.fit import FitResult
 
 __all__ = ["Concept", "REQUIRED_FIELDS", "library_versions", "FORMAT"]
 
@@ -106,7 +110,7 @@ def _check_metadata(n_alpha: int, metadata: dict, where: str) -> None:
                          f"alpha has {n_alpha} = d + 1 entries")
 
 
-def _check_candidate_set(hidden: Any, log_q: Any, n_tokens: Any, d: int):
+def _check_candidate_set(hidden: ArrayLike, log_q: ArrayLike, n_tokens: ArrayLike, d: int):
     """One decision's candidate set as float32 / int32 numpy, or ValueError naming the culprit."""
     hidden = np.asarray(hidden, np.float32)
     if hidden.ndim != 2:
@@ -204,7 +208,7 @@ class Concept:
         return int(self.alpha.shape[0]) - 1
 
     # ------------------------------------------------------------------------------ acting
-    def log_probs(self, hidden: Any, log_q: Any, n_tokens: Any) -> np.ndarray:
+    def log_probs(self, hidden: ArrayLike, log_q: ArrayLike, n_tokens: ArrayLike) -> np.ndarray:
         """log P_alpha(a | x) over one candidate set (Eq. 3), as numpy float32 [M].
 
         The N = 1 case of :func:`cb_core.model.problem_log_probs` (the fit's kernel), with the
@@ -229,7 +233,7 @@ class Concept:
                            np.float32(self.eps))
         return np.asarray(out)[0, :m]
 
-    def choose(self, hidden: Any, log_q: Any, n_tokens: Any) -> int:
+    def choose(self, hidden: ArrayLike, log_q: ArrayLike, n_tokens: ArrayLike) -> int:
         """The chosen candidate (Eq. 7): argmax of :meth:`log_probs`.
 
         Tie rule (deterministic): among candidates with exactly equal log P, the lowest index
@@ -246,7 +250,7 @@ class Concept:
                    dict(metadata or {}, prior_only=True))
 
     @classmethod
-    def from_fit(cls, result: Any, *, backbone: str, features: str | dict, task_type: str,
+    def from_fit(cls, result: FitResult, *, backbone: str, features: str | dict, task_type: str,
                  trajectories: list[str], extra: dict | None = None) -> Concept:
         """Concept from a FitResult; gamma, lam, eps and the fit summary come from the result."""
         s = result.settings

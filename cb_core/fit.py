@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 import numpy as np
 
 from cb_core.cache import call_compiled
@@ -166,7 +167,7 @@ def _x64_context(dtype):
     return jax.enable_x64(True)
 
 
-def _check_number(name: str, value: Any, low: float, strict: bool) -> float:
+def _check_number(name: str, value: object, low: float, strict: bool) -> float:
     ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
     if ok:
         value = float(value)
@@ -184,7 +185,7 @@ def fit(
     lam: float = 1.0,
     gamma: float = 0.8,
     eps: float = 1e-6,
-    dtype: Any = jnp.float32,
+    dtype: DTypeLike = jnp.float32,
     certify: Literal["auto", "exact", "structural"] = "auto",
 ) -> FitResult:
     """Fit the concept alpha by minimising Eq. 6 (strongly convex; unique optimum).

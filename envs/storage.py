@@ -231,7 +231,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
         Path(tmp).write_bytes(data)
 
 
-def write_json_atomic(path: str | os.PathLike, payload: Any) -> None:
+def write_json_atomic(path: str | os.PathLike, payload: object) -> None:
     """Write ``payload`` as JSON (orjson) to ``path`` atomically (:func:`atomic_path`)."""
     write_bytes_atomic(path, orjson.dumps(payload))
 

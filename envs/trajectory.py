@@ -162,7 +162,7 @@ class Trajectory:
             raise ValueError(f"malformed trajectory record: {err}") from None
 
 
-def _str(value: Any, what: str) -> str:
+def _str(value: object, what: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{what} must be a string, got {type(value).__name__}")
     return value
