@@ -163,7 +163,7 @@
         && (!f.task_type || e.task_type === f.task_type) && (!f.outcome || e.outcome === f.outcome)
         && (!f.q || e.task_id.toLowerCase().includes(f.q)));
       count.textContent = `${rows.length} of ${EPISODES.length} episodes`;
-      body.replaceChildren(...rows.slice(0, shown).map(([e, i]) => h("tr", { class: "episode-row " + e.outcome, "data-episode": i,
+      body.replaceChildren(...rows.slice(0, shown).map(([e, i]) => h("tr", { class: "episode-row " + e.outcome, "data-episode": i, "data-scored": e.scored,
         onclick: () => openEpisode(i, null) }, h("td", {}, e.agent), h("td", {}, e.task_type), h("td", { class: "game" }, e.task_id),
         h("td", {}, e.outcome), h("td", { class: "num" }, e.steps), h("td", { class: "num" }, e.scored))));
       more.style.display = rows.length > shown ? "" : "none";
@@ -245,5 +245,5 @@
   if (INDEX.heldout) app.append(heldoutSection());
   const m = /#ep=(\d+)(?:&with=(\d+))?/.exec(location.hash);
   if (m && +m[1] < EPISODES.length) openEpisode(+m[1], m[2] === undefined ? null : +m[2]);
-  document.body.setAttribute("data-ready", "1");
+  document.body.setAttribute("data-ready", String(performance.now()));  // ms since the page began loading
 })();

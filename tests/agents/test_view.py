@@ -39,14 +39,19 @@ def played(agent, name: str, task: str, meta: dict = META) -> dict:
     return orjson.loads(orjson.dumps(episode_record(name, task, [Trial(episode, log)], 1.0, dict(meta))))
 
 
-@pytest.fixture(scope="module")
-def records() -> list[dict]:
+def sample_records() -> list[dict]:
+    """ReAct and prior-only on game a/1, CB-Agent (a concept per type) on a/1 and b/1, as results records."""
     lm = FakeLM([" think: look around", " go to desk 1", " go to window 1", " take key 1 from desk 1"])
     concepts = {"fetch": concept(lm, "fetch"), "open": concept(lm, "open")}
     return [played(ReActAgent(FakeLM([" go to desk 1", " think: hm", " examine wall 1"]), DEMOS), "react", "a/1"),
             played(CBAgent(FakeLM([" act"], prefer="desk"), DEMOS, None), "prior-only", "a/1"),
             played(CBAgent(lm, DEMOS, concepts), "cb-agent", "a/1"),
             played(CBAgent(lm, DEMOS, concepts), "cb-agent", "b/1")]
+
+
+@pytest.fixture(scope="module")
+def records() -> list[dict]:
+    return sample_records()
 
 
 def write(path, records, torn: bytes = b""):
