@@ -141,7 +141,7 @@
       cols.append(episodeColumn(i, -1));
     }
     view.replaceChildren(h("div", { class: "toolbar" }, h("button", { onclick: () => { view.replaceChildren(); location.hash = ""; } }, "close"),
-      peers.length ? select : h("span", { class: "muted" }, "no other agent played this game")), note, cols);
+      peers.length ? select : h("span", { class: "muted" }, "no other agent played this game")), ...(note ? [note] : []), cols);
     history.replaceState(null, "", "#ep=" + i + (other !== null && other !== undefined ? "&with=" + other : ""));
     view.scrollIntoView();
   }
