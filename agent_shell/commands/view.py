@@ -21,14 +21,17 @@ import click
 @click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Where to write the page (default: beside the first RESULTS file, .html).")
-def view(results, out_path) -> None:
+@click.option("--expert", "expert_paths", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Expert trajectories (JSONL, e.g. the cache's expert/<env>/<split>.jsonl): at the steps "
+                   "taken from a state the expert passed through, its action is marked. Repeatable.")
+def view(results, out_path, expert_paths) -> None:
     """Write the decision explorer of RESULTS (`cb-agent run` results, plain or .gz, and
     `eval-decisions --out` files) as one HTML file."""
     from agent_shell.view import read_inputs, render_page
     from envs.storage import atomic_path
 
     try:
-        inputs = read_inputs(results)
+        inputs = read_inputs(results, expert_paths)
     except ValueError as err:
         raise click.ClickException(str(err)) from None
     first = Path(results[0])

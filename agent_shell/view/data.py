@@ -41,6 +41,7 @@ class Inputs:
     records: list[dict] = field(default_factory=list)
     heldout: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    expert: dict[str, list[str]] = field(default_factory=dict)  # task id -> the expert's actions
 
 
 def eval_file(path: Path) -> Any | None:
@@ -59,9 +60,11 @@ def eval_file(path: Path) -> Any | None:
     return None
 
 
-def read_inputs(paths: Sequence[str | Path]) -> Inputs:
-    """Read results files (plain or ``.gz``) and eval-decisions files. Every warning of the results
-    reader (a torn or malformed line, naming it) is warned again and kept in ``notes``.
+def read_inputs(paths: Sequence[str | Path], experts: Sequence[str | Path] = ()) -> Inputs:
+    """Read results files (plain or ``.gz``) and eval-decisions files, and the expert trajectory
+    files ``experts`` (JSONL of :class:`envs.trajectory.Trajectory`, as ``cb-agent collect`` and the
+    cache write them; won ones only). Every warning of the readers (a torn or malformed line,
+    naming it) is warned again and kept in ``notes``.
 
     Raises:
         ValueError: nothing to show (no finished episode and no held-out decision), naming the files.
@@ -81,6 +84,16 @@ def read_inputs(paths: Sequence[str | Path]) -> Inputs:
             out.notes.append(f"{path}: accuracy rows only (written before eval-decisions kept its decisions)")
         else:
             out.heldout += [dict(d, model=data.get("model"), source=str(path)) for d in data.get("decisions", [])]
+    for path in experts:
+        from envs.trajectory import read_trajectories
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trajectories = read_trajectories(path, on_error="skip")
+        for w in caught:
+            out.notes.append(str(w.message))
+            warnings.warn(str(w.message), stacklevel=2)
+        out.expert.update((t.task_id, [s.action for s in t.steps if s.kind == "env"]) for t in trajectories if t.won)
     out.records, repeated = unique_episodes(records)
     for line in repeated:
         warnings.warn(line, stacklevel=2)
@@ -181,11 +194,36 @@ def decision_entry(decision: Mapping[str, Any], steps: Sequence[Mapping[str, Any
     return out
 
 
-def episode_detail(record: Mapping[str, Any]) -> dict:
+def expert_actions(steps: Sequence[Mapping[str, Any]], expert: Sequence[str]) -> dict[int, str]:
+    """Step index -> the expert's action there, for the steps taken from a state the expert's own
+    trajectory passed through: while the environment actions so far are the expert's first ones
+    (``look``, ``inventory`` and ``help`` left out on both sides: they change no state; think
+    steps never reach the environment). ``expert``: the expert trajectory's actions in order."""
+    from agent_shell.candidates import drop_excluded
+
+    expert = drop_excluded(expert)
+    out, done = {}, 0
+    for i, s in enumerate(steps):
+        if s["kind"] != "env":
+            continue
+        if done >= len(expert):
+            break
+        out[i] = expert[done]
+        if drop_excluded([s["action"]]):
+            if s["action"] != expert[done]:
+                break
+            done += 1
+    return out
+
+
+def episode_detail(record: Mapping[str, Any], expert: Sequence[str] | None = None) -> dict:
     """One episode for the page: ``instruction`` and ``observation`` (o0) as string indices, and per
     trial ``won``, ``reflection``, ``memory`` and ``steps``: ``k`` (kind), ``a`` (action) and ``o``
     (observation) as string indices, ``d`` the decision (:func:`decision_entry`) when one is
-    recorded; ``strings`` the table the indices refer to, ``error`` the engine fault if any."""
+    recorded, ``e`` the expert's action there (string index) when ``expert`` (the expert
+    trajectory's actions on this game) tells it (:func:`expert_actions`), and then ``d["expert"]``
+    its index among the scored candidates (-1: not among them); ``strings`` the table the indices
+    refer to, ``error`` the engine fault if any."""
     strings = Strings()
     trials, start = [], None
     for trial in record.get("trials", ()):
@@ -193,6 +231,7 @@ def episode_detail(record: Mapping[str, Any]) -> dict:
         start = start or traj
         steps = traj.get("steps") or []
         decisions = {d.get("step"): d for d in (trial.get("log") or {}).get("decisions", ())}
+        known = expert_actions(steps, expert) if expert else {}
         out_steps = []
         for i, s in enumerate(steps):
             step: dict[str, Any] = {"k": s["kind"], "a": strings(s["action"]), "o": strings(s.get("observation") or "")}
@@ -200,6 +239,11 @@ def episode_detail(record: Mapping[str, Any]) -> dict:
                 entry = decision_entry(decisions[i], steps, strings)
                 if entry:
                     step["d"] = entry
+            if i in known:
+                step["e"] = strings(known[i])
+                if "candidates" in step.get("d", {}):
+                    d = step["d"]
+                    d["expert"] = d["candidates"].index(step["e"]) if step["e"] in d["candidates"] else -1
             out_steps.append(step)
         trials.append({"won": bool(trial.get("won")), "reflection": trial.get("reflection"),
                        "memory": (trial.get("log") or {}).get("memory") or [], "steps": out_steps})
@@ -216,4 +260,5 @@ def heldout_entries(decisions: Iterable[Mapping[str, Any]]) -> list[dict]:
 
 
 __all__ = ["EVAL_SCHEMA", "Inputs", "chart_svg", "decision_entry", "episode_detail", "episode_index", "eval_file",
+           "expert_actions",
            "heldout_entries", "outcome", "read_inputs", "summary", "table_cells"]

@@ -81,12 +81,15 @@
         h("div", { class: "body" },
           h("div", { class: "action" }, s.k === "think" ? action : "> " + action),
           d && d.reply !== undefined && s.k === "env" ? h("div", { class: "reply" }, "reply: " + JSON.stringify(d.reply)) : null,
+          s.e !== undefined ? h("div", { class: "expert-note" + (S[s.e] === action ? " same" : "") }, "expert: " + S[s.e]
+            + (d && d.expert === -1 ? " (not among the scored candidates)" : "")) : null,
           h("div", { class: "obs" }, S[s.o])));
       if (d && d.candidates) {
         const holder = h("div", { class: "decision" });
         const button = h("button", { class: "unfold", "data-step": i, onclick: () => {
           if (holder.firstChild) { holder.replaceChildren(); button.classList.remove("open"); return; }
-          holder.append(candidateTable(d.candidates.map((k) => S[k]), d.prior, d.concept, d.log_p, d.chosen, null));
+          holder.append(candidateTable(d.candidates.map((k) => S[k]), d.prior, d.concept, d.log_p, d.chosen,
+            d.expert === undefined || d.expert < 0 ? null : d.expert));
           button.classList.add("open");
         } }, `${d.candidates.length} candidates, P(chosen) = ${(100 * d.p_chosen).toFixed(1)}%`);
         row.querySelector(".body").append(button, holder);

@@ -38,7 +38,8 @@ def render_page(inputs: Inputs, sources: Sequence[str]) -> str:
     index = {"sources": [str(s) for s in sources], "notes": inputs.notes, "summary": summary(inputs.records),
              "episodes": episode_index(inputs.records), "heldout": len(inputs.heldout)}
     blocks = [f'<script type="application/json" id="index">{script_json(index)}</script>']
-    blocks += [f'<script type="application/json" id="ep-{i}">{script_json(episode_detail(r))}</script>'
+    blocks += [f'<script type="application/json" id="ep-{i}">'
+               f'{script_json(episode_detail(r, inputs.expert.get(r["task_id"])))}</script>'
                for i, r in enumerate(inputs.records)]
     if inputs.heldout:
         blocks.append(f'<script type="application/json" id="heldout">{script_json(heldout_entries(inputs.heldout))}'

@@ -138,3 +138,33 @@ def test_older_records_and_eval_files_still_load(tmp_path, records):
     assert all("candidates" not in s.get("d", {}) for s in episodes[0]["trials"][0]["steps"])
     assert any("accuracy rows only" in n for n in index["notes"])
     assert shown[0]["candidates"] == heldout["decisions"][0]["candidates"] and shown[0]["expert"] == 1
+
+
+def test_the_expert_action_is_marked_while_the_agent_is_where_the_expert_was(tmp_path, records):
+    rec = records[2]  # cb-agent on a/1
+    traj = orjson.loads(orjson.dumps(rec["trials"][0]["trajectory"]))
+    env = [i for i, s in enumerate(traj["steps"]) if s["kind"] == "env"]
+    assert len(env) >= 3
+    first = traj["steps"][env[0]]["action"]
+    other = next(c for c in traj["steps"][env[1]]["candidates"]
+                 if c not in ("look", "inventory", "help", traj["steps"][env[1]]["action"]))
+    # the expert takes the agent's first action (after a look), then another one than the agent's second
+    expert = dict(traj, won=True, steps=[
+        {"kind": "env", "action": "look", "observation": "o", "candidates": ["look", first], "done": False,
+         "won": False, "score": 0.0, "info": {}},
+        {"kind": "env", "action": first, "observation": "o", "candidates": [first], "done": False, "won": False,
+         "score": 0.0, "info": {}},
+        {"kind": "env", "action": other, "observation": "o", "candidates": [other], "done": True, "won": True,
+         "score": 1.0, "info": {}}])
+    (tmp_path / "expert.jsonl").write_bytes(orjson.dumps(expert) + b"\n")
+    res = CliRunner().invoke(main, ["view", str(write(tmp_path / "r.jsonl", [rec])), "--expert",
+                                    str(tmp_path / "expert.jsonl"), "--out", str(tmp_path / "p.html")])
+    assert res.exit_code == 0, res.output
+    _, episodes, _ = embedded((tmp_path / "p.html").read_text())
+    ep = episodes[0]
+    steps, text = ep["trials"][0]["steps"], ep["strings"]
+    marked = {i: text[s["e"]] for i, s in enumerate(steps) if "e" in s}
+    assert marked == {env[0]: first, env[1]: other}  # then the agent left the expert's path
+    d = steps[env[1]]["d"]
+    assert text[d["candidates"][d["expert"]]] == other and d["expert"] != d["chosen"]
+    assert steps[env[0]]["d"]["expert"] == steps[env[0]]["d"]["chosen"]
