@@ -4,10 +4,11 @@ files and ``eval-decisions --out`` files.
 At the top, ``report``'s success table and chart with the runs' settings; then the episodes, with
 filters (agent, task type, won or lost, game id); an episode's steps with, at each scored decision,
 the candidates ranked by log P with bars for their prior and concept terms and the chosen one
-marked; two agents on one game side by side (the first step where they differ highlighted); and
-the held-out expert decisions of eval-decisions files (the expert's action marked, where the
-concept overturns the prior and where it is wrong). Bad input as in ``report``: a missing file is
-one line, a torn line is skipped with a warning naming it, mixed settings label their rows.
+marked (and the expert's action, where ``--expert`` trajectories tell it); two agents on one game
+side by side (the first step where they differ highlighted); and the held-out expert decisions of
+eval-decisions files (the expert's action marked, where the concept overturns the prior and where
+it is wrong). Bad input as in ``report``: a missing file is one line, a torn line is skipped with a
+warning naming it, mixed settings label their rows.
 """
 
 from __future__ import annotations
