@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             episode_ms = page.evaluate("""() => {
                 const t0 = performance.now();
                 document.querySelector("tr.episode-row:not([data-scored='0'])").click();
-                for (const b of document.querySelectorAll("#view button.unfold")) { b.click(); document.body.offsetHeight; }
+                for (const b of document.querySelectorAll("#view button.unfold")) {
+                    b.click(); document.body.offsetHeight; }
                 return performance.now() - t0; }""")
             print(f"open {i}: ready_ms {ready!r} load_ms {load!r} episode_and_decisions_ms {episode_ms!r} "
                   f"({page.locator('table.cands').count()} decisions unfolded)")

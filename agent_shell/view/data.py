@@ -25,8 +25,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import orjson
 
-from agent_shell.reporting import (chart_figure, describe_run, differing_settings, markdown_table, summarize,
-                                   agent_label)
+from agent_shell.reporting import (agent_label, chart_figure, describe_run, differing_settings, markdown_table,
+                                   summarize)
 from agent_shell.results import RUN_SETTINGS, read_results, scored_candidates, setting, unique_episodes
 
 #: ``schema`` of an ``eval-decisions --out`` file (:data:`agent_shell.commands.eval_decisions.EVAL_SCHEMA`).
@@ -83,7 +83,7 @@ def read_inputs(paths: Sequence[str | Path], experts: Sequence[str | Path] = ())
         elif isinstance(data, list):
             out.notes.append(f"{path}: accuracy rows only (written before eval-decisions kept its decisions)")
         else:
-            out.heldout += [dict(d, model=data.get("model"), source=str(path)) for d in data.get("decisions", [])]
+            out.heldout += [dict(d, model=data.get("model")) for d in data.get("decisions", [])]
     for path in experts:
         from envs.trajectory import read_trajectories
 
@@ -248,7 +248,8 @@ def episode_detail(record: Mapping[str, Any], expert: Sequence[str] | None = Non
         trials.append({"won": bool(trial.get("won")), "reflection": trial.get("reflection"),
                        "memory": (trial.get("log") or {}).get("memory") or [], "steps": out_steps})
     start = start or {}
-    return {"instruction": strings(start.get("instruction") or ""), "observation": strings(start.get("observation") or ""),
+    return {"instruction": strings(start.get("instruction") or ""),
+            "observation": strings(start.get("observation") or ""),
             "trials": trials, "error": record.get("error"), "strings": strings.table()}
 
 

@@ -109,7 +109,8 @@ def test_bad_input_is_handled_as_report_handles_it(tmp_path, records):
     assert res.exit_code == 0, res.output
     assert f"warning: {results}:4: skipped malformed results line: truncated line" in res.output
     index, episodes, _ = embedded((tmp_path / "p.html").read_text())
-    assert [e["agent"] for e in index["episodes"]] == ["react (budget=4)", "prior-only (budget=4)", "prior-only (budget=8)"]
+    assert [e["agent"] for e in index["episodes"]] == ["react (budget=4)", "prior-only (budget=4)",
+                                                       "prior-only (budget=8)"]
     assert index["summary"]["differing"] == ["budget"] and any("truncated line" in n for n in index["notes"])
     missing = CliRunner().invoke(main, ["view", str(tmp_path / "none.jsonl")])
     errors = [line for line in missing.output.splitlines() if line.startswith("Error")]

@@ -64,7 +64,8 @@ def test_the_page_shows_the_recorded_candidates_of_a_decision(tmp_path, browser)
     for r in rows:
         i = r["index"]
         assert r["text"] == candidates[i]
-        assert (r["prior"], r["concept"], r["logp"]) == (decision["prior"][i], decision["concept"][i], decision["log_p"][i])
+        recorded = (decision["prior"][i], decision["concept"][i], decision["log_p"][i])
+        assert (r["prior"], r["concept"], r["logp"]) == recorded
         assert r["shown"] == f"{decision['log_p'][i]:.3f}" and r["chosen"] == (i == decision["chosen"])
     assert [r["text"] for r in rows if r["chosen"]] == [decision["action"]]
     # two agents on one game side by side, the first differing step highlighted
