@@ -42,6 +42,7 @@ class Inputs:
     heldout: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     expert: dict[str, list[str]] = field(default_factory=dict)  # task id -> the expert's actions
+    accuracy: list[list[str]] = field(default_factory=list)  # eval-decisions rows as cells
 
 
 def eval_file(path: Path) -> Any | None:
@@ -58,6 +59,15 @@ def eval_file(path: Path) -> Any | None:
     if isinstance(data, list) and all(isinstance(r, dict) and "acc_prior" in r for r in data):
         return data
     return None
+
+
+def accuracy_cells(rows: Sequence[Mapping[str, Any]], model: str | None) -> list[list[str]]:
+    """eval-decisions accuracy rows as the cells ``eval-decisions`` prints: model, task type,
+    decisions, alpha = 0 and concept accuracy with their 95% Wilson intervals."""
+    from agent_shell.decision_scorer import accuracy_cell
+
+    return [[str(model), r["task_type"], str(r["decisions"]), accuracy_cell(r, "prior"), accuracy_cell(r, "concept")]
+            for r in rows]
 
 
 def read_inputs(paths: Sequence[str | Path], experts: Sequence[str | Path] = ()) -> Inputs:
@@ -84,6 +94,7 @@ def read_inputs(paths: Sequence[str | Path], experts: Sequence[str | Path] = ())
             out.notes.append(f"{path}: accuracy rows only (written before eval-decisions kept its decisions)")
         else:
             out.heldout += [dict(d, model=data.get("model")) for d in data.get("decisions", [])]
+            out.accuracy += accuracy_cells(data.get("rows", []), data.get("model"))
     for path in experts:
         from envs.trajectory import read_trajectories
 

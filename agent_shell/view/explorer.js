@@ -215,6 +215,9 @@
     }
     const section = h("section", { id: "heldout-section" }, h("h2", {}, `Held-out expert decisions (${INDEX.heldout})`),
       h("p", { class: "muted" }, "teacher forcing on expert trajectories (eval-decisions): the chosen candidate is the argmax of log P under the type's concept"),
+      INDEX.accuracy.length ? h("table", { class: "success" }, h("thead", {}, h("tr", {},
+        ["model", "task type", "decisions", "alpha = 0", "concept"].map((c) => h("th", {}, c)))),
+        h("tbody", {}, INDEX.accuracy.map((r) => h("tr", { class: r[1] === "all" ? "all" : null }, r.map((c) => h("td", {}, c)))))) : null,
       h("div", { class: "filters" }, types, show, count), body);
     draw();
     return section;

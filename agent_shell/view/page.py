@@ -36,7 +36,8 @@ def _asset(name: str) -> str:
 def render_page(inputs: Inputs, sources: Sequence[str]) -> str:
     """The whole page for ``inputs`` (``sources``: the files it was built from, shown in its header)."""
     index = {"sources": [str(s) for s in sources], "notes": inputs.notes, "summary": summary(inputs.records),
-             "episodes": episode_index(inputs.records), "heldout": len(inputs.heldout)}
+             "episodes": episode_index(inputs.records), "heldout": len(inputs.heldout),
+             "accuracy": inputs.accuracy}
     blocks = [f'<script type="application/json" id="index">{script_json(index)}</script>']
     blocks += [f'<script type="application/json" id="ep-{i}">'
                f'{script_json(episode_detail(r, inputs.expert.get(r["task_id"])))}</script>'

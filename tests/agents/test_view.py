@@ -124,7 +124,8 @@ def test_older_records_and_eval_files_still_load(tmp_path, records):
     for d in old["trials"][0]["log"]["decisions"]:  # as written before the terms were recorded
         for key in ("prior", "concept", "log_p"):
             d.pop(key, None)
-    rows = [{"task_type": "all", "decisions": 3, "acc_prior": 1 / 3, "acc_concept": 2 / 3}]
+    rows = [{"task_type": "all", "decisions": 3, "mean_candidates": 2.0, "acc_prior": 1 / 3, "hits_prior": 1,
+             "ci_prior": [0.0615, 0.7923], "acc_concept": 2 / 3, "hits_concept": 2, "ci_concept": [0.2077, 0.9385]}]
     heldout = {"schema": "cb-agent/eval-decisions-v1", "model": "fake-lm", "rows": rows, "decisions": [
         {"task_type": "fetch", "task_id": "a/1", "step": 0, "instruction": "i", "observation": "o",
          "candidates": ["go to desk 1", "go to window 1"], "expert": 1, "prior": [-0.1, -2.4],
@@ -138,6 +139,7 @@ def test_older_records_and_eval_files_still_load(tmp_path, records):
     assert index["episodes"][0]["scored"] == 0
     assert all("candidates" not in s.get("d", {}) for s in episodes[0]["trials"][0]["steps"])
     assert any("accuracy rows only" in n for n in index["notes"])
+    assert index["accuracy"] == [["fake-lm", "all", "3", "33.3% [6.2, 79.2]", "66.7% [20.8, 93.8]"]]
     assert shown[0]["candidates"] == heldout["decisions"][0]["candidates"] and shown[0]["expert"] == 1
 
 
