@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             # decisions, then unfold every one of them, each followed by a forced layout
             episode_ms = page.evaluate("""() => {
                 const t0 = performance.now();
-                document.querySelector("tr.episode-row:not([data-scored='0'])").click();
+                (document.querySelector("tr.episode-row:not([data-scored='0'])")
+                 || document.querySelector("tr.episode-row")).click();
                 for (const b of document.querySelectorAll("#view button.unfold")) {
                     b.click(); document.body.offsetHeight; }
                 return performance.now() - t0; }""")
