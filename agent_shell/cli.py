@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "concept-data-size": "agent_shell.commands.concepts_tsne:concept_data_size",
     "run": "agent_shell.commands.run:run",
     "report": "agent_shell.commands.report:report",
+    "view": "agent_shell.commands.view:view",
     "probe": "agent_shell.commands.probe:probe",
     "recover": "agent_shell.commands.recover:recover",
     "ical": "agent_shell.commands.ical:ical",

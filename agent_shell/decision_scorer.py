@@ -16,7 +16,8 @@ evaluation (:func:`decision_accuracy`) and the calibrator
 * a :class:`ScoredDecision` holds per candidate the LM's scores and the feature matrix phi's input
   (the raw blocks side by side, float32 [M, k]) and gives the prior term (log Qbar after length
   normalisation), the concept term alpha . phi and log P (float32 [M]);
-* :func:`batch_log_probs` is log P over many decisions in one cb_core call (evaluation).
+* :func:`batch_log_probs` is log P over many decisions in one cb_core call (evaluation), and
+  :func:`batch_terms` the prior and concept terms beside it.
 
 cb_core (JAX) is imported only when something is computed under a concept.
 """
@@ -201,6 +202,23 @@ def batch_log_probs(concept: Concept, decisions: Decisions) -> list[np.ndarray]:
     return [flat[a:b] for a, b in zip(off[:-1], off[1:])]
 
 
+def batch_terms(concept: Concept, decisions: Decisions) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(the prior term log Qbar, the concept term alpha . phi, log P) under ``concept`` for every
+    decision of a ragged set, each float32 [M_i], in order: what :class:`ScoredDecision` gives for
+    one decision, in three batched cb_core calls (evaluation's per-decision record).
+
+    Raises:
+        ValueError: the decisions' feature width differs from the concept's d.
+    """
+    import cb_core
+
+    log_p = batch_log_probs(concept, decisions)  # checks the width
+    prior = np.asarray(cb_core.prior_log_probs(decisions, concept.gamma), np.float32)
+    term = np.asarray(cb_core.features(decisions, concept.eps), np.float32) @ np.asarray(concept.alpha, np.float32)
+    off = np.asarray(decisions.offsets)
+    return [(prior[a:b], term[a:b], lp) for a, b, lp in zip(off[:-1], off[1:], log_p)]
+
+
 def choices(concept: Concept, decisions: Decisions) -> np.ndarray:
     """int [N]: the argmax of log P per decision (Eq. 7; the lowest index among exact ties)."""
     return np.array([int(np.argmax(lp)) for lp in batch_log_probs(concept, decisions)], dtype=np.int64)
@@ -263,4 +281,4 @@ def accuracy_cell(row: dict, name: str) -> str:
 
 
 __all__ = ["DecisionRequest", "DecisionScorer", "LayerSpec", "ScoredDecision", "accuracy_cell", "batch_log_probs",
-           "choices", "decision_accuracy", "decision_context"]
+           "batch_terms", "choices", "decision_accuracy", "decision_context"]

@@ -7,8 +7,13 @@ written and resumed.
 * **The recorded settings** (:data:`RUN_SETTINGS`) and the one table of their values in records
   written before a field existed (:data:`SETTING_DEFAULTS`, read through :func:`setting`).
 * **Reading**: :func:`read_results` (a torn or NUL-padded line is skipped with a warning naming its
-  line; :func:`repair_for_resume` moves such lines aside before a resume) and
-  :func:`unique_episodes` (an episode stored twice counts once).
+  line; :func:`repair_for_resume` moves such lines aside before a resume),
+  :func:`unique_episodes` (an episode stored twice counts once) and :func:`scored_candidates` (the
+  candidates behind a decision's recorded terms).
+* **Optional fields** (records written before them still load): a trial log's decision may carry
+  per candidate ``prior``, ``concept`` (absent when alpha = 0) and ``log_p`` (nats, 3 decimals;
+  :meth:`agent_shell.agents.step.Decision.terms_record`), ``candidates`` when they were sampled,
+  and ReAct's ``reply``.
 * **Writing**: :func:`store_record` (one atomic line, then the episode's partial state goes).
 * **Resuming**: :class:`ResumableJsonl`, the one check every resumable JSONL output goes through
   (episode results, study lines, calibration labels, ICAL outputs): it claims the file for this
@@ -181,7 +186,8 @@ def error_record(agent_name: str, task_id: str, task_type: str, trials: Sequence
 
 
 def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every episode record of a results file ([] when it does not exist).
+    """Every episode record of a results file, plain or gzip-compressed (``.gz``, as committed
+    under ``results/``); [] when it does not exist.
 
     A malformed, torn or NUL-padded line is skipped with a warning naming its line number (its
     episode is not finished and a resumed run redoes it); nothing is dropped silently.
@@ -189,13 +195,46 @@ def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.exists():
         return []
+    if path.suffix == ".gz":
+        import gzip
+        import shutil
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp, gzip.open(path, "rb") as src:
+            plain = Path(tmp) / path.stem
+            with open(plain, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            return _read_lines(plain, path)
+    return _read_lines(path, path)
+
+
+def _read_lines(path: Path, name: Path) -> list[dict[str, Any]]:
     out = []
     for number, record, err in iter_jsonl(path, _episode_record):
         if err is not None:
-            warnings.warn(f"{path}:{number}: skipped malformed results line: {err}", stacklevel=2)
+            warnings.warn(f"{name}:{number}: skipped malformed results line: {err}", stacklevel=3)
             continue
         out.append(record)
     return out
+
+
+def scored_candidates(decision: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -> list[str] | None:
+    """The candidate set a recorded decision (an entry of a trial log's ``decisions``) scored, in
+    the order of its ``prior`` / ``concept`` / ``log_p`` terms: its own ``candidates`` when recorded
+    (sampled, open action space), else the fixed action space of its trajectory step's candidates
+    (``steps``: the trial's ``trajectory["steps"]``). None when the decision has no terms (ReAct, a
+    single candidate, records written before the terms existed) or they cannot be matched."""
+    if "prior" not in decision:
+        return None
+    candidates = decision.get("candidates")
+    if candidates is None:
+        from agent_shell.candidates import fixed_action_space
+
+        step = decision.get("step")
+        if not isinstance(step, int) or not 0 <= step < len(steps) or steps[step].get("candidates") is None:
+            return None
+        candidates = fixed_action_space(steps[step]["candidates"])
+    return list(candidates) if len(candidates) == len(decision["prior"]) else None
 
 
 def _episode_record(record: object) -> dict[str, Any]:
@@ -383,4 +422,5 @@ def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[st
 
 __all__ = ["RESULT_SCHEMA", "RUN_SETTINGS", "SETTING_DEFAULTS", "ResumableJsonl", "SameAs", "check_results_file",
            "episode_record", "error_record", "longest_repeat_cycle", "loop_statistics", "read_results",
-           "refuse_link", "repair_for_resume", "results_file", "setting", "store_record", "trial_record", "unique_episodes"]
+           "refuse_link", "repair_for_resume", "results_file", "scored_candidates", "setting", "store_record", "trial_record",
+           "unique_episodes"]

@@ -144,21 +144,28 @@ class CBAgent(ReActAgent):
             return Decision("env", candidates[0], candidates=candidates, chosen=0, p_chosen=1.0)
         decision = DecisionInput(context, view.start.instruction, view.start.observation, view.steps, candidates,
                                  ctx.action_prefix(self.config.layout))
-        logp = self.log_probs(task_type, self.decision_scorer.request(decision))
+        logp, prior, concept_term = self.terms(task_type, self.decision_scorer.request(decision))
         chosen = int(np.argmax(logp))
         return Decision("env", candidates[chosen], candidates=candidates, chosen=chosen,
-                        log_probs=tuple(float(x) for x in logp), p_chosen=float(np.exp(logp[chosen])))
+                        log_probs=tuple(float(x) for x in logp), p_chosen=float(np.exp(logp[chosen])),
+                        prior=tuple(float(x) for x in prior),
+                        concept_term=None if concept_term is None else tuple(float(x) for x in concept_term),
+                        sampled=self.config.action_space != "fixed")
 
-    def log_probs(self, task_type: str, request: DecisionRequest) -> np.ndarray:
-        """log P(a | x) over one candidate set (seed Eq. 3) with the concept of ``task_type``
-        (prior-only: alpha = 0), as float32 [M]: one LM pass over the request
-        (:class:`agent_shell.decision_scorer.DecisionScorer`), a concept reading :attr:`features`.
+    def terms(self, task_type: str, request: DecisionRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(log P(a | x), the prior term log Qbar(a | x), the concept term alpha . phi(x, a; A)) over
+        one candidate set (seed Eq. 3) with the concept of ``task_type``, each float32 [M]: one LM
+        pass over the request (:class:`agent_shell.decision_scorer.DecisionScorer`), a concept
+        reading :attr:`features`. log P is the concept's own kernel (the action is its argmax);
+        the prior-only control (alpha = 0) has no concept term (None).
 
         Raises:
             ValueError: no concept for ``task_type``; what scoring or the extractors raise.
         """
         scored = self.decision_scorer.score(request)
-        return scored.log_probs(self.concept_of(task_type, scored.phi.shape[1]))
+        concept = self.concept_of(task_type, scored.phi.shape[1])
+        concept_term = None if self.concepts is None else scored.concept_term(concept)
+        return scored.log_probs(concept), scored.prior(concept.gamma), concept_term
 
     def concept_of(self, task_type: str, hidden_size: int) -> Concept:
         """The :class:`cb_core.Concept` acting for a task type (it carries its own gamma and eps);

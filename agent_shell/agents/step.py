@@ -83,6 +83,16 @@ class View:
                    experiences or {}, reference)
 
 
+#: Decimals kept of a recorded per-candidate term (nats): enough to rank and to draw the bars, and
+#: the results file grows by less than about 60% on Table 1's games (``docs/explorer.md``).
+TERM_DECIMALS = 3
+
+
+def rounded(values: Sequence[float]) -> list[float]:
+    """``values`` (float32 terms, nats) as Python floats rounded to :data:`TERM_DECIMALS` decimals."""
+    return [round(float(x), TERM_DECIMALS) for x in values]
+
+
 @dataclass(frozen=True)
 class Decision:
     """What an agent does at one step (nothing is executed yet).
@@ -100,6 +110,13 @@ class Decision:
         chosen: index of the action in ``candidates`` (None for ReAct).
         log_probs: log P(a | x) of every candidate (seed Eq. 3; a single candidate: None).
         p_chosen: P(chosen | x) (1.0 for a single candidate; None for ReAct).
+        prior: the prior term log Qbar(a | x) of every candidate (length-normalised, normalised
+            over the set; a single candidate: None).
+        concept_term: the concept term alpha . phi(x, a; A) of every candidate, or None when the
+            agent acts without a concept (prior-only: alpha = 0) or took a single candidate.
+        sampled: the candidates are samples (open action space), not the fixed action space of
+            the state's candidate set: :meth:`record` then keeps them, since the trajectory
+            cannot give them back.
         seconds: wall time by phase: ``route`` (contexts and routing) and ``choose`` (candidate
             set and scoring).
         review: the joint actor's calibration block as a :class:`Review` of the preceding
@@ -114,6 +131,9 @@ class Decision:
     chosen: int | None = None
     log_probs: tuple[float, ...] | None = None
     p_chosen: float | None = None
+    prior: tuple[float, ...] | None = None
+    concept_term: tuple[float, ...] | None = None
+    sampled: bool = False
     seconds: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     review: Review | None = None
 
@@ -123,12 +143,34 @@ class Decision:
         return self.action[len(THINK_PREFIX):].strip() if self.kind == "think" else None
 
     def record(self, step: int) -> dict:
-        """The entry of :attr:`AgentLog.decisions` of an environment step at index ``step``."""
+        """The entry of :attr:`AgentLog.decisions` of an environment step at index ``step``, with
+        :meth:`terms_record`."""
         out: dict = {"step": step, "n_candidates": None if self.candidates is None else len(self.candidates),
                      "chosen": self.chosen}
         if self.candidates is not None:
             out["p_chosen"] = self.p_chosen
         out["action"] = self.action
+        out.update(self.terms_record())
+        return out
+
+    def terms_record(self) -> dict:
+        """What a record keeps to show why the action was chosen: a scored candidate set's per
+        candidate terms (``prior``, ``concept`` unless alpha = 0, ``log_p``: lists of floats
+        rounded to :data:`TERM_DECIMALS` decimals, in candidate order) and, for sampled
+        candidates, ``candidates``; for an action the LM wrote itself (ReAct), its ``reply``;
+        nothing for a single candidate taken without scoring."""
+        out: dict = {}
+        if self.candidates is None:
+            if self.reply is not None:
+                out["reply"] = self.reply
+            return out
+        if self.prior is not None:
+            out["prior"] = rounded(self.prior)
+            if self.concept_term is not None:
+                out["concept"] = rounded(self.concept_term)
+            out["log_p"] = rounded(self.log_probs)
+        if self.sampled:
+            out["candidates"] = list(self.candidates)
         return out
 
 
@@ -140,7 +182,8 @@ class AgentLog:
         replies: the raw routing reply of every step, in order.
         decisions: one dict per environment-action step (:meth:`Decision.record`): ``step`` (index
             in the trajectory), ``n_candidates``, ``chosen`` (index or None), for CB-Agent
-            ``p_chosen``, and ``action``.
+            ``p_chosen``, ``action``, then the terms of :meth:`Decision.terms_record` (``prior``,
+            ``concept``, ``log_p``, sampled ``candidates``; ReAct's ``reply``).
         format_errors: one dict per malformed reply: ``step``, ``reason``, ``reply``.
         experiences: rendering "experience": step index -> kept experience of that transition.
         reviews: rendering "experience": every review call (:meth:`Review.to_dict`), in order.
@@ -189,4 +232,5 @@ class AgentLog:
         return out
 
 
-__all__ = ["AgentLog", "AgentStop", "Decision", "EpisodeDone", "LimitReached", "View", "WindowFull"]
+__all__ = ["AgentLog", "AgentStop", "Decision", "EpisodeDone", "LimitReached", "TERM_DECIMALS", "View", "WindowFull",
+           "rounded"]

@@ -5,17 +5,64 @@ candidate with the highest log P is compared with the expert's action, once with
 (prior only) and once with the fitted concept of the decision's task type. Every accuracy comes
 with its 95% Wilson score interval (per task type and overall), as success rates do in ``report``
 (:func:`agent_shell.decision_scorer.decision_accuracy`).
+
+``--out FILE.json`` writes ``{"schema": EVAL_SCHEMA, "model", "features", "rows", "decisions"}``:
+the accuracy rows and every held-out decision (:func:`heldout_decisions`) with its candidates,
+the expert's index and each candidate's prior term, concept term and log P, which ``cb-agent
+view`` shows (where the concept overturns the prior, and where it is wrong).
 """
 
 from __future__ import annotations
 
+from typing import Mapping, Sequence
+
 import click
 
+from agent_shell.agents.step import rounded
 from agent_shell.commands._common import cli_errors, common_options, make_console
-from agent_shell.decision_scorer import accuracy_cell, decision_accuracy
+from agent_shell.decision_scorer import accuracy_cell, batch_terms, decision_accuracy
 from agent_shell.pipeline import prepare
 from agent_shell.run_config import RunConfig
 from envs.storage import write_bytes_atomic
+
+#: ``schema`` of the ``--out`` file (older files are a bare list of the rows).
+EVAL_SCHEMA = "cb-agent/eval-decisions-v1"
+
+
+def heldout_decisions(features: Mapping, trajectories: Sequence, concepts: Mapping, gamma: float, *,
+                      seed: int) -> list[dict]:
+    """One dict per held-out decision, in the order of ``features`` (task type -> TypeFeatures of
+    :func:`agent_shell.concepts.collect_features` on ``trajectories``): ``task_type``, ``task_id``,
+    ``step`` (index in the expert trajectory), ``observation`` (the last one before the decision),
+    ``candidates``, ``expert`` (index), and per candidate ``prior``, ``concept`` and ``log_p`` (floats,
+    :func:`agent_shell.agents.step.rounded`) under the type's concept; a type without one has the
+    alpha = 0 prior (``gamma``) and ``concept`` None.
+
+    Raises ValueError when a trajectory's decisions no longer match the features' (a bug).
+    """
+    import cb_core
+
+    from agent_shell.concepts import decision_inputs
+
+    by_id = {t.task_id: t for t in trajectories}
+    out = []
+    for task_type, tf in sorted(features.items()):
+        if not tf.n_decisions:
+            continue
+        decisions = tf.decisions()
+        concept = concepts.get(task_type)
+        acting = concept if concept is not None else cb_core.Concept.prior_only(decisions.hidden_size, gamma)
+        inputs = [(task_id, d, e) for task_id in tf.task_ids
+                  for d, e in decision_inputs(by_id[task_id], seed=seed)[0]]
+        if [e for _, _, e in inputs] != list(tf.expert):
+            raise ValueError(f"held-out decisions of {task_type!r} do not match their features")
+        for (task_id, d, e), (prior, term, log_p) in zip(inputs, batch_terms(acting, decisions)):
+            out.append({"task_type": task_type, "task_id": task_id, "step": len(d.history),
+                        "instruction": d.instruction,
+                        "observation": d.history[-1].observation if d.history else d.observation,
+                        "candidates": list(d.candidates), "expert": int(e), "prior": rounded(prior),
+                        "concept": rounded(term) if concept is not None else None, "log_p": rounded(log_p)})
+    return out
 
 
 @click.command("eval-decisions")
@@ -27,7 +74,8 @@ from envs.storage import write_bytes_atomic
               help="Won held-out expert trajectories per task type (after the fitting ones when --heldout-split "
                    "equals --demo-split).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
-              help="Also write the rows as JSON here.")
+              help="Also write the rows and every held-out decision (candidates, expert, prior and concept "
+                   "terms, log P) as JSON here, for `cb-agent view`.")
 def eval_decisions(config: RunConfig, heldout_split: str, heldout_per_type: int, out_path: str | None) -> None:
     """Top-1 accuracy on held-out expert decisions for alpha = 0 and the fitted concepts."""
     import orjson
@@ -73,4 +121,8 @@ def eval_decisions(config: RunConfig, heldout_split: str, heldout_per_type: int,
                       accuracy_cell(r, "concept"), style="bold" if r["task_type"] == "all" else None)
     console.print(table)
     if out_path:
-        write_bytes_atomic(out_path, orjson.dumps(rows, option=orjson.OPT_INDENT_2))
+        decisions = heldout_decisions(features, heldout, setup.concepts, config.gamma, seed=config.seed)
+        write_bytes_atomic(out_path, orjson.dumps({"schema": EVAL_SCHEMA, "model": setup.lm.name,
+                                                 "features": config.features, "rows": rows,
+                                                 "decisions": decisions}))
+        console.print(f"rows and {len(decisions)} decisions: {out_path}", markup=False)

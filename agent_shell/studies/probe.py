@@ -144,13 +144,15 @@ class ReviewCache:
 
 def probe_answer(decision: Decision) -> dict[str, Any]:
     """The answer fields of a probe line: ``kind`` ("action", "think" or "malformed"), ``action``
-    (None unless an action), ``reply``, then ``n_candidates`` and ``p_chosen`` when the agent
-    chose among candidates, ``thought`` for a think step, ``reason`` for a malformed reply."""
+    (None unless an action), ``reply``, then ``n_candidates``, ``p_chosen``, ``candidates`` and the
+    per-candidate terms (:meth:`Decision.terms_record`: ``prior``, ``concept``, ``log_p``) when the
+    agent chose among candidates, ``thought`` for a think step, ``reason`` for a malformed reply."""
     kind = "think" if decision.kind == "think" else "malformed" if decision.format_error else "action"
     out: dict[str, Any] = {"kind": kind, "action": decision.action if kind == "action" else None,
                            "reply": decision.reply}
     if decision.candidates is not None:
-        out.update(n_candidates=len(decision.candidates), p_chosen=decision.p_chosen)
+        out.update(n_candidates=len(decision.candidates), p_chosen=decision.p_chosen,
+                   candidates=list(decision.candidates), **decision.terms_record())
     if kind == "think":
         out["thought"] = decision.thought
     elif kind == "malformed":

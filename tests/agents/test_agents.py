@@ -72,6 +72,7 @@ def test_react_malformed_reply_spends_the_step_on_look(reply, reason):
     env, ep, log, _ = play(ReActAgent(lm, DEMOS), max_steps=2)
     assert env.engine_actions == ["look", "go to desk 1"]
     assert log.format_errors == [{"step": 0, "reason": reason, "reply": reply}]
+    assert [d["reply"] for d in log.decisions] == [reply, " go to desk 1"]  # what it wrote, at the step
 
 
 def test_cb_agent_fixed_space_scores_filtered_candidates_on_a_demo_free_context():
@@ -85,8 +86,11 @@ def test_cb_agent_fixed_space_scores_filtered_candidates_on_a_demo_free_context(
     s = FakeLM(prefer="desk").score(context, candidates, "\n> ")
     z = s.log_q.astype(np.float64) / s.n_tokens.astype(np.float64) ** 0.8
     p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    # prior-only: the prior term is log p itself (rounded to 3 decimals), log P the same, no concept term
+    logp = pytest.approx(list(np.log(p)), abs=5.1e-4)
     assert log.decisions[0] == {"step": 1, "n_candidates": 3, "chosen": 1,
-                                "p_chosen": pytest.approx(p[1], rel=1e-5), "action": "go to desk 1"}
+                                "p_chosen": pytest.approx(p[1], rel=1e-5), "action": "go to desk 1",
+                                "prior": logp, "log_p": logp}
 
 
 def test_cb_agent_malformed_routing_reply_still_acts_from_the_set():
@@ -113,6 +117,32 @@ def test_cb_agent_uses_the_concept_of_the_task_type():
         play(agent, task="b/1", max_steps=1)
 
 
+def test_cb_agent_records_the_prior_and_concept_terms_of_every_candidate():
+    """The recorded terms by hand (seed Eq. 3, App. B): the prior is log q / L^gamma normalised over
+    the set; the concept term alpha . phi with phi the hidden states standardised over the set (std
+    floored at eps) and the bias coordinate M^-1/2; log P their sum normalised over the set."""
+    lm = FakeLM([" act"])
+    d = lm.hidden_size
+    alpha = np.linspace(-2.0, 3.0, d + 1).astype(np.float32)
+    meta = dict(backbone="fake-lm", features={}, gamma=0.7, lam=1.0, eps=1e-6, task_type="fetch",
+                trajectories=[], versions={}, hidden_size=d)
+    env, ep, log, _ = play(CBAgent(lm, DEMOS, {"fetch": cb_core.Concept(alpha, 0.7, 1e-6, meta)}), max_steps=1)
+    context, candidates = lm.score_calls[0]
+    s = lm.score(context, candidates, "\n> ")
+    z = s.log_q.astype(np.float64) / s.n_tokens.astype(np.float64) ** 0.7
+    prior = z - np.log(np.exp(z).sum())
+    h = s.hidden.astype(np.float64)
+    phi = (h - h.mean(0)) / np.maximum(h.std(0), 1e-6)
+    concept = phi @ alpha[:d] + alpha[d] / np.sqrt(len(candidates))
+    logp = prior + concept - np.log(np.exp(prior + concept).sum())
+    rec = log.decisions[0]
+    assert rec["prior"] == pytest.approx(list(prior), abs=6e-4)
+    assert rec["concept"] == pytest.approx(list(concept), abs=2e-3)
+    assert rec["log_p"] == pytest.approx(list(logp), abs=2e-3)
+    assert rec["chosen"] == int(np.argmax(logp)) and "candidates" not in rec  # the trajectory has them
+    assert all(round(x, 3) == x for x in rec["prior"] + rec["concept"] + rec["log_p"])
+
+
 def test_open_action_space_samples_twenty_keeps_duplicates_and_falls_back():
     def replies(prompt, temperature, n):
         if n == 1:
@@ -124,6 +154,8 @@ def test_open_action_space_samples_twenty_keeps_duplicates_and_falls_back():
     config = AgentConfig(action_space="open")
     env, ep, log, _ = play(CBAgent(lm, DEMOS, None, config), max_steps=1)
     assert len(lm.score_calls[0][1]) == 17 and log.decisions[0]["n_candidates"] == 17
+    assert log.decisions[0]["candidates"] == lm.score_calls[0][1]  # samples: kept in the record
+    assert len(log.decisions[0]["prior"]) == len(log.decisions[0]["log_p"]) == 17
     lm2 = FakeLM(lambda p, t, n: [" act"] if n == 1 else [""] * n)
     env2, _, log2, _ = play(CBAgent(lm2, DEMOS, None, config), max_steps=1)
     assert env2.engine_actions == ["look"] and log2.decisions[0]["n_candidates"] == 1
@@ -215,7 +247,8 @@ def test_next_action_decides_without_executing_and_returns_the_scores():
     probs = np.exp(decision.log_probs)
     assert abs(probs.sum() - 1) < 1e-5 and decision.p_chosen == pytest.approx(probs[decision.chosen], rel=1e-6)
     assert decision.record(0) == {"step": 0, "n_candidates": 3, "chosen": 1, "p_chosen": decision.p_chosen,
-                                  "action": "go to desk 1"}
+                                  "action": "go to desk 1", "prior": pytest.approx(list(decision.log_probs), abs=5.1e-4),
+                                  "log_p": [round(x, 3) for x in decision.log_probs]}
     thought = ReActAgent(FakeLM([" think: the desk first"]), DEMOS).next_action(view)
     assert (thought.kind, thought.action, thought.thought, thought.candidates) == (
         "think", "think: the desk first", "the desk first", None)

@@ -2,6 +2,7 @@
 run configuration, cached concepts and the printed progress.
 """
 
+import numpy as np
 import orjson
 import pytest
 from click.testing import CliRunner
@@ -199,9 +200,22 @@ def test_eval_decisions_rows_carry_wilson_intervals(tmp_path, doubles):
     res = CliRunner().invoke(main, ["eval-decisions", "--env", "textworld", "--heldout-split", "train",
                                     "--demos-per-type", "1", "--heldout-per-type", "1", "--out", str(tmp_path / "a.json")])
     assert res.exit_code == 0, res.output
-    rows = orjson.loads((tmp_path / "a.json").read_bytes())
+    out = orjson.loads((tmp_path / "a.json").read_bytes())
+    rows = out["rows"]
     for r in rows:
         for name in ("prior", "concept"):
             assert r[f"ci_{name}"] == list(wilson_interval(r[f"hits_{name}"], r["decisions"]))
             assert r[f"acc_{name}"] == r[f"hits_{name}"] / r["decisions"]
     assert "95% Wilson" in res.output and "% [" in res.output
+    # every held-out decision with its terms: the argmaxes hit the expert as often as the rows count
+    decisions, total = out["decisions"], rows[-1]
+    assert out["schema"] == "cb-agent/eval-decisions-v1" and len(decisions) == total["decisions"]
+    for name, key in (("prior", "prior"), ("concept", "log_p")):
+        hits = sum(int(np.argmax(d[key])) == d["expert"] for d in decisions if d["concept"] is not None
+                   or name == "prior")
+        assert hits == total[f"hits_{name}"]
+    for d in decisions:
+        assert len(d["candidates"]) == len(d["prior"]) == len(d["log_p"]) and 0 <= d["expert"] < len(d["candidates"])
+        if d["concept"] is not None:  # log P is the sum of the terms, normalised over the set
+            z = np.add(d["prior"], d["concept"])
+            assert d["log_p"] == pytest.approx(list(z - np.log(np.exp(z).sum())), abs=3e-3)

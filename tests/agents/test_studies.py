@@ -122,6 +122,10 @@ def test_probe_takes_the_argmax_of_prior_only_and_cb_agent(tmp_path):
     rec = studies.probe_record(item, "raw", "prior-only", CBAgent(SteeredLM(prefer="window"), DEMOS, None))
     assert rec["kind"] == "action" and rec["action"] == "go to window 1" and rec["repeat"]
     assert rec["n_candidates"] == 3 and 0 < rec["p_chosen"] <= 1  # look/inventory dropped
+    # the scored set and its terms: prior-only acts on the prior alone, log P is the prior, no concept term
+    assert rec["candidates"] == ["go to window 1", "go to desk 1", "examine wall 1"] and "concept" not in rec
+    assert rec["log_p"] == pytest.approx(rec["prior"], abs=1.1e-3) and int(np.argmax(rec["log_p"])) == 0
+    assert np.exp(rec["log_p"][0]) == pytest.approx(rec["p_chosen"], abs=2e-3)
     lm = SteeredLM(prefer="desk")
     rec = studies.probe_record(item, "raw", "prior-only", CBAgent(lm, DEMOS, None))
     assert rec["action"] == "go to desk 1" and not rec["repeat"]
