@@ -17,6 +17,8 @@ from pathlib import Path
 
 import click
 
+from agent_shell.commands._common import cli_errors
+
 
 @click.command()
 @click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
@@ -29,16 +31,13 @@ def view(results, out_path, expert_paths) -> None:
     """Write the decision explorer of RESULTS (`cb-agent run` results, plain or .gz, and
     `eval-decisions --out` files) as one HTML file."""
     from agent_shell.view import read_inputs, render_page
-    from envs.storage import atomic_path
+    from envs.storage import write_bytes_atomic
 
-    try:
+    with cli_errors():
         inputs = read_inputs(results, expert_paths)
-    except ValueError as err:
-        raise click.ClickException(str(err)) from None
     first = Path(results[0])
     out = Path(out_path) if out_path else first.with_name(first.name.split(".")[0] + ".html")
     page = render_page(inputs, results).encode()
-    with atomic_path(out) as tmp:
-        Path(tmp).write_bytes(page)
+    write_bytes_atomic(out, page)
     click.echo(f"view: {out} ({len(page) / 1e6:.2f} MB; {len(inputs.records)} episodes, "
                f"{len(inputs.heldout)} held-out decisions)")
