@@ -9,10 +9,11 @@ N = 50, d = 2560 (Qwen3-4B width) and N = 125, d = 5120 (14B width), in two regi
 * ``today``: correlated hidden states (``rank=16``, the data of the earlier benchmark): ill
   conditioned; Adam stops at its 1,500-step cap without converging.
 
-Methods, each in its own worker process (``_fit_workers.py``; no thread pool shared between
-them, and one second idle before each timed fit, so the thread pools of the fit before, e.g.
-OpenBLAS's, have stopped spinning), warmed up once (compiling the cb_core programs), then ``--rounds`` rounds in rotating
-order; every figure is the median over rounds:
+Methods (``--methods``, default all), each in its own worker process (``_fit_workers.py``; no
+thread pool shared between them, and one second idle before each timed fit, so the thread pools
+of the fit before, e.g. OpenBLAS's, have stopped spinning), warmed up once (compiling the
+cb_core programs), then ``--rounds`` rounds in rotating order; every figure is the median over
+rounds:
 
 * ``torch adam``: the seed protocol in PyTorch (float32), vectorised over the padded
   [N, M_max, m] layout with features and prior computed *before* the timed loop: Adam lr 0.01
