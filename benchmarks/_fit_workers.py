@@ -7,11 +7,14 @@ described in ``fit_speed.py``. Not a benchmark itself (no ``main``).
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 
@@ -78,7 +81,10 @@ def torch_worker(arrays, lam=1.0, gamma=0.8, eps=1e-6):
     ex = torch.from_numpy(arrays["expert"].astype(np.int64))
     phi = phi.reshape(n * m_max, d + 1).contiguous()  # one [N M, m] matrix: s is one mv
 
+    evaluations = [0]  # counted: each evaluation reads phi twice (phi alpha, then phi^T r in backward)
+
     def loss_of(alpha):
+        evaluations[0] += 1
         s = (prior + (phi @ alpha).view(n, m_max)).masked_fill(~mask, -float("inf"))
         return -torch.log_softmax(s, -1).gather(1, ex[:, None]).mean() + 0.5 * lam * alpha.dot(alpha)
 
@@ -101,6 +107,7 @@ def torch_worker(arrays, lam=1.0, gamma=0.8, eps=1e-6):
     def run():
         trace = torch.empty(SEED_STEPS + 1, d + 1)
         stamps = np.empty(SEED_STEPS + 1)
+        evaluations[0] = 0
         t0 = time.perf_counter()
         alpha = torch.zeros(d + 1, requires_grad=True)
         opt = torch.optim.Adam([alpha], lr=SEED_LR)
@@ -114,21 +121,25 @@ def torch_worker(arrays, lam=1.0, gamma=0.8, eps=1e-6):
                 break
             opt.step()
         seconds = time.perf_counter() - t0
-        # passes over phi: a forward (phi alpha) and a backward (phi^T r) per evaluation
-        return seconds, step, trace[: step + 1].numpy().copy(), stamps[: step + 1], 2 * (step + 1)
+        return seconds, step, trace[: step + 1].numpy().copy(), stamps[: step + 1], 2 * evaluations[0]
 
     return run
 
 
-def scipy_worker(arrays, lam=1.0):
-    """scipy L-BFGS-B on a numpy float64 objective; features precomputed (untimed)."""
+def scipy_worker(arrays, dtype, lam=1.0):
+    """scipy L-BFGS-B on a numpy objective and gradient in ``dtype`` (float64 or float32: a
+    memory-bound fit reads half the bytes in float32); features precomputed (untimed)."""
     import scipy.optimize
 
     phi, lq, offsets, rows = float64_model(arrays)
+    phi, lq = phi.astype(dtype), lq.astype(dtype)
     seg = np.repeat(np.arange(offsets.size - 1), np.diff(offsets))
     n = offsets.size - 1
+    evaluations = [0]  # counted: each evaluation reads phi twice (phi a, then r phi)
 
     def fg(a):
+        evaluations[0] += 1
+        a = a.astype(dtype)
         s = lq + phi @ a
         mx = np.maximum.reduceat(s, offsets[:-1])
         e = np.exp(s - mx[seg])
@@ -136,10 +147,11 @@ def scipy_worker(arrays, lam=1.0):
         f = np.sum(np.log(z) + mx - s[rows]) / n + 0.5 * lam * a @ a
         r = e / z[seg]
         r[rows] -= 1.0
-        return f, r @ phi / n + lam * a
+        return float(f), (r @ phi / n + lam * a).astype(np.float64)
 
     def run():
         trace, stamps = [np.zeros(phi.shape[1])], [0.0]
+        evaluations[0] = 0
         t0 = time.perf_counter()
 
         def record(x):
@@ -149,24 +161,104 @@ def scipy_worker(arrays, lam=1.0):
         res = scipy.optimize.minimize(fg, np.zeros(phi.shape[1]), jac=True, method="L-BFGS-B",
                                       options=dict(gtol=1e-5, maxiter=1000), callback=record)
         seconds = time.perf_counter() - t0
-        return seconds, int(res.nit), np.asarray(trace), np.asarray(stamps), 2 * int(res.nfev)
+        return seconds, int(res.nit), np.asarray(trace), np.asarray(stamps), 2 * evaluations[0]
 
     return run
 
 
+class Probe:
+    """What an instrumented cb_core fit reports back to the host while it runs: each read of the
+    hidden states (a counted callback in the compiled program at every matrix-vector product
+    and at the features' statistics) and each iterate with the time since :meth:`reset`."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.passes, self.trace, self.stamps, self.t0 = 0, [], [], time.perf_counter()
+
+    def read(self, _):
+        self.passes += 1
+
+    def iterate(self, alpha):
+        self.stamps.append(time.perf_counter() - self.t0)
+        self.trace.append(np.asarray(alpha, np.float64))
+
+
+@contextlib.contextmanager
+def instrumented(probe, solve):
+    """cb_core's fit with :class:`Probe` callbacks traced into ``solve`` (a separate jit of the
+    fit's program, so the plain program stays uninstrumented): every ``_matvec`` / ``_rmatvec``
+    and the features' statistics count a pass; each iterate (the solvers' progress update, and
+    every gradient evaluation, Adam's iterates) is recorded."""
+    import jax
+
+    fit_module = importlib.import_module("cb_core.fit")
+    import cb_core.model as model
+    import cb_core.solvers as solvers
+
+    def counted(f):
+        def g(x, *args):
+            jax.debug.callback(probe.read, x)
+            return f(x, *args)
+        return g
+
+    def recorded(f):
+        def g(alpha, *args):
+            jax.debug.callback(probe.iterate, alpha)
+            return f(alpha, *args)
+        return g
+
+    def progress(self, alpha, *args):
+        jax.debug.callback(probe.iterate, alpha)
+        return update(self, alpha, *args)
+
+    def statistics(padded, *args):
+        jax.debug.callback(probe.read, padded.hidden[0, 0, 0])
+        return prepare(padded, *args)
+
+    prepare, update = fit_module.prepare, solvers._Progress.update
+    patches = [(model, "_matvec", counted(model._matvec)), (model, "_rmatvec", counted(model._rmatvec)),
+               (solvers, "_matvec", counted(solvers._matvec)), (solvers, "_rmatvec", counted(solvers._rmatvec)),
+               (solvers, "value_and_grad", recorded(solvers.value_and_grad)),
+               (solvers._Progress, "update", progress),
+               (fit_module, "prepare", statistics), (fit_module, "_solve", solve)]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    try:
+        for obj, name, value in patches:
+            setattr(obj, name, value)
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
+
+
 def cb_core_worker(npz, method):
+    """Per run: the fit timed whole (uninstrumented), then the same fit instrumented for its
+    measured passes and its iterates' timestamps."""
+    import jax
+
     import cb_core
+    fit_module = importlib.import_module("cb_core.fit")
 
     dec = cb_core.load_decisions(npz)
     solver = {"subspace": cb_core.Subspace, "newton": cb_core.Newton, "lbfgs": cb_core.LBFGS,
               "adam": cb_core.Adam}[method]()
+    probe = Probe()
+    plain = fit_module._solve.__wrapped__  # a new function object: JAX caches traces by function
+    solve = jax.jit(types.FunctionType(plain.__code__, plain.__globals__, plain.__name__, plain.__defaults__,
+                                       plain.__closure__), static_argnums=0)
 
     def run():
         t0 = time.perf_counter()
         r = cb_core.fit(dec, solver, certify="structural")
         seconds = time.perf_counter() - t0
-        return (seconds, r.n_iter, r.alpha[None].astype(np.float64), np.array([seconds]),
-                r.n_passes)
+        with instrumented(probe, solve):
+            probe.reset()
+            cb_core.fit(dec, solver, certify="structural")
+        stamps = np.asarray(probe.stamps + [seconds])  # the plain fit's own stop ends the trace
+        trace = np.asarray(probe.trace + [np.asarray(r.alpha, np.float64)])
+        return seconds, r.n_iter, trace, stamps, probe.passes
 
     return run
 
@@ -181,8 +273,8 @@ def worker_main(method: str, out_dir: str) -> None:
             run = None  # free the last problem's arrays first
             if method == "torch adam":
                 run = torch_worker(load_npz(arg))
-            elif method == "scipy L-BFGS-B f64":
-                run = scipy_worker(load_npz(arg))
+            elif method.startswith("scipy L-BFGS-B"):
+                run = scipy_worker(load_npz(arg), np.float64 if method.endswith("f64") else np.float32)
             else:
                 run = cb_core_worker(arg, method.split()[-1])
             print("ready", flush=True)

@@ -1,18 +1,21 @@
 """Episode throughput on Ray: 1 vs 2 workers, and the batched LM actor vs per-episode calls.
 
 Part A plays the same ALFWorld valid_unseen episodes (prior-only, the offline SmolLM2, a short
-step budget) with the scheduler's Ray executor on 1 and then 2 workers, each worker with its own env and
-backbone (one torch thread), and reports episodes per hour and the speed-up (target on 2 cores:
-2 workers >= 1.7x one), on the wall time of ``play_episodes`` (workers' start included) and on the
-episodes' running time (``cb-agent report``'s: the start-up left out, as in a long run). Part B
-replays recorded scoring calls (expert trajectories' contexts and candidate sets) from 4 and 8 concurrent streams against two LM server actors side by side: one
-that batches concurrent calls into one pass (``wait_ms`` 5, up to 16 per pass) and one that
-serves each call on its own (``max_batch`` 1, i.e. per-episode calls); it reports calls per
-second and the mean latency of a call. Both parts run in one Ray session; the machine's load
-average is reported, since a shared machine depresses and disturbs every figure.
+step budget) with the scheduler's Ray executor on 1 and on 2 workers, each worker with its own
+env and backbone (one torch thread), ``--repeats`` times in alternating order (1 then 2 workers,
+then 2 then 1, ...). It reports episodes per hour and the speed-up, the median of the
+repetitions' paired ratios, on the wall time of ``play_episodes`` (workers' start included) and
+on the episodes' running time (``cb-agent report``'s: the start-up left out, as in a long run).
+Target on 2 cores: 2 workers >= 1.7x one, compared unrounded. Part B replays recorded scoring
+calls (expert trajectories' contexts and candidate sets) from 4 and 8 concurrent streams against
+two LM server actors side by side, in alternating order: one that batches concurrent calls into
+one pass (``wait_ms`` 5, up to 16 per pass) and one that serves each call on its own
+(``max_batch`` 1, i.e. per-episode calls); it reports calls per second and the mean latency of a
+call. Both parts run in one Ray session; the machine's load average is reported, since a shared
+machine depresses and disturbs every figure. Every figure is printed unrounded.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/episode_throughput.py --episodes 4 --max-steps 8
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/episode_throughput.py --tiny     # 2 episodes, 2 steps
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/episode_throughput.py --tiny     # 2 episodes, 2 steps, once
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 import functools
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -28,6 +32,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _targets import machine, median_ratio, rotated, verdict, verdict_line  # noqa: E402
+
+TARGET = 1.7  # 2 workers' episodes per hour over 1 worker's, on 2 cores, at least
 
 
 def part_a(args) -> dict:
@@ -48,22 +57,37 @@ def part_a(args) -> dict:
     finally:
         env.close()
     players = functools.partial(build_players, config, types)
-    out = {"episodes": len(task_ids), "budget": args.max_steps}
-    for workers in (1, 2):
-        with tempfile.TemporaryDirectory() as tmp:
-            t = time.perf_counter()
-            summary = play_episodes(RayExecutor(players, workers), ["prior-only"], task_ids,
-                                    Path(tmp) / "results.jsonl", args.max_steps, meta={"seed": 0})
-            wall = time.perf_counter() - t
-        records = summary["prior-only"].records
-        playing = running_time(records)  # the episodes' own intervals, concurrent ones once
+    runs = {1: [], 2: []}
+    for r in range(args.repeats):
+        for workers in rotated([1, 2], r):  # 1 then 2 workers, then 2 then 1, ...
+            with tempfile.TemporaryDirectory() as tmp:
+                t = time.perf_counter()
+                summary = play_episodes(RayExecutor(players, workers), ["prior-only"], task_ids,
+                                        Path(tmp) / "results.jsonl", args.max_steps, meta={"seed": 0})
+                wall = time.perf_counter() - t
+            records = summary["prior-only"].records
+            playing = running_time(records)  # the episodes' own intervals, concurrent ones once
+            runs[workers].append({"wall_s": wall, "playing_s": playing.busy_s, "episodes": playing.episodes,
+                                  "steps": sum(r["steps"] for r in records)})
+    return speedups(runs, len(task_ids), args.max_steps)
+
+
+def speedups(runs: dict[int, list[dict]], episodes: int, budget: int) -> dict:
+    """Part A's figures from each repetition's runs on 1 and 2 workers (``wall_s``, ``playing_s``,
+    ``episodes``, ``steps`` each): per worker count the medians, and the speed-ups as medians of
+    the repetitions' paired ratios (1 worker's time / 2 workers'), compared with the target."""
+    out = {"episodes": episodes, "budget": budget, "repeats": len(runs[1])}
+    for workers, rows in runs.items():
+        wall = statistics.median(x["wall_s"] for x in rows)
+        playing = statistics.median(x["playing_s"] for x in rows)
         out[f"workers_{workers}"] = {
-            "wall_s": round(wall, 1), "episodes_per_hour": round(3600 * len(task_ids) / wall, 1),
-            "playing_s": round(playing.busy_s, 1),
-            "episodes_per_hour_playing": round(3600 * playing.episodes / playing.busy_s, 1),
-            "steps": sum(r["steps"] for r in records)}
-    out["speedup_2_vs_1"] = round(out["workers_1"]["wall_s"] / out["workers_2"]["wall_s"], 2)
-    out["speedup_2_vs_1_playing"] = round(out["workers_1"]["playing_s"] / out["workers_2"]["playing_s"], 2)
+            "wall_s": wall, "episodes_per_hour": 3600 * episodes / wall, "playing_s": playing,
+            "episodes_per_hour_playing": 3600 * rows[0]["episodes"] / playing, "steps": rows[0]["steps"],
+            "runs": rows}
+    for key, field in (("speedup_2_vs_1", "wall_s"), ("speedup_2_vs_1_playing", "playing_s")):
+        out[key] = median_ratio([x[field] for x in runs[1]], [x[field] for x in runs[2]])
+    out["verdicts"] = [verdict(f"2 workers / 1 worker, episodes per hour ({label})", out[key], TARGET, at_most=False)
+                       for key, label in (("speedup_2_vs_1", "wall"), ("speedup_2_vs_1_playing", "playing"))]
     out["note"] = ("wall_s includes each worker's start (env + backbone load, paid once per run); playing_s is "
                    "report's running time: the union of the episodes' own intervals, the start-up left out")
     return out
@@ -97,7 +121,9 @@ def part_b(args) -> dict:
     try:
         for k in args.concurrency:
             calls = recorded_calls(k * args.calls_per_stream)
-            for label, server in servers.items():  # side by side: same calls, one after the other
+            rates = {label: [] for label in servers}
+            for r, label in ((r, label) for r in range(args.repeats) for label in rotated(list(servers), r)):
+                server = servers[label]  # side by side: same calls, one after the other, order alternated
                 streams = [RemoteLM(server) for _ in range(k)]
 
                 def replay(i: int) -> list[float]:
@@ -112,10 +138,13 @@ def part_b(args) -> dict:
                 with ThreadPoolExecutor(k) as pool:
                     latencies = [x for lat in pool.map(replay, range(k)) for x in lat]
                 wall = time.perf_counter() - t
-                out[f"{label}_{k}"] = {"calls_per_s": round(len(latencies) / wall, 3),
-                                       "mean_latency_s": round(sum(latencies) / len(latencies), 3)}
-            out[f"throughput_ratio_{k}"] = round(out[f"batched_{k}"]["calls_per_s"]
-                                                 / out[f"per_episode_{k}"]["calls_per_s"], 2)
+                rates[label].append({"calls_per_s": len(latencies) / wall,
+                                     "mean_latency_s": sum(latencies) / len(latencies)})
+            for label, rows in rates.items():
+                out[f"{label}_{k}"] = {key: statistics.median(x[key] for x in rows) for key in rows[0]}
+                out[f"{label}_{k}"]["runs"] = rows
+            out[f"throughput_ratio_{k}"] = median_ratio([x["calls_per_s"] for x in rates["batched"]],
+                                                        [x["calls_per_s"] for x in rates["per_episode"]])
         out["batch_sizes"] = ray.get(servers["batched"].info.remote())["batches"][-20:]
     finally:
         for server in servers.values():
@@ -130,19 +159,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--calls-per-stream", type=int, default=3)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each configuration, order alternated")
     parser.add_argument("--part", choices=["a", "b", "both"], default="both")
     parser.add_argument("--tiny", "--smoke", action="store_true", help="2 episodes of 2 steps, 1 call per stream")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.tiny:
-        args.episodes, args.max_steps, args.calls_per_stream = 2, 2, 1
+        args.episodes, args.max_steps, args.calls_per_stream, args.repeats = 2, 2, 1, 1
 
     from agent_shell.parallel import start_ray
 
     os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                 os.environ.get("PYTHONPATH", "")])
-    figures = {"load_average_before": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
-               "dtype": args.dtype}
+    figures = {"machine_before": machine(), "dtype": args.dtype}
     owns = start_ray(2)
     import ray
 
@@ -155,8 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if owns:
             ray.shutdown()
-    figures["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    figures["machine_after"] = machine()
     print(json.dumps(figures, indent=1))
+    for v in figures.get("workers", {}).get("verdicts", []):
+        print(verdict_line(v))
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=1))
     return 0

@@ -3,36 +3,46 @@
 A CB-Agent step makes two LM calls: the routing peek under the ReAct prompt (header and
 demonstrations pinned once per task type, the episode's history cached; the step's new tokens
 and the first reply token in one pass) and the scoring of the candidate set on the scoring
-context (its own cached stream; the step's new context tokens and every candidate's tokens in
-one packed pass). The *floor* is what the step's new tokens must cost at least: ONE forward
-pass over only those tokens (the latest observation, the action and every candidate's tokens)
-on top of the already cached context, with the LM head at the candidate tokens. CB-Agent's
-routing pass cannot join it: it reads the new tokens again under the demonstrations (another
-context, so other keys and values). Both are replayed on the same recorded steps (expert
-trajectories of ALFWorld's train split that are not the demonstrations), alternating step by
-step so that both share the load of a busy machine; forward passes per step are counted.
-CB-Agent's step is timed with each candidate layout of :mod:`agent_shell.lm.scoring` (``tree``,
-the default: shared token prefixes encoded once; ``packed``: every candidate's tokens), in
-rotating order, each with its own scoring stream. ``mean_new_tokens_per_step`` counts the step's
-new tokens (the floor's pass), ``mean_candidate_tokens_per_step`` the candidates' tokens among
-them and ``mean_tree_nodes_per_step`` what the tree layout's scoring pass encodes instead of
-those. Target: cb-agent <= 1.5x the floor.
+context (its own cached stream; the step's new context tokens and the candidates in one pass).
+
+The *floor* is what a step must encode at least: ONE forward pass over the scoring context's
+tokens that are not cached yet (the same count CB-Agent's scoring stream encodes) followed by
+the candidates' prefix tree (shared token prefixes once, :func:`agent_shell.lm.scoring.packed_pass`),
+with the LM head at the rows that predict action tokens. The *old floor* is the same pass with
+every candidate's tokens instead of the tree (``packed``): more tokens than an exact method must
+encode, so a ratio to it flatters. CB-Agent's routing pass cannot join the floor: it reads the
+new tokens again under the demonstrations (another context, so other keys and values).
+
+Timed paths, on the same recorded steps (expert trajectories of ALFWorld's train split that
+are not the demonstrations): CB-Agent's step with each candidate layout of
+:mod:`agent_shell.lm.scoring` (``--layouts``, each its own scoring stream; the routing peek is
+timed once a step and counted in each), the floor and the old floor (their own cached stream).
+Their order rotates step by step, so all share the load of a busy machine; the replay is
+repeated ``--rounds`` times and each ratio is the median of the rounds' paired ratios. Forward
+passes are counted by one counter wrapped around every view's forward, floors included.
+Target: a CB-Agent step (default layout ``tree``) <= 1.3x the floor.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/step_cost.py --episodes 3 --steps 10 --dtype float32
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/step_cost.py --tiny        # 1 episode, 3 steps
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/step_cost.py --tiny        # 1 episode, 3 steps, 1 round
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import statistics
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _targets import machine, median_ratio, rotated, verdict, verdict_line  # noqa: E402
+
+TARGET = 1.3  # CB-Agent's step over the floor, at most
+FLOORS = {"floor": "tree", "old_floor": "packed"}  # floor name -> layout of its candidates
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,14 +51,15 @@ def main(argv: list[str] | None = None) -> int:
                         "expert/alfworld/train.jsonl, written by any cb-agent run)")
     parser.add_argument("--episodes", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10, help="steps replayed per episode")
+    parser.add_argument("--rounds", type=int, default=3, help="replays of every step (ratios: median over rounds)")
     parser.add_argument("--demos-per-type", type=int, default=2)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--layouts", default="tree,packed", help="candidate layouts timed side by side")
-    parser.add_argument("--tiny", "--smoke", action="store_true", help="1 episode, 3 steps")
+    parser.add_argument("--tiny", "--smoke", action="store_true", help="1 episode, 3 steps, 1 round")
     parser.add_argument("--out", default=None, help="write the figures here as JSON")
     args = parser.parse_args(argv)
     if args.tiny:
-        args.episodes, args.steps = 1, 3
+        args.episodes, args.steps, args.rounds = 1, 3, 1
 
     import torch
 
@@ -58,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     from agent_shell.demos import rendered_demos
     from agent_shell.lm import load_language_model
     from agent_shell.lm.kv_cache import restore, snapshot
-    from agent_shell.lm.scoring import cached_length, candidate_tree
+    from agent_shell.lm.scoring import cached_length, candidate_tree, packed_pass
+    from agent_shell.lm.tokenization import common_prefix_len
     from envs.paths import cache_dir
     from envs.trajectory import read_trajectories
 
@@ -82,68 +94,104 @@ def main(argv: list[str] | None = None) -> int:
     agent = CBAgent(lm, demos, None, config, scorer=scorers[layouts[0]])
     floor_lm = lm.fork()
     prefix = ctx.action_prefix("text")
-    passes = [0]  # forward passes of cb-agent's routing and scoring views
-    for view in (agent.lm, *scorers.values()):
+    passes = [0]  # every forward pass of every view: routing, scoring streams and floors
+    for view in (agent.lm, *scorers.values(), floor_lm):
         def counted(*a, _forward=view._forward, **kw):
             passes[0] += 1
             return _forward(*a, **kw)
         view._forward = counted
-    cb_s = dict.fromkeys(layouts, 0.0)
-    cb_passes = dict.fromkeys(layouts, 0)
-    floor_s, new_tokens, n, tree_nodes, cand_tokens = 0.0, 0, 0, 0, 0
-    for traj in held_out:
-        agent.pin_head(traj.task_type)
-        env_steps = [i for i, s in enumerate(traj.steps) if s.kind == "env"][:args.steps]
-        for i in env_steps:
-            history = traj.steps[:i]
-            scoring = ctx.scoring_context(traj.instruction, traj.observation, history)
-            candidates = fixed_action_space(traj.steps[i].candidates)
-            # cb-agent's LM work on this step: the routing peek (once, counted in every layout's
-            # step) + candidate scoring with each layout (rotating order, each its own stream)
-            t, before_passes = time.perf_counter(), passes[0]
-            agent.route(ctx.react_prompt(config.header, demos[traj.task_type], scoring, config.task_header))
-            route_s, route_passes = time.perf_counter() - t, passes[0] - before_passes
-            order = layouts[n % len(layouts):] + layouts[:n % len(layouts)]
-            for layout in order:
-                t, before_passes = time.perf_counter(), passes[0]
-                scorers[layout].score(scoring, candidates, prefix)
-                cb_s[layout] += route_s + time.perf_counter() - t
-                cb_passes[layout] += route_passes + passes[0] - before_passes
-            toks = lm.tokens.continuations(lm.render(scoring, prefix), candidates, False)
-            s = cached_length(toks)
-            tree_nodes += len(candidate_tree(toks, s, "tree").tokens)
-            cand_tokens += sum(len(t.ids) - s for t in toks)
-            # the floor: one forward over the step's new tokens on the cached earlier context
-            before = ctx.scoring_context(traj.instruction, traj.observation, history[:-1]) if history else ""
-            old_ids = floor_lm.encode(before) if before else floor_lm.encode("")[:1]
-            step_text = scoring[len(before):] + "".join(prefix + c for c in candidates)
-            new_ids = floor_lm.tokens.tokenizer(step_text, add_special_tokens=False)["input_ids"]
-            with torch.inference_mode():
-                cache = floor_lm.cache.prefill(old_ids, floor_lm._forward)
-                saved = snapshot(cache)
-                t = time.perf_counter()
-                n_cand = len(floor_lm.tokens.tokenizer("".join(prefix + c for c in candidates),
-                                                       add_special_tokens=False)["input_ids"])
-                floor_lm._forward(torch.tensor([new_ids]), cache,
-                                  position_ids=torch.arange(len(old_ids), len(old_ids) + len(new_ids))[None],
-                                  logits_to_keep=n_cand)
-                floor_s += time.perf_counter() - t
-                restore(cache, saved)
-            new_tokens += len(new_ids)
-            n += 1
-    load = os.getloadavg()
-    figures = {"steps": n, "dtype": str(lm.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
-               "floor_s_per_step": floor_s / n, "mean_new_tokens_per_step": new_tokens / n,
-               "mean_candidate_tokens_per_step": cand_tokens / n, "mean_tree_nodes_per_step": tree_nodes / n,
-               "floor_passes_per_step": 1, "target_ratio": 1.5}
+    reference = scorers[layouts[0]]  # the floor's cached prefix is this stream's
+
+    def floor(layout: str, toks, s: int, start: int) -> None:
+        """One forward over the context's uncached tokens and the candidates (``layout``)."""
+        cache = floor_lm.cache.prefill(toks[0].ids[:start], floor_lm._forward)  # untimed: the cached context
+        saved = snapshot(cache)
+        p = packed_pass(toks, s, start, layout, floor_lm.dtype, floor_lm.device)
+        timed(f"{name_of[layout]}", lambda: floor_lm._forward(p.input_ids, cache, position_ids=p.positions,
+                                                               attention_mask=p.mask, logits_to_keep=p.keep))
+        restore(cache, saved)
+
+    name_of = {layout: name for name, layout in FLOORS.items()}
+    paths = [*(f"cb_agent_{layout}" for layout in layouts), *FLOORS]
+    seconds = {p: [0.0] * args.rounds for p in paths}
+    step_passes = {p: 0 for p in paths}
+    counts = defaultdict(int)  # token counts summed over steps (first round)
+    round_ = 0
+
+    def timed(name: str, call) -> tuple[float, int]:
+        t, before = time.perf_counter(), passes[0]
+        with torch.inference_mode():
+            call()
+        dt, n = time.perf_counter() - t, passes[0] - before
+        if name in seconds:
+            seconds[name][round_] += dt
+            step_passes[name] += n
+        return dt, n
+
+    k = 0  # steps so far: the rotation
+    for round_ in range(args.rounds):
+        for traj in held_out:
+            agent.pin_head(traj.task_type)
+            env_steps = [i for i, s in enumerate(traj.steps) if s.kind == "env"][:args.steps]
+            for i in env_steps:
+                scoring = ctx.scoring_context(traj.instruction, traj.observation, traj.steps[:i])
+                candidates = fixed_action_space(traj.steps[i].candidates)
+                toks = lm.tokens.continuations(lm.render(scoring, prefix), candidates, False)
+                s = cached_length(toks)
+                start = common_prefix_len(reference.cache.ids, toks[0].ids[:s])  # what the stream has cached
+                # the routing peek: once a step, counted in every layout's step
+                routed = agent.lm.cache.encoded_tokens
+                route = timed("route", lambda: agent.route(ctx.react_prompt(config.header, demos[traj.task_type],
+                                                                               scoring, config.task_header)))
+                for p in rotated(paths, k):
+                    if p in FLOORS:
+                        floor(FLOORS[p], toks, s, start)
+                        continue
+                    layout = p.removeprefix("cb_agent_")
+                    encoded = scorers[layout].cache.encoded_tokens
+                    timed(p, lambda: scorers[layout].score(scoring, candidates, prefix))
+                    seconds[p][round_] += route[0]
+                    step_passes[p] += route[1]
+                    if layout == layouts[0] and round_ == 0:
+                        counts["stream_new_context_tokens"] += scorers[layout].cache.encoded_tokens - encoded
+                if round_ == 0:
+                    counts["steps"] += 1
+                    counts["new_context_tokens"] += s - start
+                    counts["candidate_tokens"] += sum(len(t.ids) - s for t in toks)
+                    counts["tree_nodes"] += len(candidate_tree(toks, s, "tree").tokens)
+                    counts["route_s"] += route[0]
+                    counts["route_new_tokens"] += agent.lm.cache.encoded_tokens - routed
+                    counts["route_context_tokens"] += len(agent.lm.cache.ids)
+                    counts["scoring_context_tokens"] += s
+                k += 1
+    n, n_all = counts["steps"], counts["steps"] * args.rounds
+    figures = {"steps": n, "rounds": args.rounds, "dtype": str(lm.dtype).removeprefix("torch."),
+               "threads": torch.get_num_threads(), "target_ratio": TARGET,
+               **{f"mean_{key}_per_step": counts[key] / n for key in
+                  ("new_context_tokens", "stream_new_context_tokens", "candidate_tokens", "tree_nodes",
+                   "route_new_tokens", "route_context_tokens", "scoring_context_tokens")}}
+    figures["floor_tokens_per_step"] = figures["mean_new_context_tokens_per_step"] + figures["mean_tree_nodes_per_step"]
+    figures["old_floor_tokens_per_step"] = (figures["mean_new_context_tokens_per_step"]
+                                            + figures["mean_candidate_tokens_per_step"])
+    figures["route_s_per_step_first_round"] = counts["route_s"] / n
+    for p in paths:
+        figures[f"{p}_s_per_step"] = statistics.median(seconds[p]) / n
+        figures[f"{p}_s_per_step_rounds"] = [x / n for x in seconds[p]]
+        figures[f"{p}_passes_per_step"] = step_passes[p] / n_all
+    verdicts = []
     for layout in layouts:
-        figures[f"cb_agent_{layout}_s_per_step"] = cb_s[layout] / n
-        figures[f"ratio_{layout}_to_floor"] = cb_s[layout] / floor_s
-        figures[f"cb_agent_{layout}_passes_per_step"] = cb_passes[layout] / n
+        for name in FLOORS:
+            figures[f"ratio_{layout}_to_{name}"] = median_ratio(seconds[f"cb_agent_{layout}"], seconds[name])
     for other in layouts[1:]:
-        figures[f"{other}_over_{layouts[0]}"] = cb_s[other] / cb_s[layouts[0]]
-    figures["load_average_1_5_15"] = [round(x, 2) for x in load]
+        figures[f"{other}_over_{layouts[0]}"] = median_ratio(seconds[f"cb_agent_{other}"],
+                                                             seconds[f"cb_agent_{layouts[0]}"])
+    verdicts.append(verdict(f"cb-agent ({layouts[0]}) step / floor, {figures['dtype']}",
+                            figures[f"ratio_{layouts[0]}_to_floor"], TARGET, at_most=True))
+    figures["verdicts"] = verdicts
+    figures["machine"] = machine()
     print(json.dumps(figures, indent=1))
+    for v in verdicts:
+        print(verdict_line(v))
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=1))
     return 0

@@ -128,25 +128,29 @@ def head_rows(toks: Sequence[TokenizedContinuation], tree: PrefixTree,
     return needed, (pred_rows, targets, owner, final_rows)
 
 
-def score_packed(forward: Forward, head: torch.nn.Module, cache: Cache, s: int,
-                 toks: Sequence[TokenizedContinuation], dtype: torch.dtype,
-                 device: torch.device, start: int | None = None,
-                 layout: str = "tree") -> tuple[np.ndarray, np.ndarray]:
-    """(log_q [M] float32, hidden [M, d] float32) with the candidates' tokens after the ``s``
-    context tokens in one row: their prefix tree's nodes (``layout="tree"``) or every candidate's
-    whole segment (``"packed"``).
+@dataclass(frozen=True)
+class PackedPass:
+    """The inputs of :func:`score_packed`'s one forward pass over a cache holding ``start`` tokens:
+    ``input_ids`` [1, n] (the context's uncached tokens, then the tree's nodes), ``positions``
+    [1, n], the additive 4D ``mask`` [1, 1, n, start + n], ``keep`` (the rows where the LM head
+    runs) and :func:`gather`'s ``rows``."""
 
-    ``cache`` holds the first ``start`` (default ``s``) tokens; the context's remaining tokens
-    ``toks[0].ids[start:s]`` lead the same row (causal among themselves, seen by every
-    candidate), so the context's new tokens and all candidates cost one forward pass. The cache
-    then holds the context and the candidates: cut it back to ``s`` tokens to keep the context.
-    """
-    start = s if start is None else start
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor
+    keep: torch.Tensor
+    rows: tuple[list[int], list[int], list[int], list[int]]
+
+
+def packed_pass(toks: Sequence[TokenizedContinuation], s: int, start: int, layout: str, dtype: torch.dtype,
+                device: torch.device) -> PackedPass:
+    """The single row of :func:`score_packed`: ``toks[0].ids[start:s]`` (causal among themselves)
+    followed by the candidates' prefix tree after ``s`` (``layout="tree"``) or every candidate's
+    whole segment (``"packed"``), each node seeing the context and its own ancestors."""
     head_ids = list(toks[0].ids[start:s])
     n_head = len(head_ids)
     tree = candidate_tree(toks, s, layout)
     n = n_head + len(tree.tokens)
-    input_ids = torch.tensor([head_ids + tree.tokens], device=device)
     allowed = torch.zeros(n, n, dtype=torch.bool)
     allowed[:n_head, :n_head] = torch.ones(n_head, n_head, dtype=torch.bool).tril()  # the context: causal
     allowed[n_head:, :n_head] = True  # every candidate sees the whole context
@@ -155,10 +159,28 @@ def score_packed(forward: Forward, head: torch.nn.Module, cache: Cache, s: int,
     mask[0, 0, :, start:].masked_fill_(~allowed, torch.finfo(dtype).min)
     positions = torch.cat([torch.arange(start, s), s + torch.tensor(tree.depths, dtype=torch.long)])
     needed, rows = head_rows(toks, tree, s)
-    keep = torch.tensor([n_head + node for node in needed], device=device)
-    logits, head_in = head_pass(forward, head, cache, input_ids, keep,
-                                position_ids=positions.to(device)[None], attention_mask=mask.to(device))
-    return gather(logits, head_in, *rows, len(toks))
+    return PackedPass(input_ids=torch.tensor([head_ids + tree.tokens], device=device),
+                      positions=positions.to(device)[None], mask=mask.to(device),
+                      keep=torch.tensor([n_head + node for node in needed], device=device), rows=rows)
+
+
+def score_packed(forward: Forward, head: torch.nn.Module, cache: Cache, s: int,
+                 toks: Sequence[TokenizedContinuation], dtype: torch.dtype,
+                 device: torch.device, start: int | None = None,
+                 layout: str = "tree") -> tuple[np.ndarray, np.ndarray]:
+    """(log_q [M] float32, hidden [M, d] float32) with the candidates' tokens after the ``s``
+    context tokens in one row: their prefix tree's nodes (``layout="tree"``) or every candidate's
+    whole segment (``"packed"``), laid out by :func:`packed_pass`.
+
+    ``cache`` holds the first ``start`` (default ``s``) tokens; the context's remaining tokens
+    ``toks[0].ids[start:s]`` lead the same row (causal among themselves, seen by every
+    candidate), so the context's new tokens and all candidates cost one forward pass. The cache
+    then holds the context and the candidates: cut it back to ``s`` tokens to keep the context.
+    """
+    p = packed_pass(toks, s, s if start is None else start, layout, dtype, device)
+    logits, head_in = head_pass(forward, head, cache, p.input_ids, p.keep, position_ids=p.positions,
+                                attention_mask=p.mask)
+    return gather(logits, head_in, *p.rows, len(toks))
 
 
 def score_batched(forward: Forward, head: torch.nn.Module, cache: Cache, s: int,
@@ -252,5 +274,6 @@ def pool_states(states: torch.Tensor, positions: Sequence[tuple[int, list[int]]]
     return torch.stack(rows).cpu().numpy()
 
 
-__all__ = ["CANDIDATE_LAYOUTS", "PrefixTree", "action_positions", "cached_length", "candidate_tree", "captured_output",
-           "gather", "head_pass", "head_rows", "log_normalisers", "pool_states", "score_batched", "score_packed"]
+__all__ = ["CANDIDATE_LAYOUTS", "PackedPass", "PrefixTree", "action_positions", "cached_length", "candidate_tree",
+           "captured_output", "gather", "head_pass", "head_rows", "log_normalisers", "packed_pass", "pool_states",
+           "score_batched", "score_packed"]

@@ -1,0 +1,60 @@
+"""What every benchmark script reports the same way: a ratio against its target, and the machine.
+
+A ratio is printed unrounded (``repr``) and compared unrounded with its target, so a figure of
+1.696 never reads as meeting 1.7. The verdict is a dict (for the script's JSON) and a line (for
+its printout). Not a benchmark itself (no ``main``).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Sequence
+
+#: the CPU flags that decide whether bfloat16 matrix products run natively
+BF16_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def verdict(name: str, value: float, target: float, at_most: bool) -> dict:
+    """``{"name", "value", "target", "met"}`` for a ratio ``value`` that must be ``<= target``
+    (``at_most``) or ``>= target``; ``target`` is a string such as ``"<= 1.3"``."""
+    met = value <= target if at_most else value >= target
+    return {"name": name, "value": value, "target": f"{'<=' if at_most else '>='} {target!r}", "met": bool(met)}
+
+
+def verdict_line(v: dict) -> str:
+    """``name = 1.5604... (target <= 1.3): NOT MET`` for a :func:`verdict`."""
+    return f"{v['name']} = {v['value']!r} (target {v['target']}): {'MET' if v['met'] else 'NOT MET'}"
+
+
+def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:
+    """The median of the paired ratios ``numerators[i] / denominators[i]`` (paired: each pair was
+    measured in the same round, so a slower machine in one round moves both)."""
+    if len(numerators) != len(denominators) or not numerators:
+        raise ValueError(f"paired ratios need equally many values, got {len(numerators)} and {len(denominators)}")
+    return statistics.median(a / b for a, b in zip(numerators, denominators))
+
+
+def rotated(items: Sequence, k: int) -> list:
+    """``items`` rotated by ``k`` places: round ``k`` runs them in this order, so no item always
+    runs first or after the same neighbour on a shared machine."""
+    k %= max(len(items), 1)
+    return [*items[k:], *items[:k]]
+
+
+def cpu_flags() -> dict:
+    """The CPU's bfloat16-relevant flags from /proc/cpuinfo (empty off Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(" ".join(line for line in f if line.startswith("flags")).split())
+    except OSError:
+        return {}
+    return {f: f in flags for f in BF16_FLAGS}
+
+
+def machine() -> dict:
+    """CPU count, load averages (1, 5, 15 min) and the bfloat16 flags: what a figure's row states."""
+    return {"cpus": os.cpu_count(), "load_average": list(os.getloadavg()), "cpu_flags": cpu_flags()}
+
+
+__all__ = ["BF16_FLAGS", "cpu_flags", "machine", "median_ratio", "rotated", "verdict", "verdict_line"]
