@@ -22,8 +22,9 @@ Imports nothing of this project outside :mod:`cb_core`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, NamedTuple, Union
+from typing import ClassVar, NamedTuple, Union
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -36,22 +37,22 @@ __all__ = ["Adam", "LBFGS", "Newton", "Solver", "SolverOutput", "Subspace"]
 class SolverOutput(NamedTuple):
     """What a solver's compiled loop returns (arrays)."""
 
-    alpha: Any  # [m]
-    value: Any  # []
-    grad_norm: Any  # []
-    n_iter: Any  # [] int32
-    n_hvp: Any  # [] int32
-    n_passes: Any  # [] int32, passes over the hidden states (-1: not counted)
+    alpha: jax.Array  # [m]
+    value: jax.Array  # []
+    grad_norm: jax.Array  # []
+    n_iter: jax.Array  # [] int32
+    n_hvp: jax.Array  # [] int32
+    n_passes: jax.Array  # [] int32, passes over the hidden states (-1: not counted)
 
 
 class _Progress(NamedTuple):
     """Best iterate so far: a float32 fit near the optimum stalls at the rounding floor, where
     the objective's noise exceeds its decrease while the gradient norm stays informative."""
 
-    alpha: Any
-    grad_norm: Any
-    value: Any
-    stalled: Any  # steps with neither a smaller gradient norm nor a decrease beyond noise
+    alpha: jax.Array
+    grad_norm: jax.Array
+    value: jax.Array
+    stalled: jax.Array  # steps with neither a smaller gradient norm nor a decrease beyond noise
 
     @classmethod
     def start(cls, alpha, grad_norm, value):
@@ -97,12 +98,12 @@ class Newton:
         alpha0 = jnp.zeros(m, dtype)
 
         class Loop(NamedTuple):
-            alpha: Any
-            scores: Any  # [N, M] at alpha
-            grad: Any  # [m] at alpha
+            alpha: jax.Array
+            scores: jax.Array  # [N, M] at alpha
+            grad: jax.Array  # [m] at alpha
             best: _Progress
-            k: Any
-            n_hvp: Any
+            k: jax.Array
+            n_hvp: jax.Array
 
         def cg(grad, prob, gnorm):
             """x ~ -H^{-1} g and u = Phi x (accumulated from the HVPs' Phi p)."""
@@ -115,12 +116,12 @@ class Newton:
                 return u, _rmatvec(p.weight[:, None] * z, p) + lam * v
 
             class CG(NamedTuple):
-                x: Any
-                u: Any
-                r: Any
-                d: Any
-                rr: Any
-                j: Any
+                x: jax.Array
+                u: jax.Array
+                r: jax.Array
+                d: jax.Array
+                rr: jax.Array
+                j: jax.Array
 
             def cond(c):
                 return (c.j < self.max_cg) & (jnp.sqrt(c.rr) > target)
@@ -245,13 +246,13 @@ class Subspace:
         onehot = (jnp.arange(slots)[None, :] == p.expert[:, None]).astype(dtype)
 
         class Loop(NamedTuple):
-            alpha: Any
-            scores: Any  # [N, M] at alpha (tracked)
-            grad: Any
-            steps: Any  # [m, memory] past steps, newest first
-            images: Any  # [N, M, memory] their Phi d
+            alpha: jax.Array
+            scores: jax.Array  # [N, M] at alpha (tracked)
+            grad: jax.Array
+            steps: jax.Array  # [m, memory] past steps, newest first
+            images: jax.Array  # [N, M, memory] their Phi d
             best: _Progress
-            k: Any
+            k: jax.Array
 
         def sub_value(c, s, w, da, gram):
             """Eq. 6 at alpha + D c (up to the constant lam/2 ||alpha||^2)."""
@@ -355,8 +356,8 @@ class LBFGS:
         alpha0 = jnp.zeros(p.hidden.shape[2] + 1, p.hidden.dtype)
 
         class Loop(NamedTuple):
-            alpha: Any
-            state: Any
+            alpha: jax.Array
+            state: jax.Array
             best: _Progress
 
         def cond(c: Loop):
@@ -402,11 +403,11 @@ class Adam:
         alpha0 = jnp.zeros(p.hidden.shape[2] + 1, p.hidden.dtype)
 
         class Loop(NamedTuple):
-            alpha: Any
-            state: Any
-            k: Any
-            value: Any
-            grad: Any
+            alpha: jax.Array
+            state: jax.Array
+            k: jax.Array
+            value: jax.Array
+            grad: jax.Array
 
         def cond(c: Loop):
             return (c.k < self.max_iter) & (jnp.linalg.norm(c.grad) >= tol)
