@@ -71,6 +71,7 @@ def one_worker(tmp_path_factory):
     return records
 
 
+@pytest.mark.slow  # every Ray worker sets up the whole pipeline (torch included) before its first episode
 def test_run_with_two_workers_gives_the_records_of_one_worker(ray_cluster, doubles, one_worker, tmp_path):
     out = tmp_path / "out"
     res = CliRunner().invoke(main, run_args(tmp_path, out, 2))
