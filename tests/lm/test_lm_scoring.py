@@ -329,7 +329,7 @@ def test_bfloat16_backend_is_close_to_a_naive_bfloat16_forward(lm16):
     or 7 more tokens), and ranking the candidates as the naive forward does. The log-softmax
     upcast is checked exactly by the next test."""
     assert lm16.dtype == torch.bfloat16 and lm16.metadata["dtype"] == "bfloat16"
-    context, candidates = make_context(2), ALFWORLD_CANDIDATES[:3] + BOUNDARY_CANDIDATES[1:2]
+    context, candidates = make_context(2), ALFWORLD_CANDIDATES[:3]
     refs = [naive_score(lm16, context, a) for a in candidates]
     noise_q = noise_h = 0.0
     for n in (3, 7):
