@@ -1,6 +1,8 @@
 """``cb-agent run --workers 2`` (the path Tables 1 and 2 were made with) through the CLI, on
 ScriptedEnv and a looping FakeLM in the driver and in every Ray worker: the records equal
-``--workers 1``'s, and a driver killed mid-run resumes without losing or duplicating an episode."""
+``--workers 1``'s, and a driver killed mid-run resumes without losing or duplicating an episode.
+Both are slow-marked (each Ray worker sets up the whole pipeline); ``--env textworld`` only passes
+the option's check, the doubles stand in for every environment."""
 
 from __future__ import annotations
 
