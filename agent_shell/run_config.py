@@ -49,7 +49,7 @@ class RunConfig:
             means ``demos_per_type``, stored resolved.
         fit_candidates: cap on each expert decision's candidate set in the concept's fit (the
             expert's action and a seeded sample of the others; 0: the whole set). ScienceWorld's
-            sets of about 1,000 valid combinations need one (``make_results.sh table2``: 64).
+            sets of about 1,000 valid combinations need one (``scripts/make_results.sh table2``: 64).
         model: backbone name or folder (None: the offline default).
         dtype: the backbone dtype, resolved by :func:`agent_shell.lm.dtypes.dtype_name`
             (``"auto"`` becomes ``"bfloat16"`` or ``"float32"`` on ``device``).

@@ -125,9 +125,8 @@ def concept_data_size(config: RunConfig, sizes: list[int], heldout_split: str, h
     import orjson
     from rich.table import Table
 
-    from agent_shell.decision_scorer import accuracy_cell
     from agent_shell.commands.tasks import validated_tasks
-    from agent_shell.studies.concept_data import data_size_rows
+    from agent_shell.studies.concept_data import data_size_cells, data_size_markdown, data_size_rows
     from envs import make_env
 
     console = make_console()
@@ -144,38 +143,24 @@ def concept_data_size(config: RunConfig, sizes: list[int], heldout_split: str, h
         raise click.ClickException(f"no held-out decisions: {heldout_split} gave no won expert trajectory")
     results = data_size_rows(per_trajectory, heldout, sizes, config.lam, config.gamma)
     types = sorted(per_trajectory)
+    held = next(r for r in results[-1].rows if r["task_type"] == "all")["decisions"] if results else 0
+    record = {"env": config.env, "backbone": setup.lm.name,
+              "dtype": str(getattr(setup.lm, "dtype", "")).removeprefix("torch."), "demo_split": config.demo_split,
+              "heldout_split": heldout_split, "heldout_per_type": heldout_per_type, "heldout_decisions": held,
+              "lam": config.lam, "gamma": config.gamma, "task_types": types,
+              "sizes": [{"k": r.size, "used": r.used, "rows": r.rows} for r in results]}
     table = Table(title=f"Top-1 accuracy on held-out {heldout_split} expert decisions vs trajectories per type in "
                         f"the concept ({setup.lm.name})",
                   caption="accuracy [95% Wilson score interval]; n used per type in brackets when below k")
     table.add_column("k")
     for col in [*types, "all (alpha = 0)", "all (concept)"]:
         table.add_column(col, justify="right")
-    lines = ["| k | " + " | ".join(types) + " | all: alpha = 0 | all: concept |",
-             "|---" * (len(types) + 3) + "|"]
-    for res in results:
-        by_type = {r["task_type"]: r for r in res.rows}
-        cells = []
-        for t in types:
-            r = by_type.get(t)
-            cell = accuracy_cell(r, "concept") if r else "-"
-            if res.used.get(t, 0) < res.size:
-                cell += f" (n={res.used.get(t, 0)})"
-            cells.append(cell)
-        total = by_type["all"]
-        row = [str(res.size), *cells, accuracy_cell(total, "prior"), accuracy_cell(total, "concept")]
+    for row in data_size_cells(record["sizes"], types):
         table.add_row(*row)
-        lines.append("| " + " | ".join(row) + " |")
-    held = by_type["all"]["decisions"] if results else 0
     console.print(table)
     console.print(f"held-out decisions: {held} ({heldout_split}, {heldout_per_type} won expert trajectories per type)")
     if out_path:
         Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(out_path, orjson.dumps(
-            {"env": config.env, "backbone": setup.lm.name,
-             "dtype": str(getattr(setup.lm, "dtype", "")).removeprefix("torch."), "demo_split": config.demo_split,
-             "heldout_split": heldout_split, "heldout_per_type": heldout_per_type, "heldout_decisions": held,
-             "lam": config.lam, "gamma": config.gamma,
-             "sizes": [{"k": r.size, "used": r.used, "rows": r.rows} for r in results]},
-            option=orjson.OPT_INDENT_2))
-        write_bytes_atomic(Path(out_path).with_suffix(".md"), ("\n".join(lines) + "\n").encode())
+        write_bytes_atomic(out_path, orjson.dumps(record, option=orjson.OPT_INDENT_2))
+        write_bytes_atomic(Path(out_path).with_suffix(".md"), data_size_markdown(record).encode())
         console.print(f"table: {out_path} and {Path(out_path).with_suffix('.md')}")

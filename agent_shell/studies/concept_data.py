@@ -23,7 +23,7 @@ import math
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -223,5 +223,39 @@ def data_size_rows(per_trajectory: dict[str, list[TypeFeatures]], heldout: dict[
     return out
 
 
-__all__ = ["DataSizeRow", "SampledConcept", "data_size_rows", "embed_concepts", "merge_features", "sample_subsets",
-           "sampled_concepts", "silhouette", "tsne_figure"]
+def data_size_cells(sizes: Sequence[Mapping], task_types: Sequence[str]) -> list[list[str]]:
+    """The data-size table's rows as text, one per size: k, then per task type the held-out accuracy
+    of its concept (95% Wilson interval; ``(n=U)`` when only U < k trajectories were used, ``-``
+    without a concept), then all decisions' accuracy with alpha = 0 and with the concepts.
+
+    ``sizes``: :class:`DataSizeRow` fields as a mapping each (``k``, ``used``, ``rows``), as
+    ``cb-agent concept-data-size --out`` writes them."""
+    from agent_shell.decision_scorer import accuracy_cell
+
+    out = []
+    for size in sizes:
+        by_type = {r["task_type"]: r for r in size["rows"]}
+        cells = []
+        for t in task_types:
+            cell = accuracy_cell(by_type[t], "concept") if t in by_type else "-"
+            if size["used"].get(t, 0) < size["k"]:
+                cell += f" (n={size['used'].get(t, 0)})"
+            cells.append(cell)
+        total = by_type["all"]
+        out.append([str(size["k"]), *cells, accuracy_cell(total, "prior"), accuracy_cell(total, "concept")])
+    return out
+
+
+def data_size_markdown(table: Mapping) -> str:
+    """The Markdown table of a ``cb-agent concept-data-size --out`` JSON (:func:`data_size_cells`);
+    the task types are its ``task_types``, or (files written before that field) those of its
+    ``used`` counts and accuracy rows."""
+    types = table.get("task_types") or sorted({t for s in table["sizes"] for t in s["used"]}
+                                              | {r["task_type"] for s in table["sizes"] for r in s["rows"]} - {"all"})
+    lines = ["| k | " + " | ".join(types) + " | all: alpha = 0 | all: concept |", "|---" * (len(types) + 3) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in data_size_cells(table["sizes"], types)]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["DataSizeRow", "SampledConcept", "data_size_cells", "data_size_markdown", "data_size_rows", "embed_concepts",
+           "merge_features", "sample_subsets", "sampled_concepts", "silhouette", "tsne_figure"]

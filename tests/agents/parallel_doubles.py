@@ -54,3 +54,59 @@ def make_players(kill_on=(), kills=1, raise_on=(), marker_dir=None, fail_on=()):
         return loop_reply(prompt, temperature, n)
 
     return env, {name: build_agent(name, FakeLM(reply), DEMOS) for name in AGENTS}
+
+
+# ------------------------------------------------------------------------------------------------
+# `cb-agent run --workers N` with doubles: the CLI's own path, on ScriptedEnv and the looping LM
+
+
+def install_doubles() -> None:
+    """In this process: every environment the pipeline makes is a :class:`ScriptedEnv`, every
+    backbone it loads the looping FakeLM (what the driver's and each worker's set-up call)."""
+    import agent_shell.lm
+    import envs
+
+    envs.make_env = lambda name, **kw: ScriptedEnv()
+    agent_shell.lm.load_language_model = lambda name=None, dtype="float32", **kw: FakeLM(loop_reply)
+
+
+def players_with_doubles(config, task_types, server=None):
+    """:func:`agent_shell.pipeline.build_players` in a Ray worker, with the doubles installed first
+    (a worker is a fresh process: the driver's doubles do not reach it)."""
+    from agent_shell.pipeline import build_players
+
+    install_doubles()
+    return build_players(config, task_types, server)
+
+
+def use_doubles_in_run_command() -> None:
+    """This process's ``cb-agent run`` plays on the doubles, also on its Ray workers."""
+    import agent_shell.commands.run
+
+    install_doubles()
+    agent_shell.commands.run.build_players = players_with_doubles
+
+
+def killed_driver(stop_after: int, argv: list[str]) -> None:
+    """``cb-agent run ARGV`` on the doubles whose process SIGKILLs itself right after storing its
+    ``stop_after``-th record (a driver killed mid-run, at a known point)."""
+    import agent_shell.scheduler
+    from agent_shell.cli import main
+
+    use_doubles_in_run_command()
+    store, stored = agent_shell.scheduler.store_record, []
+
+    def store_then_die(*args, **kwargs):
+        store(*args, **kwargs)
+        stored.append(args[1])
+        if len(stored) == stop_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    agent_shell.scheduler.store_record = store_then_die
+    main(argv)
+
+
+if __name__ == "__main__":  # python parallel_doubles.py STOP_AFTER RUN-ARGS...: killed_driver
+    import sys
+
+    killed_driver(int(sys.argv[1]), sys.argv[2:])

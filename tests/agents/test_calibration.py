@@ -104,7 +104,43 @@ def test_calibrated_review_chooses_among_sampled_candidates():
     steps = [env_step("go to window 1", "Nothing happens.")]
     review = cal.review(lm, START.instruction, START.observation, steps, 0, CANDS)
     assert review.options == ("The window cannot be used.", "Walls stay plain here.")
-    assert review.experience in review.options + (None,) and review.to_dict()["options"] == list(review.options)
+    assert review.to_dict()["options"] == list(review.options)
+
+
+class WordLM(FakeLM):
+    """FakeLM whose hidden coordinate 0 is 3 for an option that mentions ``word``."""
+
+    def __init__(self, word, replies):
+        super().__init__(replies, hidden_size=8)
+        self.word = word
+
+    def score(self, context, candidates, action_prefix):
+        s = super().score(context, candidates, action_prefix)
+        hidden = s.hidden.copy()
+        hidden[:, 0] = [3.0 if self.word in c else 0.0 for c in candidates]
+        return type(s)(s.log_q, s.n_tokens, hidden)
+
+
+@pytest.mark.parametrize("word", ["drawer", "Walls"])
+def test_calibrated_review_takes_the_option_its_fitted_rule_prefers(word):
+    """A calibrator fitted to always pick the option that mentions ``word`` (marked in a hidden
+    coordinate) picks the sampled option that mentions it: with the other word, the other option
+    of the same sampled pair, so the choice is the calibrator's, not the prior's or the order's."""
+    sampled = ["The drawer 1 holds the key.", "Walls stay plain here."]
+    lm = WordLM(word, lambda prompt, t, n: (sampled + [NO_UPDATE])[:n])
+    records = []
+    for j in range(24):  # the label is always the option with the word (at varying positions)
+        opts = [f"Shelf {j} is empty.", f"The drawer {j} holds things.", f"Walls are plain {j}."]
+        marked = next(i for i, o in enumerate(opts) if word in o)
+        pos = j % 3
+        opts.insert(pos, opts.pop(marked))
+        records.append(label_line(f"t/{j % 6}", j, opts, pos))
+    cal = fit_calibrator(lm, records, [record_features(lm, r) for r in records], "label", lam=0.01,
+                         extra={"k": 3, "temperature": 0.7})
+    review = cal.review(lm, START.instruction, START.observation, [env_step("go to window 1", "Nothing happens.")],
+                        0, CANDS)
+    assert review.options == tuple(sampled)
+    assert review.experience == next(o for o in sampled if word in o)
 
 
 def test_calibrator_rendering_in_an_episode(tmp_path):

@@ -93,8 +93,18 @@ def test_capped_candidate_sets_are_fitted_and_cached_apart(tmp_path, trajectorie
     assert max(len(h) for h in whole["open"].hidden) > 2  # the cap bites
     assert all(len(h) <= 2 for tf in capped.values() for h in tf.hidden)
     assert capped["open"].max_candidates == 2 and whole["open"].max_candidates == 0
-    for tf in capped.values():  # the expert's action is always kept
-        assert all(0 <= e < len(h) for e, h in zip(tf.expert, tf.hidden))
+    # the expert's action is always kept: its features (FakeLM's are a function of the context and
+    # the candidate's text) are the uncapped set's expert row, decision by decision
+    for task_type, tf in capped.items():
+        full = whole[task_type]
+        assert len(tf.hidden) == len(full.hidden)
+        for h, e, h_full, e_full in zip(tf.hidden, tf.expert, full.hidden, full.expert):
+            np.testing.assert_array_equal(h[e], h_full[e_full])
+    # and by text: the capped candidate set holds the action the expert took at that step
+    for traj in trajectories:
+        texts, _ = decision_texts(traj, max_candidates=2, seed=0)
+        taken = [s.action for s in traj.steps if s.kind == "env" and s.action != "look"]
+        assert [cands[e] for _, cands, e in texts] == taken and all(len(c) <= 2 for _, c, _ in texts)
     _, folder_whole = cached_concepts(whole, lm, cache_dir=tmp_path)
     _, folder_capped = cached_concepts(capped, lm, cache_dir=tmp_path)
     assert folder_whole != folder_capped  # a capped fit never reads the uncapped concepts

