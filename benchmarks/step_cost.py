@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                 scorers[layout].score(scoring, candidates, prefix)
                 cb_s[layout] += route_s + time.perf_counter() - t
                 cb_passes[layout] += route_passes + passes[0] - before_passes
-            toks = lm.tokens.continuations(lm.render(scoring, prefix), candidates, False)
+            toks = lm.tokens.continuations(lm.render(scoring, prefix), candidates)
             s = cached_length(toks)
             tree_nodes += len(candidate_tree(toks, s, "tree").tokens)
             cand_tokens += sum(len(t.ids) - s for t in toks)

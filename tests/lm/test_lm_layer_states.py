@@ -16,7 +16,7 @@ def reference(lm, layer: int, pool: str) -> np.ndarray:
     """One uncached forward per candidate with output_hidden_states (index 0 = embeddings)."""
     base = lm.render(CONTEXT, "\n> ")
     out = []
-    for tok in lm.tokenize_continuations(base, CANDIDATES, False):
+    for tok in lm.tokenize_continuations(base, CANDIDATES):
         res = lm.model(input_ids=torch.tensor([tok.ids]), output_hidden_states=True)
         states = res.hidden_states[layer][0, tok.first:]
         out.append((states.mean(0) if pool == "mean" else states[-1]).float().numpy())
