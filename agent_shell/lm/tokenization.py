@@ -68,7 +68,9 @@ class Tokenization:
         self.bos_id = tokenizer.bos_token_id
         self.special_ids = frozenset(getattr(tokenizer, "all_special_ids", ()))
         decoder = getattr(tokenizer, "added_tokens_decoder", {})
-        self.control_ids = frozenset(i for i, t in decoder.items() if t.special) | self.special_ids
+        # the ids a text can yield as special tokens: the special added tokens (the strings
+        # :func:`agent_shell.lm.formatting.special_strings` finds in a template)
+        self.control_ids = frozenset(i for i, t in decoder.items() if t.special)
         self.offsets = bool(getattr(tokenizer, "is_fast", False))
 
     def encode(self, text: str, markers: Markers | None = None) -> list[int]:
