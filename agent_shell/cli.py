@@ -53,6 +53,16 @@ class LazyGroup(click.Group):
             raise
         return getattr(module, attr)
 
+    def invoke(self, ctx: click.Context):
+        """Run the sub-command; an environment that cannot start where it is installed
+        (:class:`envs.SetupError`, e.g. its game files not found) is one error line, no traceback."""
+        from envs.protocol import SetupError
+
+        try:
+            return super().invoke(ctx)
+        except SetupError as err:
+            raise click.ClickException(str(err)) from None
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="cb-agent")

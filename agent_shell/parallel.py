@@ -37,17 +37,19 @@ INSTALL_HINT = "parallel episodes need Ray: pip install 'cb-agent[ray]' (or run 
 class EpisodeWorker:
     """What runs inside one Ray actor: its own players, one episode at a time."""
 
-    def __init__(self, make_players: MakePlayers, max_steps: int, meta: dict[str, Any]):
+    def __init__(self, make_players: MakePlayers, max_steps: int, meta: dict[str, Any],
+                 time_limit: float | None = None):
         self.env, self.agents = make_players()
         self.max_steps = max_steps
         self.meta = meta
+        self.time_limit = time_limit
 
     def ready(self) -> int:
         """The worker's process id, once its players are built (raises what building raised)."""
         return os.getpid()
 
     def play(self, job: Job) -> dict[str, Any]:
-        return play_job(self.env, self.agents, job, self.max_steps, self.meta)
+        return play_job(self.env, self.agents, job, self.max_steps, self.meta, time_limit=self.time_limit)
 
 
 def server_placement(device: str) -> dict[str, Any]:
@@ -101,18 +103,19 @@ class RayExecutor:
         self.running: dict[ObjectRef, tuple[ActorHandle, Job]] = {}  # object ref -> (actor, job)
         self.owns_ray = False
 
-    def start(self, max_steps: int, meta: dict[str, Any], on_step: Callable[[Job, list], None]) -> None:
+    def start(self, max_steps: int, meta: dict[str, Any], on_step: Callable[[Job, list], None],
+              time_limit: float | None = None) -> None:
         self.owns_ray = start_ray(self.slots, self.ray_address)
         import ray
 
         self.actor_class = ray.remote(num_cpus=1, max_restarts=0, max_concurrency=1)(EpisodeWorker)
-        self.max_steps, self.meta = max_steps, meta
+        self.max_steps, self.meta, self.time_limit = max_steps, meta, time_limit
 
     def _new_actor(self) -> ActorHandle:
         import ray
         from ray.exceptions import RayActorError
 
-        actor = self.actor_class.remote(self.make_players, self.max_steps, self.meta)
+        actor = self.actor_class.remote(self.make_players, self.max_steps, self.meta, self.time_limit)
         self.started.append(actor)
         try:
             ray.get(actor.ready.remote())

@@ -22,7 +22,9 @@ from typing import Any
 
 from agent_shell.agents import ACTION_SPACES, AgentConfig, agent_names
 from agent_shell.features import FeatureSet
+from envs.episode import EPISODE_TIMEOUT_S
 from envs.protocol import Environment
+from envs.registry import default_split
 
 #: Where CB-Agent's concepts are fitted from (``concept_data``).
 CONCEPT_DATA = ("expert", "ical")
@@ -41,7 +43,7 @@ class RunConfig:
 
     Attributes:
         env: environment name (:func:`envs.make_env`; the CLI offers :data:`envs.registry.ENVIRONMENTS`).
-        split: evaluation split.
+        split: evaluation split (None: the environment's, :func:`envs.registry.default_split`).
         demo_split, demos_per_type: where the expert demonstrations (and concept data) come
             from, and how many won ones per task type.
         concept_per_type: won expert trajectories per task type the concept is fitted on (the
@@ -82,6 +84,9 @@ class RunConfig:
         shared_lm: workers share one backbone per device behind a batching Ray actor
             (:mod:`agent_shell.lm.server`) instead of loading their own; on by itself when
             ``device`` is CUDA and the episodes run on Ray (its workers hold no GPU).
+        episode_timeout: wall-clock seconds one episode may take (all its trials) before it ends as
+            an error record (:func:`envs.episode.time_limit`); not a recorded setting (it changes
+            no action, only whether a hung episode ends).
         calibrator: rendering "calibrator": the fitted calibrator file (``cb-agent calibrate fit``);
             required by that rendering (``cb-agent run`` refuses it with any other; the studies
             use it for their "calibrator" rendering only).
@@ -94,7 +99,7 @@ class RunConfig:
     """
 
     env: str = "alfworld"
-    split: str = "valid_unseen"
+    split: str | None = None
     demo_split: str = "train"
     demos_per_type: int = 2
     concept_per_type: int = 0
@@ -123,6 +128,7 @@ class RunConfig:
     workers: int = 1
     ray_address: str | None = None
     shared_lm: bool = False
+    episode_timeout: float = EPISODE_TIMEOUT_S
     calibrator: str | None = None
     agent: AgentConfig = field(init=False)
 
@@ -153,6 +159,8 @@ class RunConfig:
         if self.fit_candidates == 1 or self.fit_candidates < 0:
             raise ValueError(f"fit_candidates={self.fit_candidates} must be 0 (no cap) or >= 2 (a choice "
                              "needs the expert's action and another)")
+        if not self.episode_timeout > 0:
+            raise ValueError(f"episode_timeout={self.episode_timeout} must be > 0 seconds")
         if not self.lam > 0:
             raise ValueError(f"lam={self.lam} must be > 0 (the fit is strongly convex only then)")
         from agent_shell.ical.acting import parse_demos
@@ -168,6 +176,7 @@ class RunConfig:
         if self.concept_data not in CONCEPT_DATA:
             raise ValueError(f"concept_data={self.concept_data!r} is not one of {list(CONCEPT_DATA)}")
         object.__setattr__(self, "agent", agent)
+        object.__setattr__(self, "split", self.split or default_split(self.env))
         object.__setattr__(self, "concept_per_type", self.concept_per_type or self.demos_per_type)
         object.__setattr__(self, "agents", agents)
         object.__setattr__(self, "game_ids", tuple(self.game_ids))

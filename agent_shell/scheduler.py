@@ -19,7 +19,10 @@ worker dying (killed, out of memory, a crashed engine taking the process down). 
 is never caught. After ``max_attempts`` failed attempts the episode is stored as an error record.
 
 Error-record rule: an engine fault (:class:`envs.EngineError`) ends its episode at once, without a
-retry (the same fault would come again): :func:`play_episode` returns its
+retry (the same fault would come again), and so does the episode's wall-clock limit
+(``time_limit``, :func:`envs.episode.time_limit`: an :class:`envs.EpisodeTimeout` raised in the
+process playing it, whichever executor that is; a step that never returns is such a fault):
+:func:`play_episode` returns its
 :func:`agent_shell.results.error_record` (``success`` False, the trials so far, ``error``: type,
 message, trial, step). An episode that failed every attempt gets :func:`failed_record` (no trials,
 ``error`` with the last attempt's type and message, ``attempts`` and every attempt's reason). Either
@@ -50,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol, 
 
 from agent_shell.results import (check_results_file, episode_record, error_record, store_record,
                                  trial_record)
+from envs.episode import EPISODE_TIMEOUT_S
 from envs.protocol import Environment
 from envs.storage import write_json_atomic
 
@@ -83,8 +87,10 @@ class Executor(Protocol):
     slots: int
     local_files: bool
 
-    def start(self, max_steps: int, meta: dict[str, Any], on_step: Callable[[Job, list], None]) -> None:
-        """Get ready; ``on_step(job, trials)`` may be called after every step (progress)."""
+    def start(self, max_steps: int, meta: dict[str, Any], on_step: Callable[[Job, list], None],
+              time_limit: float | None = None) -> None:
+        """Get ready; ``on_step(job, trials)`` may be called after every step (progress); every job
+        is played by :func:`play_job` with ``time_limit``."""
 
     def submit(self, job: Job) -> None:
         """Start ``job`` (called only while fewer than ``slots`` jobs run)."""
@@ -152,7 +158,8 @@ def play_episodes(executor: Executor, agent_names: Sequence[str], task_ids: Sequ
                   results_path: str | os.PathLike, max_steps: int, *, resume: bool = False,
                   meta: dict[str, Any] | None = None, task_type_of: Callable[[str], str] | None = None,
                   max_attempts: int = 3, progress: Progress | None = None,
-                  echo: Callable[[str], None] | None = None) -> dict[str, RunSummary]:
+                  echo: Callable[[str], None] | None = None,
+                  time_limit: float | None = EPISODE_TIMEOUT_S) -> dict[str, RunSummary]:
     """Play every agent on every task with ``executor`` in :func:`schedule` order, appending one
     record per finished episode to ``results_path``.
 
@@ -169,6 +176,8 @@ def play_episodes(executor: Executor, agent_names: Sequence[str], task_ids: Sequ
         max_attempts: attempts per episode before its :func:`failed_record` is stored.
         progress: a rich progress (:func:`make_progress`) to update, one bar per agent, or None.
         echo: called with one plain line per finished, retried or failed episode.
+        time_limit: wall-clock seconds per episode (all its trials), past which it ends as an error
+            record (:class:`envs.EpisodeTimeout`); None: no limit.
 
     Returns:
         agent name -> :class:`RunSummary` of this run.
@@ -199,7 +208,7 @@ def play_episodes(executor: Executor, agent_names: Sequence[str], task_ids: Sequ
     status = _Status(progress, {name: len(tasks) - len(s.skipped) for name, s in summaries.items()})
     errors: dict[Job, tuple[Failure, ...]] = {}
     running = 0
-    executor.start(max_steps, meta, status.step)
+    executor.start(max_steps, meta, status.step, time_limit)
     try:
         while queue or running:
             while queue and running < executor.slots:
@@ -270,13 +279,17 @@ class _Status:
 
 
 def play_episode(env: Environment, agent: Reflexion, task_id: str, max_steps: int, meta: dict[str, Any] | None = None,
-                 on_step: Callable[[list[Trial]], None] | None = None) -> dict[str, Any]:
+                 on_step: Callable[[list[Trial]], None] | None = None,
+                 time_limit: float | None = None) -> dict[str, Any]:
     """Play one episode (all trials) of ``agent`` on ``task_id`` and return its results record
     (:func:`agent_shell.results.episode_record`); ``on_step(trials)`` runs after every step.
     ``meta["split"]``, when given, is the split the task must belong to. An
-    :class:`envs.EngineError` ends the episode and its :func:`agent_shell.results.error_record` is
-    returned; any other exception propagates. Writes nothing."""
+    :class:`envs.EngineError`, or the episode running past ``time_limit`` seconds of wall-clock
+    time (:class:`envs.EpisodeTimeout`; None: no limit), ends the episode and its
+    :func:`agent_shell.results.error_record` is returned; any other exception propagates. Writes
+    nothing. A limit is kept on the main thread only (:func:`envs.episode.time_limit`)."""
     from envs.episode import Episode
+    from envs.episode import time_limit as limit
     from envs.protocol import EngineError
 
     split = (meta or {}).get("split")
@@ -289,7 +302,8 @@ def play_episode(env: Environment, agent: Reflexion, task_id: str, max_steps: in
 
     start = time.perf_counter()
     try:
-        result = agent.run(lambda: Episode(env, task_id, max_steps, split=split), on_step=step_done)
+        with limit(time_limit):
+            result = agent.run(lambda: Episode(env, task_id, max_steps, split=split), on_step=step_done)
         return episode_record(agent.name, task_id, result.trials, time.perf_counter() - start, meta or {})
     except EngineError as err:  # this episode ends; the run goes on
         type_of = getattr(env, "task_type_of", None)
@@ -298,9 +312,9 @@ def play_episode(env: Environment, agent: Reflexion, task_id: str, max_steps: in
 
 
 def play_job(env: Environment, agents: Mapping[str, Reflexion], job: Job, max_steps: int, meta: dict[str, Any],
-             on_step: Callable[[Job, list], None] | None = None) -> dict[str, Any]:
-    """:func:`play_episode` of ``job``, rewriting its partial state (when it has a path) after every
-    step; what both executors run for a job."""
+             on_step: Callable[[Job, list], None] | None = None, time_limit: float | None = None) -> dict[str, Any]:
+    """:func:`play_episode` of ``job`` within ``time_limit`` seconds, rewriting its partial state
+    (when it has a path) after every step; what both executors run for a job."""
     agent = agents[job.agent]
 
     def stepped(trials: list) -> None:
@@ -310,7 +324,7 @@ def play_job(env: Environment, agents: Mapping[str, Reflexion], job: Job, max_st
         if on_step is not None:
             on_step(job, trials)
 
-    return play_episode(env, agent, job.task_id, max_steps, meta, on_step=stepped)
+    return play_episode(env, agent, job.task_id, max_steps, meta, on_step=stepped, time_limit=time_limit)
 
 
 def _write_partial(path: Path, state: dict[str, Any]) -> None:
@@ -353,8 +367,9 @@ class InProcessExecutor:
         self.env, self.agents = env, agents
         self.pending: deque[Job] = deque()
 
-    def start(self, max_steps: int, meta: dict[str, Any], on_step: Callable[[Job, list], None]) -> None:
-        self.max_steps, self.meta, self.on_step = max_steps, meta, on_step
+    def start(self, max_steps: int, meta: dict[str, Any], on_step: Callable[[Job, list], None],
+              time_limit: float | None = None) -> None:
+        self.max_steps, self.meta, self.on_step, self.time_limit = max_steps, meta, on_step, time_limit
 
     def submit(self, job: Job) -> None:
         self.pending.append(job)
@@ -362,7 +377,7 @@ class InProcessExecutor:
     def wait(self) -> tuple[Job, dict[str, Any] | Failure]:
         job = self.pending.popleft()
         try:
-            return job, play_job(self.env, self.agents, job, self.max_steps, self.meta, self.on_step)
+            return job, play_job(self.env, self.agents, job, self.max_steps, self.meta, self.on_step, self.time_limit)
         except Exception as err:  # noqa: BLE001 - retried by the scheduler's rule, then recorded
             return job, failure_of(err)
 

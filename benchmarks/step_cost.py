@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             for i in env_steps:
                 scoring = ctx.scoring_context(traj.instruction, traj.observation, traj.steps[:i])
                 candidates = fixed_action_space(traj.steps[i].candidates)
-                toks = lm.tokens.continuations(lm.render(scoring, prefix), candidates, False)
+                base, markers = lm.formatter.rendered(scoring, prefix)
+                toks = lm.tokens.continuations(base, candidates, markers)
                 s = cached_length(toks)
                 start = common_prefix_len(reference.cache.ids, toks[0].ids[:s])  # what the stream has cached
                 # the routing peek: once a step, counted in every layout's step

@@ -8,9 +8,9 @@ collects expert trajectories.
 Imports nothing else of this project.
 """
 
-from envs.episode import Episode, EpisodeOver, check_tasks, is_think
-from envs.protocol import EngineError, Environment, StepResult, TaskStart, one_line
-from envs.registry import ENVIRONMENTS, make_env
+from envs.episode import EPISODE_TIMEOUT_S, Episode, EpisodeOver, check_tasks, is_think, time_limit
+from envs.protocol import EngineError, Environment, EpisodeTimeout, SetupError, StepResult, TaskStart, one_line
+from envs.registry import ENVIRONMENTS, default_split, make_env
 from envs.storage import append_jsonl
 from envs.trajectory import (
     SCHEMA_VERSION,
@@ -22,11 +22,14 @@ from envs.trajectory import (
 
 __all__ = [
     "ENVIRONMENTS",
+    "EPISODE_TIMEOUT_S",
     "SCHEMA_VERSION",
     "EngineError",
     "Environment",
     "Episode",
     "EpisodeOver",
+    "EpisodeTimeout",
+    "SetupError",
     "Step",
     "StepResult",
     "TaskStart",
@@ -34,8 +37,10 @@ __all__ = [
     "append_jsonl",
     "check_tasks",
     "completed_task_ids",
+    "default_split",
     "is_think",
     "make_env",
     "one_line",
     "read_trajectories",
+    "time_limit",
 ]

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from envs.paths import cache_dir, shared_dir
 from envs.storage import atomic_path
-from envs.protocol import StepResult, TaskStart, one_line
+from envs.protocol import SetupError, StepResult, TaskStart, one_line
 from envs.textworld import forget_registration
 
 #: The six ALFWorld task types (the prefix of a game folder's name).
@@ -140,7 +140,7 @@ class AlfworldEnv:
         expert: ``"handcoded"`` (ALFWorld's rule-based expert, used for demonstrations) or None.
 
     Raises:
-        FileNotFoundError: ``data_dir`` is missing (the message says how to point at it).
+        envs.SetupError: ``data_dir`` is missing (the message says how to point at it).
     """
 
     name = "alfworld"
@@ -150,9 +150,9 @@ class AlfworldEnv:
     def __init__(self, data_dir: str | os.PathLike | None = None, expert: str | None = "handcoded"):
         self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
         if not self.data_dir.is_dir():
-            raise FileNotFoundError(
+            raise SetupError(
                 f"ALFWorld game files not found at {self.data_dir}; set CB_AGENT_ALFWORLD_DATA to the "
-                "json_2.1.1 folder (with train/ and valid_unseen/ inside)"
+                "json_2.1.1 folder (the one holding train/ and valid_unseen/)"
             )
         if expert not in ("handcoded", None):
             raise ValueError(f"expert must be 'handcoded' or None, got {expert!r}")

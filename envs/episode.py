@@ -8,14 +8,23 @@ were taken from, so a finished episode converts losslessly into a :class:`~envs.
 
 Every engine call (reset, step, candidates, expert) that raises anything but ValueError (bad input)
 is re-raised as :class:`~envs.protocol.EngineError` with a one-line message naming the step, so a
-caller that plays many episodes can record the fault and go on.
+caller that plays many episodes can record the fault and go on. :func:`time_limit` bounds an
+episode's wall-clock time the same way (:class:`~envs.protocol.EpisodeTimeout`): ALFWorld's and
+TextWorld's engines run in the caller's process with no limit of their own.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+import contextlib
+import signal
+import threading
+from typing import Iterable, Iterator
 
-from envs.protocol import EngineError, Environment, StepResult, TaskStart, one_line
+from envs.protocol import EngineError, Environment, EpisodeTimeout, StepResult, TaskStart, one_line
+
+#: Default wall-clock limit of one episode, seconds (``cb-agent run --episode-timeout``): far above
+#: a slow CPU backbone's 50-step ALFWorld episode, far below a night.
+EPISODE_TIMEOUT_S = 3600.0
 from envs.trajectory import Step, Trajectory
 
 #: Prefix that marks a think step (seed Sec. 2.3), in an agent's text and in the transcript; the
@@ -23,6 +32,41 @@ from envs.trajectory import Step, Trajectory
 THINK_PREFIX = "think:"
 #: Feedback of a think step; it never reaches the engine.
 THINK_FEEDBACK = "OK."
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None, what: str = "episode") -> Iterator[None]:
+    """Raise :class:`~envs.protocol.EpisodeTimeout` in the ``with`` block once it has run
+    ``seconds`` of wall-clock time (None or 0: no limit), and again every second until the block
+    is left (a broad ``except`` inside cannot swallow it for good).
+
+    A real-time interval timer (``SIGALRM``) interrupts Python code and blocking waits (sleeps,
+    locks, sockets) of the main thread, where both of the scheduler's executors play episodes (a
+    Ray actor's methods run on its main thread too). A native call that never returns to Python
+    cannot be interrupted in-process.
+
+    Raises:
+        ValueError: a limit asked for off the main thread or without ``SIGALRM`` (Windows).
+    """
+    if not seconds:
+        yield
+        return
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        raise ValueError(f"an {what} time limit needs the main thread and SIGALRM (POSIX)")
+    armed = True
+
+    def expire(signum, frame):
+        if armed:
+            raise EpisodeTimeout(f"{what} ran past its wall-clock limit of {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
+    try:
+        yield
+    finally:
+        armed = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def is_think(text: str) -> bool:
@@ -111,6 +155,8 @@ class Episode:
         try:
             return call()
         except bad_input:
+            raise
+        except EngineError:  # a time limit (EpisodeTimeout) as it is
             raise
         except Exception as err:
             raise EngineError(f"{self.env.name} engine failed in {what} at step {len(self.steps) + 1} of "

@@ -75,6 +75,17 @@ class EngineError(RuntimeError):
     """
 
 
+class SetupError(FileNotFoundError):
+    """An environment cannot start where it is installed: what it needs (its game files, an engine
+    program) is not found. The message is one line that says what to set; the command line prints it
+    as that one line (no traceback)."""
+
+
+class EpisodeTimeout(EngineError):
+    """An episode ran past its wall-clock limit (:func:`envs.episode.time_limit`): an engine step
+    that never returns, or an episode far slower than any other; recorded like an engine fault."""
+
+
 def one_line(err: BaseException, limit: int = 300) -> str:
     """``"<Type>: <message>"`` of ``err`` on one line: stack-trace lines (``at ...``, ``File ...``) and
     blank lines dropped, the rest joined, cut at ``limit`` characters."""

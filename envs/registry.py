@@ -1,4 +1,5 @@
-"""Environment registry: ``make_env("alfworld")`` -> a fresh adapter (engines imported on demand)."""
+"""Environment registry: ``make_env("alfworld")`` -> a fresh adapter (engines imported on demand), and
+each environment's evaluation split (:func:`default_split`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,13 @@ ENVIRONMENTS: dict[str, str] = {
     "scienceworld": "envs.scienceworld:ScienceWorldEnv",
     "textworld": "envs.textworld:TextWorldEnv",
 }
+#: name -> the split an evaluation plays by default (the held-out games of each benchmark).
+EVAL_SPLITS: dict[str, str] = {"alfworld": "valid_unseen", "scienceworld": "test", "textworld": "test"}
+
+
+def default_split(name: str) -> str:
+    """The evaluation split of environment ``name`` (:data:`EVAL_SPLITS`; ``"test"`` for another)."""
+    return EVAL_SPLITS.get(name, "test")
 
 
 def make_env(name: str, **kwargs) -> Environment:

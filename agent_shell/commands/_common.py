@@ -13,6 +13,7 @@ import click
 from agent_shell.agents import agent_names
 from agent_shell.history import RENDERINGS
 from agent_shell.run_config import ACTION_SPACES, RunConfig
+from envs.episode import EPISODE_TIMEOUT_S
 from envs.registry import ENVIRONMENTS
 
 ENV_NAMES = sorted(ENVIRONMENTS)
@@ -66,8 +67,9 @@ COMMON_OPTIONS = {
 RUN_OPTIONS = {
     "agents": click.option("--agent", "agents", type=click.Choice(agent_names()), multiple=True, default=("cb-agent",),
                            show_default=True, help="Agent(s) to run (repeatable; all share one backbone load)."),
-    "split": click.option("--split", default="valid_unseen", show_default=True, help="Evaluation split (every "
-                          "--game must belong to it; list ids with `cb-agent tasks --env ENV --split SPLIT`)."),
+    "split": click.option("--split", default=None, help="Evaluation split (default: the environment's held-out "
+                          "games: alfworld valid_unseen, scienceworld test, textworld test; every --game must belong "
+                          "to it; list ids with `cb-agent tasks --env ENV --split SPLIT`)."),
     "per_type": click.option("--per-type", type=click.IntRange(min=0), default=1, show_default=True,
                              help="Evaluation games per task type (first in sorted order); 0 = all."),
     "all_games": click.option("--all-games", is_flag=True, help="Evaluate the whole split (--per-type 0 --games 0)."),
@@ -110,6 +112,10 @@ RUN_OPTIONS = {
     "shared_lm": click.option("--shared-lm", is_flag=True,
                               help="With --workers: one backbone per device behind a Ray actor that batches the "
                                    "workers' scoring calls; workers never load the model."),
+    "episode_timeout": click.option("--episode-timeout", type=click.FloatRange(min=0, min_open=True),
+                                    default=EPISODE_TIMEOUT_S, show_default=True,
+                                    help="Wall-clock seconds one episode (all its trials) may take; past it the "
+                                         "episode is stored as an error record and the run goes on."),
     "ray_address": click.option("--ray-address", default=None,
                                 help="Join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a "
                                      "local one."),

@@ -108,7 +108,8 @@ def _play(config: RunConfig, env: Environment, task_ids: list[str], type_of: Cal
         else:
             summaries = play_episodes(InProcessExecutor(env, players_of(config, setup)), config.agents, task_ids,
                                       results_path, config.budget, resume=config.resume, meta=meta,
-                                      task_type_of=type_of, progress=progress, echo=say)
+                                      task_type_of=type_of, progress=progress, echo=say,
+                                      time_limit=config.episode_timeout)
     for name, summary in summaries.items():
         if summary.skipped:
             console.print(f"{name}: {len(summary.skipped)} finished episodes skipped (--resume)")
@@ -139,7 +140,7 @@ def run_on_ray(config: RunConfig, task_ids: list[str], task_types: list[str] | N
         players = functools.partial(build_players, config, task_types, server)
         return play_episodes(RayExecutor(players, config.workers, config.ray_address), config.agents, task_ids,
                              config.results_path, config.budget, resume=config.resume, meta=meta,
-                             task_type_of=type_of, progress=progress, echo=echo)
+                             task_type_of=type_of, progress=progress, echo=echo, time_limit=config.episode_timeout)
     finally:
         if owns_ray:
             import ray

@@ -32,7 +32,6 @@ import numpy as np
 import torch
 
 from agent_shell.lm.decoding import check_generation, extend_reply, sampler
-from agent_shell.lm.formatting import templated
 from agent_shell.lm.kv_cache import PrefixCache, Snapshot, new_cache, snapshot
 from agent_shell.lm.protocol import CandidateScores, Context, ContextWindowFull, check_candidates
 from agent_shell.lm.scoring import cached_length, candidate_tree, gather, head_pass, head_rows
@@ -57,7 +56,8 @@ class ScoreRequest:
 def _tokenize(lm: HFLanguageModel, req: ScoreRequest) -> tuple[list[TokenizedContinuation], int]:
     """(tokenized candidates, cached length s) after the checks of :meth:`HFLanguageModel.score`."""
     actions = check_candidates(req.candidates)
-    toks = lm.tokens.continuations(lm.render(req.context, req.action_prefix), actions, templated(req.context))
+    base, markers = lm.formatter.rendered(req.context, req.action_prefix)
+    toks = lm.tokens.continuations(base, actions, markers)
     longest = max(len(t.ids) for t in toks)
     if longest > lm.max_context_tokens:
         raise ContextWindowFull(f"context is too long: {longest} tokens exceed the window of {lm.max_context_tokens} "

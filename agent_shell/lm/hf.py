@@ -30,13 +30,13 @@ import torch
 
 from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, decode, eos_ids, sampler
 from agent_shell.lm.dtypes import resolve_device, resolve_dtype
-from agent_shell.lm.formatting import PLAIN, Formatter, templated
+from agent_shell.lm.formatting import PLAIN, Formatter
 from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache, restore, snapshot, truncatable
 from agent_shell.lm.protocol import CandidateScores, Context, ContextWindowFull, check_candidates
 from agent_shell.lm.scoring import (CANDIDATE_LAYOUTS, action_positions, cached_length, captured_output, pool_states,
                                     score_batched, score_packed)
 from agent_shell.lm.shared_prefix import SharedPrefix
-from agent_shell.lm.tokenization import Tokenization, TokenizedContinuation
+from agent_shell.lm.tokenization import Markers, Tokenization, TokenizedContinuation
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -170,14 +170,14 @@ class HFLanguageModel:
         """The text :meth:`generate` continues (:meth:`Formatter.render_prompt`)."""
         return self.formatter.render_prompt(prompt)
 
-    def encode(self, text: str, templated: bool = False) -> list[int]:
+    def encode(self, text: str, markers: Markers | None = None) -> list[int]:
         """Token ids of a rendered text (:meth:`Tokenization.encode`)."""
-        return self.tokens.encode(text, templated)
+        return self.tokens.encode(text, markers)
 
     def tokenize_continuations(self, base: str, actions: Sequence[str],
-                               templated: bool = False) -> list[TokenizedContinuation]:
+                               markers: Markers | None = None) -> list[TokenizedContinuation]:
         """Tokenize ``base + action`` per action (:meth:`Tokenization.continuations`)."""
-        return self.tokens.continuations(base, actions, templated)
+        return self.tokens.continuations(base, actions, markers)
 
     @torch.inference_mode()
     def pin_prefix(self, head: Context) -> int:
@@ -193,7 +193,7 @@ class HFLanguageModel:
         Returns:
             The number of tokens pinned (0 when this backend keeps no cache, ``reuse_cache=False``).
         """
-        ids = self.encode(self.render_prompt(head), templated(head))
+        ids = self.encode(*self.formatter.rendered(head))
         return len(ids) if self.cache.pin(ids, self._forward) else 0
 
     def reset_cache(self) -> None:
@@ -270,7 +270,8 @@ class HFLanguageModel:
             if pool not in ("last", "mean"):
                 raise ValueError(f"pool={pool!r} is not 'last' or 'mean'")
         actions = check_candidates(candidates)
-        toks = self.tokens.continuations(self.render(context, action_prefix), actions, templated(context))
+        base, markers = self.formatter.rendered(context, action_prefix)
+        toks = self.tokens.continuations(base, actions, markers)
         longest = max(toks, key=lambda t: len(t.ids))
         if len(longest.ids) > self.max_context_tokens:
             raise ContextWindowFull(
@@ -332,7 +333,7 @@ class HFLanguageModel:
         Raises:
             ValueError: an empty rendered prompt, or one that fills the window (when tokens are asked).
         """
-        ids = self.encode(self.render_prompt(prompt), templated(prompt))
+        ids = self.encode(*self.formatter.rendered(prompt))
         if not ids:
             raise ValueError("empty prompt: nothing to continue (the tokenizer adds no BOS)")
         room = self.max_context_tokens - len(ids)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from agent_shell.lm.formatting import PLAIN, Formatter, templated
+from agent_shell.lm.formatting import PLAIN, Formatter
 from agent_shell.lm.protocol import CandidateScores, Context, ContextWindowFull, check_candidates
 from agent_shell.lm.tokenization import Tokenization
 
@@ -94,7 +94,7 @@ class VLLMLanguageModel:
         that cache; vLLM may evict the blocks under memory pressure: nothing is pinned for good)."""
         from vllm import SamplingParams
 
-        ids = self.tokens.encode(self.formatter.render_prompt(head), templated(head))
+        ids = self.tokens.encode(*self.formatter.rendered(head))
         self.generator.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1), use_tqdm=False)
         return len(ids)
 
@@ -103,7 +103,8 @@ class VLLMLanguageModel:
         from vllm import SamplingParams
 
         actions = check_candidates(candidates)
-        toks = self.tokens.continuations(self.formatter.render(context, action_prefix), actions, templated(context))
+        base, markers = self.formatter.rendered(context, action_prefix)
+        toks = self.tokens.continuations(base, actions, markers)
         for a, t in zip(actions, toks):
             if len(t.ids) > self.max_context_tokens:
                 raise ContextWindowFull(f"context is too long: candidate {a!r} needs {len(t.ids)} tokens, more than the "
@@ -130,7 +131,7 @@ class VLLMLanguageModel:
         from agent_shell.lm.decoding import check_generation
 
         stop = check_generation(max_new_tokens, stop, temperature, n)
-        ids = self.tokens.encode(self.formatter.render_prompt(prompt), templated(prompt))
+        ids = self.tokens.encode(*self.formatter.rendered(prompt))
         if not ids:
             raise ValueError("empty prompt: nothing to continue (the tokenizer adds no BOS)")
         budget = min(max_new_tokens, self.max_context_tokens - len(ids))

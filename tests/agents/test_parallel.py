@@ -95,6 +95,26 @@ def test_one_worker_in_process_and_two_ray_workers_give_the_same_records(cluster
     assert "react b/2 retried (attempt 2/2): RuntimeError: the LM failed on b/2" in lines["ray"]
 
 
+def test_an_episode_past_its_time_limit_becomes_an_error_record_in_either_executor(cluster, sequential, tmp_path):
+    """An engine step that never returns: the episode ends at the limit as an error record with
+    the steps played before it (no retry), and the run goes on to the next episode. The limit is
+    far above what a scripted episode takes and the hang is endless, so no timing decides it."""
+    players = functools.partial(make_players, hang_on=("a/2",))
+    got = {}
+    for name, run in (("in-process", in_process), ("ray", on_ray)):
+        out = tmp_path / name / "results.jsonl"
+        lines = []
+        run(players, ["react"], ["a/2", "a/3"], out, echo=lines.append, time_limit=1.0)
+        got[name] = by_episode(read_results(out))
+        assert not any("retried" in line for line in lines), (name, lines)
+    assert got["ray"] == got["in-process"]
+    hung = got["in-process"][("react", "a/2")]
+    assert hung["success"] is False and hung["error"]["type"] == "EpisodeTimeout"
+    assert hung["error"]["message"] == "episode ran past its wall-clock limit of 1 s"
+    assert "attempts" not in hung["error"] and hung["steps"] == 2 and hung["error"]["step"] == 3  # think, go, (open)
+    assert got["in-process"][("react", "a/3")] == sequential[("react", "a/3")]  # the run went on
+
+
 def test_a_killed_worker_s_episode_is_retried_without_loss_or_duplication(cluster, sequential, tmp_path):
     out = tmp_path / "results.jsonl"
     players = functools.partial(make_players, kill_on=("a/2",), kills=1, marker_dir=str(tmp_path))

@@ -65,7 +65,6 @@ GENERATIONS = [  # (prompt, max_new_tokens, stop, temperature, seed)
 
 def test_replies_decoded_together_equal_one_generate_call_each(fresh):
     from agent_shell.lm.batched import GenerateRequest, generate_many
-    from agent_shell.lm.formatting import templated
 
     ref = [fresh(reuse_cache=False).generate(p, n_new, stop, temp, 1, seed) for p, n_new, stop, temp, seed in GENERATIONS]
     lm = fresh()
@@ -84,4 +83,4 @@ def test_replies_decoded_together_equal_one_generate_call_each(fresh):
     assert all(shape == (live, 1) or (shape[0] == 1 and shape[1] > 1) for shape in calls)
     for s, (p, n_new, *_) in zip(streams, GENERATIONS):  # each stream keeps its prompt's cache
         if n_new:
-            assert s.ids == tuple(lm.encode(lm.render_prompt(p), templated(p)))
+            assert s.ids == tuple(lm.encode(*lm.formatter.rendered(p)))

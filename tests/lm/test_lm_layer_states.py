@@ -23,7 +23,7 @@ def reference(lm, layer: int, pool: str) -> np.ndarray:
         base = lm.render(CONTEXT, "\n> ")
         _PLAIN_STATES[id(lm.model)] = [
             tuple(h[0, tok.first:] for h in lm.model(input_ids=torch.tensor([tok.ids]), output_hidden_states=True).hidden_states)
-            for tok in lm.tokenize_continuations(base, CANDIDATES, False)]
+            for tok in lm.tokenize_continuations(base, CANDIDATES)]
     out = []
     for layers in _PLAIN_STATES[id(lm.model)]:
         states = layers[layer]

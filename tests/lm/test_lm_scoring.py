@@ -174,9 +174,9 @@ def test_token_accounting_at_the_boundary(lm32, fresh, context, prefix, action, 
 def test_one_user_message_has_one_bos_and_counts_only_action_tokens(fresh, lm32):
     lm = fresh()
     message = [{"role": "user", "content": "You see a mug."}]
-    base = lm.render(message, "")
+    base, markers = lm.formatter.rendered(message, "")
     assert base.startswith("<|im_start|>") and base.endswith("<|im_start|>assistant\n")
-    (t,) = lm.tokenize_continuations(base, ["take mug 1"], templated=True)
+    (t,) = lm.tokenize_continuations(base, ["take mug 1"], markers)
     bos = lm32.tokenizer.bos_token_id
     assert t.ids[0] == bos and t.ids[1] != bos
     assert t.ids.count(bos) == base.count("<|im_start|>")
