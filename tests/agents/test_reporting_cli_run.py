@@ -74,8 +74,10 @@ def test_cb_agent_run_fits_concepts_and_reports_skipped_expert_steps(tmp_path, d
     assert res.exit_code == 0, res.output
     import orjson
 
-    rows = orjson.loads((tmp_path / "acc.json").read_bytes())
+    written = orjson.loads((tmp_path / "acc.json").read_bytes())
+    rows = written["rows"]
     assert [r["task_type"] for r in rows] == ["fetch", "open", "all"] and rows[-1]["decisions"] == 2 + 3
+    assert len(written["decisions"]) == 5  # every held-out decision, with its terms
     all_row = rows[-1]
     assert all_row["hits_concept"] == sum(r["hits_concept"] for r in rows[:2])
     assert all_row["acc_concept"] == all_row["hits_concept"] / 5

@@ -323,6 +323,7 @@ def naive_score_followed(lm: HFLanguageModel, context: str, action: str, extra: 
     return log_q, len(ids) - first, out.hidden_states[-1][0, len(ids) - 1].double().numpy()
 
 
+@pytest.mark.slow  # bfloat16 forwards are emulated (slow) on CPUs without native bf16
 def test_bfloat16_backend_is_close_to_a_naive_bfloat16_forward(lm16):
     """End to end in bfloat16: the cached scoring in every layout against one naive bf16 forward per
     candidate, within three times bf16's own noise measured here (the same naive forward followed by 3
