@@ -7,7 +7,7 @@ import click
 
 @click.command()
 def backends() -> None:
-    """List LM backends: ``--model NAME:ARG`` selects one (a plain folder or name: HuggingFace)."""
+    """List LM backends: --model NAME:ARG selects one (a plain folder or name: HuggingFace)."""
     from agent_shell.lm.factory import ENTRY_POINT_GROUP, available_backends
 
     for name, source in available_backends().items():
