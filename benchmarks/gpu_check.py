@@ -175,6 +175,14 @@ def batched(tokenizer, device: torch.device, quick: bool) -> tuple[dict, dict]:
     return out, {"batched": bool(score_gap <= 1e-4 and all(v for k, v in out.items() if k.endswith("equal")))}
 
 
+def write_store_file(path: Path, data: bytes) -> None:
+    """The executable store's writer (cb_core writes no files) in this check's own temporary cache,
+    where no other process writes; the agent shell passes :func:`envs.storage.write_bytes_atomic`,
+    whose module needs orjson, which a bare GPU machine may lack."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
 #: The second process of the persistent-cache check: one fit, imports cb_core only; prints its seconds.
 FIT_CHILD = """
 import json, sys, time
@@ -182,8 +190,9 @@ sys.path.insert(0, sys.argv[4])
 import cb_core
 from cb_core.cache import enable_persistent_cache
 from cb_core.synthetic import synthetic_decisions
+from benchmarks.gpu_check import write_store_file
 n, d = int(sys.argv[1]), int(sys.argv[2])
-enable_persistent_cache(sys.argv[3])
+enable_persistent_cache(sys.argv[3], write_store_file)
 dec = synthetic_decisions(n, d, m_mean=12, m_spread=4, seed=n)
 start = time.perf_counter()
 cb_core.fit(dec)
@@ -204,7 +213,7 @@ def fits(quick: bool) -> tuple[dict, dict]:
     out, ok = {"device": str(jax.devices()[0])}, True
     with tempfile.TemporaryDirectory() as cache:
         if on_cpu:  # (the store's key names the default device: with a GPU, store only after the CPU legs)
-            enable_persistent_cache(cache)
+            enable_persistent_cache(cache, write_store_file)
         for n, d in SIZES["fits"][quick]:
             dec = synthetic_decisions(n, d, m_mean=12, m_spread=4, seed=n)
             row = {}
@@ -225,7 +234,7 @@ def fits(quick: bool) -> tuple[dict, dict]:
         if on_cpu:
             first = out[f"N{n}_d{d}"]["default"]["cold_s"]
         else:
-            enable_persistent_cache(cache)
+            enable_persistent_cache(cache, write_store_file)
             first = cb_core.fit(synthetic_decisions(n, d, m_mean=12, m_spread=4, seed=n)).seconds
         child = subprocess.run([sys.executable, "-c", FIT_CHILD, str(n), str(d), cache, str(ROOT)], check=True,
                                capture_output=True, text=True)
