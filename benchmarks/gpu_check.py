@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     device = resolve_device(args.device)
-    report: dict = {"commit": _commit(), "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    report: dict = {"commit": _commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
                     "quick": args.quick, "environment": environment(device), "verdicts": {}, "seconds": {}}
     for name, section in (("exactness", exactness), ("batched", batched), ("fit", None), ("step_cost", step_cost)):
         start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Fixtures shared by the test folders: one local Ray cluster for the whole session (started on
+"""Fixtures shared by the test folders: one local Ray cluster for the whole test run (started on
 first use; the parallel-runner and LM-server tests share it)."""
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def test_run_with_two_workers_gives_the_records_of_one_worker(ray_cluster, doubl
 
 @pytest.mark.slow  # a second driver process: its start, its connection to Ray and its workers' set-up
 def test_a_killed_parallel_driver_resumes_without_loss_or_duplication(ray_cluster, doubles, one_worker, tmp_path):
-    """The driver (a process of its own, on this session's Ray cluster) dies right after storing its
+    """The driver (a process of its own, on the tests' shared Ray cluster) dies right after storing its
     third record; ``--resume`` plays the other seven: every episode once, as ``--workers 1`` plays it."""
     out = tmp_path / "out"
     here = Path(__file__).parent

@@ -1,4 +1,4 @@
-"""Shared fixtures: the real offline SmolLM2-135M-Instruct, loaded once per session in float32."""
+"""Shared fixtures: the real offline SmolLM2-135M-Instruct, loaded once per test run in float32."""
 
 from __future__ import annotations
 
