@@ -195,24 +195,10 @@ def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.exists():
         return []
-    if path.suffix == ".gz":
-        import gzip
-        import shutil
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as tmp, gzip.open(path, "rb") as src:
-            plain = Path(tmp) / path.stem
-            with open(plain, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            return _read_lines(plain, path)
-    return _read_lines(path, path)
-
-
-def _read_lines(path: Path, name: Path) -> list[dict[str, Any]]:
     out = []
-    for number, record, err in iter_jsonl(path, _episode_record):
+    for number, record, err in iter_jsonl(path, _episode_record):  # .gz read through gzip
         if err is not None:
-            warnings.warn(f"{name}:{number}: skipped malformed results line: {err}", stacklevel=3)
+            warnings.warn(f"{path}:{number}: skipped malformed results line: {err}", stacklevel=2)
             continue
         out.append(record)
     return out

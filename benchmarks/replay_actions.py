@@ -19,11 +19,8 @@ every compared episode replays, 1 when one differs or none could be compared, 2 
 from __future__ import annotations
 
 import argparse
-import gzip
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,21 +41,6 @@ class Replay:
     task_id: str
     n_actions: int
     first_difference: tuple[int, int, str | None, str | None] | None
-
-
-def read_records(path: str | Path) -> list[dict]:
-    """The episode records of a results file, plain or gzip-compressed (torn lines are skipped
-    with a warning by the results reader)."""
-    from agent_shell.results import read_results
-
-    path = Path(path)
-    if path.suffix != ".gz":
-        return read_results(path)
-    with tempfile.TemporaryDirectory() as tmp, gzip.open(path, "rb") as src:
-        plain = Path(tmp) / path.stem
-        with open(plain, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        return read_results(plain)
 
 
 def trial_actions(record: dict) -> list[list[str]]:
@@ -124,10 +106,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="--play: agent to replay (repeatable; default every agent of the reference)")
     parser.add_argument("--workers", type=int, default=1, help="--play: episodes played at once (default 1)")
     args = parser.parse_args(argv)
+    from agent_shell.results import read_results  # plain or .gz; a torn line is skipped with a warning
+
     if not Path(args.reference).is_file():
         print(f"error: no reference results file {args.reference}", file=sys.stderr)
         return 2
-    recorded = read_records(args.reference)
+    recorded = read_results(args.reference)
     if not recorded:
         print(f"error: {args.reference} holds no episode record", file=sys.stderr)
         return 2
@@ -139,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         if not results.is_file():
             print(f"error: no played results file {results}", file=sys.stderr)
             return 2
-    replays = compare(recorded, read_records(results))
+    replays = compare(recorded, read_results(results))
     by_agent: dict[str, list[Replay]] = {}
     for r in replays:
         by_agent.setdefault(r.agent, []).append(r)

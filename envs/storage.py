@@ -83,12 +83,19 @@ def iter_jsonl(path: str | os.PathLike,
 
     A line without its final newline is torn (an interrupted write) and reported as malformed.
     ``parse`` may raise ValueError to reject a well-formed JSON value. Each reader chooses its own
-    policy for bad lines (raise, or skip and report); none drops one silently.
+    policy for bad lines (raise, or skip and report); none drops one silently. A file named
+    ``*.gz`` is read through gzip (as the committed results files are stored).
 
     Raises:
         FileNotFoundError: no such file.
     """
-    with open(path, "rb") as fh:
+    if os.fspath(path).endswith(".gz"):
+        import gzip
+
+        opened = gzip.open(path, "rb")
+    else:
+        opened = open(path, "rb")
+    with opened as fh:
         for number, raw in enumerate(fh, start=1):
             if not raw.strip():
                 continue

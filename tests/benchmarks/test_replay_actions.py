@@ -11,6 +11,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from agent_shell.results import read_results
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -91,7 +93,7 @@ def test_committed_table1_episodes_replay_action_for_action(tmp_path):
     from agent_shell.cli import main
 
     game = "look_at_obj_in_light-CD-None-DeskLamp-308/trial_T20190908_141942_810052"
-    reference = replay.read_records(ROOT / "results" / "table1_alfworld.results.jsonl.gz")
+    reference = read_results(ROOT / "results" / "table1_alfworld.results.jsonl.gz")
     recorded = [r for r in reference if r["task_id"] == game]
     assert {r["agent"] for r in recorded} == {"react", "prior-only", "cb-agent"}
     played = []
@@ -103,7 +105,7 @@ def test_committed_table1_episodes_replay_action_for_action(tmp_path):
             args += ["--agent", agent]
         res = CliRunner().invoke(main, args)
         assert res.exit_code == 0, res.output + repr(res.exception)
-        played += replay.read_records(out / "results.jsonl")
+        played += read_results(out / "results.jsonl")
     rows = replay.compare(recorded, played)
     assert sorted(r.agent for r in rows) == ["cb-agent", "prior-only", "react"]
     assert [r for r in rows if r.first_difference is not None] == []
