@@ -356,25 +356,31 @@ def _score(row: Row) -> str:
     return "-" if math.isnan(row.mean_score) else f"{row.mean_score:.1f}"
 
 
-def markdown_table(rows: Sequence[Row]) -> str:
-    """The rows of :func:`rich_table` as a Markdown table (results/*.md, docs/results.md), one line per row:
-    agent, task type, won/n, rate, 95% Wilson interval, mean steps, think steps, distinct actions,
-    mean longest-cycle span, format errors, budget (and errors when there are any, and the mean
-    final score when some episode's score is graded, :func:`final_score`)."""
+def table_cells(rows: Sequence[Row], bold_all: bool = False) -> tuple[list[str], list[list[str]]]:
+    """The success table as (header, one list of cells per row): agent, task type, won/n, rate, 95%
+    Wilson interval, mean steps, think steps, distinct actions, mean longest-cycle span, format
+    errors, budget (and errors when there are any, and the mean final score when some episode's
+    score is graded, :func:`final_score`); with ``bold_all`` the ``all`` rows' won/n in Markdown bold."""
     with_errors = any(r.errors for r in rows)
     with_score = any(r.graded for r in rows)
     head = ["agent", "task type", "won/n", "rate", "95% CI", "steps", "think", "distinct", "cycle", "fmt err",
             "budget"] + (["errors"] if with_errors else []) + (["score"] if with_score else [])
 
     def cells(r: Row) -> list[str]:
-        bold = "**" if r.task_type == ALL else ""
+        bold = "**" if bold_all and r.task_type == ALL else ""
         return [r.agent, r.task_type, f"{bold}{r.won}/{r.n}{bold}", f"{100 * r.rate:.1f}%",
                 f"[{100 * r.low:.1f}, {100 * r.high:.1f}]", f"{r.mean_steps:.1f}", f"{r.mean_think_steps:.1f}",
                 f"{r.distinct_actions:.1f}", f"{r.cycle_span:.1f}", str(r.format_errors),
                 ",".join(map(str, r.budgets))] + ([str(r.errors)] if with_errors else []) \
             + ([_score(r)] if with_score else [])
 
-    return _markdown(head, (cells(r) for r in rows))
+    return head, [cells(r) for r in rows]
+
+
+def markdown_table(rows: Sequence[Row]) -> str:
+    """The rows of :func:`rich_table` as a Markdown table (results/*.md, docs/results.md), one line
+    per row, the cells of :func:`table_cells` (the ``all`` rows' won/n in bold)."""
+    return _markdown(*table_cells(rows, bold_all=True))
 
 
 def chart_figure(rows: Sequence[Row], title: str = "Success rate by task type"):

@@ -25,8 +25,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import orjson
 
-from agent_shell.reporting import (agent_label, chart_figure, describe_run, differing_settings, markdown_table,
-                                   summarize)
+from agent_shell.reporting import agent_label, chart_figure, describe_run, differing_settings, summarize, table_cells
 from agent_shell.results import RUN_SETTINGS, read_results, scored_candidates, setting, unique_episodes
 
 #: ``schema`` of an ``eval-decisions --out`` file (:data:`agent_shell.commands.eval_decisions.EVAL_SCHEMA`).
@@ -131,17 +130,6 @@ def chart_svg(rows) -> str:
     return text[text.index("<svg"):]
 
 
-def table_cells(rows) -> tuple[list[str], list[list[str]]]:
-    """``report``'s Markdown success table (:func:`agent_shell.reporting.markdown_table`) as (header,
-    rows of cells), the bold marks of the ``all`` rows dropped."""
-    lines = markdown_table(rows).strip().splitlines()
-
-    def cells(line: str) -> list[str]:
-        return [c.strip().replace("**", "") for c in line.strip().strip("|").split(" | ")]
-
-    return cells(lines[0]), [cells(line) for line in lines[2:]]
-
-
 def summary(records: Sequence[dict]) -> dict[str, Any]:
     """The top of the page: ``title``, the ``differing`` settings, the success ``table`` (``head``
     and ``rows`` of cells), the ``chart`` (SVG text) and ``settings``: per row label, each
@@ -150,7 +138,7 @@ def summary(records: Sequence[dict]) -> dict[str, Any]:
         return {"title": "", "differing": [], "table": None, "chart": "", "settings": {}}
     rows = summarize(records)
     differing = differing_settings(records)
-    head, cells = table_cells(rows)
+    head, cells = table_cells(rows)  # report's table, plain cells
     values: dict[str, dict[str, set]] = {}
     for r in records:
         per = values.setdefault(agent_label(r, differing), {})
@@ -272,5 +260,4 @@ def heldout_entries(decisions: Iterable[Mapping[str, Any]]) -> list[dict]:
 
 
 __all__ = ["EVAL_SCHEMA", "Inputs", "chart_svg", "decision_entry", "episode_detail", "episode_index", "eval_file",
-           "expert_actions",
-           "heldout_entries", "outcome", "read_inputs", "summary", "table_cells"]
+           "expert_actions", "heldout_entries", "outcome", "read_inputs", "summary"]
