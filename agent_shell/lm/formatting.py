@@ -51,10 +51,16 @@ class Rendered(NamedTuple):
     markers: tuple[tuple[int, int], ...] | None = None
 
 
-def special_strings(tokenizer: PreTrainedTokenizerBase) -> tuple[str, ...]:
-    """The tokenizer's special added tokens (``<|im_start|>``, ``<|im_end|>``, ...), longest first."""
+def special_tokens(tokenizer: PreTrainedTokenizerBase) -> dict[int, str]:
+    """The tokenizer's special added tokens (``<|im_start|>``, ``<|im_end|>``, ...): id -> text.
+    These are the only tokens a text can yield as control tokens."""
     decoder = getattr(tokenizer, "added_tokens_decoder", {})
-    return tuple(sorted({t.content for t in decoder.values() if t.special}, key=len, reverse=True))
+    return {i: t.content for i, t in decoder.items() if t.special}
+
+
+def special_strings(tokenizer: PreTrainedTokenizerBase) -> tuple[str, ...]:
+    """The texts of :func:`special_tokens`, longest first."""
+    return tuple(sorted(set(special_tokens(tokenizer).values()), key=len, reverse=True))
 
 
 @dataclass(frozen=True)
@@ -130,4 +136,4 @@ class Formatter:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-__all__ = ["PLAIN", "Formatter", "Rendered", "special_strings"]
+__all__ = ["PLAIN", "Formatter", "Rendered", "special_strings", "special_tokens"]

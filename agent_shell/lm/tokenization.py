@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
+from agent_shell.lm.formatting import special_tokens
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -67,10 +69,7 @@ class Tokenization:
         self.tokenizer = tokenizer
         self.bos_id = tokenizer.bos_token_id
         self.special_ids = frozenset(getattr(tokenizer, "all_special_ids", ()))
-        decoder = getattr(tokenizer, "added_tokens_decoder", {})
-        # the ids a text can yield as special tokens: the special added tokens (the strings
-        # :func:`agent_shell.lm.formatting.special_strings` finds in a template)
-        self.control_ids = frozenset(i for i, t in decoder.items() if t.special)
+        self.control_ids = frozenset(special_tokens(tokenizer))  # the ids a text can yield as special tokens
         self.offsets = bool(getattr(tokenizer, "is_fast", False))
 
     def encode(self, text: str, markers: Markers | None = None) -> list[int]:
