@@ -76,7 +76,7 @@ def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, see
 
         env = make_env(env_name)
         try:
-            experts = expert_demos(env, expert_per_type, split=expert_split,
+            experts = expert_demos(env, expert_per_type, split=expert_split, time_limit=episode_timeout,
                                    on_task=lambda tid: click.echo(f"collecting expert trajectory {tid}"))
             todo = [e for e in experts if corrupted_id(e.task_id, seed) not in done]
             with _progress() as progress:
