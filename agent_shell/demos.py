@@ -40,10 +40,12 @@ def tasks_by_type(env: Environment, split: str) -> dict[str, list[str]]:
 def expert_demos(env: Environment, per_type: int, split: str = "train", path: str | os.PathLike | None = None,
                  max_steps: int | None = None, max_tries_per_type: int | None = None,
                  task_types: Collection[str] | None = None,
-                 on_task: Callable[[str], None] | None = None) -> list[Trajectory]:
+                 on_task: Callable[[str], None] | None = None,
+                 time_limit: float | None = None) -> list[Trajectory]:
     """``per_type`` won expert trajectories of every task type of ``split`` (fewer if the expert
     keeps losing: at most ``max_tries_per_type`` tasks are played per type, default
-    ``max(10, 2 * per_type)``), or only of ``task_types`` when given.
+    ``max(10, 2 * per_type)``), or only of ``task_types`` when given. A task whose episode runs
+    past ``time_limit`` seconds (None: no limit) or whose engine fails counts as one the expert lost.
 
     Returns the chosen trajectories, grouped by type in sorted order. Raises ValueError for
     ``per_type < 1``.
@@ -69,9 +71,12 @@ def expert_demos(env: Environment, per_type: int, split: str = "train", path: st
             if tid not in stored:
                 if on_task is not None:
                     on_task(tid)
-                collect_expert_trajectories(
-                    env, [tid], path, resume=True, max_steps=max_steps, split=split,
+                summary = collect_expert_trajectories(
+                    env, [tid], path, resume=True, max_steps=max_steps, split=split, time_limit=time_limit,
                     on_task=lambda t_id, traj, _summary: traj is not None and stored.update({t_id: traj}))
+                for failed, why in summary.failed.items():
+                    warnings.warn(f"expert trajectory {failed} not collected ({why}); the next task of its type "
+                                  "is tried", stacklevel=2)
             traj = stored.get(tid)
             if traj is not None and traj.won:
                 won.append(traj)

@@ -139,7 +139,7 @@ def prepare(config: RunConfig, need_concepts: bool, echo: Echo = _quiet, env: En
     collected = expert_demos(
         setup.env, max(config.demos_per_type, n_concept), split=config.demo_split,
         path=cache / "expert" / config.env / f"{config.demo_split}.jsonl", task_types=task_types,
-        on_task=lambda tid: echo(f"collecting expert trajectory {tid}"))
+        on_task=lambda tid: echo(f"collecting expert trajectory {tid}"), time_limit=config.episode_timeout)
     setup.demo_trajectories = first_per_type(collected, config.demos_per_type)
     concept_trajectories = first_per_type(collected, n_concept)
     for line in shortfalls(collected, task_types, max(config.demos_per_type, n_concept), config.demo_split):

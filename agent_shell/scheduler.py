@@ -287,10 +287,8 @@ def play_episode(env: Environment, agent: Reflexion, task_id: str, max_steps: in
     :class:`envs.EngineError`, or the episode running past ``time_limit`` seconds of wall-clock
     time (:class:`envs.EpisodeTimeout`; None: no limit), ends the episode and its
     :func:`agent_shell.results.error_record` is returned; any other exception propagates. Writes
-    nothing. A limit is kept on the main thread only (:func:`envs.episode.time_limit`)."""
-    from envs.episode import Episode
-    from envs.episode import time_limit as limit
-    from envs.protocol import EngineError
+    nothing. A limit is kept on the main thread only (:func:`envs.episode.play_within`)."""
+    from envs.episode import Episode, play_within
 
     split = (meta or {}).get("split")
     seen: list = []  # the trials so far, for an error record
@@ -300,15 +298,17 @@ def play_episode(env: Environment, agent: Reflexion, task_id: str, max_steps: in
         if on_step is not None:
             on_step(trials)
 
-    start = time.perf_counter()
-    try:
-        with limit(time_limit):
-            result = agent.run(lambda: Episode(env, task_id, max_steps, split=split), on_step=step_done)
+    def played() -> dict[str, Any]:
+        result = agent.run(lambda: Episode(env, task_id, max_steps, split=split), on_step=step_done)
         return episode_record(agent.name, task_id, result.trials, time.perf_counter() - start, meta or {})
-    except EngineError as err:  # this episode ends; the run goes on
+
+    def fault(err: BaseException) -> dict[str, Any]:  # this episode ends; the run goes on
         type_of = getattr(env, "task_type_of", None)
         return error_record(agent.name, task_id, type_of(task_id) if type_of else "", seen, max_steps,
                             time.perf_counter() - start, meta or {}, err)
+
+    start = time.perf_counter()
+    return play_within(time_limit, played, fault)
 
 
 def play_job(env: Environment, agents: Mapping[str, Reflexion], job: Job, max_steps: int, meta: dict[str, Any],

@@ -8,7 +8,7 @@ collects expert trajectories.
 Imports nothing else of this project.
 """
 
-from envs.episode import EPISODE_TIMEOUT_S, Episode, EpisodeOver, check_tasks, is_think, time_limit
+from envs.episode import EPISODE_TIMEOUT_S, Episode, EpisodeOver, check_tasks, is_think, play_within, time_limit
 from envs.protocol import EngineError, Environment, EpisodeTimeout, SetupError, StepResult, TaskStart, one_line
 from envs.registry import ENVIRONMENTS, default_split, make_env
 from envs.storage import append_jsonl
@@ -41,6 +41,7 @@ __all__ = [
     "is_think",
     "make_env",
     "one_line",
+    "play_within",
     "read_trajectories",
     "time_limit",
 ]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from envs.episode import Episode
+from envs.episode import time_limit as limit
 from envs.protocol import Environment, one_line
 from envs.storage import append_jsonl
 from envs.trajectory import Trajectory, completed_task_ids
@@ -115,6 +116,7 @@ def collect_expert_trajectories(
     max_steps: int | None = None,
     on_task: Callable[[str, Trajectory | None, CollectSummary], None] | None = None,
     split: str | None = None,
+    time_limit: float | None = None,
 ) -> CollectSummary:
     """Collect one expert trajectory per task into ``out_path`` (JSONL, appended atomically).
 
@@ -126,6 +128,8 @@ def collect_expert_trajectories(
         on_task: called after each task with (task_id, trajectory or None if skipped/failed,
             summary so far), e.g. to advance a progress bar.
         split: the split every task must belong to (checked per task; recorded in ``meta``).
+        time_limit: wall-clock seconds of one task's episode (:func:`envs.episode.time_limit`);
+            past it the task is recorded in ``failed`` like an engine error. None: no limit.
 
     Returns:
         A :class:`CollectSummary`. Engine errors on one task are recorded in ``failed`` and the
@@ -145,7 +149,8 @@ def collect_expert_trajectories(
                 on_task(task_id, None, summary)
             continue
         try:
-            traj = play_expert(env, task_id, max_steps, split)
+            with limit(time_limit):
+                traj = play_expert(env, task_id, max_steps, split)
         except (KeyboardInterrupt, ValueError):
             raise
         except Exception as err:  # an engine crash on one task must not end the collection

@@ -10,7 +10,8 @@ Every engine call (reset, step, candidates, expert) that raises anything but Val
 is re-raised as :class:`~envs.protocol.EngineError` with a one-line message naming the step, so a
 caller that plays many episodes can record the fault and go on. :func:`time_limit` bounds an
 episode's wall-clock time the same way (:class:`~envs.protocol.EpisodeTimeout`): ALFWorld's and
-TextWorld's engines run in the caller's process with no limit of their own.
+TextWorld's engines run in the caller's process with no limit of their own. :func:`play_within`
+is the rule of every such caller: play within the limit, else the caller's failure record.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, TypeVar
 
 from envs.protocol import EngineError, Environment, EpisodeTimeout, StepResult, TaskStart, one_line
-
-#: Default wall-clock limit of one episode, seconds (``cb-agent run --episode-timeout``): far above
-#: a slow CPU backbone's 50-step ALFWorld episode, far below a night.
-EPISODE_TIMEOUT_S = 3600.0
 from envs.trajectory import Step, Trajectory
+
+#: Default wall-clock limit of one episode, seconds (``--episode-timeout`` of every command that
+#: plays episodes): far above a slow CPU backbone's 50-step ALFWorld episode, far below a night.
+EPISODE_TIMEOUT_S = 3600.0
 
 #: Prefix that marks a think step (seed Sec. 2.3), in an agent's text and in the transcript; the
 #: one definition of the project (the agent shell's renderings and reply parsing use it).
@@ -67,6 +68,27 @@ def time_limit(seconds: float | None, what: str = "episode") -> Iterator[None]:
         armed = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+T = TypeVar("T")
+
+
+def play_within(seconds: float | None, play: Callable[[], T], on_fault: Callable[[EngineError], T],
+                what: str = "episode") -> T:
+    """``play()`` within ``seconds`` of wall-clock time (:func:`time_limit`; None or 0: no limit),
+    or ``on_fault(err)`` when it raises an :class:`~envs.protocol.EngineError`: an engine fault,
+    or the limit passed (:class:`~envs.protocol.EpisodeTimeout`). The one rule of every caller that
+    plays many episodes: a faulty or hung episode becomes that caller's failure record (an error
+    record, a skipped item) and the caller goes on with the next. Any other exception propagates.
+
+    Raises:
+        ValueError: a limit asked for off the main thread (:func:`time_limit`).
+    """
+    try:
+        with time_limit(seconds, what):
+            return play()
+    except EngineError as err:
+        return on_fault(err)
 
 
 def is_think(text: str) -> bool:

@@ -45,7 +45,7 @@ import re
 
 from envs.paths import cache_dir
 from envs.storage import write_json_atomic
-from envs.protocol import EngineError, StepResult, TaskStart, one_line
+from envs.protocol import EngineError, EpisodeTimeout, StepResult, TaskStart, one_line
 
 SPLITS = ("train", "dev", "test")
 #: scienceworld version -> task name -> (train, dev, test) variation counts; each split is a
@@ -186,12 +186,14 @@ class ScienceWorldEnv:
         try:
             return self._call(fn, timeout)
         except (futures.TimeoutError, Exception) as err:
-            if isinstance(err, (ValueError, KeyboardInterrupt)):
+            if isinstance(err, (ValueError, KeyboardInterrupt, EpisodeTimeout)):  # the episode's limit: no restart
                 raise
             first = err
         self._restart()
         try:
             return self._call(fn, timeout)
+        except EpisodeTimeout:
+            raise
         except futures.TimeoutError:
             self._kill()
             raise EngineError(f"ScienceWorld hung twice (>{timeout}s) on task {self._task}; first error: "

@@ -32,7 +32,7 @@ from typing import Any, Literal, Protocol, Sequence
 from agent_shell.context import render_history, render_task
 from agent_shell.history import StepLike
 from agent_shell.lm.protocol import LanguageModel
-from envs.episode import Episode, is_think
+from envs.episode import Episode, is_think, time_limit
 from envs.protocol import Environment, TaskStart
 
 Outcome = Literal["with", "without", "tie"]
@@ -171,6 +171,9 @@ class ExpertDistanceJudge:
             handcoded expert); one episode at a time is replayed on it.
         max_expert_steps: the expert's cap after the action; beyond it (or when the expert gives
             up) the distance is unknown (None), worse than any known distance.
+        time_limit: wall-clock seconds of one rollout (replay, action, expert), past which
+            :meth:`distance` raises :class:`envs.EpisodeTimeout` (:func:`envs.episode.time_limit`)
+            and the verdict cannot be given; None: no limit.
 
     Raises:
         ValueError: ``env`` has no expert (``expert_name`` missing) or the cap is < 1.
@@ -178,7 +181,7 @@ class ExpertDistanceJudge:
 
     name = "expert-distance"
 
-    def __init__(self, env: Environment, max_expert_steps: int = 40):
+    def __init__(self, env: Environment, max_expert_steps: int = 40, time_limit: float | None = None):
         if not getattr(env, "expert_name", None):
             raise ValueError(f"environment {getattr(env, 'name', env)!r} has no expert: the expert-distance judge "
                              "needs one (use the lm judge)")
@@ -186,6 +189,7 @@ class ExpertDistanceJudge:
             raise ValueError(f"max_expert_steps must be >= 1, got {max_expert_steps}")
         self.env = env
         self.max_expert_steps = max_expert_steps
+        self.time_limit = time_limit
         self.memo: dict[tuple, dict] = {}
         self.replays = 0
 
@@ -197,13 +201,22 @@ class ExpertDistanceJudge:
         cap). ``mismatch``: a replayed observation differed from the recorded one. A think step,
         or an action the engine answers ``Nothing happens.``, leaves the state as the prefix left
         it: such actions share one expert rollout (key ``None``).
+
+        Raises:
+            envs.EngineError: the engine failed, or the rollout ran past ``time_limit``
+                (:class:`envs.EpisodeTimeout`); nothing is memoised.
         """
         prefix = tuple(s.action for s in steps if s.kind == "env")
         key = (task_id, prefix, executable(action))
-        unchanged = (task_id, prefix, None)
         if key in self.memo:
             return self.memo[key]
         self.replays += 1
+        with time_limit(self.time_limit, "expert-distance rollout"):
+            return self._rollout(task_id, steps, action, prefix, key)
+
+    def _rollout(self, task_id: str, steps: Sequence[StepLike], action: str, prefix: tuple, key: tuple
+                 ) -> dict[str, Any]:
+        unchanged = (task_id, prefix, None)
         episode = Episode(self.env, task_id, len(prefix) + 2 + self.max_expert_steps, expert=True)
         mismatch = False
         for s in steps:

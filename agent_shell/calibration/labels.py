@@ -307,12 +307,28 @@ def pending(path: str | Path, items: Sequence[Transition], resume: bool,
 
 def run_labels(items: Sequence[Transition], out: str | Path, label: Callable[[Transition], dict],
                resume: bool = False, meta: Mapping[str, Any] | None = None,
-               on_record: Callable[[dict], None] | None = None) -> list[dict]:
+               on_record: Callable[[dict], None] | None = None,
+               on_skip: Callable[[str], None] | None = None) -> list[dict]:
     """Label every pending transition of ``items`` with ``label`` and append its line to ``out``.
-    Returns the records written by this call."""
+    Returns the records written by this call.
+
+    A transition whose label cannot be computed because a game it plays failed or ran past its
+    wall-clock limit (``label`` raised :class:`envs.EngineError`, e.g. the expert-distance judge's
+    :class:`envs.EpisodeTimeout`) writes no line: it is skipped with one line to ``on_skip``
+    (default: a warning) naming it, and a resumed labelling tries it again."""
+    import warnings
+
+    from envs.protocol import EngineError, one_line
+
+    skip = on_skip or (lambda msg: warnings.warn(msg, stacklevel=3))
     written = []
     for t in pending(out, items, resume, meta):
-        record = {**(meta or {}), **label(t)}
+        try:
+            labelled = label(t)
+        except EngineError as err:  # this transition is skipped; the labelling goes on
+            skip(f"skipped {t.key}: {type(err).__name__}: {one_line(err)}; --resume labels it again")
+            continue
+        record = {**(meta or {}), **labelled}
         labels_file(out).append(record)
         written.append(record)
         if on_record is not None:

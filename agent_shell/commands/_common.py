@@ -115,7 +115,9 @@ RUN_OPTIONS = {
     "episode_timeout": click.option("--episode-timeout", type=click.FloatRange(min=0, min_open=True),
                                     default=EPISODE_TIMEOUT_S, show_default=True,
                                     help="Wall-clock seconds one episode (all its trials) may take; past it the "
-                                         "episode is stored as an error record and the run goes on."),
+                                         "episode ends as a recorded failure (run: an error record; recover, "
+                                         "calibrate label, ical: a skipped or failed item) and the command goes "
+                                         "on with the next."),
     "ray_address": click.option("--ray-address", default=None,
                                 help="Join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a "
                                      "local one."),

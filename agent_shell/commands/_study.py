@@ -17,12 +17,14 @@ from envs.protocol import Environment
 #: = :data:`agent_shell.studies.STUDY_ACTORS` (kept here so ``--help`` imports nothing heavy).
 ACTORS = ("react", "prior-only", "cb-agent")
 
+_BACKBONE = ("model", "dtype", "device", "demo_split", "demos_per_type", "layout", "calibrator", "cache_dir", "seed")
+_SEED = click.option("--seed", type=int, default=0, show_default=True,
+                     help="Seed of the agents' generations and of the shuffle renderings.")
 #: The backbone options of a study; the command receives them as one ``config:`` :class:`RunConfig`
 #: (its ``env`` and ``rendering`` are set per study and per rendering).
-study_options = config_options(
-    "model", "dtype", "device", "demo_split", "demos_per_type", "layout", "calibrator", "cache_dir", "seed",
-    seed=click.option("--seed", type=int, default=0, show_default=True,
-                      help="Seed of the agents' generations and of the shuffle renderings."))
+study_options = config_options(*_BACKBONE, seed=_SEED)
+#: The options of a study that plays episodes (``recover``): also ``--episode-timeout``.
+episode_study_options = config_options(*_BACKBONE, "episode_timeout", seed=_SEED)
 
 
 def play_study(study: str, out: str, keys: set[tuple[str, str, str, str]], resume: bool, config: RunConfig,
@@ -81,4 +83,4 @@ def play_study(study: str, out: str, keys: set[tuple[str, str, str, str]], resum
         env.close()
 
 
-__all__ = ["ACTORS", "play_study", "study_options"]
+__all__ = ["ACTORS", "episode_study_options", "play_study", "study_options"]

@@ -60,7 +60,7 @@ def calibrate() -> None:
               help="JSONL of label records, one per transition; counts go to <out>.counts.json.")
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip transitions already in --out (after moving a torn last line aside).")
-@config_options("model", "dtype", "device", "demo_split", "demos_per_type", "cache_dir", "seed")
+@config_options("model", "dtype", "device", "demo_split", "demos_per_type", "cache_dir", "seed", "episode_timeout")
 def label(results, actors, judge, k, temperature, content_screening, max_transitions, max_expert_steps, out, resume,
           config: RunConfig) -> None:
     """Label candidate experiences of the transitions in RESULTS (runs on training games) by their effect
@@ -133,7 +133,8 @@ def _label(todo, trials, actors, judge_name, k, temperature, content_screening, 
             else:
                 agents[name] = CBAgent(lm, setup.demos, setup.concepts if name == "cb-agent" else None, agent_config,
                                        scorer)
-        judge = ExpertDistanceJudge(env, max_expert_steps) if judge_name == "expert-distance" else LMJudge(judge_lm)
+        judge = ExpertDistanceJudge(env, max_expert_steps, config.episode_timeout) if judge_name == "expert-distance" \
+            else LMJudge(judge_lm)
         screen = ContentScreen(judge_lm) if content_screening else None
         meta = {"model": lm.name, **label_settings(config, k, temperature, actors),
                 "recipient_rendering": "experience (demos raw)"}
@@ -145,11 +146,21 @@ def _label(todo, trials, actors, judge_name, k, temperature, content_screening, 
             echo(f"[{n[0]}/{len(todo)}] {r['item']}: {len(r['candidates'])} candidates, {kept} retained, label "
                  f"{r['label_text'][:60]!r} ({r['wall_s']:.0f} s)")
 
+        skipped: list[str] = []
+
+        def on_skip(message: str) -> None:
+            skipped.append(message)
+            echo(f"warning: {message}")
+
         try:
             run_labels(todo, out, lambda t: label_record(t, agents, judge, reviewer, screen, k, temperature,
-                                                         config.seed), resume=True, meta=meta, on_record=on_record)
+                                                         config.seed), resume=True, meta=meta, on_record=on_record,
+                       on_skip=on_skip)
         except ValueError as err:
             raise click.ClickException(str(err)) from None
+        if skipped:
+            echo(f"{len(skipped)} of {len(todo)} transitions skipped (engine fault or --episode-timeout; --resume "
+                 "labels them again)")
     finally:
         env.close()
 

@@ -13,6 +13,7 @@ from statistics import mean
 
 import click
 
+from agent_shell.commands._common import RUN_OPTIONS
 from agent_shell.commands.tasks import ENV_NAMES, validated_tasks
 
 
@@ -29,7 +30,8 @@ from agent_shell.commands.tasks import ENV_NAMES, validated_tasks
                    "that already holds one of the tasks is refused.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=None,
               help="Step budget per task (default: the environment's, ALFWorld 50).")
-def collect(env_name, split, n_per_type, task_list, out_path, resume, max_steps) -> None:
+@RUN_OPTIONS["episode_timeout"]
+def collect(env_name, split, n_per_type, task_list, out_path, resume, max_steps, episode_timeout) -> None:
     """Collect expert trajectories (every candidate set saved) into OUT, one JSON line per task."""
     from agent_shell.results import repair_for_resume
     from agent_shell.progress import episode_line, interactive
@@ -74,7 +76,7 @@ def collect(env_name, split, n_per_type, task_list, out_path, resume, max_steps)
             if progress is not None:
                 progress.start()
             summary = collect_expert_trajectories(env, task_ids, out_path, resume=resume, max_steps=max_steps,
-                                                  on_task=on_task, split=split)
+                                                  on_task=on_task, split=split, time_limit=episode_timeout)
         finally:
             if progress is not None:
                 progress.stop()

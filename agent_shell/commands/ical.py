@@ -9,12 +9,15 @@ a missing file) are one-line errors naming the file and line.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING
 
 import click
 
-from agent_shell.commands._common import COMMON_OPTIONS, ENV_NAMES, cli_errors
+from agent_shell.commands._common import ENV_NAMES
+from agent_shell.commands._ical import (_check_split, _done_keys, _fail, _learn_options, _load_lm, _memory, _progress,
+                                        _with, episode_timeout_option, model_options, prompt_examples_option)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -24,95 +27,6 @@ if TYPE_CHECKING:
     from agent_shell.lm.protocol import LanguageModel
     from envs.protocol import Environment
     from envs.trajectory import Trajectory
-
-
-def _fail(fn: Callable) -> Callable:
-    """Run ``fn`` under :func:`agent_shell.commands._common.cli_errors` (bad input: one line)."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args: object, **kwargs: object) -> object:
-        with cli_errors():
-            return fn(*args, **kwargs)
-
-    return wrapper
-
-
-def _done_keys(path: Path, resume: bool, wanted: Iterable[str], elsewhere: str = "choose another --out") -> set[str]:
-    """:func:`agent_shell.ical.noisy.finished_ids`, unreadable lines reported on standard error."""
-    from agent_shell.ical.noisy import finished_ids
-
-    return finished_ids(path, resume, wanted, elsewhere, on_skipped=lambda msg: click.echo(msg, err=True))
-
-
-def _check_split(env_name: str, split: str) -> None:
-    """A one-line error (and how to list the splits) for an unknown split, without starting the engine."""
-    from agent_shell.commands.tasks import validated_tasks
-    from envs import make_env
-
-    env = make_env(env_name)
-    try:
-        validated_tasks(env, split, [])
-    finally:
-        env.close()
-
-
-def _progress():
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-
-    from agent_shell.progress import progress_bar
-
-    return progress_bar(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[note]}"), TimeElapsedColumn())
-
-
-def _load_lm(model: str | None, dtype: str, device: str) -> LanguageModel:
-    from agent_shell.commands._common import check_backbone
-    from agent_shell.lm import load_language_model
-
-    check_backbone(model, device)
-    return load_language_model(model, dtype=dtype, device=device)
-
-
-def _memory(folder: str | None, need_embedder: bool = True) -> Memory | None:
-    if folder is None:
-        return None
-    from agent_shell.embeddings import SentenceEmbedder
-    from agent_shell.ical import Memory
-
-    return Memory(folder, SentenceEmbedder() if need_embedder else None,
-                  on_malformed=lambda msg: click.echo(msg, err=True))
-
-
-#: The backbone options (the same as every command's that loads one).
-model_options = [COMMON_OPTIONS[name] for name in ("model", "dtype", "device")]
-
-
-#: Options several sub-commands share.
-max_new_tokens_option = click.option("--max-new-tokens", type=click.IntRange(min=1), default=400, show_default=True,
-                                     help="Token cap of each LM reply.")
-decoding_option = click.option("--decoding", type=click.Choice(["free", "constrained", "anchored"]), default="free",
-                               show_default=True,
-                               help="How programs are written: free generation; constrained (lines by a grammar, "
-                                    "actions from the admissible commands of a scratch game); anchored (constrained, "
-                                    "the action options anchored to the noisy record's next actions).")
-extra_actions_option = click.option("--extra-actions", type=click.IntRange(min=0), default=5, show_default=True,
-                                    help="Constrained and anchored decoding stop a program at the noisy record's "
-                                         "number of actions plus this many.")
-notes_option = click.option("--notes", type=click.Choice(["inline", "chat"]), default="inline", show_default=True,
-                            help="Constrained decoding's annotations: the LM continues the program text (inline), or "
-                                 "answers a short chat request per note (chat).")
-prompt_examples_option = click.option("--k", type=click.IntRange(min=0), default=2, show_default=True,
-                                      help="Retrieved examples per prompt.")
-
-
-def _with(options: list) -> Callable:
-    def deco(fn: Callable) -> Callable:
-        for option in reversed(options):
-            fn = option(fn)
-        return fn
-
-    return deco
 
 
 @click.group()
@@ -138,8 +52,10 @@ def ical() -> None:
               help="JSONL file of the noisy trajectories.")
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Add what is missing to --out; without it an existing --out is refused.")
+@episode_timeout_option
 @_fail
-def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, seed, out_path, resume) -> None:
+def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, seed, out_path, resume,
+          episode_timeout) -> None:
     """Collect noisy trajectories: agent trials from results files and corrupted expert trajectories."""
     from agent_shell.ical.noisy import add_trials, corrupted_expert, corrupted_id, noisy_id
     from envs.storage import append_jsonl
@@ -153,14 +69,14 @@ def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, see
     done = {noisy_id(t) for t in read_trajectories(out, on_error="skip")} if out.exists() else set()
     if done and not resume:
         raise ValueError(f"{out} already exists; pass --resume to add what is missing, or choose another --out")
-    written = add_trials(out, runs, which, done)
+    written, skipped = add_trials(out, runs, which, done), []
     if expert_per_type:
         from agent_shell.demos import expert_demos
         from envs import make_env
 
         env = make_env(env_name)
         try:
-            experts = expert_demos(env, expert_per_type, split=expert_split,
+            experts = expert_demos(env, expert_per_type, split=expert_split, time_limit=episode_timeout,
                                    on_task=lambda tid: click.echo(f"collecting expert trajectory {tid}"))
             todo = [e for e in experts if corrupted_id(e.task_id, seed) not in done]
             with _progress() as progress:
@@ -172,10 +88,12 @@ def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, see
                     written += 1
                     progress.update(bar, advance=1, note=traj.task_type)
 
-                corrupted_expert(env, todo, seed=seed, n_corruptions=corruptions, on_trajectory=save)
+                corrupted_expert(env, todo, seed, corruptions, save, time_limit=episode_timeout, on_skip=skipped.append)
         finally:
             env.close()
-    click.echo(f"{written} noisy trajectories written to {out}")
+    for message in skipped:
+        click.echo(f"warning: {message}", err=True)
+    click.echo(f"{written} noisy trajectories written to {out}" + (f", {len(skipped)} skipped" if skipped else ""))
 
 
 @ical.command()
@@ -186,28 +104,22 @@ def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, see
 @click.option("--memory", "memory_dir", type=click.Path(file_okay=False), default=None,
               help="Memory whose retrieved examples are shown (default: the built-in example only).")
 @prompt_examples_option
-@max_new_tokens_option
-@decoding_option
-@notes_option
-@extra_actions_option
+@_learn_options
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/abstract.jsonl", show_default=True,
               help="JSONL file of the abstractions.")
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip noisy ids already in --out; without it an existing id is refused.")
 @_fail
-def abstract(noisy_path, env_name, model, dtype, device, memory_dir, k, max_new_tokens, decoding, notes,
-             extra_actions, out_path, resume) -> None:
+def abstract(noisy_path, env_name, model, dtype, device, memory_dir, out_path, resume, config: LearnConfig) -> None:
     """Phase 1 only: the LM abstracts each noisy trajectory; outputs are parsed strictly (not executed)."""
     from collections import Counter
 
-    from agent_shell.ical.learn import LearnConfig, abstract_record
+    from agent_shell.ical.learn import abstract_record
     from agent_shell.ical.memory import examples_for
     from agent_shell.ical.noisy import noisy_id, read_noisy
-    from envs import make_env
+    from envs import EngineError, make_env, one_line
     from envs.storage import append_jsonl
 
-    config = LearnConfig(max_new_tokens=max_new_tokens, k=k, decoding=decoding, notes=notes,
-                         extra_actions=extra_actions)
     trajs = read_noisy(noisy_path)
     out = Path(out_path)
     done = _done_keys(out, resume, [noisy_id(t) for t in trajs])
@@ -221,7 +133,12 @@ def abstract(noisy_path, env_name, model, dtype, device, memory_dir, k, max_new_
         with _progress() as progress, contextlib.closing(env):
             bar = progress.add_task("abstract", total=len(todo), note="")
             for traj in todo:
-                record, parsed = abstract_record(lm, env, traj, examples_for(memory, traj, k), config)
+                try:
+                    record, parsed = abstract_record(lm, env, traj, examples_for(memory, traj, config.k), config)
+                except EngineError as err:  # skipped (--resume abstracts it again); the command goes on
+                    click.echo(f"warning: skipped {noisy_id(traj)}: {type(err).__name__}: {one_line(err)}", err=True)
+                    reasons[f"skipped ({type(err).__name__})"] += 1
+                    continue
                 n_ok += parsed.ok
                 reasons.update(parsed.reasons)
                 append_jsonl(out, record)
@@ -240,6 +157,8 @@ def _learn_all(trajs: list, out: Path, lm: LanguageModel, env: Environment, memo
 
     feedback = HumanFeedback(ask=lambda p: click.prompt(p, default="", show_default=False, prompt_suffix=""),
                              show=click.echo) if human else None
+    if human:  # a person's replies are part of every execution: the person ends a hung game (Ctrl-C)
+        config = replace(config, episode_timeout=None)
     with _progress() as progress:
         bar = progress.add_task("ical", total=len(trajs), note="")
         kept = 0
@@ -282,33 +201,28 @@ def _check_human(human: bool) -> None:
 @prompt_examples_option
 @click.option("--max-rounds", type=click.IntRange(min=0), default=2, show_default=True,
               help="Revisions after the first execution.")
-@max_new_tokens_option
-@decoding_option
-@notes_option
-@extra_actions_option
+@_learn_options
 @click.option("--human", is_flag=True, help="A person gives feedback at the terminal (Enter accepts a step).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/refine.jsonl", show_default=True,
               help="JSONL file of the refined examples (every round recorded).")
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip noisy ids already in --out; without it an existing id is refused.")
 @_fail
-def refine(abstract_path, noisy_path, env_name, model, dtype, device, memory_dir, k, max_rounds, max_new_tokens,
-           decoding, notes, extra_actions, human, out_path, resume) -> None:
+def refine(abstract_path, noisy_path, env_name, model, dtype, device, memory_dir, human, out_path, resume,
+           config: LearnConfig) -> None:
     """Phase 2: execute each abstraction in the real game and revise it on feedback (every round recorded)."""
-    from agent_shell.ical.learn import LearnConfig, read_abstractions
+    from agent_shell.ical.learn import read_abstractions
     from agent_shell.ical.noisy import noisy_id, read_noisy
     from envs import make_env
 
     _check_human(human)
-    config = LearnConfig(max_rounds=max_rounds, max_new_tokens=max_new_tokens, k=k, decoding=decoding, notes=notes,
-                         extra_actions=extra_actions)
     firsts = read_abstractions(abstract_path)
     trajs = [t for t in read_noisy(noisy_path) if noisy_id(t) in firsts]
     out = Path(out_path)
     done = _done_keys(out, resume, [noisy_id(t) for t in trajs])
     todo = [t for t in trajs if noisy_id(t) not in done]
     if todo:
-        lm = _load_lm(model, dtype, device) if max_rounds else None
+        lm = _load_lm(model, dtype, device) if config.max_rounds else None
         env = make_env(env_name)
         try:
             _learn_all(todo, out, lm, env, _memory(memory_dir), config, human, firsts)
@@ -328,24 +242,17 @@ def refine(abstract_path, noisy_path, env_name, model, dtype, device, memory_dir
               help="Retrieved examples per prompt (the built-in example while the memory is empty).")
 @click.option("--max-rounds", type=click.IntRange(min=0), default=2, show_default=True,
               help="Revisions after the first execution.")
-@max_new_tokens_option
-@decoding_option
-@notes_option
-@extra_actions_option
+@_learn_options
 @click.option("--human", is_flag=True, help="A person gives feedback at the terminal (Enter accepts a step).")
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip noisy ids already in the memory's log; without it an existing id is refused.")
 @_fail
-def build_memory(noisy_path, memory_dir, env_name, model, dtype, device, k, max_rounds, max_new_tokens, decoding,
-                 notes, extra_actions, human, resume) -> None:
+def build_memory(noisy_path, memory_dir, env_name, model, dtype, device, human, resume, config: LearnConfig) -> None:
     """Both phases for every noisy trajectory; won examples enter MEMORY (log: MEMORY/log.jsonl)."""
-    from agent_shell.ical.learn import LearnConfig
     from agent_shell.ical.noisy import noisy_id, read_noisy
     from envs import make_env
 
     _check_human(human)
-    config = LearnConfig(max_rounds=max_rounds, max_new_tokens=max_new_tokens, k=k, decoding=decoding, notes=notes,
-                         extra_actions=extra_actions)
     trajs = read_noisy(noisy_path)
     out = Path(memory_dir) / "log.jsonl"
     done = _done_keys(out, resume, [noisy_id(t) for t in trajs], elsewhere="choose another --memory")

@@ -14,7 +14,7 @@ from dataclasses import replace
 import click
 
 from agent_shell.commands._common import RENDERING_NAMES, make_console
-from agent_shell.commands._study import ACTORS, play_study, study_options
+from agent_shell.commands._study import ACTORS, episode_study_options, play_study
 from agent_shell.run_config import RunConfig
 
 #: = :data:`agent_shell.studies.CONDITIONS`.
@@ -37,7 +37,7 @@ CONDITIONS = ("history", "reference")
               help="JSONL file of the study's lines, one per (item, condition, rendering, agent); --resume continues it.")
 @click.option("--resume/--no-resume", default=False, show_default=True,
               help="Skip (item, condition, rendering, agent) keys already in --out.")
-@study_options
+@episode_study_options
 def recover(results, conditions, renderings, actors, max_items, new_actions, out, resume,
             config: RunConfig) -> None:
     """Reference-history recovery on RESULTS (JSONL files of `cb-agent run`): replay failed trajectories
@@ -57,9 +57,15 @@ def recover(results, conditions, renderings, actors, max_items, new_actions, out
                   f"rendering(s) x {len(actors)} agent(s), {new_actions} new steps each -> {out}")
     keys = {(i.key, c, r, a) for i in items for c in conditions for r in renderings for a in actors}
 
+    skipped: list[str] = []
+
+    def skip(message: str) -> None:
+        skipped.append(message)
+        console.print(f"warning: {message}", markup=False, highlight=False, soft_wrap=True)
+
     def play(env, factory, meta, on_record) -> list[dict]:
         return studies.run_recovery(env, items, renderings, conditions, actors, factory, out, resume,
-                                    new_actions, meta, on_record)
+                                    new_actions, meta, on_record, config.episode_timeout, skip)
 
     written = play_study(
         "recover", out, keys, resume, replace(config, env=studies.env_name_of([i.recorded for i in items])),
@@ -70,8 +76,9 @@ def recover(results, conditions, renderings, actors, max_items, new_actions, out
     records = [r for r in studies.read_study(out, "recover")
                if (r["item"], r["condition"], r["rendering"], r["agent"]) in keys]
     mismatched = sum(r["replay_mismatch"] for r in records)
-    console.print(f"{len(written)} lines written, {len(keys) - len(written)} already in {out}; "
-                  f"{mismatched} replay(s) did not reproduce the recorded observations")
+    console.print(f"{len(written)} lines written, {len(keys) - len(written) - len(skipped)} already in {out}; "
+                  + (f"{len(skipped)} skipped (engine fault or --episode-timeout; --resume plays them again); "
+                     if skipped else "") + f"{mismatched} replay(s) did not reproduce the recorded observations")
     console.print(studies.rate_table(
         studies.recovery_rows(records), ("condition", "rendering", "agent"), "won", "Reference-history recovery",
         "history: replayed history only; reference: plus the recorded steps k..2L/3 as a Reference block; "

@@ -145,6 +145,10 @@ class LearnConfig:
             this many.
         notes: who writes the annotations of constrained decoding: "inline" (the LM continues
             the program text) or "chat" (short chat requests, :class:`agent_shell.ical.constrained.ChatNotes`).
+        episode_timeout: wall-clock seconds each game played for an input may take (the replay
+            of its record, the scratch game of constrained decoding, each execution), past which
+            :class:`envs.EpisodeTimeout` is raised (:func:`envs.episode.time_limit`); None: no
+            limit. Not a setting of the outputs (it changes no program that finishes in time).
     """
 
     max_rounds: int = 2
@@ -154,6 +158,7 @@ class LearnConfig:
     decoding: str = "free"
     extra_actions: int = 5
     notes: str = "inline"
+    episode_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_rounds < 0:
@@ -169,6 +174,8 @@ class LearnConfig:
                              "'constrained' or 'anchored' (free decoding writes its notes itself)")
         if self.extra_actions < 0:
             raise ValueError(f"extra_actions must be >= 0, got {self.extra_actions}")
+        if self.episode_timeout is not None and not self.episode_timeout > 0:
+            raise ValueError(f"episode_timeout must be > 0 seconds or None, got {self.episode_timeout}")
 
 
 @dataclass
@@ -180,7 +187,10 @@ class Outcome:
         rounds: one dict per round (``round``, ``kind`` abstract/revise, ``output``, ``parse_issues``,
             ``program``, ``executed_steps``, ``won``, ``failure``, ``feedback``, ``seconds``).
         example: the kept example, or None.
-        reason: why it was not kept (the last round's parse reasons or failure reason), or None.
+        reason: why it was not kept (the last round's parse reasons or failure reason; ``engine:
+            time limit`` or ``engine: fault`` when a game of the input ran past its wall-clock
+            limit or its engine failed, which ends the input), or None.
+        error: with an ``engine:`` reason, ``{"type", "message", "round"}`` (the round it ended).
     """
 
     noisy_id: str
@@ -188,6 +198,7 @@ class Outcome:
     rounds: list[dict] = field(default_factory=list)
     example: Example | None = None
     reason: str | None = None
+    error: dict | None = None
 
     @property
     def abstracted(self) -> bool:
@@ -195,9 +206,10 @@ class Outcome:
         return bool(self.rounds) and self.rounds[0]["program"] is not None
 
     def to_record(self) -> dict:
-        return {"noisy_id": self.noisy_id, "task_type": self.task_type, "kept": self.example is not None,
-                "n_rounds": len(self.rounds), "reason": self.reason, "rounds": self.rounds,
-                "example_id": None if self.example is None else self.example.example_id}
+        record = {"noisy_id": self.noisy_id, "task_type": self.task_type, "kept": self.example is not None,
+                  "n_rounds": len(self.rounds), "reason": self.reason, "rounds": self.rounds,
+                  "example_id": None if self.example is None else self.example.example_id}
+        return record if self.error is None else {**record, "error": self.error}
 
 
 def allowed_actions(*trajectories: Trajectory) -> set[str]:
@@ -205,21 +217,23 @@ def allowed_actions(*trajectories: Trajectory) -> set[str]:
     return {c for t in trajectories for s in t.steps if s.candidates for c in s.candidates}
 
 
-def final_candidates(env: Environment, noisy: Trajectory) -> list[str]:
+def final_candidates(env: Environment, noisy: Trajectory, time_limit: float | None = None) -> list[str]:
     """The candidate set after the noisy trajectory's last step (a trajectory stores the sets
-    *before* each action only), found by replaying its environment actions in a fresh game;
-    [] when the replay wins."""
-    from envs.episode import Episode
+    *before* each action only), found by replaying its environment actions in a fresh game
+    within ``time_limit`` seconds (:class:`envs.EpisodeTimeout` past it; None: no limit); []
+    when the replay wins."""
+    from envs.episode import Episode, time_limit as limit
 
     actions = [s.action for s in noisy.steps if s.kind == "env"]
     if not actions:
         return []
-    episode = Episode(env, noisy.task_id, len(actions))
-    for action in actions:
-        if episode.done:
-            break
-        episode.act(action)
-    return [] if episode.won else list(env.candidates())
+    with limit(time_limit):
+        episode = Episode(env, noisy.task_id, len(actions))
+        for action in actions:
+            if episode.done:
+                break
+            episode.act(action)
+        return [] if episode.won else list(env.candidates())
 
 
 def generate_program(lm: LanguageModel, prompt: str, config: LearnConfig) -> str:
@@ -241,20 +255,27 @@ def write_program(lm: LanguageModel, env: Environment, noisy: Trajectory, prompt
     if config.decoding == "free":
         return generate_program(lm, prompt, config), set()
     from agent_shell.ical.constrained import ChatNotes, constrained_program
+    from envs.episode import time_limit
 
     record = [step.action for step in noisy.steps if step.kind == "env"]
     notes = ChatNotes(lm, noisy.instruction, record, seed=config.seed) if config.notes == "chat" else None
-    return constrained_program(lm, env, noisy.task_id, prompt, max_actions=max(1, len(record) + config.extra_actions),
-                               record=record if config.decoding == "anchored" else None, seed=config.seed,
-                               notes=notes)
+    with time_limit(config.episode_timeout):  # the scratch game, its LM calls included
+        return constrained_program(lm, env, noisy.task_id, prompt,
+                                   max_actions=max(1, len(record) + config.extra_actions),
+                                   record=record if config.decoding == "anchored" else None, seed=config.seed,
+                                   notes=notes)
 
 
 def run_round(outcome: Outcome, kind: str, output: str, parsed: Parsed, env: Environment, noisy: Trajectory,
-              feedback: Feedback | None, seconds: float) -> Execution | None:
-    """Record one round: a parsed program is executed; an unparsable one is not."""
+              feedback: Feedback | None, seconds: float, time_limit: float | None = None) -> Execution | None:
+    """Record one round: a parsed program is executed (within ``time_limit`` seconds:
+    :class:`envs.EpisodeTimeout` past it, and nothing recorded); an unparsable one is not."""
+    from envs.episode import time_limit as limit
+
     execution = None
     if parsed.ok:
-        execution = execute(env, noisy.task_id, parsed.program, feedback)
+        with limit(time_limit):
+            execution = execute(env, noisy.task_id, parsed.program, feedback)
     outcome.rounds.append({
         "round": len(outcome.rounds), "kind": kind, "output": output,
         "parse_issues": [str(i) for i in parsed.issues], "parse_reasons": parsed.reasons,
@@ -283,14 +304,40 @@ def learn_example(lm: LanguageModel, env: Environment, noisy: Trajectory, exampl
             then called for revisions only.
 
     Returns:
-        :class:`Outcome` with every round and, when an execution won, the kept example.
+        :class:`Outcome` with every round and, when an execution won, the kept example. A game of
+        the input that runs past ``config.episode_timeout`` or whose engine fails
+        (:class:`envs.EngineError`) ends the input, not kept: reason ``engine: time limit`` or
+        ``engine: fault``, ``error`` naming it, the rounds before it recorded.
     """
     from agent_shell.ical.noisy import noisy_id
+    from envs.protocol import EngineError, EpisodeTimeout, one_line
 
     nid = noisy_id(noisy)
     outcome = Outcome(nid, noisy.task_type)
     shown = list(examples)[:config.k]
-    allowed = allowed_actions(noisy) | set(final_candidates(env, noisy))
+    try:
+        parsed, execution = _rounds(outcome, lm, env, noisy, shown, config, feedback, first_output)
+    except EngineError as err:  # this input ends; the caller goes on with the next
+        outcome.reason = f"engine: {'time limit' if isinstance(err, EpisodeTimeout) else 'fault'}"
+        outcome.error = {"type": type(err).__name__, "message": one_line(err), "round": len(outcome.rounds)}
+        return outcome
+    if execution is not None and execution.won:
+        outcome.example = Example(example_id=nid, program=parsed.program, trajectory=execution.trajectory,
+                                  source={"noisy_id": nid, **noisy.meta.get("noisy_source", {}),
+                                          "corruptions": noisy.meta.get("corruptions"), "decoding": config.decoding,
+                                          "notes": config.notes},
+                                  rounds=len(outcome.rounds) - 1, backbone=str(getattr(lm, "name", "")))
+    else:
+        last = outcome.rounds[-1]
+        outcome.reason = ("parse: " + ", ".join(last["parse_reasons"])) if last["program"] is None \
+            else f"execution: {last['failure']['reason']}"
+    return outcome
+
+
+def _rounds(outcome: Outcome, lm: LanguageModel, env: Environment, noisy: Trajectory, shown: Sequence[Example],
+            config: LearnConfig, feedback: Feedback | None, first_output: str | None) -> tuple[Parsed, Execution | None]:
+    """:func:`learn_example`'s rounds, recorded in ``outcome``; (the last parse, its execution)."""
+    allowed = allowed_actions(noisy) | set(final_candidates(env, noisy, config.episode_timeout))
     t = time.perf_counter()
     if first_output is not None:
         output = first_output
@@ -298,7 +345,8 @@ def learn_example(lm: LanguageModel, env: Environment, noisy: Trajectory, exampl
         output, seen = write_program(lm, env, noisy, abstraction_prompt(noisy, shown), config)
         allowed |= seen
     parsed = parse_program(output, allowed)
-    execution = run_round(outcome, "abstract", output, parsed, env, noisy, feedback, time.perf_counter() - t)
+    execution = run_round(outcome, "abstract", output, parsed, env, noisy, feedback, time.perf_counter() - t,
+                          config.episode_timeout)
     for _ in range(config.max_rounds):
         if execution is not None and execution.won:
             break
@@ -313,18 +361,9 @@ def learn_example(lm: LanguageModel, env: Environment, noisy: Trajectory, exampl
         output, seen = write_program(lm, env, noisy, revision_prompt(noisy, program_text, executed, h, shown), config)
         allowed |= seen
         parsed = parse_program(output, allowed)
-        execution = run_round(outcome, "revise", output, parsed, env, noisy, feedback, time.perf_counter() - t)
-    if execution is not None and execution.won:
-        outcome.example = Example(example_id=nid, program=parsed.program, trajectory=execution.trajectory,
-                                  source={"noisy_id": nid, **noisy.meta.get("noisy_source", {}),
-                                          "corruptions": noisy.meta.get("corruptions"), "decoding": config.decoding,
-                                          "notes": config.notes},
-                                  rounds=len(outcome.rounds) - 1, backbone=str(getattr(lm, "name", "")))
-    else:
-        last = outcome.rounds[-1]
-        outcome.reason = ("parse: " + ", ".join(last["parse_reasons"])) if last["program"] is None \
-            else f"execution: {last['failure']['reason']}"
-    return outcome
+        execution = run_round(outcome, "revise", output, parsed, env, noisy, feedback, time.perf_counter() - t,
+                              config.episode_timeout)
+    return parsed, execution
 
 
 def abstract_record(lm: LanguageModel, env: Environment, noisy: Trajectory, examples: Sequence[Example], config: LearnConfig
@@ -336,11 +375,16 @@ def abstract_record(lm: LanguageModel, env: Environment, noisy: Trajectory, exam
         (the output line's record: ``noisy_id``, ``task_type``, ``output``, ``parsed``,
         ``parse_issues``, ``parse_reasons``, ``examples``, ``decoding``, ``notes``, ``program``,
         ``backbone``; the parse).
+
+    Raises:
+        envs.EngineError: a game it plays (the record's replay, constrained decoding's scratch
+            game) failed or ran past ``config.episode_timeout`` (:class:`envs.EpisodeTimeout`).
     """
     from agent_shell.ical.noisy import noisy_id
 
     output, seen = write_program(lm, env, noisy, abstraction_prompt(noisy, examples), config)
-    parsed = parse_program(output, allowed_actions(noisy) | set(final_candidates(env, noisy)) | seen)
+    parsed = parse_program(output, allowed_actions(noisy) | set(final_candidates(env, noisy, config.episode_timeout))
+                           | seen)
     record = {"noisy_id": noisy_id(noisy), "task_type": noisy.task_type, "output": output, "parsed": parsed.ok,
               "parse_issues": [str(i) for i in parsed.issues], "parse_reasons": parsed.reasons,
               "examples": [e.example_id for e in examples], "decoding": config.decoding, "notes": config.notes,

@@ -163,19 +163,29 @@ def replay(env: Environment, task_id: str, actions: Sequence[str], max_steps: in
 
 def corrupted_expert(env: Environment, experts: Sequence[Trajectory], seed: int = 0, n_corruptions: int = 2,
                      kinds: Sequence[str] = CORRUPTIONS,
-                     on_trajectory: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+                     on_trajectory: Callable[[Trajectory], None] | None = None, time_limit: float | None = None,
+                     on_skip: Callable[[str], None] | None = None) -> list[Trajectory]:
     """Noisy versions of won expert trajectories: seeded corruptions, replayed in the real game.
 
     Each trajectory gets ``n_corruptions`` corruptions whose kinds are drawn from ``kinds``; the
     generator is seeded from ``(seed, task_id)``, so a trajectory's corruption does not depend on
     which others are corrupted with it. ``meta`` records ``noisy_id``, ``noisy_source``,
     ``corruptions`` and ``reference_actions`` (the expert's environment actions: the known answer).
+    Each replay runs within ``time_limit`` seconds of wall-clock time (None: no limit); one that
+    runs past it or whose engine fails (:func:`envs.episode.play_within`) gives no noisy
+    trajectory: it is skipped with one line to ``on_skip`` (default: a warning) naming the task.
 
     Raises:
         ValueError: an expert trajectory without environment steps (named), ``n_corruptions < 1``.
     """
+    import warnings
+
+    from envs.episode import play_within
+    from envs.protocol import one_line
+
     if n_corruptions < 1:
         raise ValueError(f"n_corruptions must be >= 1, got {n_corruptions}")
+    skip = on_skip or (lambda msg: warnings.warn(msg, stacklevel=3))
     out = []
     for expert in experts:
         env_steps = [s for s in expert.steps if s.kind == "env"]
@@ -185,7 +195,13 @@ def corrupted_expert(env: Environment, experts: Sequence[Trajectory], seed: int 
         chosen = [str(k) for k in rng.choice(list(kinds), size=n_corruptions)]
         actions, records = corrupt_actions([s.action for s in env_steps], [s.candidates for s in env_steps], rng,
                                            chosen)
-        played = replay(env, expert.task_id, actions, max_steps=len(actions))
+        faults: list[BaseException] = []
+        played = play_within(time_limit, lambda: replay(env, expert.task_id, actions, max_steps=len(actions)),
+                             faults.append)
+        if faults:
+            skip(f"skipped the corrupted expert trajectory of {expert.task_id}: {type(faults[0]).__name__}: "
+                 f"{one_line(faults[0])}; --resume replays it again")
+            continue
         noisy = _with_meta(played, noisy_id=corrupted_id(expert.task_id, seed),
                            noisy_source={"kind": "corrupted-expert", "seed": seed, "expert": expert.meta.get("expert")},
                            corruptions=records, reference_actions=[s.action for s in env_steps])

@@ -162,23 +162,44 @@ AgentFactory = Callable[[str, str], ReActAgent]
 def run_cells(out: Path, study: str, cells: Sequence[tuple[Item, str, str, str]], resume: bool,
               make_agent: AgentFactory, meta: Mapping[str, Any] | None,
               on_record: Callable[[dict | None], None] | None,
-              line: Callable[[Item, str, str, str, ReActAgent], dict]) -> list[dict]:
+              line: Callable[[Item, str, str, str, ReActAgent], dict], time_limit: float | None = None,
+              on_skip: Callable[[str], None] | None = None) -> list[dict]:
     """Play the (item, condition, rendering, actor) ``cells`` in order, appending one line each to
     ``out``; finished keys are skipped (``on_record(None)``), agents are built once per
-    (rendering, actor) and only when needed. Returns the records written."""
+    (rendering, actor) and only when needed. Returns the records written.
+
+    Each cell's ``line`` runs within ``time_limit`` seconds of wall-clock time
+    (:func:`envs.episode.play_within`; None: no limit). A cell whose engine faults or runs past
+    the limit (:class:`envs.EngineError`) writes no line: it is skipped with one line to
+    ``on_skip`` (default: a warning) naming its key and the fault, counts as done for
+    ``on_record(None)``, and a resumed study plays it again."""
+    from envs.episode import play_within
+    from envs.protocol import one_line
+
     lines = study_file(out, study)
     todo = {(i.key, c, r, a) for i, c, r, a in cells}
     pending = todo - set(lines.finished(todo, resume, meta))
     agents: dict[tuple[str, str], ReActAgent] = {}
     written = []
+    skip = on_skip or (lambda msg: warnings.warn(msg, stacklevel=3))
     for item, condition, rendering, actor in cells:
-        if (item.key, condition, rendering, actor) not in pending:
+        key = (item.key, condition, rendering, actor)
+        if key not in pending:
             if on_record is not None:
                 on_record(None)
             continue
         if (rendering, actor) not in agents:
             agents[rendering, actor] = make_agent(rendering, actor)
-        record = {**(meta or {}), **line(item, condition, rendering, actor, agents[rendering, actor])}
+        agent = agents[rendering, actor]
+        faults: list[BaseException] = []
+        played = play_within(time_limit, lambda: line(item, condition, rendering, actor, agent), faults.append)
+        if faults:
+            skip(f"{study} skipped {key[0]} [{' '.join(k for k in key[1:] if k)}]: {type(faults[0]).__name__}: "
+                 f"{one_line(faults[0])}; --resume plays it again")
+            if on_record is not None:
+                on_record(None)
+            continue
+        record = {**(meta or {}), **played}
         lines.append(record)
         written.append(record)
         if on_record is not None:

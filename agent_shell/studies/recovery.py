@@ -145,12 +145,15 @@ def recovery_record(env: Environment, item: RecoveryItem, condition: str, actor:
 def run_recovery(env: Environment, items: Sequence[RecoveryItem], renderings: Sequence[str],
                  conditions: Sequence[str], actors: Sequence[str], make_agent: AgentFactory, out: str | Path,
                  resume: bool = False, new_actions: int = 30, meta: Mapping[str, Any] | None = None,
-                 on_record: Callable[[dict | None], None] | None = None) -> list[dict]:
+                 on_record: Callable[[dict | None], None] | None = None, time_limit: float | None = None,
+                 on_skip: Callable[[str], None] | None = None) -> list[dict]:
     """Reference-history recovery: one line per (item, condition, rendering, actor) appended to ``out``.
 
     ``make_agent(rendering, actor)`` builds the agent (built once per rendering and actor, on
-    demand); ``resume`` and ``on_record`` as in :func:`agent_shell.studies.probe.run_probe`.
-    Returns the records written.
+    demand); ``resume`` and ``on_record`` as in :func:`agent_shell.studies.probe.run_probe`. Each
+    line's episode (replay and continuation) runs within ``time_limit`` seconds (None: no limit);
+    one that runs past it or whose engine faults is skipped with a line to ``on_skip``
+    (:func:`agent_shell.studies.recorded.run_cells`). Returns the records written.
     """
     for c in conditions:
         if c not in CONDITIONS:
@@ -159,7 +162,7 @@ def run_recovery(env: Environment, items: Sequence[RecoveryItem], renderings: Se
              for condition in conditions for item in items]
     return run_cells(Path(out), "recover", cells, resume, make_agent, meta, on_record,
                      lambda item, condition, _, actor, agent: recovery_record(env, item, condition, actor, agent,
-                                                                              new_actions))
+                                                                              new_actions), time_limit, on_skip)
 
 
 def recovery_rows(records: Sequence[dict]) -> list[RateRow]:

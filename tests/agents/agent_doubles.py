@@ -5,13 +5,15 @@
   replays a script of replies (or calls a function of the prompt) and records every prompt.
 * :class:`ScriptedEnv` implements the Environment protocol: each task is won by playing its
   solution in order; any other action answers ``Nothing happens.``. Every action that reaches
-  the engine is recorded in ``engine_actions``.
+  the engine is recorded in ``engine_actions``. :class:`HangingEnv`: the same game whose engine
+  hangs on some tasks (for time limits).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from typing import Callable, Sequence
 
 import numpy as np
@@ -160,6 +162,27 @@ class ScriptedEnv:
 
     def close(self):
         self.closed = True
+
+
+class HangingEnv(ScriptedEnv):
+    """A :class:`ScriptedEnv` whose engine hangs on the tasks ``hang_on``: the step that plays
+    ``action`` (when given), else step number ``after + 1`` of a game (counted from its reset),
+    never returns, and only a time limit ends it."""
+
+    def __init__(self, hang_on=(), after: int = 1, action: str | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.hang_on, self.after, self.action, self.steps_played = set(hang_on), after, action, 0
+
+    def reset(self, task_id, expert=False):
+        self.steps_played = 0
+        return super().reset(task_id, expert)
+
+    def step(self, action):
+        self.steps_played += 1
+        hangs = action == self.action if self.action is not None else self.steps_played > self.after
+        if self._task in self.hang_on and hangs:
+            threading.Event().wait()  # never set: blocks until interrupted
+        return super().step(action)
 
 
 def play_agent(env, agent, task_ids, results_path, max_steps, resume=True, meta=None):

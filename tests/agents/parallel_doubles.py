@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 from pathlib import Path
 
-from agent_doubles import FakeLM, ScriptedEnv
+from agent_doubles import FakeLM, HangingEnv, ScriptedEnv
 from agent_shell.agents import build_agent
 
 AGENTS = ("react", "prior-only")
@@ -28,10 +27,10 @@ def loop_reply(prompt, temperature, n):
     return [LOOP[prompt.split("Here is the task.")[-1].count("\n> ") % len(LOOP)]] * n
 
 
-class FaultyEnv(ScriptedEnv):
+class FaultyEnv(HangingEnv):
     def __init__(self, kill_on=(), kills=1, raise_on=(), marker_dir=None, hang_on=()):
-        super().__init__()
-        self.kill_on, self.kills, self.raise_on, self.hang_on = set(kill_on), kills, set(raise_on), set(hang_on)
+        super().__init__(hang_on=hang_on, after=1)
+        self.kill_on, self.kills, self.raise_on = set(kill_on), kills, set(raise_on)
         self.marker_dir = Path(marker_dir) if marker_dir else None
 
     def reset(self, task_id):
@@ -43,14 +42,7 @@ class FaultyEnv(ScriptedEnv):
                 f.write("x")
             if marker.stat().st_size <= self.kills:
                 os.kill(os.getpid(), signal.SIGKILL)
-        self.steps_played = 0
         return super().reset(task_id)
-
-    def step(self, action):
-        self.steps_played += 1
-        if self._task in self.hang_on and self.steps_played > 1:
-            threading.Event().wait()  # never set: blocks until interrupted
-        return super().step(action)
 
 
 def make_players(kill_on=(), kills=1, raise_on=(), marker_dir=None, fail_on=(), hang_on=()):

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 import agent_shell.lm
 import envs
-from agent_doubles import FakeLM, ScriptedEnv
+from agent_doubles import FakeLM, HangingEnv, ScriptedEnv
 from agent_shell.agents import AgentConfig, ReActAgent, build_agent, needs_concepts
 from agent_shell.agents.joint import JointCBAgent, JointFormatError, parse_joint_reply
 from agent_shell.calibration import (Calibrator, accuracy, fit_calibrator, predictions, read_labels, record_features,
@@ -303,6 +303,28 @@ def test_calibrate_label_fit_eval_commands(tmp_path, doubles):
                                                                                                    "content_label"}
     res = CliRunner().invoke(main, ["calibrate", "eval", str(labels), "--calibrator", str(cal)])
     assert res.exit_code == 0 and "Accuracy on 3 transitions (held-out tasks)" in res.output, res.output
+
+
+def test_calibrate_label_skips_a_transition_whose_judge_rollout_hangs_and_goes_on(tmp_path, doubles, monkeypatch):
+    """The expert-distance judge's rollout on a/3 hangs at its second engine step: at
+    --episode-timeout that transition is skipped with one warning naming it, and the next one is
+    labelled as without the hang."""
+    hung = recorded(tmp_path, PLAYED, task_id="a/3", name="hung.jsonl")
+    fine = recorded(tmp_path, PLAYED, task_id="b/2", name="fine.jsonl")  # a/1, a/2: the demonstrations
+    args = ["calibrate", "label", "--actor", "react", "--actor", "prior-only", "--k", "3"]
+    clean = CliRunner().invoke(main, args + [str(fine), "--max-transitions", "1", "--out", str(tmp_path / "c.jsonl")])
+    assert clean.exit_code == 0, clean.output
+    (expected,) = read_labels(tmp_path / "c.jsonl")
+    monkeypatch.setattr(envs, "make_env", lambda name, **kw: HangingEnv(hang_on=("a/3",)))
+    out = tmp_path / "labels.jsonl"
+    res = CliRunner().invoke(main, args + [str(hung), str(fine), "--max-transitions", "2", "--episode-timeout", "1",
+                                           "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert ("warning: skipped react:a/3#0@0: EpisodeTimeout: expert-distance rollout ran past its wall-clock limit "
+            "of 1 s; --resume labels it again") in res.output
+    assert "1 of 2 transitions skipped" in res.output
+    (got,) = read_labels(out)
+    assert {**got, "wall_s": 0} == {**expected, "wall_s": 0}
 
 
 def test_training_runs_name_games_that_are_no_demonstrations():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import cb_core
-from agent_doubles import FakeLM, ScriptedEnv
+from agent_doubles import FakeLM, HangingEnv, ScriptedEnv
 from agent_shell.concepts import (cached_concepts, check_concept_matches, collect_features, decision_texts,
                                   skipped_summary)
 from agent_shell.context import scoring_context
@@ -27,6 +27,21 @@ def test_expert_demos_collect_won_trajectories_per_type_once(tmp_path, trajector
     assert played == [] and [t.task_id for t in again] == ["a/1", "a/2", "b/1", "b/2"]
     demos = rendered_demos(trajectories)
     assert sorted(demos) == ["fetch", "open"] and demos["fetch"][0].startswith("You are in a small room.\n")
+
+
+def test_an_expert_episode_past_its_time_limit_is_not_collected_and_the_next_task_is_tried(tmp_path):
+    """a/1's expert episode hangs at its second engine step: at the limit it is not collected, one
+    warning names it, and the next tasks of its type (a/2, a/3) give the demonstrations."""
+    path = tmp_path / "expert.jsonl"
+    with pytest.warns(UserWarning) as caught:
+        got = expert_demos(HangingEnv(hang_on=("a/1",), expert_looks=True), 2, "train", path=path, time_limit=1.0)
+    assert [t.task_id for t in got] == ["a/2", "a/3", "b/1", "b/2"]
+    assert [str(w.message) for w in caught] == [
+        "expert trajectory a/1 not collected (episode ran past its wall-clock limit of 1 s); the next task of its "
+        "type is tried"]
+    clean = expert_demos(ScriptedEnv(expert_looks=True), 2, "train", path=tmp_path / "clean.jsonl",
+                         task_types={"open"})
+    assert [t.to_record() for t in got[2:]] == [t.to_record() for t in clean]
 
 
 def test_look_steps_are_no_target_but_stay_in_the_history(trajectories):

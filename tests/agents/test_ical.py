@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_doubles import FakeLM, ScriptedEnv
+from agent_doubles import FakeLM, HangingEnv, ScriptedEnv
 from agent_shell.ical import HumanFeedback, LearnConfig, execute, learn_example, parse_program
 from agent_shell.ical.learn import abstraction_prompt
 from agent_shell.ical.noisy import corrupt_actions, corrupted_expert, from_results, replay
@@ -198,6 +198,20 @@ def test_corrupted_expert_replays_in_the_game():
     for n, e in zip(noisy, experts):
         assert n.meta["reference_actions"] == [s.action for s in e.steps]
         assert len(n.meta["corruptions"]) == 2 and n.meta["noisy_id"] == f"corrupted:seed1:{e.task_id}"
+
+
+def test_a_corrupted_expert_replay_past_its_time_limit_is_skipped_with_one_line():
+    """a/1's replay hangs at its first engine step: skipped at the limit with one line naming it;
+    b/1's noisy trajectory is the one it is without a/1 (its corruption is seeded by its task)."""
+    env = ScriptedEnv()
+    experts = [expert_trajectory(env, t) for t in ("a/1", "b/1")]
+    expected = corrupted_expert(env, experts[1:], seed=1)
+    skipped = []
+    got = corrupted_expert(HangingEnv(hang_on=("a/1",), after=0), experts, seed=1, time_limit=1.0,
+                           on_skip=skipped.append)
+    assert [n.to_record() for n in got] == [n.to_record() for n in expected]
+    assert skipped == ["skipped the corrupted expert trajectory of a/1: EpisodeTimeout: episode ran past its "
+                       "wall-clock limit of 1 s; --resume replays it again"]
 
 
 def test_results_files_give_trials_and_bad_lines_one_line_errors(tmp_path):

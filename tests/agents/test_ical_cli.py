@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 import envs
-from agent_doubles import TASKS, FakeLM, ScriptedEnv
+from agent_doubles import TASKS, FakeLM, HangingEnv, ScriptedEnv
 from agent_shell.cli import main
 from agent_shell.commands import ical as ical_cmd
 from agent_shell.ical.noisy import replay
@@ -60,6 +60,35 @@ def test_build_memory_keeps_winners_resumes_and_prints_the_summary(tmp_path, dou
     assert again.exit_code == 0 and len(doubles.prompts) == calls  # nothing left to do
     # the second input's prompt showed a retrieved example from the memory, not the built-in one
     assert "Task: Your task is to: solve a/1.\nClean example:" in doubles.prompts[1]
+
+
+def test_build_memory_records_an_input_whose_execution_hangs_and_goes_on(tmp_path, doubles, monkeypatch):
+    """The execution of a/1's program hangs on its last action: at --episode-timeout the input ends
+    as a failed outcome naming the limit; the next inputs are learned as without a/1 (whose
+    example never enters the memory)."""
+    noisy = noisy_file(tmp_path)
+    without_a1 = tmp_path / "without_a1.jsonl"
+    without_a1.write_bytes(b"\n".join(noisy.read_bytes().splitlines()[1:]) + b"\n")
+    clean = CliRunner().invoke(main, ["ical", "build-memory", str(without_a1), "--max-rounds", "1",
+                                      "--memory", str(tmp_path / "clean")])
+    assert clean.exit_code == 0, clean.output
+    args = ["ical", "build-memory", str(noisy), "--max-rounds", "1"]
+    monkeypatch.setattr(envs, "make_env", lambda name: HangingEnv(hang_on=("a/1",), action="take key 1 from desk 1"))
+    mem = tmp_path / "mem"
+    result = CliRunner().invoke(main, args + ["--memory", str(mem), "--episode-timeout", "1"])
+    assert result.exit_code == 0, result.output
+    assert "engine: time limit x1" in result.output
+    untimed = lambda r: {**r, "rounds": [{**rd, "seconds": 0} for rd in r["rounds"]]}  # noqa: E731
+    lines = [untimed(orjson.loads(x)) for x in (mem / "log.jsonl").read_bytes().splitlines()]
+    expected = [untimed(orjson.loads(x)) for x in (tmp_path / "clean" / "log.jsonl").read_bytes().splitlines()]
+    assert [r["noisy_id"] for r in lines] == ["scripted:a/1", "scripted:b/1", "scripted:b/2"]
+    assert lines[0] == {"noisy_id": "scripted:a/1", "task_type": "fetch", "kept": False, "n_rounds": 0,
+                        "reason": "engine: time limit", "rounds": [], "example_id": None,
+                        "error": {"type": "EpisodeTimeout", "message": "episode ran past its wall-clock limit of 1 s",
+                                  "round": 0},
+                        "examples": [], "decoding": "free", "notes": "inline", "backbone": "fake-lm"}
+    assert lines[1:] == expected and all(r["kept"] for r in lines[1:])
+    assert len((mem / "examples.jsonl").read_bytes().splitlines()) == 2
 
 
 def test_abstract_then_refine(tmp_path, doubles):

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 import agent_shell.lm
 import cb_core
 import envs
-from agent_doubles import FakeLM, ScriptedEnv
+from agent_doubles import FakeLM, HangingEnv, ScriptedEnv
 from agent_shell import studies
 from agent_shell.agents import AgentConfig, CBAgent, ReActAgent
 from agent_shell.cli import main
@@ -400,6 +400,33 @@ def test_probe_and_recover_commands(tmp_path, doubles, monkeypatch):
         mixed = CliRunner().invoke(main, args + ["--resume", flag, value])
         assert mixed.exit_code == 1 and field in mixed.output and "would mix" in mixed.output, mixed.output
     assert len(studies.read_study(out, "recover")) == 2
+
+
+def test_recover_skips_an_episode_past_its_time_limit_and_goes_on(tmp_path, doubles, monkeypatch):
+    """A recovery whose engine step never returns ends at --episode-timeout: one warning names it,
+    no line is written for it, and the next item's line equals a run's without the hang."""
+    trajs = []
+    for task_id in ("b/1", "b/2"):
+        ep = Episode(ScriptedEnv(), task_id, len(FAILED_ACTIONS))
+        for a in FAILED_ACTIONS:
+            ep.act(a)
+        trajs.append(ep.trajectory())
+    results = write_results(tmp_path / "failed.jsonl", trajs)
+    args = ["recover", str(results), "--condition", "history", "--new-actions", "2"]
+    clean = CliRunner().invoke(main, args + ["--out", str(tmp_path / "clean.jsonl")])
+    assert clean.exit_code == 0, clean.output
+    expected = {r["item"]: r for r in studies.read_study(tmp_path / "clean.jsonl", "recover")}
+    monkeypatch.setattr(envs, "make_env", lambda name, **kw: HangingEnv(hang_on=("b/1",), expert_looks=True))
+    out = tmp_path / "recover.jsonl"
+    res = CliRunner().invoke(main, args + ["--out", str(out), "--episode-timeout", "1"])
+    assert res.exit_code == 0, res.output
+    assert ("warning: recover skipped react:b/1#0 [history raw react]: EpisodeTimeout: episode ran past its "
+            "wall-clock limit of 1 s; --resume plays it again") in res.output
+    assert f"1 lines written, 0 already in {out}; 1 skipped" in res.output
+    (got,) = studies.read_study(out, "recover")
+    assert got["item"] == "react:b/2#0"
+    untimed = lambda r: {**r, "wall_s": 0, "log": {**r["log"], "seconds": {}}}  # noqa: E731
+    assert untimed(got) == untimed(expected["react:b/2#0"])
 
 
 def test_probe_defaults_to_every_rendering_but_the_calibrator_without_its_file(tmp_path, doubles):

@@ -141,3 +141,21 @@ def test_the_split_is_checked_and_recorded():
         check_tasks(env, "train", ["t", "u"])
     assert Episode(env, "u").trajectory().meta == {"max_steps": 4, "split": "test"}
     assert Episode(env, "t", split="train").trajectory().meta["split"] == "train"
+
+
+def test_scienceworld_passes_an_episode_time_limit_through_without_restarting_its_engine():
+    """A step that never returns, inside an episode's time limit: the limit reaches the caller as
+    EpisodeTimeout at once; the adapter does not take it for a crashed JVM (no restart, no retry).
+    No JVM starts: the engine call is replaced by one that blocks."""
+    import threading
+
+    from envs import EpisodeTimeout, time_limit
+    from envs.scienceworld import ScienceWorldEnv
+
+    env = ScienceWorldEnv()
+    restarts = []
+    env._call = lambda fn, timeout: threading.Event().wait()  # never set: a hung engine
+    env._restart = lambda: restarts.append(1)
+    with pytest.raises(EpisodeTimeout, match="limit of 1 s"), time_limit(1.0):
+        env._robust(lambda sw: sw.step("look"), 60.0)
+    assert restarts == []
