@@ -32,8 +32,9 @@ against 1.3.
 Timed paths, on the same recorded steps (expert trajectories of ALFWorld's train split that
 are not the demonstrations): CB-Agent's step with each candidate layout of
 :mod:`agent_shell.lm.scoring` (``--layouts``, each its own scoring stream; the routing peek is
-timed once a step and counted in each), the floor, the old floor and the routing floor (their own
-cached streams; the step floor's time is the floor's plus the routing floor's, round by round).
+timed once a step, as one more path of the rotation, and counted in each), the floor, the old
+floor and the routing floor (their own cached streams; the step floor's time is the floor's plus
+the routing floor's, round by round).
 Their order rotates step by step, so all share the load of a busy machine; the replay is
 repeated ``--rounds`` times and each ratio is the median of the rounds' paired ratios. Forward
 passes are counted by one counter wrapped around every view's forward, floors included.
@@ -139,9 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         restore(cache, saved)
 
     name_of = {layout: name for name, layout in FLOORS.items()}
-    paths = [*(f"cb_agent_{layout}" for layout in layouts), *FLOORS, ROUTE_FLOOR]
-    seconds = {p: [0.0] * args.rounds for p in [*paths, "route"]}
-    step_passes = {p: 0 for p in [*paths, "route"]}
+    paths = ["route", *(f"cb_agent_{layout}" for layout in layouts), *FLOORS, ROUTE_FLOOR]
+    seconds = {p: [0.0] * args.rounds for p in paths}
+    step_passes = {p: 0 for p in paths}
     counts = defaultdict(int)  # token counts summed over steps (first round)
     round_ = 0
 
@@ -167,13 +168,15 @@ def main(argv: list[str] | None = None) -> int:
                 toks = lm.tokens.continuations(base, candidates, markers)
                 s = cached_length(toks)
                 start = common_prefix_len(reference.cache.ids, toks[0].ids[:s])  # what the stream has cached
-                # the routing peek: once a step, counted in every layout's step
+                # the routing peek: timed once a step (in the rotation), counted in every layout's step
                 prompt = ctx.react_prompt(config.header, demos[traj.task_type], scoring, config.task_header)
                 prompt_ids = agent.lm.prompt_ids(prompt, 1)[0]
                 route_start = agent.lm.cache.reusable_prefix(prompt_ids[:-1])[0]  # what the routing stream has cached
                 routed = agent.lm.cache.encoded_tokens
-                route = timed("route", lambda: agent.route(prompt))
                 for p in rotated(paths, k):
+                    if p == "route":
+                        route = timed("route", lambda: agent.route(prompt))
+                        continue
                     if p == ROUTE_FLOOR:
                         route_floor(prompt_ids, route_start)
                         continue
@@ -183,10 +186,11 @@ def main(argv: list[str] | None = None) -> int:
                     layout = p.removeprefix("cb_agent_")
                     encoded = scorers[layout].cache.encoded_tokens
                     timed(p, lambda: scorers[layout].score(scoring, candidates, prefix))
-                    seconds[p][round_] += route[0]
-                    step_passes[p] += route[1]
                     if layout == layouts[0] and round_ == 0:
                         counts["stream_new_context_tokens"] += scorers[layout].cache.encoded_tokens - encoded
+                for layout in layouts:
+                    seconds[f"cb_agent_{layout}"][round_] += route[0]
+                    step_passes[f"cb_agent_{layout}"] += route[1]
                 if round_ == 0:
                     counts["steps"] += 1
                     counts["new_context_tokens"] += s - start
@@ -211,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     # the step floor: the scoring floor and the routing floor of the same steps, summed round by round
     seconds["step_floor"] = [a + b for a, b in zip(seconds["floor"], seconds[ROUTE_FLOOR])]
     step_passes["step_floor"] = step_passes["floor"] + step_passes[ROUTE_FLOOR]
-    for p in [*paths, "route", "step_floor"]:
+    for p in [*paths, "step_floor"]:
         figures[f"{p}_s_per_step"] = statistics.median(seconds[p]) / n
         figures[f"{p}_s_per_step_rounds"] = [x / n for x in seconds[p]]
         figures[f"{p}_passes_per_step"] = step_passes[p] / n_all
@@ -222,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     for other in layouts[1:]:
         figures[f"{other}_over_{layouts[0]}"] = median_ratio(seconds[f"cb_agent_{other}"],
                                                              seconds[f"cb_agent_{layouts[0]}"])
-    # the routing pass against the gap the issue's target leaves beyond its floor (TARGET - 1)
+    # the routing pass against the gap the target leaves beyond the floor (TARGET - 1)
     figures["ratio_route_floor_to_floor"] = median_ratio(seconds[ROUTE_FLOOR], seconds["floor"])
     figures["route_floor_over_target_gap"] = figures["ratio_route_floor_to_floor"] / (TARGET - 1)
     figures["ratio_route_to_route_floor"] = median_ratio(seconds["route"], seconds[ROUTE_FLOOR])
