@@ -168,20 +168,30 @@ class PrefixCache:
         does), for the caller to encode ``ids[n:]`` itself. The stored cache is detached: store
         the result with :meth:`keep` once it holds what it should."""
         ids = tuple(ids)
-        cache, start = None, 0
-        if self.cache is not None and self.reuse:
-            lcp = common_prefix_len(self.ids, ids)
-            if lcp > 0:
-                cache, start = self.cache, lcp
-        head_len, head = self.heads.best(ids) if self.reuse else (0, None)
-        if head is not None and head_len > start:
-            cache, start = from_snapshot(self.model, head, head_len), head_len
-        elif cache is not None and start < len(self.ids):
-            restore(cache, snapshot(cache), start)
+        start, head = self.reusable_prefix(ids)
+        cache = None
+        if head is not None:
+            cache = from_snapshot(self.model, head, start)
+        elif start > 0:
+            cache = self.cache
+            if start < len(self.ids):
+                restore(cache, snapshot(cache), start)
         self.reset()
         if cache is None:
             cache = new_cache(self.model)
         return cache, start
+
+    def reusable_prefix(self, ids: Sequence[int]) -> tuple[int, Snapshot | None]:
+        """(n, head): how many leading tokens of ``ids`` :meth:`start` would take from the stored
+        cache or a pinned head instead of encoding them, and that head's keys and values when a
+        pinned head holds more of them than the stored cache (None: the stored cache, or nothing
+        when n == 0). Changes no cache (the head store marks the head as recently used)."""
+        ids = tuple(ids)
+        start = common_prefix_len(self.ids, ids) if self.cache is not None and self.reuse else 0
+        head_len, head = self.heads.best(ids) if self.reuse else (0, None)
+        if head is not None and head_len > start:
+            return head_len, head
+        return start, None
 
     def encode(self, cache: Cache, ids: Sequence[int], start: int, forward: Forward,
                stop: int | None = None) -> CausalLMOutputWithPast | None:

@@ -237,9 +237,10 @@ def log_normalisers(logits: torch.Tensor) -> torch.Tensor:
     logsumexp at a fraction of its cost; a float32 sum over a 49k vocabulary drifts by ~1e-6 per
     token, which adds up over an action's tokens.
     """
-    x = logits.float()
+    x = logits.float()  # ``logits`` itself when float32: never changed in place
     top = x.max(-1, keepdim=True).values
-    return top[:, 0].double() + torch.log(torch.exp(x - top).sum(-1, dtype=torch.float64))
+    # the exponentials overwrite the difference they are taken of: one [K, V] buffer, not two
+    return top[:, 0].double() + torch.log((x - top).exp_().sum(-1, dtype=torch.float64))
 
 
 def action_positions(toks: Sequence[TokenizedContinuation], s: int, layout: str,

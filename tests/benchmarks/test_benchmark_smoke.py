@@ -177,12 +177,15 @@ def test_sampling_speed_tiny(tmp_path):
 
 def test_step_cost_tiny(tmp_path):
     """Three expert trajectories of one type: two are the demonstrations, the third is replayed.
-    The floor's token count is checked against a prefix tree counted here from the tokenizer, its
-    passes come from the counter, and the headline ratio and verdict are recomputed."""
+    The floor's token count is checked against a prefix tree counted here from the tokenizer, the
+    routing floor's against the routing prompts' tokens after the prefix the routing stream holds
+    (counted here), their passes come from the counter, and both ratios and verdicts are recomputed."""
     from transformers import AutoTokenizer
 
     from agent_shell import context as ctx
+    from agent_shell.agents import AgentConfig
     from agent_shell.candidates import fixed_action_space
+    from agent_shell.demos import rendered_demos
     from agent_shell.lm.default_model import default_model_dir
 
     cands = ["go to cabinet 1", "go to cabinet 2", "go to countertop 1", "open cabinet 1", "look"]
@@ -190,24 +193,34 @@ def test_step_cost_tiny(tmp_path):
              Step("env", "open cabinet 1", "You open the cabinet 1. It is empty.", cands, False, False, 0.0),
              Step("env", "go to countertop 1", "On the countertop 1, you see a mug 1.", cands, False, False, 0.0)]
     expert = tmp_path / "train.jsonl"
-    expert.write_bytes(b"".join(
-        orjson.dumps(Trajectory("alfworld", f"pick_and_place_simple-Mug-None-Shelf-1/trial_{i}", "pick_and_place_simple",
-                                "Your task is to: put a mug in shelf.", "You are in the middle of a room.", steps,
-                                True, 1.0).to_record()) + b"\n" for i in range(3)))
+    trajectories = [Trajectory("alfworld", f"pick_and_place_simple-Mug-None-Shelf-1/trial_{i}", "pick_and_place_simple",
+                               "Your task is to: put a mug in shelf.", "You are in the middle of a room.", steps,
+                               True, 1.0) for i in range(3)]
+    expert.write_bytes(b"".join(orjson.dumps(t.to_record()) + b"\n" for t in trajectories))
     out = tmp_path / "step_cost.json"
     assert load("step_cost").main(["--expert", str(expert), "--tiny", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["steps"] == 3 and data["rounds"] == 1
-    # one counted pass each for the floors; cb-agent: the routing peek and the scoring pass at least
+    # one counted pass each for the floors (two for the step floor); cb-agent: the routing peek and the
+    # scoring pass at least
     assert data["floor_passes_per_step"] == 1 and data["old_floor_passes_per_step"] == 1
+    assert data["route_floor_passes_per_step"] == 1 and data["step_floor_passes_per_step"] == 2
     for layout in ("tree", "packed"):
         assert data[f"cb_agent_{layout}_s_per_step"] > 0 and data[f"cb_agent_{layout}_passes_per_step"] >= 2
-        for floor in ("floor", "old_floor"):
+        for floor in ("floor", "old_floor", "step_floor"):
             assert math.isclose(data[f"ratio_{layout}_to_{floor}"],
                                 data[f"cb_agent_{layout}_s_per_step"] / data[f"{floor}_s_per_step"])
     assert math.isclose(data["packed_over_tree"], data["cb_agent_packed_s_per_step"] / data["cb_agent_tree_s_per_step"])
-    (v,) = data["verdicts"]
+    # one round: the step floor's time is the floor's plus the routing floor's
+    assert math.isclose(data["step_floor_s_per_step"], data["floor_s_per_step"] + data["route_floor_s_per_step"])
+    assert math.isclose(data["ratio_route_floor_to_floor"], data["route_floor_s_per_step"] / data["floor_s_per_step"])
+    assert math.isclose(data["route_floor_over_target_gap"], data["ratio_route_floor_to_floor"] / (1.3 - 1))
+    assert math.isclose(data["ratio_route_to_route_floor"], data["route_s_per_step"] / data["route_floor_s_per_step"])
+    v, step_v = data["verdicts"]
     assert v["value"] == data["ratio_tree_to_floor"] and v["met"] == (data["ratio_tree_to_floor"] <= 1.3)
+    assert "/ floor," in v["name"] and "/ step floor" in step_v["name"]
+    assert step_v["value"] == data["ratio_tree_to_step_floor"]
+    assert step_v["met"] == (data["ratio_tree_to_step_floor"] <= 1.3) and step_v["target"] == "<= 1.3"
     # the floor's cached prefix is what the scoring stream had cached
     assert data["mean_new_context_tokens_per_step"] == data["mean_stream_new_context_tokens_per_step"] > 0
     # the prefix tree counted here: one node per distinct (prefix, token) of the candidates' tokens after the
@@ -222,6 +235,20 @@ def test_step_cost_tiny(tmp_path):
         nodes += len({tuple(q[shared:k]) for q in seqs for k in range(shared + 1, len(q) + 1)})
     assert data["mean_tree_nodes_per_step"] == nodes / 3 < data["mean_candidate_tokens_per_step"]
     assert data["floor_tokens_per_step"] == data["mean_new_context_tokens_per_step"] + nodes / 3
+    # the routing floor: each step's routing prompt after the longest prefix the routing stream holds
+    # (the pinned head, then the previous step's whole prompt), counted here from the tokenizer
+    config = AgentConfig.for_env("alfworld")
+    demos = rendered_demos(trajectories[:2])["pick_and_place_simple"]
+    head = stream = tok(ctx.react_head(config.header, demos, config.task_header))["input_ids"]
+    route_tokens = 0
+    for i in range(3):
+        scoring = ctx.scoring_context(trajectories[2].instruction, trajectories[2].observation, steps[:i])
+        ids = tok(ctx.react_prompt(config.header, demos, scoring, config.task_header))["input_ids"]
+        route_tokens += len(ids) - max(len(os.path.commonprefix([held, ids[:-1]])) for held in (head, stream))
+        stream = ids
+    assert data["route_floor_tokens_per_step"] == route_tokens / 3 == data["mean_route_new_tokens_per_step"]
+    assert math.isclose(data["step_floor_tokens_per_step"],
+                        data["mean_new_context_tokens_per_step"] + nodes / 3 + route_tokens / 3)
 
 
 @pytest.mark.slow

@@ -405,3 +405,19 @@ def test_gather_normalises_each_distinct_row_once_to_float64_precision(dtype):
     lse = scoring.log_normalisers(logits)
     np.testing.assert_allclose(lse.numpy(), torch.logsumexp(logits.double(), -1).numpy(), rtol=0, atol=1e-7)
     np.testing.assert_array_equal(hidden, head_in[[1, 3, 4]].float().numpy())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_log_normalisers_keep_their_input_and_equal_the_two_buffer_formula(dtype):
+    """The exponentials are taken in place of the difference, never of the logits (a float32
+    input is its own upcast): the input is unchanged and the result equals, bit for bit, the
+    formula that keeps the difference and its exponentials in two buffers."""
+    from agent_shell.lm.scoring import log_normalisers
+
+    logits = (torch.randn(6, 49152, generator=torch.Generator().manual_seed(1)) * 4).to(dtype)
+    before = logits.clone()
+    got = log_normalisers(logits)
+    assert torch.equal(logits, before)
+    x = logits.float()
+    top = x.max(-1, keepdim=True).values
+    assert torch.equal(got, top[:, 0].double() + torch.log(torch.exp(x - top).sum(-1, dtype=torch.float64)))

@@ -85,3 +85,24 @@ def test_head_store_drops_the_least_recently_used_head():
     assert store.best((7,)) == (0, None)
     with pytest.raises(ValueError, match="max_heads=0"):
         HeadStore(0)
+
+
+def test_reusable_prefix_is_what_the_next_call_does_not_encode(fresh):
+    """The prefix the stream or a pinned head holds, as a benchmark's floor reads it before a call:
+    the pinned head first, then the previous prompt; asking changes no cache."""
+    lm = fresh()
+    lm.pin_prefix(react_head(HEADER, DEMOS["pick"]))
+    head_ids = lm.encode(react_head(HEADER, DEMOS["pick"]))
+    stream = None
+    for task in TASKS["pick"]:
+        ids = lm.encode(prompt("pick", task))
+        stored = lm.cache.ids
+        n, _ = lm.cache.reusable_prefix(ids[:-1])
+        assert lm.cache.ids == stored  # nothing changed by asking
+        held = max(common_prefix_len(head_ids, ids[:-1]), common_prefix_len(stream or (), ids[:-1]))
+        assert n == held > 0
+        before = lm.cache.encoded_tokens
+        lm.generate(prompt("pick", task), max_new_tokens=1)
+        assert lm.cache.encoded_tokens - before == len(ids) - n
+        stream = ids
+    assert fresh(reuse_cache=False).cache.reusable_prefix(ids) == (0, None)
