@@ -6,13 +6,16 @@ env and backbone (one torch thread), ``--repeats`` times in alternating order (1
 then 2 then 1, ...). It reports episodes per hour and the speed-up, the median of the
 repetitions' paired ratios, on the wall time of ``play_episodes`` (workers' start included) and
 on the episodes' running time (``cb-agent report``'s: the start-up left out, as in a long run).
-Target on 2 cores: 2 workers >= 1.7x one, compared unrounded. Part B replays recorded scoring
-calls (expert trajectories' contexts and candidate sets) from 4 and 8 concurrent streams against
-two LM server actors side by side, in alternating order: one that batches concurrent calls into
-one pass (``wait_ms`` 5, up to 16 per pass) and one that serves each call on its own
-(``max_batch`` 1, i.e. per-episode calls); it reports calls per second and the mean latency of a
-call. Both parts run in one Ray session; the machine's load average is reported, since a shared
-machine depresses and disturbs every figure. Every figure is printed unrounded.
+Target on 2 cores: 2 workers >= 1.7x one, compared unrounded. Beside it, the machine's own
+ceiling (:func:`ceiling`): the same fixed forward passes in two processes at once against one
+alone, no Ray and no games: what two workers could reach if playing were only the LM.
+
+Part B replays recorded scoring calls (expert trajectories' contexts and candidate sets) from 4 and
+8 concurrent streams against two LM server actors side by side, in alternating order: one that
+batches concurrent calls into one pass (``wait_ms`` 5, up to 16 per pass) and one that serves each
+call on its own (``max_batch`` 1, i.e. per-episode calls); it reports calls per second and the mean
+latency of a call. Both parts run in one Ray session; the machine's load average is reported, since
+a shared machine depresses and disturbs every figure. Every figure is printed unrounded.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/episode_throughput.py --episodes 4 --max-steps 8
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/episode_throughput.py --tiny     # 2 episodes, 2 steps, once
@@ -70,6 +73,53 @@ def part_a(args) -> dict:
             runs[workers].append({"wall_s": wall, "playing_s": playing.busy_s, "episodes": playing.episodes,
                                   "steps": sum(r["steps"] for r in records)})
     return speedups(runs, len(task_ids), args.max_steps)
+
+
+#: One process of the ceiling's fixed LM work: after loading the backbone and one warm-up pass, it
+#: waits for the common start time, runs ``passes`` forward passes over a fixed 128-token block
+#: and prints the seconds they took.
+_CEILING_WORK = """
+import sys, time, torch
+from agent_shell.lm import load_language_model
+lm = load_language_model(None, dtype=sys.argv[1])
+ids = torch.arange(1000, 1128)[None]
+with torch.inference_mode():
+    lm.model(input_ids=ids)
+    time.sleep(max(0.0, float(sys.argv[3]) - time.time()))
+    t = time.perf_counter()
+    for _ in range(int(sys.argv[2])):
+        lm.model(input_ids=ids)
+print(time.perf_counter() - t)
+"""
+
+
+def ceiling(args, passes: int = 40) -> dict:
+    """What two single-thread processes gain on this machine, without Ray, the scheduler or the
+    games: the same fixed LM work (``passes`` forward passes of the backbone over a 128-token
+    block, one torch thread) in one process alone and in two processes at once (both start at one
+    moment, after loading), ``--repeats`` times in alternating order. The ceiling is the median of
+    the paired ratios 2 x alone / the slower of the two together: the speed-up two workers could
+    reach if playing were nothing but forward passes."""
+    import subprocess
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+
+    def run(processes: int) -> float:
+        start = f"{time.time() + 25.0}"  # after every process has loaded the backbone
+        procs = [subprocess.Popen([sys.executable, "-c", _CEILING_WORK, args.dtype, str(passes), start], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                 for _ in range(processes)]
+        seconds = [float(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+        if any(p.returncode for p in procs):
+            raise RuntimeError("a ceiling process failed")
+        return max(seconds)
+
+    times = {1: [], 2: []}
+    for r in range(args.repeats):
+        for processes in rotated([1, 2], r):
+            times[processes].append(run(processes))
+    return {"passes": passes, "alone_s": times[1], "together_s": times[2],
+            "ceiling": median_ratio([2 * t for t in times[1]], times[2])}
 
 
 def speedups(runs: dict[int, list[dict]], episodes: int, budget: int) -> dict:
@@ -160,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls-per-stream", type=int, default=3)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each configuration, order alternated")
-    parser.add_argument("--part", choices=["a", "b", "both"], default="both")
+    parser.add_argument("--part", choices=["a", "b", "both", "ceiling"], default="both")
     parser.add_argument("--tiny", "--smoke", action="store_true", help="2 episodes of 2 steps, 1 call per stream")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -172,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                 os.environ.get("PYTHONPATH", "")])
     figures = {"machine_before": machine(), "dtype": args.dtype}
-    owns = start_ray(2)
+    owns = start_ray(2) if args.part != "ceiling" else False  # the ceiling runs without Ray
     import ray
 
     try:
@@ -181,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"workers": figures["workers"]}), flush=True)  # each part as soon as it is measured
         if args.part in ("b", "both"):
             figures["lm_actor"] = part_b(args)
+        if args.part in ("a", "both", "ceiling"):
+            figures["machine_ceiling"] = ceiling(args, passes=2 if args.tiny else 40)
     finally:
         if owns:
             ray.shutdown()
@@ -188,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(figures, indent=1))
     for v in figures.get("workers", {}).get("verdicts", []):
         print(verdict_line(v))
+    if "machine_ceiling" in figures:
+        print(f"two single-thread processes / one on this machine, same fixed LM work (the ceiling, no target) = "
+              f"{figures['machine_ceiling']['ceiling']!r}")
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=1))
     return 0

@@ -317,6 +317,9 @@ def test_episode_throughput_tiny(tmp_path):
     assert [(v["value"], v["met"]) for v in workers["verdicts"]] == [
         (workers["speedup_2_vs_1"], workers["speedup_2_vs_1"] >= 1.7),
         (workers["speedup_2_vs_1_playing"], workers["speedup_2_vs_1_playing"] >= 1.7)]
+    ceiling = figures["machine_ceiling"]  # one repetition: 2 x alone / together
+    (alone,), (together,) = ceiling["alone_s"], ceiling["together_s"]
+    assert alone > 0 and together > 0 and ceiling["ceiling"] == 2 * alone / together
     actor = figures["lm_actor"]
     for k in (4, 8):
         for label in ("batched", "per_episode"):
