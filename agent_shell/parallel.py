@@ -87,10 +87,10 @@ class RayExecutor:
     cluster at ``ray_address`` or uses (or starts) a local one. Its workers write partial states only
     on a local cluster (``local_files``).
 
-    Raises (from :meth:`start` / :meth:`submit`):
+    Raises:
         ValueError: ``workers`` below 1.
-        ModuleNotFoundError: Ray is not installed.
-        RuntimeError: a worker cannot build its players (the error it raised, once).
+        ModuleNotFoundError: Ray is not installed (:meth:`start`).
+        RuntimeError: a worker cannot build its players (:meth:`wait`: the error it raised, once).
     """
 
     def __init__(self, make_players: MakePlayers, workers: int, ray_address: str | None = None):
@@ -101,6 +101,7 @@ class RayExecutor:
         self.started: list[ActorHandle] = []  # every actor, to kill at the end
         self.idle: list[ActorHandle] = []
         self.running: dict[ObjectRef, tuple[ActorHandle, Job]] = {}  # object ref -> (actor, job)
+        self.building: list[tuple[ActorHandle, Job]] = []  # new workers and their first jobs
         self.owns_ray = False
 
     def start(self, max_steps: int, meta: dict[str, Any], on_step: Callable[[Job, list], None],
@@ -111,26 +112,42 @@ class RayExecutor:
         self.actor_class = ray.remote(num_cpus=1, max_restarts=0, max_concurrency=1)(EpisodeWorker)
         self.max_steps, self.meta, self.time_limit = max_steps, meta, time_limit
 
-    def _new_actor(self) -> ActorHandle:
+    def _play(self, actor: ActorHandle, job: Job) -> None:
+        self.running[actor.play.remote(job)] = (actor, job)
+
+    def _built(self) -> None:
+        """Wait until the workers started since the last call have built their players (together,
+        each on its own CPU), then hand them their first jobs.
+
+        Raises:
+            RuntimeError: a worker could not build its players (one line with the cause).
+        """
         import ray
         from ray.exceptions import RayActorError
 
-        actor = self.actor_class.remote(self.make_players, self.max_steps, self.meta, self.time_limit)
-        self.started.append(actor)
+        building, self.building = self.building, []
         try:
-            ray.get(actor.ready.remote())
+            ray.get([actor.ready.remote() for actor, _ in building])
         except RayActorError as err:
             raise RuntimeError(f"a worker could not build its players: {failure_of(err).reason}") from None
-        return actor
+        for actor, job in building:
+            self._play(actor, job)
 
     def submit(self, job: Job) -> None:
-        actor = self.idle.pop() if self.idle else self._new_actor()
-        self.running[actor.play.remote(job)] = (actor, job)
+        """Play ``job`` on an idle worker, or on a new one once it has built its players: new
+        workers build theirs in the background, so the workers of a run start together."""
+        if self.idle:
+            self._play(self.idle.pop(), job)
+            return
+        actor = self.actor_class.remote(self.make_players, self.max_steps, self.meta, self.time_limit)
+        self.started.append(actor)
+        self.building.append((actor, job))
 
     def wait(self) -> tuple[Job, dict[str, Any] | Failure]:
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
+        self._built()
         (ref,), _ = ray.wait(list(self.running), num_returns=1)
         actor, job = self.running.pop(ref)
         try:
@@ -149,7 +166,7 @@ class RayExecutor:
 
         for actor in self.started:
             ray.kill(actor)
-        self.started, self.idle, self.running = [], [], {}
+        self.started, self.idle, self.running, self.building = [], [], {}, []
         if self.owns_ray:
             ray.shutdown()
 

@@ -57,6 +57,21 @@ def make_players(kill_on=(), kills=1, raise_on=(), marker_dir=None, fail_on=(), 
     return env, {name: build_agent(name, FakeLM(reply), DEMOS) for name in AGENTS}
 
 
+def players_built_together(workers: int, marker_dir: str, timeout_s: float = 120.0):
+    """:func:`make_players`, once ``workers`` workers have begun building theirs: each marks its
+    start with a file under ``marker_dir`` and waits for the others' marks (RuntimeError after
+    ``timeout_s``). Workers that build one after another never get past the first."""
+    import time
+
+    Path(marker_dir, f"building-{os.getpid()}").touch()
+    deadline = time.monotonic() + timeout_s
+    while len(list(Path(marker_dir).glob("building-*"))) < workers:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the other workers did not begin building their players within {timeout_s:g} s")
+        time.sleep(0.05)
+    return make_players()
+
+
 # ------------------------------------------------------------------------------------------------
 # `cb-agent run --workers N` with doubles: the CLI's own path, on ScriptedEnv and the looping LM
 

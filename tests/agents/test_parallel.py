@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip ins
 from agent_shell.parallel import RayExecutor  # noqa: E402
 from agent_shell.results import read_results  # noqa: E402
 from agent_shell.scheduler import InProcessExecutor, play_episodes, schedule  # noqa: E402
-from parallel_doubles import AGENTS, make_players  # noqa: E402
+from parallel_doubles import AGENTS, make_players, players_built_together  # noqa: E402
 from test_runner import untimed  # noqa: E402
 
 TASKS = ["a/1", "a/2", "a/3", "b/1", "b/2"]
@@ -113,6 +113,15 @@ def test_an_episode_past_its_time_limit_becomes_an_error_record_in_either_execut
     assert hung["error"]["message"] == "episode ran past its wall-clock limit of 1 s"
     assert "attempts" not in hung["error"] and hung["steps"] == 2 and hung["error"]["step"] == 3  # think, go, (open)
     assert got["in-process"][("react", "a/3")] == sequential[("react", "a/3")]  # the run went on
+
+
+def test_the_workers_of_a_run_build_their_players_together(cluster, sequential, tmp_path):
+    """Each worker's players are built only once both workers have begun building theirs: workers
+    that built one after another (each waited for before the next starts) would never finish."""
+    out = tmp_path / "results.jsonl"
+    on_ray(functools.partial(players_built_together, 2, str(tmp_path)), AGENTS, TASKS, out)
+    assert len(list(tmp_path.glob("building-*"))) == 2
+    assert by_episode(read_results(out)) == sequential
 
 
 def test_a_killed_worker_s_episode_is_retried_without_loss_or_duplication(cluster, sequential, tmp_path):
