@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 import click
 
-from agent_shell.commands._common import COMMON_OPTIONS, RUN_OPTIONS, cli_errors
+from agent_shell.commands._common import COMMON_OPTIONS, RUN_OPTIONS, check_backbone, cli_errors
 
 if TYPE_CHECKING:
     from agent_shell.ical.memory import Memory
@@ -57,7 +57,6 @@ def _progress():
 
 
 def _load_lm(model: str | None, dtype: str, device: str) -> LanguageModel:
-    from agent_shell.commands._common import check_backbone
     from agent_shell.lm import load_language_model
 
     check_backbone(model, device)

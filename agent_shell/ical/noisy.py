@@ -195,12 +195,14 @@ def corrupted_expert(env: Environment, experts: Sequence[Trajectory], seed: int 
         chosen = [str(k) for k in rng.choice(list(kinds), size=n_corruptions)]
         actions, records = corrupt_actions([s.action for s in env_steps], [s.candidates for s in env_steps], rng,
                                            chosen)
-        faults: list[BaseException] = []
+
+        def skipped(err: BaseException) -> None:
+            skip(f"skipped the corrupted expert trajectory of {expert.task_id}: {type(err).__name__}: "
+                 f"{one_line(err)}; --resume replays it again")
+
         played = play_within(time_limit, lambda: replay(env, expert.task_id, actions, max_steps=len(actions)),
-                             faults.append)
-        if faults:
-            skip(f"skipped the corrupted expert trajectory of {expert.task_id}: {type(faults[0]).__name__}: "
-                 f"{one_line(faults[0])}; --resume replays it again")
+                             skipped)
+        if played is None:  # skipped
             continue
         noisy = _with_meta(played, noisy_id=corrupted_id(expert.task_id, seed),
                            noisy_source={"kind": "corrupted-expert", "seed": seed, "expert": expert.meta.get("expert")},

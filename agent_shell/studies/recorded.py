@@ -191,11 +191,13 @@ def run_cells(out: Path, study: str, cells: Sequence[tuple[Item, str, str, str]]
         if (rendering, actor) not in agents:
             agents[rendering, actor] = make_agent(rendering, actor)
         agent = agents[rendering, actor]
-        faults: list[BaseException] = []
-        played = play_within(time_limit, lambda: line(item, condition, rendering, actor, agent), faults.append)
-        if faults:
-            skip(f"{study} skipped {key[0]} [{' '.join(k for k in key[1:] if k)}]: {type(faults[0]).__name__}: "
-                 f"{one_line(faults[0])}; --resume plays it again")
+
+        def skipped(err: BaseException) -> None:
+            skip(f"{study} skipped {key[0]} [{' '.join(k for k in key[1:] if k)}]: {type(err).__name__}: "
+                 f"{one_line(err)}; --resume plays it again")
+
+        played = play_within(time_limit, lambda: line(item, condition, rendering, actor, agent), skipped)
+        if played is None:  # skipped
             if on_record is not None:
                 on_record(None)
             continue
