@@ -39,18 +39,18 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import numpy as np
 
 from agent_shell.candidates import drop_excluded
-from agent_shell.context import action_prefix, check_layout, check_rendering
+from agent_shell.context import action_prefix
 from agent_shell.decision_scorer import DecisionScorer, decision_context
 from agent_shell.expert_decisions import decision_examples
-from agent_shell.history import REVIEWED
+from agent_shell.feature_settings import FeatureSettings
+from agent_shell.history import REVIEWED, SEEDED_RENDERINGS
 from agent_shell.lm.formatting import PLAIN
-from agent_shell.features import DecisionInput, FeatureSet, check_extractors, recorded_extractors
+from agent_shell.features import DecisionInput, check_extractors, recorded_extractors
 from agent_shell.lm.protocol import CandidateScores, Context, LanguageModel
 from envs.storage import atomic_folder, atomic_path, write_bytes_atomic
 from envs.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from agent_shell.calibration.calibrator import Calibrator
     from cb_core import Concept
 
 #: One fitting decision as text: (scoring context, candidate set, expert index).
@@ -66,7 +66,7 @@ class TypeFeatures:
 
     Attributes:
         task_type: the type.
-        hidden, log_q, n_tokens, expert: per-decision lists ([M_i, k] float32 features: the
+        phi, log_q, n_tokens, expert: per-decision lists ([M_i, k] float32 features phi: the
             feature set's blocks side by side, the LM's hidden states for the default
             ``lm-hidden``; [M_i] float32, [M_i] int, int) ready for
             :func:`cb_core.decisions_from_lists`.
@@ -76,12 +76,12 @@ class TypeFeatures:
         skipped_actions: expert actions that were no fitting target (filtered out), counted.
         lm_seconds: time spent on features in this call, LM scoring and other blocks (0 when all
             came from the cache).
-        max_candidates: the cap on each decision's candidate set (0: none; see
-            :func:`collect_features`).
+        max_candidates: the cap on each decision's candidate set (0: none;
+            :attr:`FeatureSettings.max_candidates`).
     """
 
     task_type: str
-    hidden: list[np.ndarray] = field(default_factory=list)
+    phi: list[np.ndarray] = field(default_factory=list)
     log_q: list[np.ndarray] = field(default_factory=list)
     n_tokens: list[np.ndarray] = field(default_factory=list)
     expert: list[int] = field(default_factory=list)
@@ -107,41 +107,39 @@ class TypeFeatures:
         if not self.expert:
             raise ValueError(f"task type {self.task_type!r} has no decisions to fit "
                              f"({len(self.task_ids)} won trajectories, {self.n_lost} lost)")
-        return cb_core.decisions_from_lists(self.hidden, self.log_q, self.n_tokens, self.expert)
+        return cb_core.decisions_from_lists(self.phi, self.log_q, self.n_tokens, self.expert)
 
 
-def decision_inputs(trajectory: Trajectory, rendering: str = "raw", layout: str = "text",
-                    experiences: dict[int, str] | None = None, max_candidates: int = 0, *,
-                    seed: int) -> tuple[list[tuple[DecisionInput, int]], Counter]:
+def decision_inputs(trajectory: Trajectory, settings: FeatureSettings,
+                    experiences: dict[int, str] | None = None) -> tuple[list[tuple[DecisionInput, int]], Counter]:
     """(decision as the feature extractors see it, expert index) per fitting decision, and the
-    skipped expert actions; ``max_candidates`` (0: all) caps each candidate set, the expert's
-    action kept (:func:`agent_shell.expert_decisions.capped_candidates`).
+    skipped expert actions; ``settings.max_candidates`` (0: all) caps each candidate set, the
+    expert's action kept (:func:`agent_shell.expert_decisions.capped_candidates`).
 
-    Contexts are :func:`agent_shell.decision_scorer.decision_context` under ``rendering``, ``layout``
-    and the run's ``seed`` (the shuffle renderings read it), as the acting agent builds them
+    Contexts are :func:`agent_shell.decision_scorer.decision_context` under the settings'
+    rendering, layout and seed (the shuffle renderings read it), as the acting agent builds them
     (``experiences``: the expert trajectory's reviewed experiences, rendering "experience").
 
     Raises ValueError (from :func:`agent_shell.expert_decisions.decision_examples`) for an expert
     action outside its saved candidate set.
     """
     examples, _ = decision_examples(trajectory, candidate_filter=drop_excluded, skip_expert_appended=True,
-                                    max_candidates=max_candidates)
+                                    max_candidates=settings.max_candidates)
     kept = {e.step_index for e in examples}
     skipped = Counter(s.action for i, s in enumerate(trajectory.steps)
                       if s.kind == "env" and i not in kept)
-    out = [(DecisionInput(decision_context(e.instruction, e.observation, e.history, rendering=rendering,
-                                           layout=layout, seed=seed, experiences=experiences),
-                          e.instruction, e.observation, e.history, e.candidates, action_prefix(layout)),
+    out = [(DecisionInput(decision_context(e.instruction, e.observation, e.history, rendering=settings.rendering,
+                                           layout=settings.layout, seed=settings.seed, experiences=experiences),
+                          e.instruction, e.observation, e.history, e.candidates, action_prefix(settings.layout)),
             e.expert_index) for e in examples]
     return out, skipped
 
 
-def decision_texts(trajectory: Trajectory, rendering: str = "raw", layout: str = "text",
-                   experiences: dict[int, str] | None = None, max_candidates: int = 0, *,
-                   seed: int) -> tuple[list[DecisionText], Counter]:
+def decision_texts(trajectory: Trajectory, settings: FeatureSettings,
+                   experiences: dict[int, str] | None = None) -> tuple[list[DecisionText], Counter]:
     """(context, candidates, expert index) per fitting decision, and the skipped expert actions
     (:func:`decision_inputs` without the rest of the decision)."""
-    inputs, skipped = decision_inputs(trajectory, rendering, layout, experiences, max_candidates, seed=seed)
+    inputs, skipped = decision_inputs(trajectory, settings, experiences)
     return [(d.context, list(d.candidates), e) for d, e in inputs], skipped
 
 
@@ -150,15 +148,16 @@ def backbone_dtype(lm: LanguageModel) -> str:
     return str(getattr(lm, "dtype", "")).removeprefix("torch.")
 
 
-def feature_key(lm: LanguageModel, rendering: str, texts: Sequence[DecisionText], layout: str = "text") -> str:
-    """Content hash of everything the features of one trajectory depend on."""
-    payload = json.dumps([FEATURE_VERSION, lm.name, PLAIN, backbone_dtype(lm), rendering, layout,
-                          action_prefix(layout), list(texts)], ensure_ascii=False)
+def feature_key(lm: LanguageModel, settings: FeatureSettings, texts: Sequence[DecisionText]) -> str:
+    """Content hash of everything the LM's scores of one trajectory depend on (the texts hold the
+    contexts and candidate sets the settings built)."""
+    payload = json.dumps([FEATURE_VERSION, lm.name, PLAIN, backbone_dtype(lm), settings.rendering, settings.layout,
+                          action_prefix(settings.layout), list(texts)], ensure_ascii=False)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
-def trajectory_scores(scorer: DecisionScorer, inputs: Sequence[tuple[DecisionInput, int]], rendering: str,
-                      cache_dir: str | os.PathLike | None, layout: str = "text") -> tuple[list[CandidateScores], float]:
+def trajectory_scores(scorer: DecisionScorer, inputs: Sequence[tuple[DecisionInput, int]], settings: FeatureSettings,
+                      cache_dir: str | os.PathLike | None) -> tuple[list[CandidateScores], float]:
     """The LM's :class:`CandidateScores` of each fitting decision of one trajectory (``inputs``: from
     :func:`decision_inputs`), and LM seconds spent.
 
@@ -174,7 +173,7 @@ def trajectory_scores(scorer: DecisionScorer, inputs: Sequence[tuple[DecisionInp
     texts = [(d.context, list(d.candidates), e) for d, e in inputs]
     path = None
     if cache_dir is not None and texts:
-        path = Path(cache_dir) / "features" / f"{feature_key(lm, rendering, texts, layout)}.npz"
+        path = Path(cache_dir) / "features" / f"{feature_key(lm, settings, texts)}.npz"
         if path.exists():
             dec = cb_core.load_decisions(path)
             off = np.asarray(dec.offsets)
@@ -193,70 +192,62 @@ def trajectory_scores(scorer: DecisionScorer, inputs: Sequence[tuple[DecisionInp
                                                  [s.n_tokens for s in scores], [e for _, _, e in texts])
         with atomic_path(path, suffix=".npz") as tmp, open(tmp, "wb") as f:
             cb_core.write_decisions(f, decisions, metadata={"backbone": lm.name, "formatting": PLAIN,
-                                                            "rendering": rendering, "layout": layout})
+                                                            "rendering": settings.rendering,
+                                                            "layout": settings.layout})
     return scores, seconds
 
 
-def features_cached(lm: LanguageModel, trajectory: Trajectory, rendering: str,
-                    cache_dir: str | os.PathLike, layout: str = "text", max_candidates: int = 0, *,
-                    seed: int) -> bool:
-    """Whether :func:`collect_features` would read ``trajectory``'s features from ``cache_dir``
-    without LM time (a lost trajectory has none to compute: True). Rendering "experience" depends
-    on LM reviews of the trajectory and raises ValueError."""
-    if rendering == "experience":
-        raise ValueError("features_cached cannot tell for rendering 'experience' (it needs LM reviews)")
+def features_cached(lm: LanguageModel, trajectory: Trajectory, settings: FeatureSettings,
+                    cache_dir: str | os.PathLike) -> bool:
+    """Whether :func:`collect_features` would read ``trajectory``'s LM scores from ``cache_dir``
+    without LM time (a lost trajectory has none to compute: True). The reviewed renderings
+    ("experience", "calibrator") depend on reviews of the trajectory and raise ValueError."""
+    if settings.rendering in REVIEWED:
+        raise ValueError(f"features_cached cannot tell for rendering {settings.rendering!r} (it needs reviews)")
     if not trajectory.won:
         return True
-    texts, _ = decision_texts(trajectory, rendering, layout, max_candidates=max_candidates, seed=seed)
-    return not texts or (Path(cache_dir) / "features" / f"{feature_key(lm, rendering, texts, layout)}.npz").exists()
+    texts, _ = decision_texts(trajectory, settings)
+    return not texts or (Path(cache_dir) / "features" / f"{feature_key(lm, settings, texts)}.npz").exists()
 
 
-def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rendering: str = "raw",
+def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], settings: FeatureSettings,
                      cache_dir: str | os.PathLike | None = None,
-                     on_trajectory: Callable[[Trajectory], None] | None = None, layout: str = "text",
-                     reviewer: LanguageModel | None = None, calibrator: Calibrator | None = None,
-                     feature_set: FeatureSet | None = None, max_candidates: int = 0, *,
-                     seed: int) -> dict[str, TypeFeatures]:
+                     on_trajectory: Callable[[Trajectory], None] | None = None,
+                     reviewer: LanguageModel | None = None) -> dict[str, TypeFeatures]:
     """Features of every won trajectory, grouped by task type (lost ones are only counted).
 
-    ``seed``: the run's seed (required: the shuffle renderings' contexts read it, as acting's do;
-    :func:`decision_inputs`).
+    ``settings``: everything the features depend on besides the backbone and the text, built once
+    from the run's configuration (:meth:`FeatureSettings.from_config`): the rendering, layout and
+    seed of the contexts (as acting builds them), the feature set (its blocks are computed, or
+    read from the cache, after the LM's scores), the cap on each candidate set (the expert's
+    action kept; the cached scores' key holds the candidates, so capped and uncapped features
+    never mix) and the calibrator.
 
-    ``max_candidates`` (0: all) caps each decision's candidate set, the expert's action kept
-    (:func:`agent_shell.expert_decisions.capped_candidates`; the cached features' key holds the
-    candidates, so capped and uncapped features never mix).
-
-    ``feature_set``: what the concept sees (default the seed's ``lm-hidden``); its blocks are
-    computed (or read from the cache) after the LM's scores.
     Rendering "experience": each trajectory's transitions are first reviewed by ``reviewer``
     (default ``lm``; :func:`agent_shell.experience.review_trajectory`, cached), and the kept
     experiences enter its contexts as they would while acting; rendering "calibrator": the
-    same with ``calibrator`` choosing the experiences.
+    same with the settings' calibrator choosing the experiences.
     """
-    check_rendering(rendering)
-    check_layout(layout)
-    scorer = DecisionScorer(lm, feature_set)
+    scorer = DecisionScorer(lm, settings.feature_set)
     by_type: dict[str, TypeFeatures] = {}
     for traj in trajectories:
-        tf = by_type.setdefault(traj.task_type, TypeFeatures(traj.task_type, max_candidates=max_candidates))
+        tf = by_type.setdefault(traj.task_type, TypeFeatures(traj.task_type, max_candidates=settings.max_candidates))
         if not traj.won:
             tf.n_lost += 1
             continue
         experiences = None
-        if rendering in REVIEWED:
+        if settings.rendering in REVIEWED:
             from agent_shell.experience import review_trajectory
 
-            if rendering == "calibrator" and calibrator is None:
-                raise ValueError("rendering 'calibrator' needs a fitted calibrator to write the experiences")
             experiences = review_trajectory(reviewer if reviewer is not None else lm, traj, cache_dir,
-                                            calibrator if rendering == "calibrator" else None)
-        inputs, skipped = decision_inputs(traj, rendering, layout, experiences, max_candidates, seed=seed)
-        scores, seconds = trajectory_scores(scorer, inputs, rendering, cache_dir, layout)
+                                            settings.calibrator)
+        inputs, skipped = decision_inputs(traj, settings, experiences)
+        scores, seconds = trajectory_scores(scorer, inputs, settings, cache_dir)
         scored, block_seconds = scorer.score_many([scorer.request(d) for d, _ in inputs], scores, cache_dir)
         if not scorer.features.is_default:
             seconds += block_seconds
         for s, (_, e) in zip(scored, inputs):
-            tf.hidden.append(s.phi)
+            tf.phi.append(s.phi)
             tf.log_q.append(s.scores.log_q)
             tf.n_tokens.append(s.scores.n_tokens)
             tf.expert.append(e)
@@ -269,16 +260,15 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], rend
     return by_type
 
 
-def fit_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, rendering: str = "raw", lam: float = 1.0,
-                 gamma: float = 0.8, eps: float = 1e-6, env_name: str = "", layout: str = "text",
-                 feature_set: FeatureSet | None = None) -> dict[str, Concept]:
+def fit_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, settings: FeatureSettings, lam: float = 1.0,
+                 gamma: float = 0.8, eps: float = 1e-6, env_name: str = "") -> dict[str, Concept]:
     """One :class:`cb_core.Concept` per task type with decisions (seed Eq. (6)).
 
     The metadata records everything acting must match (backbone, ``features`` =
-    :func:`feature_spec`, with the feature set's description, gamma, eps; the rendering also at
-    top level) and the fit summary and data counts (decisions, skipped expert steps by action).
-    ``features`` must have been collected with the same ``feature_set`` (default ``lm-hidden``).
-    Types without any decision are left out.
+    :func:`concept_feature_spec`, with the feature set's description, gamma, eps; the rendering
+    also at top level) and the fit summary and data counts (decisions, skipped expert steps by
+    action). ``features`` must have been collected with the same ``settings``. Types without any
+    decision are left out.
     """
     import cb_core
 
@@ -289,37 +279,40 @@ def fit_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, rendering
         result = cb_core.fit(tf.decisions(), lam=lam, gamma=gamma, eps=eps)
         concepts[task_type] = cb_core.Concept.from_fit(
             result, backbone=lm.name, task_type=task_type, trajectories=tf.task_ids,
-            features=feature_spec(lm, rendering, layout, feature_set),
-            extra={"env": env_name, "rendering": rendering, "layout": layout, "n_decisions": tf.n_decisions,
+            features=concept_feature_spec(lm, settings),
+            extra={"env": env_name, "rendering": settings.rendering, "layout": settings.layout,
+                   "n_decisions": tf.n_decisions,
                    "n_lost_trajectories": tf.n_lost, "n_expert_env_steps": tf.n_env_steps,
                    "n_skipped_expert_steps": tf.n_skipped, "skipped_actions": dict(tf.skipped_actions)})
     return concepts
 
 
-def feature_spec(lm: LanguageModel, rendering: str, layout: str = "text", feature_set: FeatureSet | None = None) -> dict[str, Any]:
-    """How features and contexts were built; acting must use the same (concept ``features``).
+def concept_feature_spec(lm: LanguageModel, settings: FeatureSettings) -> dict[str, Any]:
+    """How a concept's features and contexts were built; acting must use the same (the concept's
+    ``metadata["features"]``, :func:`check_concept_matches`).
 
-    ``extractors``: the feature set's description (:meth:`FeatureSet.describe`; default
-    ``lm-hidden``).
+    ``extractors``: the feature set's description (:meth:`FeatureSet.describe`). The seed is
+    recorded under the renderings that read it, the calibrator's fingerprint under rendering
+    "calibrator" (:class:`FeatureSettings` drops them elsewhere); the cap on the fitting
+    decisions' candidate sets is no acting setting (acting scores every candidate).
     """
-    feature_set = feature_set if feature_set is not None else FeatureSet.from_spec()
-    return {"formatting": PLAIN, "dtype": backbone_dtype(lm), "rendering": rendering,
-            "layout": layout, "action_prefix": action_prefix(layout),
+    spec = {"formatting": PLAIN, "dtype": backbone_dtype(lm), "rendering": settings.rendering,
+            "layout": settings.layout, "action_prefix": action_prefix(settings.layout),
             "context": "task + history, no demonstrations", "candidate_filter": "drop look/inventory/help",
-            "extractors": feature_set.describe(lm)}
+            "extractors": settings.feature_set.describe(lm)}
+    if settings.rendering in SEEDED_RENDERINGS:
+        spec["seed"] = settings.seed
+    if settings.calibrator is not None:
+        spec["calibrator"] = settings.calibrator.fingerprint
+    return spec
 
 
-def concepts_dir_key(features: dict[str, TypeFeatures], lm: LanguageModel, rendering: str, lam: float, gamma: float,
-                     eps: float, layout: str = "text", feature_set: FeatureSet | None = None) -> str:
-    """Hash naming a cached set of concepts (the data and every fit setting; the feature set
-    when it is not the default, so the default's cached concepts keep their name)."""
-    parts = [FEATURE_VERSION, lm.name, PLAIN, backbone_dtype(lm), rendering, layout, lam, gamma, eps,
+def concepts_dir_key(features: dict[str, TypeFeatures], lm: LanguageModel, settings: FeatureSettings, lam: float,
+                     gamma: float, eps: float) -> str:
+    """Hash naming a cached set of concepts: the backbone, every feature setting
+    (:meth:`FeatureSettings.describe`, all its fields), the fit settings and the data."""
+    parts = [FEATURE_VERSION, lm.name, PLAIN, backbone_dtype(lm), settings.describe(lm), lam, gamma, eps,
              {t: f.task_ids for t, f in sorted(features.items())}]
-    if feature_set is not None and not feature_set.is_default:
-        parts.append(feature_set.describe(lm))
-    caps = {t: f.max_candidates for t, f in sorted(features.items()) if f.max_candidates}
-    if caps:  # capped candidate sets (uncapped concepts keep their folder's name)
-        parts.append({"max_candidates": caps})
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
@@ -342,14 +335,13 @@ def load_concepts(directory: str | os.PathLike) -> dict[str, Concept]:
     return {f.stem: cb_core.Concept.load(f) for f in files}
 
 
-def check_concept_matches(concept: Concept, lm: LanguageModel, rendering: str, layout: str = "text",
-                          feature_set: FeatureSet | None = None) -> None:
+def check_concept_matches(concept: Concept, lm: LanguageModel, settings: FeatureSettings) -> None:
     """Raise ValueError when a concept was fitted with another backbone, formatting, rendering,
-    layout or feature set (default ``lm-hidden``; a concept file without an extractor list was
-    fitted with ``lm-hidden``)."""
+    layout, seed (under a shuffle rendering), calibrator or feature set than ``settings`` give
+    (a concept file without an extractor list was fitted with ``lm-hidden``)."""
     meta = concept.metadata
     fitted = {"backbone": meta.get("backbone"), **(meta.get("features") if isinstance(meta.get("features"), dict) else {})}
-    acting = {"backbone": lm.name, **feature_spec(lm, rendering, layout, feature_set)}
+    acting = {"backbone": lm.name, **concept_feature_spec(lm, settings)}
     extractors = acting.pop("extractors")
     for key, value in acting.items():
         if fitted.get(key) != value:
@@ -371,21 +363,19 @@ def skipped_summary(features: dict[str, TypeFeatures]) -> str:
     return f"{n} of {total} expert steps ({share}) were no fitting target" + (f" ({top})" if top else "")
 
 
-def cached_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, rendering: str = "raw", lam: float = 1.0,
+def cached_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, settings: FeatureSettings, lam: float = 1.0,
                     gamma: float = 0.8, eps: float = 1e-6, env_name: str = "",
-                    cache_dir: str | os.PathLike | None = None,
-                    layout: str = "text", feature_set: FeatureSet | None = None) -> tuple[dict[str, Concept], Path | None]:
+                    cache_dir: str | os.PathLike | None = None) -> tuple[dict[str, Concept], Path | None]:
     """:func:`fit_concepts`, read from / written to ``<cache_dir>/concepts/<key>/`` when given.
 
     Returns (concepts, the folder they are stored in or None).
     """
     if cache_dir is None:
-        return fit_concepts(features, lm, rendering, lam, gamma, eps, env_name, layout, feature_set), None
-    folder = Path(cache_dir) / "concepts" / concepts_dir_key(features, lm, rendering, lam, gamma, eps, layout,
-                                                              feature_set)
+        return fit_concepts(features, lm, settings, lam, gamma, eps, env_name), None
+    folder = Path(cache_dir) / "concepts" / concepts_dir_key(features, lm, settings, lam, gamma, eps)
     if any(folder.glob("*.safetensors")):
         return load_concepts(folder), folder
-    concepts = fit_concepts(features, lm, rendering, lam, gamma, eps, env_name, layout, feature_set)
+    concepts = fit_concepts(features, lm, settings, lam, gamma, eps, env_name)
     with atomic_folder(folder) as staging:  # the folder appears complete or not at all
         save_concepts(concepts, staging)
     return concepts, folder

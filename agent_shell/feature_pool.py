@@ -29,7 +29,9 @@ def pooled_features(config: RunConfig, pool: int, echo: Callable[[str], None],
     ``task_types`` only, when given); with ``need_heldout = (split, per_type)`` also the held-out
     split's won expert trajectories (after the pool when the split is the same), merged per type.
     ``cached_only``: trajectories whose features are not in the cache yet are left out (counted
-    per type), so no LM time is spent. The setup's env is closed on return.
+    per type), so no LM time is spent. Every feature follows the run's settings
+    (:meth:`agent_shell.feature_settings.FeatureSettings.from_config`: rendering, layout, seed,
+    feature set, candidate cap, calibrator). The setup's env is closed on return.
 
     Raises:
         ValueError: a task type the split does not have (checked before anything loads), or
@@ -37,6 +39,7 @@ def pooled_features(config: RunConfig, pool: int, echo: Callable[[str], None],
     """
     from agent_shell.concepts import collect_features, features_cached
     from agent_shell.demos import expert_demos, tasks_by_type
+    from agent_shell.feature_settings import FeatureSettings
     from cb_core.cache import enable_persistent_cache
     from envs.storage import write_bytes_atomic
     from envs import make_env
@@ -54,12 +57,12 @@ def pooled_features(config: RunConfig, pool: int, echo: Callable[[str], None],
         env.close()
         raise
     enable_persistent_cache(setup.cache / "jax", write_bytes_atomic)
+    settings = FeatureSettings.from_config(config, setup.calibrator)
 
     def usable(trajs: list[Trajectory]) -> list[Trajectory]:
         if not cached_only:
             return trajs
-        kept = [t for t in trajs
-                if features_cached(setup.lm, t, config.rendering, setup.cache, config.layout, seed=config.seed)]
+        kept = [t for t in trajs if features_cached(setup.lm, t, settings, setup.cache)]
         missing = Counter(t.task_type for t in trajs if t not in kept)
         for task_type, n in sorted(missing.items()):
             echo(f"{task_type}: {n} trajectories without cached features left out (--cached-only)")
@@ -70,8 +73,7 @@ def pooled_features(config: RunConfig, pool: int, echo: Callable[[str], None],
         start = time.perf_counter()
         setup.demo_trajectories = usable(setup.demo_trajectories)
         for i, traj in enumerate(setup.demo_trajectories, 1):
-            for task_type, tf in collect_features(setup.lm, [traj], config.rendering, cache_dir=setup.cache,
-                                                  layout=config.layout, seed=config.seed).items():
+            for task_type, tf in collect_features(setup.lm, [traj], settings, cache_dir=setup.cache).items():
                 if tf.n_decisions:
                     per_trajectory.setdefault(task_type, []).append(tf)
             if i % 10 == 0 or i == len(setup.demo_trajectories):
@@ -88,8 +90,7 @@ def pooled_features(config: RunConfig, pool: int, echo: Callable[[str], None],
                 used = {t.task_id for t in setup.demo_trajectories}
                 trajs = [t for t in trajs if t.task_id not in used]
             trajs = usable(trajs)
-            heldout = collect_features(setup.lm, trajs, config.rendering, cache_dir=setup.cache, layout=config.layout,
-                                       seed=config.seed)
+            heldout = collect_features(setup.lm, trajs, settings, cache_dir=setup.cache)
             echo(f"held out: {len(trajs)} won expert trajectories of {split}, "
                  f"{sum(f.n_decisions for f in heldout.values())} decisions")
     finally:

@@ -205,6 +205,10 @@ REVIEWED = frozenset({"experience", "calibrator"})
 #: Renderings that are diagnostics of the agent's own history: demonstrations stay raw.
 INTERVENTIONS = frozenset({"recent3", "obs-only", "shuffle-all", "shuffle-old"})
 
+#: Renderings that read the run's seed (the permutation of the shuffled actions): the only ones
+#: whose contexts, and so whose features, change with it.
+SEEDED_RENDERINGS = frozenset({"shuffle-all", "shuffle-old"})
+
 
 def check_rendering(rendering: str) -> str:
     """Return ``rendering`` if known; raise ValueError naming it and the known ones otherwise."""

@@ -231,8 +231,9 @@ def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: Se
                           calibrator: Calibrator | None = None
                           ) -> tuple[dict[str, TypeFeatures], dict[str, Concept], Path | None]:
     """Features (cached) and concepts (cached) of ``trajectories`` under ``config``'s rendering,
-    layout, feature set, lam and gamma; reports skipped expert steps. ``calibrator`` (rendering
-    "calibrator") writes the trajectories' experiences; its concepts are cached apart per calibrator.
+    layout, seed, feature set, candidate cap, lam and gamma (one :class:`agent_shell.feature_settings.FeatureSettings`
+    built from ``config``); reports skipped expert steps. ``calibrator`` (rendering "calibrator")
+    writes the trajectories' experiences; its fingerprint is part of the concepts' cache key.
 
     Returns (task type -> features, task type -> concept, the concepts' cache folder); phase
     times go into ``timings`` (``features_s``, ``features_lm_s``, ``fit_s``).
@@ -241,6 +242,7 @@ def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: Se
         ValueError: a cached concept fitted with other settings than ``config``'s.
     """
     from agent_shell.concepts import cached_concepts, check_concept_matches, collect_features, skipped_summary
+    from agent_shell.feature_settings import FeatureSettings
     from cb_core.cache import enable_persistent_cache
     from envs.storage import write_bytes_atomic
 
@@ -253,19 +255,17 @@ def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: Se
         done.append(traj.task_id)
         echo(f"features {len(done)}/{len(trajectories)}: {traj.task_id}")
 
-    features = collect_features(lm, trajectories, config.rendering, cache_dir=cache, on_trajectory=on_trajectory,
-                                layout=config.layout, feature_set=config.feature_set, calibrator=calibrator,
-                                max_candidates=config.fit_candidates, seed=config.seed)
+    settings = FeatureSettings.from_config(config, calibrator)
+    features = collect_features(lm, trajectories, settings, cache_dir=cache, on_trajectory=on_trajectory)
     timings["features_s"] = time.perf_counter() - t
     timings["features_lm_s"] = sum(f.lm_seconds for f in features.values())
     echo(f"features: {sum(f.n_decisions for f in features.values())} decisions "
          f"({timings['features_lm_s']:.1f} s of LM and extractor time; 0 when cached); {skipped_summary(features)}")
     t = time.perf_counter()
-    concept_cache = cache if calibrator is None else cache / "calibrated" / calibrator.fingerprint
-    concepts, folder = cached_concepts(features, lm, config.rendering, config.lam, config.gamma, env_name=config.env,
-                                       cache_dir=concept_cache, layout=config.layout, feature_set=config.feature_set)
+    concepts, folder = cached_concepts(features, lm, settings, config.lam, config.gamma, env_name=config.env,
+                                       cache_dir=cache)
     for concept in concepts.values():
-        check_concept_matches(concept, lm, config.rendering, config.layout, config.feature_set)
+        check_concept_matches(concept, lm, settings)
     timings["fit_s"] = time.perf_counter() - t
     echo(f"concepts: {len(concepts)} task type{'' if len(concepts) == 1 else 's'} -> {folder}")
     return features, concepts, folder

@@ -62,7 +62,7 @@ def record_steps(record: dict) -> list[_Step]:
     return [_Step(s["kind"], s["action"], s["observation"]) for s in record["history"]]
 
 
-def feature_spec(lm: LanguageModel) -> dict[str, Any]:
+def calibrator_feature_spec(lm: LanguageModel) -> dict[str, Any]:
     """How the calibrator's features are built; acting must use the same."""
     from agent_shell.concepts import backbone_dtype
 
@@ -129,7 +129,7 @@ class Calibrator:
         if meta.get("backbone") != lm.name:
             raise ValueError(f"calibrator was fitted with backbone {meta.get('backbone')!r}, but acting uses {lm.name!r}")
         fitted = meta.get("features") if isinstance(meta.get("features"), dict) else {}
-        for key, value in feature_spec(lm).items():
+        for key, value in calibrator_feature_spec(lm).items():
             if fitted.get(key) != value:
                 raise ValueError(f"calibrator was fitted with {key}={fitted.get(key)!r}, but acting uses {value!r}")
 
@@ -210,7 +210,7 @@ def fit_calibrator(lm: LanguageModel, records: Sequence[dict], features: Sequenc
     result = cb_core.fit(cb_core.decisions_from_lists(hidden, log_q, n_tokens, [r[label_field] for r in records]),
                          lam=lam, gamma=gamma)
     concept = cb_core.Concept.from_fit(
-        result, backbone=lm.name, features=feature_spec(lm), task_type=KIND,
+        result, backbone=lm.name, features=calibrator_feature_spec(lm), task_type=KIND,
         trajectories=sorted({r["task_id"] for r in records}),
         extra={"label_field": label_field, "n_decisions": len(records), **(extra or {})})
     return Calibrator(concept)
@@ -279,6 +279,6 @@ def baseline_predictions(records: Sequence[dict]) -> dict[str, list[int]]:
     return out
 
 
-__all__ = ["Calibrator", "KIND", "LABEL_FIELDS", "OPTION_PREFIX", "accuracy", "baseline_predictions", "decisive",
-           "feature_spec", "fit_calibrator", "option_request", "option_scores", "predictions", "record_features", "record_steps",
-           "split_tasks", "tied_labels"]
+__all__ = ["Calibrator", "KIND", "LABEL_FIELDS", "OPTION_PREFIX", "accuracy", "baseline_predictions",
+           "calibrator_feature_spec", "decisive", "fit_calibrator", "option_request", "option_scores", "predictions",
+           "record_features", "record_steps", "split_tasks", "tied_labels"]

@@ -56,6 +56,13 @@ COMMON_OPTIONS = {
                                   "goal-similarity (MiniLM cosines with the task and the latest observation, "
                                   "names in the task), novelty (repeats and their outcomes), or a third-party "
                                   "extractor (entry-point group cb_agent.feature_extractors)."),
+    "seed": click.option("--seed", type=int, default=0, show_default=True,
+                         help="Seed of sampled generations and of the shuffle renderings (--history shuffle-all, "
+                              "shuffle-old: the concept's contexts read it too)."),
+    "fit_candidates": click.option("--fit-candidates", type=click.IntRange(min=0), default=0, show_default=True,
+                                   help="Cap each expert decision's candidate set in the concept's fit at this many "
+                                        "(the expert's action and a seeded sample of the others); 0 = no cap. "
+                                        "ScienceWorld's ~1,000 valid combinations a state need one (e.g. 64)."),
     "calibrator": click.option("--calibrator", type=click.Path(exists=True, dir_okay=False), default=None,
                                help="Fitted calibrator file (`cb-agent calibrate fit`); needed by --history "
                                     "calibrator, which shows the experiences it writes."),
@@ -85,7 +92,6 @@ RUN_OPTIONS = {
     "reflexion_trials": click.option("--reflexion-trials", type=click.IntRange(min=2), default=2, show_default=True,
                                      help="Trials per episode of the reflexion-* agents (a reflection after each "
                                           "failed trial; success = a won trial)."),
-    "seed": click.option("--seed", type=int, default=0, show_default=True, help="Seed of sampled generations."),
     "out_dir": click.option("--out-dir", type=click.Path(file_okay=False), default=None,
                             help="Results folder (default: runs/<env>-<split>)."),
     "resume": click.option("--resume/--no-resume", default=False, show_default=True,
@@ -99,10 +105,6 @@ RUN_OPTIONS = {
                                      help="Won expert trajectories per task type that the concept is fitted on "
                                           "(the first of --demo-split, as the demonstrations); 0 = --demos-per-type. "
                                           "The ReAct demonstrations stay --demos-per-type (the scorer sees none)."),
-    "fit_candidates": click.option("--fit-candidates", type=click.IntRange(min=0), default=0, show_default=True,
-                                   help="Cap each expert decision's candidate set in the concept's fit at this many "
-                                        "(the expert's action and a seeded sample of the others); 0 = no cap. "
-                                        "ScienceWorld's ~1,000 valid combinations a state need one (e.g. 64)."),
     "concept_data": click.option("--concept-data", type=click.Choice(["expert", "ical"]), default="expert",
                                  show_default=True, help="CB-Agent's concept fitting data: the expert demonstrations, "
                                  "or the won ICAL examples of the --demos memory (with their thoughts)."),

@@ -26,6 +26,9 @@ from envs.storage import write_bytes_atomic
 
 #: Common options of these commands: all but --demos-per-type, which each replaces by its own pool size.
 OPTIONS = tuple(name for name in COMMON_OPTIONS if name != "demos_per_type")
+#: concepts-tsne's ``--seed``: the run's seed (the shuffle renderings read it), also the samples' and t-SNE's.
+TSNE_SEED = click.option("--seed", type=int, default=0, show_default=True,
+                         help="Seed of the samples, of t-SNE and of the shuffle renderings.")
 
 
 def pool_filters(fn):
@@ -38,7 +41,7 @@ def pool_filters(fn):
 
 
 @click.command("concepts-tsne")
-@config_options(*OPTIONS)
+@config_options(*OPTIONS, seed=TSNE_SEED)
 @click.option("--pool-per-type", type=click.IntRange(min=1), default=20, show_default=True,
               help="Won expert trajectories per task type to sample from (fewer if a type has fewer).")
 @click.option("--sample-size", type=click.IntRange(min=1), default=5, show_default=True,
@@ -48,17 +51,17 @@ def pool_filters(fn):
 @click.option("--perplexity", type=click.FloatRange(min=1), default=30.0, show_default=True,
               help="t-SNE perplexity (capped at (concepts - 1) / 3).")
 @pool_filters
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the samples and of t-SNE.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default="concepts_tsne.png", show_default=True,
               help="PNG to write; the points go to the same name with .json.")
 def concepts_tsne(config: RunConfig, pool_per_type: int, sample_size: int, samples: int, perplexity: float,
-                  task_types: tuple[str, ...], cached_only: bool, seed: int, out_path: str) -> None:
+                  task_types: tuple[str, ...], cached_only: bool, out_path: str) -> None:
     """t-SNE of concepts fitted on random samples of expert trajectories, one colour per task type."""
     import numpy as np
     import orjson
 
     from agent_shell.studies.concept_data import embed_concepts, sampled_concepts, silhouette, tsne_figure
 
+    seed = config.seed
     console = make_console()
     with cli_errors():
         setup, per_trajectory, _ = pooled_features(config, pool_per_type, console.print, task_types=task_types,

@@ -21,6 +21,7 @@ import click
 from agent_shell.agents.step import rounded
 from agent_shell.commands._common import cli_errors, common_options, make_console
 from agent_shell.decision_scorer import accuracy_cell, batch_terms, decision_accuracy
+from agent_shell.feature_settings import FeatureSettings
 from agent_shell.pipeline import prepare
 from agent_shell.run_config import RunConfig
 from envs.storage import write_bytes_atomic
@@ -29,10 +30,10 @@ from envs.storage import write_bytes_atomic
 EVAL_SCHEMA = "cb-agent/eval-decisions-v1"
 
 
-def heldout_decisions(features: Mapping, trajectories: Sequence, concepts: Mapping, gamma: float, *,
-                      seed: int) -> list[dict]:
+def heldout_decisions(features: Mapping, trajectories: Sequence, concepts: Mapping, gamma: float,
+                      settings: FeatureSettings) -> list[dict]:
     """One dict per held-out decision, in the order of ``features`` (task type -> TypeFeatures of
-    :func:`agent_shell.concepts.collect_features` on ``trajectories``): ``task_type``, ``task_id``,
+    :func:`agent_shell.concepts.collect_features` on ``trajectories`` under ``settings``): ``task_type``, ``task_id``,
     ``step`` (index in the expert trajectory), ``observation`` (the last one before the decision),
     ``candidates``, ``expert`` (index), and per candidate ``prior``, ``concept`` and ``log_p`` (floats,
     :func:`agent_shell.agents.step.rounded`) under the type's concept; a type without one has the
@@ -53,7 +54,7 @@ def heldout_decisions(features: Mapping, trajectories: Sequence, concepts: Mappi
         concept = concepts.get(task_type)
         acting = concept if concept is not None else cb_core.Concept.prior_only(decisions.hidden_size, gamma)
         inputs = [(task_id, d, e) for task_id in tf.task_ids
-                  for d, e in decision_inputs(by_id[task_id], seed=seed)[0]]
+                  for d, e in decision_inputs(by_id[task_id], settings)[0]]
         if [e for _, _, e in inputs] != list(tf.expert):
             raise ValueError(f"held-out decisions of {task_type!r} do not match their features")
         for (task_id, d, e), (prior, term, log_p) in zip(inputs, batch_terms(acting, decisions)):
@@ -96,6 +97,7 @@ def eval_decisions(config: RunConfig, heldout_split: str, heldout_per_type: int,
     except BaseException:
         env.close()
         raise
+    settings = FeatureSettings.from_config(config, setup.calibrator)
     try:
         same_split = heldout_split == config.demo_split
         trajs = expert_demos(setup.env, config.demos_per_type + heldout_per_type if same_split else heldout_per_type,
@@ -105,8 +107,7 @@ def eval_decisions(config: RunConfig, heldout_split: str, heldout_per_type: int,
         used = {t.task_id for t in setup.demo_trajectories}
         heldout = [t for t in trajs if t.task_id not in used]
         console.print(f"held out: {len(heldout)} won expert trajectories from {heldout_split}")
-        features = collect_features(setup.lm, heldout, config.rendering, cache_dir=setup.cache, layout=config.layout,
-                                    feature_set=config.feature_set, calibrator=setup.calibrator, seed=config.seed)
+        features = collect_features(setup.lm, heldout, settings, cache_dir=setup.cache)
         console.print(f"held-out decisions: {sum(f.n_decisions for f in features.values())}; "
                       f"{skipped_summary(features)}")
     finally:
@@ -121,7 +122,7 @@ def eval_decisions(config: RunConfig, heldout_split: str, heldout_per_type: int,
                       accuracy_cell(r, "concept"), style="bold" if r["task_type"] == "all" else None)
     console.print(table)
     if out_path:
-        decisions = heldout_decisions(features, heldout, setup.concepts, config.gamma, seed=config.seed)
+        decisions = heldout_decisions(features, heldout, setup.concepts, config.gamma, settings)
         write_bytes_atomic(out_path, orjson.dumps({"schema": EVAL_SCHEMA, "model": setup.lm.name,
                                                  "features": config.features, "rows": rows,
                                                  "decisions": decisions}))

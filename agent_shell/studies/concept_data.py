@@ -46,7 +46,7 @@ def merge_features(parts: Sequence[TypeFeatures]) -> TypeFeatures:
         raise ValueError(f"merge_features: parts fitted on candidate sets capped differently {sorted(caps)}")
     merged = TypeFeatures(parts[0].task_type, max_candidates=parts[0].max_candidates)
     for p in parts:
-        merged.hidden.extend(p.hidden)
+        merged.phi.extend(p.phi)
         merged.log_q.extend(p.log_q)
         merged.n_tokens.extend(p.n_tokens)
         merged.expert.extend(p.expert)

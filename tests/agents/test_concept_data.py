@@ -39,7 +39,7 @@ def test_sample_subsets_are_distinct_sized_seeded_and_complete_when_few():
 def _part(task_type, task_id, n, skipped=()):
     tf = TypeFeatures(task_type, task_ids=[task_id], n_env_steps=n + len(skipped), skipped_actions=Counter(skipped))
     for i in range(n):
-        tf.hidden.append(np.full((3, 2), i, np.float32))
+        tf.phi.append(np.full((3, 2), i, np.float32))
         tf.log_q.append(np.zeros(3, np.float32))
         tf.n_tokens.append(np.ones(3, np.int32))
         tf.expert.append(i % 3)

@@ -10,6 +10,7 @@ from agent_doubles import FakeLM, HangingEnv, ScriptedEnv
 from agent_shell.concepts import (cached_concepts, check_concept_matches, collect_features, decision_texts,
                                   skipped_summary)
 from agent_shell.context import scoring_context
+from agent_shell.feature_settings import FeatureSettings
 from agent_shell.demos import expert_demos, rendered_demos
 
 
@@ -46,7 +47,7 @@ def test_an_expert_episode_past_its_time_limit_is_not_collected_and_the_next_tas
 
 def test_look_steps_are_no_target_but_stay_in_the_history(trajectories):
     traj = trajectories[0]  # look, go to desk 1, look, take key 1 from desk 1
-    texts, skipped = decision_texts(traj, seed=0)
+    texts, skipped = decision_texts(traj, FeatureSettings())
     assert skipped == {"look": 2}
     assert [t[1][t[2]] for t in texts] == ["go to desk 1", "take key 1 from desk 1"]
     assert texts[1][0] == scoring_context(traj.instruction, traj.observation, traj.steps[:3])
@@ -56,23 +57,23 @@ def test_look_steps_are_no_target_but_stay_in_the_history(trajectories):
 
 def test_features_are_cached_so_a_refit_costs_no_lm_time(tmp_path, trajectories):
     lm = FakeLM()
-    first = collect_features(lm, trajectories, cache_dir=tmp_path / "cache", seed=0)
+    first = collect_features(lm, trajectories, FeatureSettings(), cache_dir=tmp_path / "cache")
     n_calls = len(lm.score_calls)
     assert n_calls == 4 + 6  # fetch: 2 + 2 decisions, open: 3 + 3
-    second = collect_features(lm, trajectories, cache_dir=tmp_path / "cache", seed=0)
+    second = collect_features(lm, trajectories, FeatureSettings(), cache_dir=tmp_path / "cache")
     assert len(lm.score_calls) == n_calls and second["open"].lm_seconds == 0.0
     for t in first:
-        for a, b in zip(first[t].hidden, second[t].hidden):
+        for a, b in zip(first[t].phi, second[t].phi):
             np.testing.assert_array_equal(a, b)
         assert first[t].expert == second[t].expert
     other = FakeLM(name="other-lm")
-    collect_features(other, trajectories, cache_dir=tmp_path / "cache", seed=0)
+    collect_features(other, trajectories, FeatureSettings(), cache_dir=tmp_path / "cache")
     assert len(other.score_calls) == n_calls  # another backbone never reads these features
 
 
 def test_only_won_trajectories_are_fitted_and_lost_ones_counted(trajectories):
     lost = trajectories[0].__class__(**{**trajectories[0].__dict__, "task_id": "a/9", "won": False})
-    feats = collect_features(FakeLM(), trajectories + [lost], seed=0)
+    feats = collect_features(FakeLM(), trajectories + [lost], FeatureSettings())
     assert feats["fetch"].task_ids == ["a/1", "a/2"] and feats["fetch"].n_lost == 1
     assert feats["fetch"].n_skipped == 4 and feats["fetch"].n_env_steps == 8
     assert skipped_summary(feats) == "10 of 20 expert steps (50.0%) were no fitting target (look x10)"
@@ -80,8 +81,8 @@ def test_only_won_trajectories_are_fitted_and_lost_ones_counted(trajectories):
 
 def test_one_concept_per_type_with_metadata_and_a_cache(tmp_path, trajectories):
     lm = FakeLM()
-    feats = collect_features(lm, trajectories, seed=0)
-    concepts, folder = cached_concepts(feats, lm, "raw", lam=0.5, gamma=0.8, env_name="scripted",
+    feats = collect_features(lm, trajectories, FeatureSettings())
+    concepts, folder = cached_concepts(feats, lm, FeatureSettings(), lam=0.5, gamma=0.8, env_name="scripted",
                                        cache_dir=tmp_path)
     assert sorted(concepts) == ["fetch", "open"] and sorted(p.name for p in folder.iterdir()) == [
         "fetch.safetensors", "open.safetensors"]
@@ -94,45 +95,45 @@ def test_one_concept_per_type_with_metadata_and_a_cache(tmp_path, trajectories):
     dec = feats["open"].decisions()
     alpha = concepts["open"].alpha
     assert cb_core.objective(alpha, dec, lam=0.5) < cb_core.objective(np.zeros_like(alpha), dec, lam=0.5) - 1e-3
-    again, folder2 = cached_concepts(feats, lm, "raw", lam=0.5, gamma=0.8, cache_dir=tmp_path)
+    again, folder2 = cached_concepts(feats, lm, FeatureSettings(), lam=0.5, gamma=0.8, cache_dir=tmp_path)
     assert folder2 == folder and np.array_equal(again["open"].alpha, concepts["open"].alpha)
-    check_concept_matches(concepts["open"], lm, "raw")
+    check_concept_matches(concepts["open"], lm, FeatureSettings())
     with pytest.raises(ValueError, match="backbone"):
-        check_concept_matches(concepts["open"], FakeLM(name="other"), "raw")
+        check_concept_matches(concepts["open"], FakeLM(name="other"), FeatureSettings())
 
 
 def test_capped_candidate_sets_are_fitted_and_cached_apart(tmp_path, trajectories):
     lm = FakeLM()
-    whole = collect_features(lm, trajectories, cache_dir=tmp_path, seed=0)
-    capped = collect_features(lm, trajectories, cache_dir=tmp_path, max_candidates=2, seed=0)
-    assert max(len(h) for h in whole["open"].hidden) > 2  # the cap bites
-    assert all(len(h) <= 2 for tf in capped.values() for h in tf.hidden)
+    whole = collect_features(lm, trajectories, FeatureSettings(), cache_dir=tmp_path)
+    capped = collect_features(lm, trajectories, FeatureSettings(max_candidates=2), cache_dir=tmp_path)
+    assert max(len(h) for h in whole["open"].phi) > 2  # the cap bites
+    assert all(len(h) <= 2 for tf in capped.values() for h in tf.phi)
     assert capped["open"].max_candidates == 2 and whole["open"].max_candidates == 0
     # the expert's action is always kept: its features (FakeLM's are a function of the context and
     # the candidate's text) are the uncapped set's expert row, decision by decision
     for task_type, tf in capped.items():
         full = whole[task_type]
-        assert len(tf.hidden) == len(full.hidden)
-        for h, e, h_full, e_full in zip(tf.hidden, tf.expert, full.hidden, full.expert):
+        assert len(tf.phi) == len(full.phi)
+        for h, e, h_full, e_full in zip(tf.phi, tf.expert, full.phi, full.expert):
             np.testing.assert_array_equal(h[e], h_full[e_full])
     # and by text: the capped candidate set holds the action the expert took at that step
     for traj in trajectories:
-        texts, _ = decision_texts(traj, max_candidates=2, seed=0)
+        texts, _ = decision_texts(traj, FeatureSettings(max_candidates=2))
         taken = [s.action for s in traj.steps if s.kind == "env" and s.action != "look"]
         assert [cands[e] for _, cands, e in texts] == taken and all(len(c) <= 2 for _, c, _ in texts)
-    _, folder_whole = cached_concepts(whole, lm, cache_dir=tmp_path)
-    _, folder_capped = cached_concepts(capped, lm, cache_dir=tmp_path)
+    _, folder_whole = cached_concepts(whole, lm, FeatureSettings(), cache_dir=tmp_path)
+    _, folder_capped = cached_concepts(capped, lm, FeatureSettings(max_candidates=2), cache_dir=tmp_path)
     assert folder_whole != folder_capped  # a capped fit never reads the uncapped concepts
 
 
 def test_a_concept_fitted_in_another_dtype_is_refused(trajectories):
     fitted_with, acting_with = FakeLM(), FakeLM()
     fitted_with.dtype, acting_with.dtype = "bfloat16", "float32"
-    concept = cached_concepts(collect_features(fitted_with, trajectories, seed=0), fitted_with)[0]["open"]
+    concept = cached_concepts(collect_features(fitted_with, trajectories, FeatureSettings()), fitted_with, FeatureSettings())[0]["open"]
     assert concept.metadata["features"]["dtype"] == "bfloat16"
-    check_concept_matches(concept, fitted_with, "raw")
+    check_concept_matches(concept, fitted_with, FeatureSettings())
     with pytest.raises(ValueError, match="concept for 'open' was fitted with dtype='bfloat16', but acting uses 'float32'"):
-        check_concept_matches(concept, acting_with, "raw")
+        check_concept_matches(concept, acting_with, FeatureSettings())
 
 
 @pytest.mark.parametrize("field, fitted", [("formatting", "chat"), ("action_prefix", "\nAction: "),
@@ -142,10 +143,10 @@ def test_a_concept_from_another_feature_construction_is_refused(trajectories, fi
     action prefix, another dtype: e.g. written by another version or tool) is refused by name."""
     lm = FakeLM()
     lm.dtype = "float32"
-    concept = cached_concepts(collect_features(lm, trajectories, seed=0), lm)[0]["fetch"]
+    concept = cached_concepts(collect_features(lm, trajectories, FeatureSettings()), lm, FeatureSettings())[0]["fetch"]
     acting = concept.metadata["features"][field]
     assert acting != fitted
     meta = {**concept.metadata, "features": {**concept.metadata["features"], field: fitted}}
     other = cb_core.Concept(concept.alpha, concept.gamma, concept.eps, meta)
     with pytest.raises(ValueError, match=re.escape(f"fitted with {field}={fitted!r}, but acting uses {acting!r}")):
-        check_concept_matches(other, lm, "raw")
+        check_concept_matches(other, lm, FeatureSettings())

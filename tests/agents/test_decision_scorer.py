@@ -73,14 +73,14 @@ def test_batched_accuracy_counts_the_hits_of_one_decision_at_a_time():
         lq = -rng.uniform(1, 20, m).astype(np.float32)
         if i % 4 == 0:  # an exact tie: the lowest index wins in both
             h[1], lq[1] = h[0], lq[0]
-        tf.hidden.append(h)
+        tf.phi.append(h)
         tf.log_q.append(lq)
         tf.n_tokens.append(rng.integers(1, 6, m).astype(np.int32))
         tf.expert.append(int(rng.integers(0, m)))
     concept = cb_core.Concept(rng.normal(size=6).astype(np.float32), 0.8, 1e-6)
     (row, total) = decision_accuracy({"t": tf}, {"t": concept}, gamma=0.7)
     prior = cb_core.Concept.prior_only(5, 0.7)
-    args = list(zip(tf.hidden, tf.log_q, tf.n_tokens))
+    args = list(zip(tf.phi, tf.log_q, tf.n_tokens))
     assert row["hits_prior"] == sum(prior.choose(*a) == e for a, e in zip(args, tf.expert))
     assert row["hits_concept"] == sum(concept.choose(*a) == e for a, e in zip(args, tf.expert))
     assert total["task_type"] == "all" and total["hits_concept"] == row["hits_concept"]

@@ -12,6 +12,7 @@ from agent_shell.agents import CBAgent
 from agent_shell.cli import main
 from agent_shell.concepts import cached_concepts, check_concept_matches, collect_features
 from agent_shell.demos import expert_demos
+from agent_shell.feature_settings import FeatureSettings
 from agent_shell.features import FeatureSet
 from agent_shell.features.novelty import Novelty
 from agent_shell.results import read_results
@@ -30,41 +31,41 @@ def trajectories(tmp_path):
 def test_collected_features_are_the_blocks_side_by_side_and_each_block_is_cached(tmp_path, trajectories,
                                                                                   monkeypatch, plugin):  # noqa: F811
     lm = FakeLM(hidden_size=8)
-    seed = collect_features(lm, trajectories, cache_dir=tmp_path / "cache", seed=0)
+    seed = collect_features(lm, trajectories, FeatureSettings(), cache_dir=tmp_path / "cache")
     calls = []
     original = Novelty.extract
     monkeypatch.setattr(Novelty, "extract", lambda self, *a: calls.append(1) or original(self, *a))
     fs = FeatureSet.from_spec("lm-hidden,novelty,word-count")
-    feats = collect_features(lm, trajectories, cache_dir=tmp_path / "cache", feature_set=fs, seed=0)
+    feats = collect_features(lm, trajectories, FeatureSettings(feature_set=fs), cache_dir=tmp_path / "cache")
     assert len(calls) == 10  # one novelty block per decision (4 + 6), computed once
     for t in feats:
         assert feats[t].expert == seed[t].expert
-        for x, h, lq, lq0 in zip(feats[t].hidden, seed[t].hidden, feats[t].log_q, seed[t].log_q):
+        for x, h, lq, lq0 in zip(feats[t].phi, seed[t].phi, feats[t].log_q, seed[t].log_q):
             assert x.shape == (len(h), 8 + 5 + 1)
             np.testing.assert_array_equal(x[:, :8], h)       # lm-hidden from the cached scores
             np.testing.assert_array_equal(lq, lq0)           # the prior is untouched
     n_scores = len(lm.score_calls)
-    other = collect_features(lm, trajectories, cache_dir=tmp_path / "cache",
-                             feature_set=FeatureSet.from_spec("novelty"), seed=0)
+    other = collect_features(lm, trajectories, FeatureSettings(feature_set=FeatureSet.from_spec("novelty")),
+                             cache_dir=tmp_path / "cache")
     assert len(calls) == 10 and len(lm.score_calls) == n_scores  # both blocks and scores came from the cache
-    np.testing.assert_array_equal(other["open"].hidden[2], feats["open"].hidden[2][:, 8:13])
+    np.testing.assert_array_equal(other["open"].phi[2], feats["open"].phi[2][:, 8:13])
     # b/1's second decision: "open door 1" names the object of the earlier "go to door 1"
-    assert other["open"].hidden[1][:, 1].tolist() == [0, np.float32(np.log1p(1)), 0]
+    assert other["open"].phi[1][:, 1].tolist() == [0, np.float32(np.log1p(1)), 0]
 
 
 def test_concepts_record_their_feature_set_and_acting_refuses_another(tmp_path, trajectories):
     lm = FakeLM(hidden_size=8)
     fs = FeatureSet.from_spec("novelty,lm-hidden")
-    feats = collect_features(lm, trajectories, feature_set=fs, seed=0)
-    concepts, folder = cached_concepts(feats, lm, "raw", lam=0.5, gamma=0.8, cache_dir=tmp_path, feature_set=fs)
+    feats = collect_features(lm, trajectories, FeatureSettings(feature_set=fs))
+    concepts, folder = cached_concepts(feats, lm, FeatureSettings(feature_set=fs), lam=0.5, gamma=0.8, cache_dir=tmp_path)
     c = cb_core.Concept.load(folder / "open.safetensors")  # one safetensors file, read back
     assert c.hidden_size == 13 and [b["name"] for b in c.metadata["features"]["extractors"]] == ["novelty", "lm-hidden"]
     assert c.metadata["features"]["extractors"][0]["metadata"]["columns"][0] == "log_times_taken"
-    check_concept_matches(c, lm, "raw", feature_set=fs)
+    check_concept_matches(c, lm, FeatureSettings(feature_set=fs))
     with pytest.raises(ValueError, match="fitted with features 'novelty,lm-hidden', but acting uses 'lm-hidden'"):
-        check_concept_matches(c, lm, "raw")
-    seed_concepts, seed_folder = cached_concepts(collect_features(lm, trajectories, seed=0), lm, "raw", lam=0.5,
-                                                 gamma=0.8, cache_dir=tmp_path)
+        check_concept_matches(c, lm, FeatureSettings())
+    seed_concepts, seed_folder = cached_concepts(collect_features(lm, trajectories, FeatureSettings()), lm,
+                                                 FeatureSettings(), lam=0.5, gamma=0.8, cache_dir=tmp_path)
     assert seed_folder != folder and seed_concepts["open"].hidden_size == 8  # the cache keys differ
 
 
@@ -76,9 +77,9 @@ def test_a_concept_file_from_before_extractors_loads_as_lm_hidden(tmp_path):
                                          "candidate_filter": "drop look/inventory/help"})
     (tmp_path / "open.safetensors").write_bytes(cb_core.Concept(np.ones(9, np.float32), 0.8, 1e-6, meta).to_bytes())
     old = cb_core.Concept.load(tmp_path / "open.safetensors")
-    check_concept_matches(old, lm, "raw")
+    check_concept_matches(old, lm, FeatureSettings())
     with pytest.raises(ValueError, match="fitted with features 'lm-hidden', but acting uses 'lm-hidden,novelty'"):
-        check_concept_matches(old, lm, "raw", feature_set=FeatureSet.from_spec("lm-hidden,novelty"))
+        check_concept_matches(old, lm, FeatureSettings(feature_set=FeatureSet.from_spec("lm-hidden,novelty")))
 
 
 class StubbornLM(FakeLM):

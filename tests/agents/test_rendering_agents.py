@@ -1,6 +1,9 @@
 """Renderings through the agents and concept fitting: CB-Agent's routing peek, and the
 same rendering/layout for fitting and acting, recorded in every concept's metadata."""
 
+import dataclasses
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -8,10 +11,11 @@ from agent_doubles import FakeLM, ScriptedEnv
 from agent_shell.agents import AgentConfig, CBAgent, ReActAgent
 from agent_shell.agents.cb_agent import ROUTE_PEEK_TOKENS
 from agent_shell.agents import AgentLog, View
-from agent_shell.concepts import (check_concept_matches, collect_features, decision_texts, feature_spec,
+from agent_shell.concepts import (check_concept_matches, collect_features, concept_feature_spec, decision_texts,
                                   fit_concepts)
 from agent_shell.context import scoring_context
 from agent_shell.demos import expert_demos
+from agent_shell.feature_settings import FeatureSettings
 from envs.episode import Episode
 
 DEMOS = {"fetch": ["DEMO-FETCH"], "open": ["DEMO-OPEN"]}
@@ -87,7 +91,7 @@ def trajectories(tmp_path):
 @pytest.mark.parametrize("rendering, layout", [("causal", "chat"), ("check", "text"), ("shuffle-all", "chat")])
 def test_decision_texts_are_the_scoring_contexts(trajectories, rendering, layout):
     traj = trajectories[2]  # b/1: go to door 1, open door 1, go to hall 1
-    texts, skipped = decision_texts(traj, rendering, layout, seed=0)
+    texts, skipped = decision_texts(traj, FeatureSettings(rendering, layout))
     assert len(texts) == 3 and not skipped
     for k, (context, candidates, expert) in enumerate(texts):
         assert context == scoring_context(traj.instruction, traj.observation, traj.steps[:k], rendering, layout=layout)
@@ -100,7 +104,7 @@ def test_fitting_and_acting_contexts_are_byte_identical(trajectories):
     """CB-Agent under causal + chat, following the expert's path, scores exactly the contexts the
     concept was fitted on."""
     lm = FakeLM([" act"], prefer="desk")
-    feats = collect_features(lm, trajectories[:1], rendering="causal", layout="chat", seed=0)
+    feats = collect_features(lm, trajectories[:1], FeatureSettings("causal", "chat"))
     fitted_contexts = [c for c, _ in lm.score_calls]
     acting = SteeredLM([" act"], prefer="desk")
     ep, log = play(CBAgent(acting, DEMOS, None, AgentConfig(rendering="causal", layout="chat")))
@@ -112,35 +116,36 @@ def test_fitting_and_acting_contexts_are_byte_identical(trajectories):
 
 def test_concept_metadata_records_rendering_and_layout(trajectories):
     lm = FakeLM()
-    feats = collect_features(lm, trajectories, rendering="causal", layout="chat", seed=0)
+    feats = collect_features(lm, trajectories, FeatureSettings("causal", "chat"))
     assert all(isinstance(c, list) and c[0]["role"] == "user" for c, _ in lm.score_calls)
     assert any('Result of "go to door 1":' in m["content"] for c, _ in lm.score_calls for m in c)
-    concepts = fit_concepts(feats, lm, rendering="causal", layout="chat", env_name="scripted")
+    concepts = fit_concepts(feats, lm, FeatureSettings("causal", "chat"), env_name="scripted")
     meta = concepts["open"].metadata
     assert meta["rendering"] == "causal" and meta["layout"] == "chat"
     assert meta["features"]["rendering"] == "causal" and meta["features"]["layout"] == "chat"
-    assert meta["features"]["action_prefix"] == "" and meta["features"] == feature_spec(lm, "causal", "chat")
-    check_concept_matches(concepts["open"], lm, "causal", "chat")
+    assert meta["features"]["action_prefix"] == "" and meta["features"] == concept_feature_spec(lm, FeatureSettings("causal", "chat"))
+    check_concept_matches(concepts["open"], lm, FeatureSettings("causal", "chat"))
     with pytest.raises(ValueError, match="rendering='causal', but acting uses 'raw'"):
-        check_concept_matches(concepts["open"], lm, "raw", "chat")
+        check_concept_matches(concepts["open"], lm, FeatureSettings("raw", "chat"))
     with pytest.raises(ValueError, match="layout='chat', but acting uses 'text'"):
-        check_concept_matches(concepts["open"], lm, "causal", "text")
-    assert feature_spec(lm, "causal", "text")["action_prefix"] == "\n> "
+        check_concept_matches(concepts["open"], lm, FeatureSettings("causal", "text"))
+    assert concept_feature_spec(lm, FeatureSettings("causal", "text"))["action_prefix"] == "\n> "
     # the text layout scores other contexts, hence gives other features
-    text_feats = collect_features(lm, trajectories, rendering="causal", layout="text", seed=0)
-    assert not np.allclose(text_feats["open"].hidden[0], feats["open"].hidden[0])
+    text_feats = collect_features(lm, trajectories, FeatureSettings("causal", "text"))
+    assert not np.allclose(text_feats["open"].phi[0], feats["open"].phi[0])
 
 
 def test_experience_fitting_uses_the_reviewed_experiences(trajectories, tmp_path):
     reviewer = FakeLM(["Doors lead somewhere."])
     lm = FakeLM()
-    feats = collect_features(lm, trajectories[2:3], rendering="experience", cache_dir=tmp_path, reviewer=reviewer, seed=0)
+    feats = collect_features(lm, trajectories[2:3], FeatureSettings("experience"), cache_dir=tmp_path,
+                             reviewer=reviewer)
     assert feats["open"].n_decisions == 3 and len(reviewer.prompts) == 2  # 2 non-terminal transitions
     contexts = [c for c, _ in lm.score_calls]
     assert contexts[0].count("Experience:") == 0
     assert contexts[1].endswith("> go to door 1\nYou go to door 1.\nExperience: Doors lead somewhere.")
     assert contexts[2].count("Experience: Doors lead somewhere.") == 2
-    concept = fit_concepts(feats, lm, rendering="experience")["open"]
+    concept = fit_concepts(feats, lm, FeatureSettings("experience"))["open"]
     assert concept.metadata["features"]["rendering"] == "experience"
     # acting with the same reviews: the scoring contexts equal the fitted ones
     acting = FakeLM(["Doors lead somewhere."])
@@ -157,6 +162,8 @@ def test_experience_fitting_uses_the_reviewed_experiences(trajectories, tmp_path
 # -- the run's seed: fitting reads the text acting reads ----------------------------------------------
 WALK = {"c/1": ("walk", [f"go to room {i}" for i in range(1, 8)])}  # long enough for the shuffles to move
 SEED = 7
+#: Stands in for a fitted calibrator where the experiences are given (rendering "calibrator").
+STUB_CALIBRATOR = SimpleNamespace(fingerprint="stub")
 
 
 @pytest.mark.parametrize("layout", ["text", "chat"])
@@ -166,7 +173,7 @@ def test_fitting_contexts_are_the_acting_contexts_for_every_rendering_under_a_se
     import json
 
     from agent_shell.concepts import decision_inputs
-    from agent_shell.history import RENDERINGS, REVIEWED
+    from agent_shell.history import RENDERINGS, REVIEWED, SEEDED_RENDERINGS
     from envs.protocol import TaskStart
 
     (traj,) = expert_demos(ScriptedEnv(WALK, expert_looks=True), per_type=1, split="train", path=tmp_path / "e.jsonl",
@@ -176,8 +183,9 @@ def test_fitting_contexts_are_the_acting_contexts_for_every_rendering_under_a_se
     moved = set()
     for rendering in RENDERINGS:
         given = experiences if rendering in REVIEWED else None
-        inputs, _ = decision_inputs(traj, rendering, layout, given, seed=SEED)
-        unseeded, _ = decision_inputs(traj, rendering, layout, given, seed=0)
+        settings = FeatureSettings(rendering, layout, SEED, calibrator=STUB_CALIBRATOR)
+        inputs, _ = decision_inputs(traj, settings, given)
+        unseeded, _ = decision_inputs(traj, dataclasses.replace(settings, seed=0), given)
         agent = CBAgent(FakeLM(), DEMOS, None, AgentConfig(rendering=rendering, layout=layout, seed=SEED))
         assert len(inputs) == 7
         for (d, _), (d0, _) in zip(inputs, unseeded):
@@ -188,6 +196,6 @@ def test_fitting_contexts_are_the_acting_contexts_for_every_rendering_under_a_se
                 moved.add(rendering)
         if rendering not in REVIEWED:  # the path the pipeline fits on
             lm = FakeLM()
-            collect_features(lm, [traj], rendering, layout=layout, seed=SEED)
+            collect_features(lm, [traj], settings)
             assert [c for c, _ in lm.score_calls] == [d.context for d, _ in inputs]
-    assert moved == {"shuffle-all", "shuffle-old"}  # the seed changes their text, and only theirs
+    assert moved == {"shuffle-all", "shuffle-old"} == SEEDED_RENDERINGS  # the seed changes their text, only theirs
