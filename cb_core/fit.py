@@ -178,6 +178,22 @@ def _check_number(name: str, value: object, low: float, strict: bool) -> float:
     return value
 
 
+def _diverged(dec: Decisions, dt, value: float, gnorm: float) -> str:
+    """One line for a fit whose loss or gradient is not finite although every input is: which
+    decision's features overflow ``dt`` when standardised (their squared deviations), and the fix."""
+    offsets, hidden = np.asarray(dec.offsets), np.asarray(dec.hidden)
+    culprit = ""
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
+            x = hidden[a:b].astype(dt.name)
+            if not np.isfinite(np.square(x - x.mean(axis=0)).sum(axis=0)).all():
+                culprit = (f"decision {i}'s features overflow {dt.name} when standardised (largest |feature| "
+                           f"{float(np.abs(hidden[a:b]).max()):.3g}); ")
+                break
+    return (f"the {dt.name} fit diverged (loss {value}, gradient norm {gnorm}) and nothing is saved: {culprit}"
+            "fit in float64 (dtype=float64, `cb-agent fit --float64`) or standardise the features first")
+
+
 def fit(
     decisions: Decisions,
     solver: Solver = DEFAULT_SOLVER,
@@ -209,7 +225,9 @@ def fit(
     Raises:
         ValueError: lam <= 0 or non-finite, gamma/eps/tol/max_iter (or Subspace memory/inner)
             invalid, unknown solver or dtype, or bad decisions (naming the decision at fault;
-            a non-finite hidden state is found by the compiled fit's first pass).
+            a non-finite hidden state is found by the compiled fit's first pass); a fit whose
+            loss or gradient is not finite although its inputs are (finite features too large
+            for ``dtype``: naming the first decision whose standardisation overflows).
     """
     lam = _check_number("lam", lam, 0.0, strict=True)
     gamma = _check_number("gamma", gamma, 0.0, strict=False)
@@ -242,6 +260,9 @@ def fit(
                                     (SolverOutput(*[0] * 6), 0))
         if not np.all(np.asarray(finite)[: dec.n_decisions]):
             validate_decisions(decisions)  # names the decision with a non-finite hidden state
+        value, gnorm = float(out.value), float(out.grad_norm)
+        if not (math.isfinite(value) and math.isfinite(gnorm)):
+            raise ValueError(_diverged(dec, dt, value, gnorm))
         m = dec.hidden_size + 1
         measure = certify == "exact" or (certify == "auto" and min(padded.mask.size, m)
                                          <= EXACT_EIG_MAX_DIM)
@@ -249,7 +270,6 @@ def fit(
             gram = call_compiled("gram", _gram, (), (out.alpha, padded, *args[2:]), 0)
             low, high = _hessian_eig_range(gram, lam, m)
         alpha = np.asarray(out.alpha)
-        value, gnorm = float(out.value), float(out.grad_norm)
     if measure:
         rounding = math.sqrt(float(jnp.finfo(dt).eps)) * max(1.0, high)
         min_eig, strongly_convex = low, low >= lam - rounding

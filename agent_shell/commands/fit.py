@@ -11,6 +11,7 @@ declare more than ``--max-gib`` is refused from its headers, and running out of 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 
@@ -96,12 +97,14 @@ def fit(decisions, out, lam, gamma, eps, method, max_iter, tol, float64, certify
     elapsed = timings["command_s"] = time.perf_counter() - start
     if as_json:
         c = result.certificate
-        click.echo(json.dumps(dict(out=str(out), method=result.method, n_decisions=result.n_decisions,
-                                   hidden_size=result.hidden_size, loss=result.loss,
-                                   grad_norm=result.grad_norm, n_iter=result.n_iter,
-                                   converged=result.converged, gap_bound=c.gap_bound,
-                                   min_hessian_eig=c.min_hessian_eig, fit_seconds=result.seconds,
-                                   command_seconds=elapsed, timings=timings)))
+        summary = dict(out=str(out), method=result.method, n_decisions=result.n_decisions,
+                       hidden_size=result.hidden_size, loss=result.loss, grad_norm=result.grad_norm,
+                       n_iter=result.n_iter, converged=result.converged, gap_bound=c.gap_bound,
+                       min_hessian_eig=c.min_hessian_eig, fit_seconds=result.seconds,
+                       command_seconds=elapsed, timings=timings)
+        # strict JSON: a number JSON cannot hold (an overflowing bound) is null, never NaN/Infinity
+        click.echo(json.dumps({k: v if not isinstance(v, float) or math.isfinite(v) else None
+                               for k, v in summary.items()}, allow_nan=False))
     else:
         click.echo(result.summary())
         click.echo(f"saved {out} (command time {elapsed:.2f}s)")

@@ -333,3 +333,45 @@ def test_cli_fit_reports_bad_file(tmp_path):
     assert res.exit_code == 1 and "offsets[-1] must equal T = 5" in res.output
     assert "expert" not in res.output
     assert not (tmp_path / "c").exists()
+
+
+def _overflowing_decisions() -> cb_core.Decisions:
+    """Five decisions; one feature of decision 3 is 1e25: finite, but its squared deviation from
+    the candidate mean (about 1e50) exceeds float32's largest value (about 3.4e38)."""
+    hidden, log_q, n_tokens, expert = random_lists(4, [4, 6, 3, 5, 2], 6)
+    hidden[3] = hidden[3].copy()
+    hidden[3][1, 2] = 1e25
+    return cb_core.decisions_from_lists(hidden, log_q, n_tokens, expert)
+
+
+@pytest.mark.parametrize("certify", ["auto", "structural"])
+def test_a_diverged_float32_fit_names_the_overflowing_decision_and_float64_fits_it(certify):
+    dec = _overflowing_decisions()
+    with np.errstate(over="ignore"):
+        assert not np.isfinite(np.float32(1e25) ** 2) and np.isfinite(np.float64(1e25) ** 2)
+    with pytest.raises(ValueError, match=r"decision 3's features overflow float32 .*float64") as err:
+        cb_core.fit(dec, certify=certify)
+    assert "\n" not in str(err.value) and "nothing is saved" in str(err.value)
+    result = cb_core.fit(dec, dtype="float64", certify=certify)
+    assert np.isfinite(result.loss) and np.all(np.isfinite(result.alpha)) and result.converged
+
+
+def test_cli_fit_saves_no_diverged_concept_and_its_json_is_strict(tmp_path):
+    from agent_shell.commands.fit import fit as fit_cmd
+
+    save_decisions(tmp_path / "d.npz", _overflowing_decisions())
+    out = tmp_path / "c.safetensors"
+    for certify in ("auto", "structural"):
+        res = CliRunner().invoke(fit_cmd, [str(tmp_path / "d.npz"), "--out", str(out), "--json", "--no-cache",
+                                           "--certify", certify])
+        assert res.exit_code == 1 and "decision 3's features overflow float32" in res.output, res.output
+        assert "Eigenvalues" not in res.output and "Traceback" not in res.output and not out.exists()
+    res = CliRunner().invoke(fit_cmd, [str(tmp_path / "d.npz"), "--out", str(out), "--json", "--no-cache",
+                                       "--float64"])
+    assert res.exit_code == 0, res.output
+
+    def no_constant(name):
+        raise AssertionError(f"not JSON: {name}")
+
+    summary = json.loads(res.output.strip().splitlines()[-1], parse_constant=no_constant)
+    assert summary["converged"] and np.isfinite(cb_core.Concept.load(out).alpha).all()
