@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -366,7 +367,9 @@ def skipped_summary(features: dict[str, TypeFeatures]) -> str:
 def cached_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, settings: FeatureSettings, lam: float = 1.0,
                     gamma: float = 0.8, eps: float = 1e-6, env_name: str = "",
                     cache_dir: str | os.PathLike | None = None) -> tuple[dict[str, Concept], Path | None]:
-    """:func:`fit_concepts`, read from / written to ``<cache_dir>/concepts/<key>/`` when given.
+    """:func:`fit_concepts`, read from / written to ``<cache_dir>/concepts/<key>/`` when given; a
+    cached folder holding a damaged concept file (:meth:`cb_core.Concept.load`) is refitted and
+    replaced, with a warning.
 
     Returns (concepts, the folder they are stored in or None).
     """
@@ -374,7 +377,10 @@ def cached_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, settin
         return fit_concepts(features, lm, settings, lam, gamma, eps, env_name), None
     folder = Path(cache_dir) / "concepts" / concepts_dir_key(features, lm, settings, lam, gamma, eps)
     if any(folder.glob("*.safetensors")):
-        return load_concepts(folder), folder
+        try:
+            return load_concepts(folder), folder
+        except ValueError as err:  # a damaged cache entry is refitted, never trusted
+            warnings.warn(f"cached concepts in {folder} are damaged and are refitted: {err}", stacklevel=2)
     concepts = fit_concepts(features, lm, settings, lam, gamma, eps, env_name)
     with atomic_folder(folder) as staging:  # the folder appears complete or not at all
         save_concepts(concepts, staging)

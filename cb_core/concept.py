@@ -21,11 +21,17 @@ hidden_size       int         d (must equal len(alpha) - 1)
 ================  ==========  ===========================================================
 
 Other fields (e.g. ``fit``: the fit summary) are kept as they are.
+
+A third header string, ``digest``, is the SHA-256 of alpha's bytes (little-endian) followed by
+the ``metadata`` string; :meth:`Concept.load` recomputes it and refuses a file whose content no
+longer matches (a flipped bit in alpha or the metadata). Files written before the digest load
+unchecked.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -280,8 +286,9 @@ class Concept:
 
         meta = dict(self.metadata, gamma=self.gamma, eps=self.eps, hidden_size=self.hidden_size)
         _check_metadata(self.alpha.shape[0], meta, "concept")
+        text = json.dumps(meta)
         return save({"alpha": np.ascontiguousarray(self.alpha)},
-                    metadata={"format": FORMAT, "metadata": json.dumps(meta)})
+                    metadata={"format": FORMAT, "metadata": text, "digest": _digest(self.alpha, text)})
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Concept:
@@ -289,7 +296,8 @@ class Concept:
 
         Raises:
             FileNotFoundError: no such file.
-            ValueError: not a concept file, or naming the missing or malformed field.
+            ValueError: not a concept file, naming the missing or malformed field, or a damaged
+                file (its ``digest`` does not match alpha and the metadata: refit it).
         """
         from safetensors import SafetensorError
         from safetensors.numpy import safe_open
@@ -299,7 +307,8 @@ class Concept:
             raise FileNotFoundError(path)
         try:
             with safe_open(path, framework="np") as f:
-                meta = _header_metadata(f.metadata() or {}, path)
+                header_strings = f.metadata() or {}
+                meta = _header_metadata(header_strings, path)
                 keys = list(f.keys())
                 if "alpha" not in keys:
                     raise ValueError(f"{path}: tensor 'alpha' is missing (has {keys})")
@@ -312,10 +321,20 @@ class Concept:
                 alpha = f.get_tensor("alpha")
         except SafetensorError as err:
             raise ValueError(f"{path}: not a safetensors concept file ({err})") from None
+        digest = header_strings.get("digest")
+        if digest is not None and digest != _digest(alpha, header_strings["metadata"]):
+            raise ValueError(f"{path}: damaged concept file (its content no longer matches its SHA-256 digest); "
+                             "refit it (cb-agent fit-concepts, or cb-agent fit on its decisions) or delete it")
         try:
             return cls(alpha, meta["gamma"], meta["eps"], meta)
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from None
+
+
+def _digest(alpha: np.ndarray, metadata: str) -> str:
+    """SHA-256 (hex) of alpha's little-endian bytes and the metadata string of a concept file."""
+    data = np.ascontiguousarray(alpha, dtype=np.asarray(alpha).dtype.newbyteorder("<")).tobytes()
+    return hashlib.sha256(data + metadata.encode()).hexdigest()
 
 
 def _flatten(c: Concept):

@@ -150,3 +150,18 @@ def test_a_concept_from_another_feature_construction_is_refused(trajectories, fi
     other = cb_core.Concept(concept.alpha, concept.gamma, concept.eps, meta)
     with pytest.raises(ValueError, match=re.escape(f"fitted with {field}={fitted!r}, but acting uses {acting!r}")):
         check_concept_matches(other, lm, FeatureSettings())
+
+
+def test_a_damaged_cached_concept_is_refitted_with_a_warning_not_trusted(tmp_path, trajectories):
+    lm = FakeLM()
+    feats = collect_features(lm, trajectories, FeatureSettings())
+    concepts, folder = cached_concepts(feats, lm, FeatureSettings(), cache_dir=tmp_path)
+    path = folder / "open.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x40  # one bit of alpha's last entry
+    path.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="damaged and are refitted"):
+        again, folder2 = cached_concepts(feats, lm, FeatureSettings(), cache_dir=tmp_path)
+    assert folder2 == folder
+    np.testing.assert_array_equal(again["open"].alpha, concepts["open"].alpha)
+    np.testing.assert_array_equal(cb_core.Concept.load(path).alpha, concepts["open"].alpha)  # the entry replaced

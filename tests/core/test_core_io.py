@@ -375,3 +375,21 @@ def test_cli_fit_saves_no_diverged_concept_and_its_json_is_strict(tmp_path):
 
     summary = json.loads(res.output.strip().splitlines()[-1], parse_constant=no_constant)
     assert summary["converged"] and np.isfinite(cb_core.Concept.load(out).alpha).all()
+
+
+@pytest.mark.parametrize("where", ["alpha", "metadata"])
+def test_a_concept_file_with_one_flipped_bit_is_refused_as_damaged(tmp_path, where):
+    alpha = np.linspace(-1, 1, 7).astype(np.float32)
+    meta = dict(backbone="tiny-lm", features="f", task_type="pick", trajectories=["g1"], lam=1.0, versions={})
+    data = bytearray(cb_core.Concept(alpha, 0.8, 1e-6, meta).to_bytes())
+    if where == "alpha":  # the tensor data ends the file: the last float's high byte
+        data[-1] ^= 0x40
+        flipped = np.frombuffer(bytes(data[-28:]), np.float32)
+        assert abs(flipped[-1]) > 1e18 or not np.isfinite(flipped[-1])  # what a reader would act with
+    else:  # a digit of the task type's name in the JSON metadata: still valid JSON
+        i = bytes(data).index(b'pick')
+        data[i] ^= 0x01  # "pick" -> "qick"
+    (tmp_path / "c.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="damaged concept file .* refit it") as err:
+        cb_core.Concept.load(tmp_path / "c.safetensors")
+    assert "\n" not in str(err.value)
