@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Hashable, Iterable,
 
 from agent_shell.history import StepLike
 from agent_shell.run_config import RunConfig
-from envs.storage import append_jsonl, claim_writer, iter_jsonl, repair_jsonl
+from envs.storage import append_jsonl, claim_writer, iter_jsonl, refuse_link, repair_jsonl
 
 if TYPE_CHECKING:
     from agent_shell.agents import Trial
@@ -285,14 +285,6 @@ def store_record(results_path: Path, record: dict[str, Any], partial: Path | Non
 
 # ---------------------------------------------------------------------------------------------
 # resuming
-
-
-def refuse_link(path: str | os.PathLike, instead: str = "choose another output directory") -> None:
-    """ValueError (one line) when ``path`` is a symbolic link: an output is never written through
-    one (it would change the file the link points to)."""
-    if os.path.islink(path):
-        raise ValueError(f"{path} is a symbolic link (to {os.readlink(path)}); an output is never written "
-                         f"through a link: remove it, or {instead}")
 
 
 class ResumableJsonl:

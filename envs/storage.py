@@ -11,6 +11,12 @@ concepts) in one rename, and :func:`stamped_folder` builds one (an extracted or 
 once per source; :func:`claim_writer` gives one process at a time the right to append to a
 file. (cb_core writes no files: its callers write what it serialises through this module.)
 
+One rule for links: no file the project writes, whether an output, an appended line, a lock or a
+side file beside an output, is written through a symbolic link. The atomic writers replace a link
+at the path; every file opened to be written in place is opened with ``O_NOFOLLOW``
+(:func:`open_for_writing`), so a link there is refused in one line (:func:`refuse_link`) and the
+file it points to is never touched.
+
 Imports no game engine and nothing of the agent shell.
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import fcntl
 import os
 import shutil
@@ -29,6 +36,29 @@ from typing import Any, Callable, Iterator, Mapping
 
 import orjson
 
+
+def refuse_link(path: str | os.PathLike, instead: str = "choose another output directory") -> None:
+    """ValueError (one line) when ``path`` is a symbolic link: an output is never written through
+    one (it would change the file the link points to)."""
+    if os.path.islink(path):
+        raise ValueError(f"{path} is a symbolic link (to {os.readlink(path)}); an output is never written "
+                         f"through a link: remove it, or {instead}")
+
+
+def open_for_writing(path: str | os.PathLike, flags: int) -> int:
+    """``os.open(path, flags | O_NOFOLLOW, 0o644)``: the descriptor of a file written in place
+    (appended, locked), never through a link.
+
+    Raises:
+        ValueError: ``path`` is a symbolic link (:func:`refuse_link`), one line.
+        OSError: any other failure to open it.
+    """
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            refuse_link(path)
+        raise
 
 
 def append_jsonl(path: str | os.PathLike, record: Mapping[str, Any] | Any) -> None:
@@ -44,6 +74,7 @@ def append_jsonl(path: str | os.PathLike, record: Mapping[str, Any] | Any) -> No
     resumes a file claims it first (:func:`claim_writer`).
 
     Raises:
+        ValueError: ``path`` is a symbolic link (:func:`open_for_writing`).
         OSError: the write or fsync failed (the caller's record is then not durable).
     """
     if hasattr(record, "to_record"):
@@ -51,14 +82,11 @@ def append_jsonl(path: str | os.PathLike, record: Mapping[str, Any] | Any) -> No
     line = orjson.dumps(record) + b"\n"
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_for_writing(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
     try:
         size = os.fstat(fd).st_size
-        if size > 0:
-            with open(path, "rb") as fh:
-                fh.seek(size - 1)
-                if fh.read(1) != b"\n":
-                    line = b"\n" + line
+        if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line
         view = memoryview(line)
         while view:  # os.write may write fewer bytes (signals, pipes); finish the line
             written = os.write(fd, view)
@@ -133,6 +161,7 @@ def claim_writer(path: str | os.PathLike) -> None:
     Raises:
         FileBusy: another process holds the claim: ``"<path> is being written by pid <pid> (<command
             line>); wait for it or stop it"``.
+        ValueError: the sidecar is a symbolic link (:func:`open_for_writing`: never written through).
     """
     key = os.path.abspath(path)
     if key in _CLAIMS and _CLAIMS[key][1] == os.getpid():
@@ -140,7 +169,7 @@ def claim_writer(path: str | os.PathLike) -> None:
     lock = _lock_path(key)
     os.makedirs(os.path.dirname(lock), exist_ok=True)
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_for_writing(lock, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -257,6 +286,9 @@ def repair_jsonl(path: str | os.PathLike, aside: str | os.PathLike | None = None
     Returns:
         The moved lines (number in the old file, why); [] when nothing was unreadable (the file is
         then not touched) or the file does not exist.
+
+    Raises:
+        ValueError: ``aside`` is a symbolic link (:func:`open_for_writing`; nothing is moved).
     """
     path = Path(path)
     if not path.exists():
@@ -283,7 +315,7 @@ def repair_jsonl(path: str | os.PathLike, aside: str | os.PathLike | None = None
     if not moved:
         return []
     aside = Path(aside) if aside is not None else path.with_name(path.name + ".torn")
-    fd = os.open(aside, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_for_writing(aside, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, b"".join(raw for _, raw in moved))
         os.fsync(fd)
@@ -322,4 +354,5 @@ def stamped_folder(target: str | os.PathLike, stamp: Mapping[str, Any], build: C
 
 
 __all__ = ["STAMP_FILE", "FileBusy", "MalformedLine", "append_jsonl", "atomic_folder", "atomic_path", "claim_writer",
-           "iter_jsonl", "repair_jsonl", "stamped_folder", "write_bytes_atomic", "write_json_atomic"]
+           "iter_jsonl", "open_for_writing", "refuse_link", "repair_jsonl", "stamped_folder", "write_bytes_atomic",
+           "write_json_atomic"]

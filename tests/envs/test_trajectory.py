@@ -196,3 +196,29 @@ def test_atomic_folder_appears_whole_or_not_at_all(tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert target.stat().st_mode & 0o777 == 0o777 & ~mask  # a new folder's mode, not mkdtemp's private 0700
+
+
+@pytest.mark.parametrize("side", ["lock", "torn", "line"])
+def test_no_file_beside_an_output_is_written_through_a_link(tmp_path, side):
+    """The claim's lock sidecar, the torn-line side file and an appended file itself: a link at any
+    of them is refused in one line and the file it points to keeps its bytes."""
+    from envs.storage import append_jsonl, claim_writer, repair_jsonl
+
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"precious\n")
+    out = tmp_path / "out" / "results.jsonl"
+    out.parent.mkdir()
+    out.write_bytes(b'{"a": 1}\n{"b": ')  # a torn last line for repair_jsonl to move aside
+    link = {"lock": out.parent / ".results.jsonl.lock", "torn": out.parent / "results.jsonl.torn",
+            "line": out}[side]
+    if side == "line":
+        out.unlink()
+    link.symlink_to(victim)
+    act = {"lock": lambda: claim_writer(out), "torn": lambda: repair_jsonl(out),
+           "line": lambda: append_jsonl(out, {"c": 3})}[side]
+    with pytest.raises(ValueError, match="is a symbolic link .*never written through a link") as err:
+        act()
+    assert "\n" not in str(err.value)
+    assert victim.read_bytes() == b"precious\n" and link.is_symlink()
+    if side == "torn":
+        assert out.read_bytes() == b'{"a": 1}\n{"b": '  # nothing moved either
