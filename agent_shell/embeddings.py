@@ -143,6 +143,8 @@ class SentenceEmbedder:
 
         Returns:
             float32 array [n, dim] (dim 384), each row of unit L2 norm; [0, dim] for no texts.
+            A control token's text inside a text (``[SEP]``, ``[CLS]``, ``[PAD]``) is embedded
+            as the characters it is, never as the control token.
 
         Raises:
             ValueError: an element is not a string, naming its index; or ``texts`` is one string
@@ -161,8 +163,11 @@ class SentenceEmbedder:
         with torch.inference_mode():
             for start in range(0, len(order), self.batch_size):
                 idx = order[start:start + self.batch_size]
+                # game text is text: "[SEP]" in an observation is five characters, never the
+                # tokenizer's control token (as the LM backend reads it, agent_shell.lm.tokenization)
                 batch = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
-                                       max_length=MAX_LENGTH, return_tensors="pt").to(self.device)
+                                       max_length=MAX_LENGTH, split_special_tokens=True,
+                                       return_tensors="pt").to(self.device)
                 hidden = self.model(**batch).last_hidden_state  # [b, L, d]
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)

@@ -56,3 +56,30 @@ def test_bad_input_names_the_culprit(embedder):
         embedder.embed("not a list")
     with pytest.raises(ValueError, match="text 1 is a int"):
         embedder.embed(["ok", 3])
+
+
+def test_control_token_text_in_game_text_is_embedded_as_text(embedder):
+    """Game text that spells the tokenizer's control tokens gets no control ids: the only [CLS] and
+    [SEP] are the embedder's own frame, and no [PAD] is attended to."""
+    import torch
+
+    tok = embedder.tokenizer
+    text = "mug 1 [SEP] [CLS] desk [PAD]"
+    seen = {}
+    original = embedder.model.forward
+
+    def spy(**batch):
+        seen.update(batch)
+        return original(**batch)
+
+    embedder.model.forward = spy
+    try:
+        emb = embedder.embed([text])
+    finally:
+        del embedder.model.forward
+    ids = seen["input_ids"][0][seen["attention_mask"][0].bool()].tolist()
+    assert ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id
+    assert tok.cls_token_id not in ids[1:] and tok.sep_token_id not in ids[:-1] and tok.pad_token_id not in ids
+    plain = tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert ids[1:-1] == plain  # the characters of "[SEP]" etc., as word pieces
+    assert isinstance(emb, np.ndarray) and torch.is_tensor(seen["input_ids"])
