@@ -21,6 +21,7 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from agent_shell.scheduler import Failure, Job, failure_of, play_job
+from envs.storage import OutputError
 
 if TYPE_CHECKING:
     from ray import ObjectRef
@@ -157,6 +158,8 @@ class RayExecutor:
             return job, failure_of(err, "worker died: ")
         except RayTaskError as err:
             self.idle.append(actor)
+            if isinstance(getattr(err, "cause", None), OutputError):  # no episode's fault: the run stops
+                raise err.cause from None
             return job, failure_of(err)
         self.idle.append(actor)
         return job, record

@@ -55,7 +55,7 @@ from agent_shell.results import (check_results_file, episode_record, error_recor
                                  trial_record)
 from envs.episode import EPISODE_TIMEOUT_S
 from envs.protocol import Environment
-from envs.storage import write_json_atomic
+from envs.storage import OutputError, write_json_atomic
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -358,7 +358,8 @@ def failed_record(agent_name: str, task_id: str, task_type: str | None, errors: 
 
 class InProcessExecutor:
     """Plays the jobs in this process, one at a time, with ``agents`` (agent name -> agent) on
-    ``env``. An exception other than ``KeyboardInterrupt`` ends the attempt as a :class:`Failure`."""
+    ``env``. An exception other than ``KeyboardInterrupt`` or an :class:`envs.storage.OutputError` (which stops the
+    run) ends the attempt as a :class:`Failure`."""
 
     slots = 1
     local_files = True
@@ -378,6 +379,8 @@ class InProcessExecutor:
         job = self.pending.popleft()
         try:
             return job, play_job(self.env, self.agents, job, self.max_steps, self.meta, self.on_step, self.time_limit)
+        except OutputError:  # an output that cannot be written is no episode's fault: the run stops
+            raise
         except Exception as err:  # noqa: BLE001 - retried by the scheduler's rule, then recorded
             return job, failure_of(err)
 

@@ -37,6 +37,40 @@ from typing import Any, Callable, Iterator, Mapping
 import orjson
 
 
+#: errno values that say the output's file system cannot take the write (full, over quota,
+#: read-only, file too large): the output cannot be written, whatever is written next.
+_UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
+
+
+class OutputError(OSError):
+    """An output file could not be written because its file system refuses the write (full, over
+    quota, read-only): no episode's fault, and no retry helps. The message is one line naming the
+    file and the free space."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike) -> Iterator[None]:
+    """Turn an OSError of a full, over-quota or read-only file system raised inside the block into
+    an :class:`OutputError` naming ``path`` and the free space on its file system; every other
+    exception passes unchanged."""
+    try:
+        yield
+    except OutputError:
+        raise
+    except OSError as err:
+        if err.errno not in _UNWRITABLE:
+            raise
+        try:
+            free = f"{shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free:,} bytes free"
+        except OSError:
+            free = "free space unknown"
+        raise OutputError(err.errno, f"cannot write {os.fspath(path)}: {err.strerror} ({free} on its file "
+                                     "system); make room, then the same command with --resume continues") from None
+
+
 def refuse_link(path: str | os.PathLike, instead: str = "choose another output directory") -> None:
     """ValueError (one line) when ``path`` is a symbolic link: an output is never written through
     one (it would change the file the link points to)."""
@@ -75,25 +109,27 @@ def append_jsonl(path: str | os.PathLike, record: Mapping[str, Any] | Any) -> No
 
     Raises:
         ValueError: ``path`` is a symbolic link (:func:`open_for_writing`).
-        OSError: the write or fsync failed (the caller's record is then not durable).
+        OutputError: the file system is full, over quota or read-only (:func:`writing`).
+        OSError: the write or fsync failed otherwise (the caller's record is then not durable).
     """
     if hasattr(record, "to_record"):
         record = record.to_record()
     line = orjson.dumps(record) + b"\n"
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = open_for_writing(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
-    try:
-        size = os.fstat(fd).st_size
-        if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
-            line = b"\n" + line
-        view = memoryview(line)
-        while view:  # os.write may write fewer bytes (signals, pipes); finish the line
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with writing(path):
+        fd = open_for_writing(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        try:
+            size = os.fstat(fd).st_size
+            if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line
+            view = memoryview(line)
+            while view:  # os.write may write fewer bytes (signals, pipes); finish the line
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -219,21 +255,23 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str]:
 
     The new file gets the ordinary permissions of a newly created file (not mkstemp's 0600). On
     any exception the temporary file is removed and ``path`` is left untouched. A symbolic link at
-    ``path`` is replaced by the new file; the file it pointed to is left untouched.
+    ``path`` is replaced by the new file; the file it pointed to is left untouched. A full,
+    over-quota or read-only file system raises :class:`OutputError` (:func:`writing`).
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=suffix)
-    os.close(fd)
-    try:
-        yield tmp
-        os.chmod(tmp, _default_mode())  # after writing: some writers recreate the file
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with writing(path):
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, suffix=suffix)
+        os.close(fd)
+        try:
+            yield tmp
+            os.chmod(tmp, _default_mode())  # after writing: some writers recreate the file
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
 
 
 @contextlib.contextmanager
@@ -353,6 +391,6 @@ def stamped_folder(target: str | os.PathLike, stamp: Mapping[str, Any], build: C
     return target
 
 
-__all__ = ["STAMP_FILE", "FileBusy", "MalformedLine", "append_jsonl", "atomic_folder", "atomic_path", "claim_writer",
+__all__ = ["STAMP_FILE", "FileBusy", "MalformedLine", "OutputError", "append_jsonl", "atomic_folder", "atomic_path", "claim_writer",
            "iter_jsonl", "open_for_writing", "refuse_link", "repair_jsonl", "stamped_folder", "write_bytes_atomic",
-           "write_json_atomic"]
+           "write_json_atomic", "writing"]

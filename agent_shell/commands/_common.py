@@ -15,6 +15,7 @@ from agent_shell.history import RENDERINGS
 from agent_shell.run_config import ACTION_SPACES, RunConfig
 from envs.episode import EPISODE_TIMEOUT_S
 from envs.registry import ENVIRONMENTS
+from envs.storage import OutputError
 
 ENV_NAMES = sorted(ENVIRONMENTS)
 #: ``--history`` choices.
@@ -200,5 +201,5 @@ def cli_errors() -> Iterator[None]:
         from agent_shell.commands.tasks import task_error
 
         raise task_error(err.env, err.split, err) from None
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, OutputError) as err:
         raise click.ClickException(" ".join(str(err).split())) from None

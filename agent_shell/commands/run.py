@@ -80,6 +80,7 @@ def _play(config: RunConfig, env: Environment, task_ids: list[str], type_of: Cal
     episodes of ``task_ids``, sequentially or on Ray workers, appending to its results file."""
     from agent_shell.progress import interactive
     from agent_shell.scheduler import InProcessExecutor, make_progress, play_episodes
+    from envs.storage import OutputError
 
     results_path = config.results_path
     task_types = None if type_of is None else sorted({type_of(t) for t in task_ids})
@@ -101,15 +102,18 @@ def _play(config: RunConfig, env: Environment, task_ids: list[str], type_of: Cal
     def say(line: str) -> None:
         console.print(line, markup=False, highlight=False)
 
-    with progress if progress is not None else contextlib.nullcontext():
-        if config.workers > 1 or config.ray_address or config.shared_lm:
-            setup.lm = None  # the workers load their own backbones, or share the server's
-            summaries = run_on_ray(config, task_ids, task_types, type_of, meta, progress, say)
-        else:
-            summaries = play_episodes(InProcessExecutor(env, players_of(config, setup)), config.agents, task_ids,
-                                      results_path, config.budget, resume=config.resume, meta=meta,
-                                      task_type_of=type_of, progress=progress, echo=say,
-                                      time_limit=config.episode_timeout)
+    try:
+        with progress if progress is not None else contextlib.nullcontext():
+            if config.workers > 1 or config.ray_address or config.shared_lm:
+                setup.lm = None  # the workers load their own backbones, or share the server's
+                summaries = run_on_ray(config, task_ids, task_types, type_of, meta, progress, say)
+            else:
+                summaries = play_episodes(InProcessExecutor(env, players_of(config, setup)), config.agents,
+                                          task_ids, results_path, config.budget, resume=config.resume, meta=meta,
+                                          task_type_of=type_of, progress=progress, echo=say,
+                                          time_limit=config.episode_timeout)
+    except OutputError as err:  # a full or read-only disk: no episode's fault; --resume continues
+        raise click.ClickException(str(err)) from None
     for name, summary in summaries.items():
         if summary.skipped:
             console.print(f"{name}: {len(summary.skipped)} finished episodes skipped (--resume)")

@@ -221,3 +221,38 @@ def test_eval_decisions_rows_carry_wilson_intervals(tmp_path, doubles):
         if d["concept"] is not None:  # log P is the sum of the terms, normalised over the set
             z = np.add(d["prior"], d["concept"])
             assert d["log_p"] == pytest.approx(list(z - np.log(np.exp(z).sum())), abs=3e-3)
+
+
+@pytest.mark.parametrize("failing", ["partial state", "results line"])
+def test_a_full_disk_stops_the_run_in_one_line_and_resume_continues(tmp_path, doubles, monkeypatch, failing):
+    """An output that cannot be written (ENOSPC) is no episode fault: no retry, no error record, one
+    line naming the file and the free space; the same command with --resume then plays the rest."""
+    import errno
+
+    import envs.storage
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if failing == "partial state":
+        monkeypatch.setattr(envs.storage.tempfile, "mkstemp", full)
+    else:
+        monkeypatch.setattr(envs.storage.os, "fsync", full)
+    out = tmp_path / "run"
+    args = ["run", "--env", "textworld", "--split", "test", "--agent", "react", "--per-type", "1",
+            "--max-steps", "3", "--out-dir", str(out)]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1, (res.output, res.exception)
+    (line,) = [ln for ln in res.output.splitlines() if ln.startswith("Error:")]
+    assert "cannot write" in line and "No space left on device" in line and "bytes free" in line
+    assert "retried" not in res.output and "Traceback" not in res.output
+    monkeypatch.undo()
+    assert not (out / "results.jsonl").exists() or not read_results(out / "results.jsonl")  # no error record
+    monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(envs, "make_env", lambda name, **kw: ScriptedEnv(expert_looks=True))
+    monkeypatch.setattr(agent_shell.lm, "load_language_model", lambda name=None, dtype="bfloat16", **_: FakeLM(
+        [" go to desk 1"]))
+    resumed = CliRunner().invoke(main, args + ["--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    records = read_results(out / "results.jsonl")
+    assert sorted(r["task_id"] for r in records) == ["a/1", "b/1"] and not any(r.get("error") for r in records)
