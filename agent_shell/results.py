@@ -254,17 +254,24 @@ def repair_for_resume(path: str | os.PathLike, echo: Callable[[str], None] | Non
 def unique_episodes(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
     """The records with every episode once: a record whose agent, task id and recorded settings
     (:data:`RUN_SETTINGS`, by :func:`setting`) repeat an earlier record's is left out (two writers
-    on one file, or one file given twice). Returns (the records kept, in order; one warning line
-    per repeated episode)."""
-    seen: dict[tuple, int] = {}
-    kept = []
+    on one file, or one file given twice), except that an error record (:func:`is_error_record`)
+    gives way to the episode's later record that is none (its replay by ``--resume``), silently.
+    Returns (the records kept, in the order of each episode's first record; one warning line per
+    episode recorded twice without an error record between)."""
+    first: dict[tuple, int] = {}
+    kept: list[dict[str, Any]] = []
+    repeats: dict[tuple, int] = {}
     for r in records:
         key = (r["agent"], r["task_id"], *(repr(setting(r, k)) for k in RUN_SETTINGS))
-        seen[key] = seen.get(key, 0) + 1
-        if seen[key] == 1:
+        if key not in first:
+            first[key] = len(kept)
             kept.append(r)
+        elif is_error_record(kept[first[key]]) and not is_error_record(r):
+            kept[first[key]] = r
+        elif not is_error_record(r):
+            repeats[key] = repeats.get(key, 1) + 1
     warnings_ = [f"{agent} on {task_id} is recorded {n} times with the same settings: counted once"
-                 for (agent, task_id, *_), n in seen.items() if n > 1]
+                 for (agent, task_id, *_), n in repeats.items()]
     return kept, warnings_
 
 
@@ -300,13 +307,17 @@ class ResumableJsonl:
         elsewhere: what to do instead of resuming (``"choose another --out"``).
         line: ``line(record)`` raises ValueError when a JSON value is not a line of this kind; the
             file's first line must pass it (None: not checked).
+        superseded: ``superseded(record)`` is True for a line that a later line of its key
+            replaces (an episode's error record, followed by its replay); None: the first line of
+            a key stands.
     """
 
     def __init__(self, path: str | os.PathLike, read: Callable[[Path], Iterable[dict]], key: Callable[[dict], Hashable],
                  what: str, name: Callable[[dict], str], elsewhere: str = "choose another --out",
-                 line: Callable[[Any], Any] | None = None):
+                 line: Callable[[Any], Any] | None = None, superseded: Callable[[dict], bool] | None = None):
         self.path, self.read, self.key = Path(path), read, key
         self.what, self.name, self.elsewhere, self.line = what, name, elsewhere, line
+        self.superseded = superseded or (lambda record: False)
 
     def claim(self) -> None:
         """Refuse (ValueError, one line) a file that is a symbolic link (:func:`refuse_link`), claim
@@ -332,7 +343,8 @@ class ResumableJsonl:
     def finished(self, wanted: Collection[Hashable], resume: bool, settings: Mapping[str, Any] | None = None,
                  compared: Callable[[dict], bool] | None = None) -> dict[Hashable, dict]:
         """Claim the file for this process's writes (:meth:`claim`), then return its finished
-        lines (key -> the first line of that key; lines of every key, not only ``wanted``).
+        lines (key -> the first line of that key that is not ``superseded``, else its first line;
+        lines of every key, not only ``wanted``).
 
         ``settings`` (field -> this run's value) must agree with every finished line that
         ``compared`` selects (default: the lines of ``wanted`` keys), by the one rule: a field a
@@ -349,7 +361,9 @@ class ResumableJsonl:
         self.claim()
         done: dict[Hashable, dict] = {}
         for r in self.read(self.path):
-            done.setdefault(self.key(r), r)
+            key = self.key(r)
+            if key not in done or (self.superseded(done[key]) and not self.superseded(r)):
+                done[key] = r
         overlap = [k for k in done if k in wanted]
         if overlap and not resume:
             raise ValueError(f"{self.path} already holds {len(overlap)} of these {self.what}; pass --resume to "
@@ -369,14 +383,25 @@ class ResumableJsonl:
 def results_file(path: str | os.PathLike) -> ResumableJsonl:
     """The episode results file ``path`` of ``cb-agent run`` as a :class:`ResumableJsonl`."""
     return ResumableJsonl(path, read_results, lambda r: (r["agent"], r["task_id"]), "episodes",
-                          lambda r: f"{r['agent']} episodes", "choose another output directory", _episode_record)
+                          lambda r: f"{r['agent']} episodes", "choose another output directory", _episode_record,
+                          superseded=is_error_record)
+
+
+def is_error_record(record: Mapping[str, Any]) -> bool:
+    """True for an episode that an engine fault, its time limit or every attempt's failure ended
+    (:func:`error_record`): ``--resume`` plays it again unless told to keep it, and a later record
+    of the same episode replaces it."""
+    return bool(record.get("error"))
 
 
 def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[str], task_ids: Sequence[str],
-                       resume: bool, settings: Mapping[str, Any]) -> dict[str, set[str]]:
+                       resume: bool, settings: Mapping[str, Any], keep_errors: bool = False) -> dict[str, set[str]]:
     """The task ids each of ``agent_names`` already finished in ``results_path`` (agent name ->
     set of task ids, every name a key), after claiming the file for this process and checking that
     it may be continued (:meth:`ResumableJsonl.finished`); the file is read once for all the agents.
+    An episode whose only records are error records (:func:`is_error_record`: an engine fault, a
+    time limit, a restart may fix it) is not finished, so ``--resume`` plays it again, unless
+    ``keep_errors``.
 
     Every record of one of the agents, whatever its task, must agree with ``settings`` (the
     :data:`RUN_SETTINGS`: rendering, layout, budget, model, seed, lam, ...; others are ignored).
@@ -391,14 +416,14 @@ def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[st
     finished: dict[str, set[str]] = {name: set() for name in agent_names}
     wanted = {(name, t) for name in agent_names for t in task_ids}
     compared = {k: settings[k] for k in RUN_SETTINGS if k in settings}
-    for agent, task_id in results_file(results_path).finished(wanted, resume, compared,
-                                                              lambda r: r["agent"] in finished):
-        if agent in finished:
+    for (agent, task_id), record in results_file(results_path).finished(wanted, resume, compared,
+                                                                        lambda r: r["agent"] in finished).items():
+        if agent in finished and (keep_errors or not is_error_record(record)):
             finished[agent].add(task_id)
     return finished
 
 
 __all__ = ["RESULT_SCHEMA", "RUN_SETTINGS", "SETTING_DEFAULTS", "ResumableJsonl", "SameAs", "check_results_file",
-           "episode_record", "error_record", "longest_repeat_cycle", "loop_statistics", "read_results",
+           "episode_record", "error_record", "is_error_record", "longest_repeat_cycle", "loop_statistics", "read_results",
            "refuse_link", "repair_for_resume", "results_file", "scored_candidates", "setting", "store_record", "trial_record",
            "unique_episodes"]

@@ -74,7 +74,10 @@ class RunConfig:
             exactly ``game_ids``.
         cache_dir: cache root (None: :func:`envs.paths.cache_dir`).
         out_dir: results folder (None: ``runs/<env>-<split>``).
-        resume: continue the results file (skip finished episodes).
+        resume: continue the results file (skip finished episodes; an episode whose record is an
+            error record is played again unless ``keep_errors``).
+        keep_errors: with ``resume``, keep the error records as finished episodes (not a recorded
+            setting).
         demos: ReAct demonstrations: ``"expert"`` (fixed per task type) or ``"ical:MEMORY"``
             (``demos_per_type`` examples retrieved from an ICAL memory per game).
         concept_data: CB-Agent's concept fitting data: ``"expert"`` or ``"ical"`` (the won
@@ -123,6 +126,7 @@ class RunConfig:
     cache_dir: str | None = None
     out_dir: str | None = None
     resume: bool = False
+    keep_errors: bool = False
     demos: str = "expert"
     concept_data: str = "expert"
     workers: int = 1

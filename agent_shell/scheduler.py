@@ -26,7 +26,11 @@ process playing it, whichever executor that is; a step that never returns is suc
 :func:`agent_shell.results.error_record` (``success`` False, the trials so far, ``error``: type,
 message, trial, step). An episode that failed every attempt gets :func:`failed_record` (no trials,
 ``error`` with the last attempt's type and message, ``attempts`` and every attempt's reason). Either
-is a finished episode: counted apart from won and lost, skipped by ``--resume``.
+is counted apart from won and lost; ``--resume`` plays such an episode again (a restart may fix
+what ended it: a broken engine, a hung step) and its new record replaces the error record
+(:func:`agent_shell.results.unique_episodes`), unless ``keep_errors`` (``--keep-errors``).
+An output that cannot be written (:class:`envs.storage.OutputError`: a full or read-only disk) is no
+episode's fault: it stops the run at once, and ``--resume`` continues it.
 
 Partial-file rule: while an episode runs, the process playing it rewrites its state after every
 step to ``<results>.partial/<agent>/<task>.json`` (:func:`partial_path`; temp file + rename), so a
@@ -159,7 +163,7 @@ def play_episodes(executor: Executor, agent_names: Sequence[str], task_ids: Sequ
                   meta: dict[str, Any] | None = None, task_type_of: Callable[[str], str] | None = None,
                   max_attempts: int = 3, progress: Progress | None = None,
                   echo: Callable[[str], None] | None = None,
-                  time_limit: float | None = EPISODE_TIMEOUT_S) -> dict[str, RunSummary]:
+                  time_limit: float | None = EPISODE_TIMEOUT_S, keep_errors: bool = False) -> dict[str, RunSummary]:
     """Play every agent on every task with ``executor`` in :func:`schedule` order, appending one
     record per finished episode to ``results_path``.
 
@@ -178,6 +182,8 @@ def play_episodes(executor: Executor, agent_names: Sequence[str], task_ids: Sequ
         echo: called with one plain line per finished, retried or failed episode.
         time_limit: wall-clock seconds per episode (all its trials), past which it ends as an error
             record (:class:`envs.EpisodeTimeout`); None: no limit.
+        keep_errors: with ``resume``, count the episodes whose record is an error record as
+            finished instead of playing them again.
 
     Returns:
         agent name -> :class:`RunSummary` of this run.
@@ -194,7 +200,7 @@ def play_episodes(executor: Executor, agent_names: Sequence[str], task_ids: Sequ
     order = schedule(agent_names, task_ids, task_type_of)
     names = list(dict.fromkeys(agent_names))
     tasks = list(dict.fromkeys(t for _, t in order))
-    finished = check_results_file(results_path, names, tasks, resume, {**meta, "budget": max_steps})
+    finished = check_results_file(results_path, names, tasks, resume, {**meta, "budget": max_steps}, keep_errors)
     summaries = {name: RunSummary(skipped=[t for t in tasks if t in finished[name]]) for name in names}
 
     def job(agent: str, task_id: str) -> Job:
@@ -288,7 +294,7 @@ def play_episode(env: Environment, agent: Reflexion, task_id: str, max_steps: in
     time (:class:`envs.EpisodeTimeout`; None: no limit), ends the episode and its
     :func:`agent_shell.results.error_record` is returned; any other exception propagates. Writes
     nothing. A limit is kept on the main thread only (:func:`envs.episode.play_within`)."""
-    from envs.episode import Episode, play_within
+    from envs.episode import Episode, import_engines, play_within
 
     split = (meta or {}).get("split")
     seen: list = []  # the trials so far, for an error record
@@ -307,6 +313,7 @@ def play_episode(env: Environment, agent: Reflexion, task_id: str, max_steps: in
         return error_record(agent.name, task_id, type_of(task_id) if type_of else "", seen, max_steps,
                             time.perf_counter() - start, meta or {}, err)
 
+    import_engines(env)  # before the clock starts: a limit never interrupts a first import
     start = time.perf_counter()
     return play_within(time_limit, played, fault)
 

@@ -144,6 +144,8 @@ class AlfworldEnv:
     """
 
     name = "alfworld"
+    #: The engine's modules, imported before an episode's clock starts (:func:`envs.episode.import_engines`).
+    ENGINE_MODULES = ("textworld", "textworld.gym", "alfworld.agents.environment.alfred_tw_env")
     default_max_steps = 50
     expert_name = "alfworld-handcoded"
 

@@ -17,8 +17,10 @@ is the rule of every such caller: play within the limit, else the caller's failu
 from __future__ import annotations
 
 import contextlib
+import importlib
 import signal
 import threading
+from types import FrameType
 from typing import Callable, Iterable, Iterator, TypeVar
 
 from envs.protocol import EngineError, Environment, EpisodeTimeout, StepResult, TaskStart, one_line
@@ -44,7 +46,10 @@ def time_limit(seconds: float | None, what: str = "episode") -> Iterator[None]:
     A real-time interval timer (``SIGALRM``) interrupts Python code and blocking waits (sleeps,
     locks, sockets) of the main thread, where both of the scheduler's executors play episodes (a
     Ray actor's methods run on its main thread too). A native call that never returns to Python
-    cannot be interrupted in-process.
+    cannot be interrupted in-process. The limit is never raised inside an import: a module
+    interrupted half-way would stay broken for the rest of the process (``partially initialized
+    module``), so an expiry that finds an import running waits for the next second's tick
+    (:func:`import_engines` imports the engines before the clock starts).
 
     Raises:
         ValueError: a limit asked for off the main thread or without ``SIGALRM`` (Windows).
@@ -57,7 +62,7 @@ def time_limit(seconds: float | None, what: str = "episode") -> Iterator[None]:
     armed = True
 
     def expire(signum, frame):
-        if armed:
+        if armed and not _importing(frame):
             raise EpisodeTimeout(f"{what} ran past its wall-clock limit of {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
@@ -68,6 +73,23 @@ def time_limit(seconds: float | None, what: str = "episode") -> Iterator[None]:
         armed = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _importing(frame: FrameType | None) -> bool:
+    """Whether ``frame`` or a caller of it runs the import machinery (a module being imported)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def import_engines(env: object) -> None:
+    """Import the game engine's modules an adapter names in ``ENGINE_MODULES`` (a tuple of module
+    names; none: nothing), so that an episode's clock (:func:`time_limit`) never starts inside
+    their first import."""
+    for name in getattr(env, "ENGINE_MODULES", ()):
+        importlib.import_module(name)
 
 
 T = TypeVar("T")

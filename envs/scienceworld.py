@@ -117,6 +117,8 @@ class ScienceWorldEnv:
     """
 
     name = "scienceworld"
+    #: The engine's modules, imported before an episode's clock starts (:func:`envs.episode.import_engines`).
+    ENGINE_MODULES = ("scienceworld",)
     splits = SPLITS
     default_max_steps = 100
     expert_name = "scienceworld-gold-path"

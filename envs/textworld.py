@@ -138,6 +138,8 @@ class TextWorldEnv:
     """
 
     name = "textworld"
+    #: The engine's modules, imported before an episode's clock starts (:func:`envs.episode.import_engines`).
+    ENGINE_MODULES = ("textworld", "textworld.gym")
     splits = SPLITS
     default_max_steps = 100
     expert_name = "textworld-walkthrough"

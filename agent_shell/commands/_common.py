@@ -93,11 +93,16 @@ RUN_OPTIONS = {
     "reflexion_trials": click.option("--reflexion-trials", type=click.IntRange(min=2), default=2, show_default=True,
                                      help="Trials per episode of the reflexion-* agents (a reflection after each "
                                           "failed trial; success = a won trial)."),
+    "keep_errors": click.option("--keep-errors", is_flag=True,
+                                help="With --resume, keep the episodes an engine fault or the time limit ended "
+                                     "(error records) instead of playing them again."),
     "out_dir": click.option("--out-dir", type=click.Path(file_okay=False), default=None,
                             help="Results folder (default: runs/<env>-<split>)."),
     "resume": click.option("--resume/--no-resume", default=False, show_default=True,
                            help="Skip episodes already in the results file (after moving a torn last line "
-                                "aside); without it a file that already holds these episodes is refused."),
+                                "aside; an episode an engine fault or the time limit ended is played again "
+                                "unless --keep-errors); without it a file that already holds these episodes "
+                                "is refused."),
     "demos": click.option("--demos", default="expert", show_default=True,
                           help="ReAct demonstrations: 'expert' (fixed, per task type), 'ical:MEMORY' (the "
                                "--demos-per-type examples retrieved from an ICAL memory for each game's instruction, "

@@ -57,7 +57,8 @@ def run(config: RunConfig) -> None:
         if config.resume:
             repair_for_resume(results_path, console.print)
         try:  # refuse a results file that cannot be continued before loading anything heavy
-            finished = check_results_file(results_path, config.agents, task_ids, config.resume, settings)
+            finished = check_results_file(results_path, config.agents, task_ids, config.resume, settings,
+                                          config.keep_errors)
         except ValueError as err:
             raise click.ClickException(str(err)) from None
         if all(done >= set(task_ids) for done in finished.values()):  # --resume of a finished run: nothing to load
@@ -111,7 +112,7 @@ def _play(config: RunConfig, env: Environment, task_ids: list[str], type_of: Cal
                 summaries = play_episodes(InProcessExecutor(env, players_of(config, setup)), config.agents,
                                           task_ids, results_path, config.budget, resume=config.resume, meta=meta,
                                           task_type_of=type_of, progress=progress, echo=say,
-                                          time_limit=config.episode_timeout)
+                                          time_limit=config.episode_timeout, keep_errors=config.keep_errors)
     except OutputError as err:  # a full or read-only disk: no episode's fault; --resume continues
         raise click.ClickException(str(err)) from None
     for name, summary in summaries.items():
@@ -144,7 +145,8 @@ def run_on_ray(config: RunConfig, task_ids: list[str], task_types: list[str] | N
         players = functools.partial(build_players, config, task_types, server)
         return play_episodes(RayExecutor(players, config.workers, config.ray_address), config.agents, task_ids,
                              config.results_path, config.budget, resume=config.resume, meta=meta,
-                             task_type_of=type_of, progress=progress, echo=echo, time_limit=config.episode_timeout)
+                             task_type_of=type_of, progress=progress, echo=echo, time_limit=config.episode_timeout,
+                             keep_errors=config.keep_errors)
     finally:
         if owns_ray:
             import ray

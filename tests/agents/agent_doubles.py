@@ -185,10 +185,10 @@ class HangingEnv(ScriptedEnv):
         return super().step(action)
 
 
-def play_agent(env, agent, task_ids, results_path, max_steps, resume=True, meta=None):
+def play_agent(env, agent, task_ids, results_path, max_steps, resume=True, meta=None, keep_errors=False):
     """One agent's episodes on ``task_ids`` in this process (in the given order), appended to
     ``results_path``: the scheduler with the in-process executor. Returns its RunSummary."""
     from agent_shell.scheduler import InProcessExecutor, play_episodes
 
     return play_episodes(InProcessExecutor(env, {agent.name: agent}), [agent.name], task_ids, results_path,
-                         max_steps, resume=resume, meta=meta)[agent.name]
+                         max_steps, resume=resume, meta=meta, keep_errors=keep_errors)[agent.name]

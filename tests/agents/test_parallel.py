@@ -165,8 +165,8 @@ def test_a_repeatedly_failing_episode_becomes_an_error_record(cluster, sequentia
     assert killed["success"] is False and killed["steps"] == 0 and killed["task_type"] == "open"
     assert killed["error"]["attempts"] == 2 and all(r.startswith("worker died") for r in killed["error"]["reasons"])
     assert killed["error"]["type"] and killed["error"]["message"] == killed["error"]["reasons"][-1]
-    # the error records count as finished: a resumed run duplicates nothing
-    again = on_ray(players, ["react"], TASKS, out, resume=True)
+    # with --keep-errors the error records count as finished: a resumed run duplicates nothing
+    again = on_ray(players, ["react"], TASKS, out, resume=True, keep_errors=True)
     assert again["react"].records == [] and len(read_results(out)) == 5
 
 

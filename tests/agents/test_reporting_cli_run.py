@@ -256,3 +256,32 @@ def test_a_full_disk_stops_the_run_in_one_line_and_resume_continues(tmp_path, do
     assert resumed.exit_code == 0, resumed.output
     records = read_results(out / "results.jsonl")
     assert sorted(r["task_id"] for r in records) == ["a/1", "b/1"] and not any(r.get("error") for r in records)
+
+
+def test_resume_plays_an_error_record_again_unless_told_to_keep_it(tmp_path, doubles):
+    """An episode an engine fault or the time limit ended is played again by --resume (a restart may
+    fix it); the replay's record replaces the error record in every reading; --keep-errors keeps it."""
+    from agent_shell.results import unique_episodes
+
+    out = tmp_path / "run"
+    args = ["run", "--env", "textworld", "--split", "test", "--agent", "react", "--per-type", "1",
+            "--max-steps", "3", "--out-dir", str(out)]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    lines = (out / "results.jsonl").read_bytes().splitlines()
+    first = orjson.loads(lines[0])
+    broken = {**first, "success": False, "trials": [],
+              "error": {"type": "EngineError", "message": "EngineError: the engine crashed", "trial": 0, "step": 0}}
+    (out / "results.jsonl").write_bytes(orjson.dumps(broken) + b"\n" + lines[1] + b"\n")
+    kept = CliRunner().invoke(main, args + ["--resume", "--keep-errors"])
+    assert kept.exit_code == 0 and "nothing left to play" in " ".join(kept.output.split()), kept.output
+    resumed = CliRunner().invoke(main, args + ["--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    records = read_results(out / "results.jsonl")
+    assert len(records) == 3 and records[0].get("error") and not records[2].get("error")
+    assert records[2]["task_id"] == first["task_id"]
+    episodes, warnings_ = unique_episodes(records)
+    assert [(r["task_id"], bool(r.get("error"))) for r in episodes] == [(first["task_id"], False),
+                                                                       (records[1]["task_id"], False)]
+    assert warnings_ == []
+    again = CliRunner().invoke(main, args + ["--resume"])  # the replayed episode is finished now
+    assert again.exit_code == 0 and "nothing left to play" in " ".join(again.output.split())

@@ -290,10 +290,14 @@ def test_an_engine_fault_is_a_recorded_error_episode_and_the_run_goes_on(tmp_pat
     rows = {(r.agent, r.task_type): r for r in summarize([a1, a2, b1])}
     fetch, both = rows[("reflexion-react", "fetch")], rows[("reflexion-react", "all")]
     assert (fetch.n, fetch.errors, both.n, both.errors) == (0, 2, 1, 2)  # errors are neither won nor lost
-    # --resume treats them as finished: nothing is played again
+    # --resume --keep-errors treats them as finished: nothing is played again
+    kept = play_agent(FaultyEngine(), build_agent("reflexion-react", looping_lm(), DEMOS, reflexion_trials=2),
+                      TASKS, out, max_steps=6, meta={"env": "scripted", "budget": 6}, resume=True, keep_errors=True)
+    assert kept.skipped == TASKS and not kept.records
+    # plain --resume plays the two error episodes again (a restart may fix an engine), not the finished one
     again = play_agent(FaultyEngine(), build_agent("reflexion-react", looping_lm(), DEMOS, reflexion_trials=2),
                        TASKS, out, max_steps=6, meta={"env": "scripted", "budget": 6}, resume=True)
-    assert again.skipped == TASKS and not again.records
+    assert again.skipped == ["b/1"] and [r["task_id"] for r in again.records] == ["a/1", "a/2"]
 
 
 def test_plain_episode_lines():

@@ -159,3 +159,35 @@ def test_scienceworld_passes_an_episode_time_limit_through_without_restarting_it
     with pytest.raises(EpisodeTimeout, match="limit of 1 s"), time_limit(1.0):
         env._robust(lambda sw: sw.step("look"), 60.0)
     assert restarts == []
+
+
+def test_a_time_limit_never_fires_inside_an_import(tmp_path, monkeypatch):
+    """A module whose import outlasts the limit is imported whole (the limit waits for the import to
+    end, then fires): it is never left half-initialised for the rest of the process."""
+    import sys
+    import time
+
+    from envs import EpisodeTimeout, time_limit
+
+    (tmp_path / "slow_engine_module.py").write_text("import time\ntime.sleep(1.5)\nREADY = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "slow_engine_module", raising=False)
+    with pytest.raises(EpisodeTimeout, match="limit of 0.3 s"), time_limit(0.3):
+        import slow_engine_module  # noqa: F401  (runs past the limit inside the import)
+
+        time.sleep(30)  # the limit fires here, once the import is done
+    assert sys.modules["slow_engine_module"].READY is True
+
+
+def test_the_engines_are_imported_before_the_clock_starts(monkeypatch):
+    """play_episode imports the adapter's ENGINE_MODULES before its time limit starts."""
+    import importlib
+
+    from agent_shell import scheduler
+    from envs.textworld import TextWorldEnv
+
+    imported, clock = [], []
+    monkeypatch.setattr("envs.episode.play_within", lambda seconds, play, fault: clock.append(seconds) or "played")
+    monkeypatch.setattr(importlib, "import_module", lambda name: imported.append((name, list(clock))))
+    assert scheduler.play_episode(TextWorldEnv(), object(), "custom-1/test/100001", 5, time_limit=2.0) == "played"
+    assert imported == [("textworld", []), ("textworld.gym", [])] and clock == [2.0]
