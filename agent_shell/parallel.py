@@ -63,13 +63,37 @@ def server_placement(device: str) -> dict[str, Any]:
     return {"device": "cpu", "num_gpus": 0}
 
 
+#: A Unix socket's path holds at most this many bytes (``sun_path`` less its final NUL, Linux).
+SOCKET_PATH_MAX = 107
+#: What a local Ray cluster adds to ``$RAY_TMPDIR`` for its longest socket path:
+#: ``/ray/session_<date>_<time>_<microseconds>_<pid>/sockets/plasma_store`` (a 7-digit pid).
+RAY_SOCKET_SUFFIX = len("/ray/session_2026-01-01_00-00-00_000000_1234567/sockets/plasma_store")
+
+
+def check_ray_tmpdir() -> None:
+    """Raise ValueError (one line) when ``$RAY_TMPDIR`` is too long for the sockets a local Ray
+    cluster makes under it, before Ray starts (Ray itself fails deep inside with a traceback)."""
+    folder = os.environ.get("RAY_TMPDIR")
+    if not folder:
+        return
+    length = len(os.fsencode(os.path.abspath(folder)))
+    if length + RAY_SOCKET_SUFFIX > SOCKET_PATH_MAX:
+        raise ValueError(f"RAY_TMPDIR={folder} ({length} bytes) is too long for Ray's sockets: a Unix socket path "
+                         f"holds at most {SOCKET_PATH_MAX} bytes and Ray adds {RAY_SOCKET_SUFFIX} to it; set "
+                         f"RAY_TMPDIR to a folder of at most {SOCKET_PATH_MAX - RAY_SOCKET_SUFFIX} bytes "
+                         "(e.g. /tmp/ray)")
+
+
 def start_ray(workers: int, address: str | None = None) -> bool:
     """Connect to the cluster at ``address`` or start a local one with ``workers`` CPUs; False when
     this process was already connected (then the caller must not shut it down).
 
     Raises:
         ModuleNotFoundError: Ray is not installed (the message says how to install it).
+        ValueError: a local cluster's ``$RAY_TMPDIR`` too long for its sockets (:func:`check_ray_tmpdir`).
     """
+    if not address:
+        check_ray_tmpdir()
     try:
         import ray
     except ImportError as err:

@@ -91,14 +91,11 @@ class Setup:
 
 
 def resolve_cache(cache_dir: str | None) -> Path:
-    """``cache_dir`` (created), else the project's cache root (:func:`envs.paths.cache_dir`)."""
-    if cache_dir is not None:
-        path = Path(cache_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-    from envs.paths import cache_dir as default_cache
+    """``cache_dir`` (created), else the project's cache root (:func:`envs.paths.cache_dir`); a
+    folder that cannot be created is a one-line ValueError (:func:`envs.paths.writable_folder`)."""
+    from envs.paths import cache_root, writable_folder
 
-    return default_cache()
+    return writable_folder(cache_dir if cache_dir is not None else cache_root())
 
 
 def check_tasks(env: Environment, split: str, task_ids: Sequence[str] = ()) -> list[str]:

@@ -21,9 +21,23 @@ def cache_root() -> Path:
 
 
 def cache_dir(*parts: str) -> Path:
-    """:func:`cache_root` joined with ``parts``, created if missing."""
-    path = cache_root().joinpath(*parts)
-    path.mkdir(parents=True, exist_ok=True)
+    """:func:`cache_root` joined with ``parts``, created if missing (:func:`writable_folder`)."""
+    return writable_folder(cache_root().joinpath(*parts))
+
+
+def writable_folder(path: str | os.PathLike) -> Path:
+    """``path`` as a folder, created with its parents if missing.
+
+    Raises:
+        ValueError: one line when it cannot be created (a regular file on the way, no permission):
+            naming the folder, the reason and what to set instead.
+    """
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"the cache folder {path} cannot be created ({err.strerror}: {err.filename}); set "
+                         "CB_AGENT_CACHE or --cache-dir to a folder that can be") from None
     return path
 
 
@@ -32,4 +46,4 @@ def shared_dir() -> Path:
     return REPO_ROOT.parent / "shared"
 
 
-__all__ = ["REPO_ROOT", "cache_dir", "cache_root", "shared_dir"]
+__all__ = ["REPO_ROOT", "cache_dir", "cache_root", "shared_dir", "writable_folder"]

@@ -15,6 +15,7 @@ from agent_shell.history import RENDERINGS
 from agent_shell.run_config import ACTION_SPACES, RunConfig
 from envs.episode import EPISODE_TIMEOUT_S
 from envs.registry import ENVIRONMENTS
+from envs.paths import cache_root, writable_folder
 from envs.storage import OutputError
 
 ENV_NAMES = sorted(ENVIRONMENTS)
@@ -153,6 +154,11 @@ def config_options(*names: str, **overrides: Callable) -> Callable[[Callable], C
                 config = RunConfig(**values)
             except ValueError as err:
                 raise click.UsageError(str(err)) from None
+            if "cache_dir" in names:  # one line now, not a traceback from deep inside a later step
+                try:
+                    writable_folder(config.cache_dir if config.cache_dir is not None else cache_root())
+                except ValueError as err:
+                    raise click.ClickException(str(err)) from None
             if "model" in names:
                 check_backbone(config.model, config.device)
             return fn(config=config, **kwargs)

@@ -60,7 +60,11 @@ def fit(decisions, out, lam, gamma, eps, method, max_iter, tol, float64, certify
     if not no_cache:
         from envs.paths import cache_root  # the project's one cache root (no engine is imported)
 
-        enable_persistent_cache(cache_root() / "jax", write_bytes_atomic)
+        try:  # the fit needs no cache: without one it compiles again, as JAX's own cache does
+            enable_persistent_cache(cache_root() / "jax", write_bytes_atomic)
+        except OSError as err:
+            click.echo(f"warning: the compile cache {cache_root() / 'jax'} cannot be used ({err.strerror}: "
+                       f"{err.filename}); fitting without it", err=True)
     timings = {"import_s": time.perf_counter() - start}
     solver = {"subspace": cb_core.Subspace, "newton": cb_core.Newton, "lbfgs": cb_core.LBFGS,
               "adam": cb_core.Adam}[method]

@@ -45,6 +45,13 @@ def run(config: RunConfig) -> None:
     console = make_console()
     if config.calibrator is not None and config.rendering != "calibrator":
         raise click.UsageError(f"--calibrator {config.calibrator} is used only with --history calibrator")
+    if (config.workers > 1 or config.shared_lm) and not config.ray_address:
+        from agent_shell.parallel import check_ray_tmpdir
+
+        try:  # before anything loads: a local Ray cluster's sockets must fit their path limit
+            check_ray_tmpdir()
+        except ValueError as err:
+            raise click.ClickException(str(err)) from None
     results_path = config.results_path
     settings = config.settings()
     env = make_env(config.env)

@@ -85,3 +85,40 @@ def test_the_license_is_an_spdx_string():
     meta = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     assert meta["project"]["license"] == "MIT"  # a {text = ...} table is deprecated by setuptools
     assert "setuptools>=77" in meta["build-system"]["requires"]  # the first to read SPDX strings
+
+
+def test_a_cache_folder_that_cannot_be_created_is_one_line(tmp_path, monkeypatch):
+    """CB_AGENT_CACHE under a regular file: `run` (which needs the cache) stops in one line naming
+    the folder before anything loads; `fit` (which needs none) warns once and fits."""
+    import numpy as np
+
+    import cb_core
+
+    (tmp_path / "file").write_text("not a folder\n")
+    monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "file" / "cache"))
+    res = CliRunner().invoke(main, ["run", "--env", "textworld", "--max-steps", "1", "--out-dir", str(tmp_path / "r")])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    (line,) = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert line.startswith("Error: the cache folder") and "Not a directory" in line and "CB_AGENT_CACHE" in line
+    rng, sizes = np.random.default_rng(1), (3, 4, 5)
+    with open(tmp_path / "d.npz", "wb") as f:
+        cb_core.write_decisions(f, cb_core.decisions_from_lists(
+            [rng.normal(size=(m, 4)).astype(np.float32) for m in sizes], [np.zeros(m, np.float32) for m in sizes],
+            [np.ones(m, np.int32) for m in sizes], [0, 1, 2]))
+    fitted = CliRunner().invoke(main, ["fit", str(tmp_path / "d.npz"), "--out", str(tmp_path / "c.safetensors")])
+    assert fitted.exit_code == 0 and "fitting without it" in fitted.output and (tmp_path / "c.safetensors").exists()
+
+
+def test_a_ray_tmpdir_too_long_for_a_socket_is_one_line(tmp_path, monkeypatch):
+    """A local Ray cluster's sockets live under RAY_TMPDIR: a folder too long for a Unix socket
+    path (107 bytes) is refused in one line before anything loads."""
+    from agent_shell.parallel import RAY_SOCKET_SUFFIX, SOCKET_PATH_MAX, check_ray_tmpdir
+
+    longest = "/" + "r" * (SOCKET_PATH_MAX - RAY_SOCKET_SUFFIX - 1)
+    monkeypatch.setenv("RAY_TMPDIR", longest)
+    check_ray_tmpdir()  # fits exactly
+    monkeypatch.setenv("RAY_TMPDIR", longest + "r")
+    res = CliRunner().invoke(main, ["run", "--env", "textworld", "--workers", "2", "--out-dir", str(tmp_path / "r")])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    (line,) = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert "RAY_TMPDIR" in line and "107 bytes" in line and "/tmp/ray" in line
