@@ -323,10 +323,11 @@ def players_of(config: RunConfig, setup: Setup) -> dict[str, Reflexion]:
     from agent_shell.agents import build_agent
 
     agent_config = config.agent  # prior-only acts with the run's gamma (a concept carries its own fit's gamma)
-    scorer = setup.lm.fork()  # scoring contexts and routing prompts keep separate KV caches
+    scoring_lm = setup.lm.fork()  # scoring contexts and routing prompts keep separate KV caches
     reviewer = setup.lm.fork() if config.rendering in REVIEWED else None
-    return {name: build_agent(name, setup.lm, setup.demos, setup.concepts, agent_config, config.reflexion_trials,
-                              scorer, reviewer, setup.calibrator, config.feature_set) for name in config.agents}
+    return {name: build_agent(name, setup.lm, setup.demos, concepts=setup.concepts, config=agent_config,
+                              reflexion_trials=config.reflexion_trials, scoring_lm=scoring_lm, reviewer=reviewer,
+                              calibrator=setup.calibrator, features=config.feature_set) for name in config.agents}
 
 
 def build_players(config: RunConfig, task_types: list[str] | None,
@@ -361,7 +362,7 @@ class StudyAgents:
         self.config, self.env = config, env
         self.need_concepts, self.task_types, self.echo = need_concepts, task_types, echo
         self.lm: LanguageModel = load_language_model(config.model, dtype=config.dtype, device=config.device)
-        self.scorer = self.lm.fork()  # each stream of contexts keeps its own KV cache
+        self.scoring_lm = self.lm.fork()  # each stream of contexts keeps its own KV cache
         self.reviewer = self.lm.fork()
         self.setups: dict[str, Setup] = {}
 
@@ -380,12 +381,14 @@ class StudyAgents:
         setup = self.setup(rendering)
         config = replace(self.config.agent, rendering=rendering)  # the run's agent settings, this rendering
         if actor == "react":
-            return ReActAgent(setup.lm, setup.demos, config, self.reviewer, setup.calibrator)
+            return ReActAgent(setup.lm, setup.demos, config=config, reviewer=self.reviewer,
+                              calibrator=setup.calibrator)
         concepts = setup.concepts if actor == "cb-agent" else None
         if actor == "cb-agent" and concepts is None:
             raise ValueError("cb-agent needs concepts (internal: the factory was built without them)")
-        return CBAgent(setup.lm, setup.demos, concepts, config, self.scorer, self.reviewer, setup.calibrator,
-                       self.config.feature_set)  # the features the concepts were fitted on
+        return CBAgent(setup.lm, setup.demos, concepts=concepts, config=config, scoring_lm=self.scoring_lm,
+                       reviewer=self.reviewer, calibrator=setup.calibrator,
+                       features=self.config.feature_set)  # the features the concepts were fitted on
 
 
 __all__ = ["Setup", "StudyAgents", "UnknownTasks", "build_players", "check_tasks", "first_per_type",

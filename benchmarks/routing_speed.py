@@ -59,11 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     records, trajectories, demos = recorded_episodes(args.results, args.episodes, args.tiny)
     lm = load_language_model(None, dtype=args.dtype)
     config = AgentConfig.for_env(records[0]["env"])
-    full = ReActAgent(lm, demos, config)
+    full = ReActAgent(lm, demos, config=config)
     plain_lm = lm.fork()
     plain_lm.draft_tokens = 0
-    plain = ReActAgent(plain_lm, demos, config)
-    peek = CBAgent(lm.fork(), demos, None, config)
+    plain = ReActAgent(plain_lm, demos, config=config)
+    peek = CBAgent(lm.fork(), demos, concepts=None, config=config)
     passes = {"full": 0, "full-plain": 0, "peek": 0}
 
     def counted(name, agent):  # count the backbone's forward passes of each method

@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{lm.name!r} has no shared-prefix attention (see agent_shell.lm.shared_prefix.SUPPORTED)")
     copying = lm.fork()
     copying._shared = None
-    agents = {"shared": CBAgent(lm.fork(), demos, None, config), "copies": CBAgent(copying, demos, None, config)}
+    agents = {"shared": CBAgent(lm.fork(), demos, concepts=None, config=config),
+              "copies": CBAgent(copying, demos, concepts=None, config=config)}
 
     def sample(agent: CBAgent, prompt, seed: int) -> list[str]:
         return agent.lm.generate(prompt, max_new_tokens=tokens, stop=("\n",), temperature=config.sample_temperature,

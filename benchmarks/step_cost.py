@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     for layout in layouts:
         scorers[layout] = lm.fork()
         scorers[layout].candidate_layout = layout
-    agent = CBAgent(lm, demos, None, config, scorer=scorers[layouts[0]])
+    agent = CBAgent(lm, demos, concepts=None, config=config, scoring_lm=scorers[layouts[0]])
     floor_lm, route_floor_lm = lm.fork(), lm.fork()  # the routing floor's stream shares the pinned heads
     prefix = ctx.action_prefix("text")
     passes = [0]  # every forward pass of every view: routing, scoring streams and floors

@@ -59,7 +59,8 @@ class CBAgent(ReActAgent):
         concepts: task type -> :class:`cb_core.Concept`, or None for the prior-only control.
             A task type without a concept raises ValueError at its first decision.
         config: :class:`AgentConfig`.
-        scorer: the LM that scores candidate sets (default ``lm``). Passing ``lm.fork()``, a
+        scoring_lm: the LM view that scores candidate sets, the prior and the features (default
+            ``lm``). Passing ``lm.fork()``, a
             second view of the same backbone with its own prefix cache, keeps routing prompts
             (with demonstrations) and scoring contexts (without) from evicting each other's KV
             cache every step.
@@ -72,17 +73,17 @@ class CBAgent(ReActAgent):
     #: The name of the agent built without concepts (the prior-only control).
     prior_only_name = "prior-only"
 
-    def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], concepts: Mapping[str, Concept] | None,
-                 config: AgentConfig = AgentConfig(), scorer: LanguageModel | None = None,
-                 reviewer: LanguageModel | None = None, calibrator: Calibrator | None = None,
-                 features: FeatureSet | None = None):
-        super().__init__(lm, demos, config, reviewer, calibrator)
-        self.scorer = lm if scorer is None else scorer
+    def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], *,
+                 concepts: Mapping[str, Concept] | None, config: AgentConfig = AgentConfig(),
+                 scoring_lm: LanguageModel | None = None, reviewer: LanguageModel | None = None,
+                 calibrator: Calibrator | None = None, features: FeatureSet | None = None):
+        super().__init__(lm, demos, config=config, reviewer=reviewer, calibrator=calibrator)
+        self.scoring_lm = lm if scoring_lm is None else scoring_lm
         self.features = features if features is not None else FeatureSet.from_spec()
         self.concepts = None if concepts is None else dict(concepts)
         self.name = type(self).name if concepts is not None else self.prior_only_name
         # the prior-only control reads no features (alpha = 0): its scorer extracts none
-        self.decision_scorer = DecisionScorer(self.scorer, self.features if concepts is not None else None)
+        self.decision_scorer = DecisionScorer(self.scoring_lm, self.features if concepts is not None else None)
 
     def next_action(self, view: View) -> Decision:
         """Route (unless ``view.route`` is False); a thought is a think step, anything else an

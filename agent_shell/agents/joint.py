@@ -146,9 +146,9 @@ class JointReActAgent(JointMixin, ReActAgent):
 
     name = "joint-react"
 
-    def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], config: AgentConfig = AgentConfig(),
-                 *args: Any, **kwargs: Any):
-        super().__init__(lm, demos, joint_config(config), *args, **kwargs)
+    def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], *, config: AgentConfig = AgentConfig(),
+                 **kwargs: Any):
+        super().__init__(lm, demos, config=joint_config(config), **kwargs)
 
     def next_action(self, view: View) -> Decision:
         t0 = time.perf_counter()
@@ -170,9 +170,9 @@ class JointCBAgent(JointMixin, CBAgent):
     name = "joint-cb-agent"
     prior_only_name = "joint-prior-only"
 
-    def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], concepts: Mapping[str, Concept] | None,
-                 config: AgentConfig = AgentConfig(), *args: Any, **kwargs: Any):
-        super().__init__(lm, demos, concepts, joint_config(config), *args, **kwargs)
+    def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], *,
+                 concepts: Mapping[str, Concept] | None, config: AgentConfig = AgentConfig(), **kwargs: Any):
+        super().__init__(lm, demos, concepts=concepts, config=joint_config(config), **kwargs)
 
     def next_action(self, view: View) -> Decision:
         t0 = time.perf_counter()

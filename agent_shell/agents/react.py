@@ -60,7 +60,7 @@ class ReActAgent:
     #: step (the joint actor reviews inside its own reply instead).
     separate_review = True
 
-    def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], config: AgentConfig = AgentConfig(),
+    def __init__(self, lm: LanguageModel, demos: Mapping[str, Sequence[str]], *, config: AgentConfig = AgentConfig(),
                  reviewer: LanguageModel | None = None, calibrator: Calibrator | None = None):
         self.lm = lm
         self.calibrator = calibrator

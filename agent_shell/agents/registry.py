@@ -41,7 +41,7 @@ ENTRY_POINT_GROUP = "cb_agent.agents"
 #: the views default to the backbone itself when none is given.
 REQUIREMENTS = {
     "concepts": "fitted concepts per task type (cb_core.Concept), and the FeatureSet they were fitted with",
-    "scorer": "an LM view that scores candidate sets (its own prefix cache)",
+    "scoring_lm": "an LM view that scores candidate sets (its own prefix cache)",
     "reviewer": "an LM view that writes the experience reviews of renderings experience / calibrator",
 }
 
@@ -56,7 +56,7 @@ class AgentParts:
             (:class:`agent_shell.ical.acting.RetrievedDemos`).
         config: the agent's :class:`AgentConfig`.
         concepts: task type -> :class:`cb_core.Concept` (None: no concept set).
-        scorer, reviewer: LM views for scoring and reviews (None: ``lm``).
+        scoring_lm, reviewer: LM views for scoring and reviews (None: ``lm``).
         calibrator: rendering "calibrator": the fitted :class:`agent_shell.calibration.Calibrator`.
         features: the :class:`agent_shell.features.FeatureSet` the concepts were fitted with
             (None: ``lm-hidden``).
@@ -66,7 +66,7 @@ class AgentParts:
     demos: Mapping[str, Sequence[str]]
     config: AgentConfig = AgentConfig()
     concepts: Mapping[str, Concept] | None = None
-    scorer: LanguageModel | None = None
+    scoring_lm: LanguageModel | None = None
     reviewer: LanguageModel | None = None
     calibrator: Calibrator | None = None
     features: FeatureSet | None = None
@@ -121,27 +121,30 @@ class AgentEntry:
 
 
 def _react(p: AgentParts) -> ReActAgent:
-    return ReActAgent(p.lm, p.demos, p.config, p.reviewer, p.calibrator)
+    return ReActAgent(p.lm, p.demos, config=p.config, reviewer=p.reviewer, calibrator=p.calibrator)
 
 
 def _prior_only(p: AgentParts) -> CBAgent:
-    return CBAgent(p.lm, p.demos, None, p.config, p.scorer, p.reviewer, p.calibrator)
+    return CBAgent(p.lm, p.demos, concepts=None, config=p.config, scoring_lm=p.scoring_lm, reviewer=p.reviewer,
+                   calibrator=p.calibrator)
 
 
 def _cb_agent(p: AgentParts) -> CBAgent:
-    return CBAgent(p.lm, p.demos, p.concepts, p.config, p.scorer, p.reviewer, p.calibrator, p.features)
+    return CBAgent(p.lm, p.demos, concepts=p.concepts, config=p.config, scoring_lm=p.scoring_lm, reviewer=p.reviewer,
+                   calibrator=p.calibrator, features=p.features)
 
 
 def _joint_react(p: AgentParts) -> JointReActAgent:
-    return JointReActAgent(p.lm, p.demos, p.config, p.reviewer, p.calibrator)
+    return JointReActAgent(p.lm, p.demos, config=p.config, reviewer=p.reviewer, calibrator=p.calibrator)
 
 
 def _joint_cb_agent(p: AgentParts) -> JointCBAgent:
-    return JointCBAgent(p.lm, p.demos, p.concepts, p.config, p.scorer, p.reviewer, p.calibrator, p.features)
+    return JointCBAgent(p.lm, p.demos, concepts=p.concepts, config=p.config, scoring_lm=p.scoring_lm,
+                        reviewer=p.reviewer, calibrator=p.calibrator, features=p.features)
 
 
-_CB = frozenset({"concepts", "scorer", "reviewer"})
-_PRIOR = frozenset({"scorer", "reviewer"})
+_CB = frozenset({"concepts", "scoring_lm", "reviewer"})
+_PRIOR = frozenset({"scoring_lm", "reviewer"})
 #: The built-in agents by name, in the order ``--agent`` lists them.
 BUILTIN: dict[str, AgentEntry] = {e.name: e for e in (
     AgentEntry("cb-agent", _cb_agent, _CB, summary="ReAct routing, concept-guided choice among candidates"),
@@ -202,9 +205,9 @@ def needs_concepts(name: str) -> bool:
     return name in registered(ENTRY_POINT_GROUP, BUILTIN) and "concepts" in agent_entry(name).needs
 
 
-def build_agent(name: str, lm: LanguageModel, demos: Mapping[str, Sequence[str]],
+def build_agent(name: str, lm: LanguageModel, demos: Mapping[str, Sequence[str]], *,
                 concepts: Mapping[str, Concept] | None = None, config: AgentConfig = AgentConfig(),
-                reflexion_trials: int = 2, scorer: LanguageModel | None = None,
+                reflexion_trials: int = 2, scoring_lm: LanguageModel | None = None,
                 reviewer: LanguageModel | None = None, calibrator: Calibrator | None = None,
                 features: FeatureSet | None = None) -> Reflexion:
     """The agent registered as ``name`` (:func:`agent_entry`) built from the given parts
@@ -213,7 +216,8 @@ def build_agent(name: str, lm: LanguageModel, demos: Mapping[str, Sequence[str]]
     Raises:
         ValueError: an unknown name, or an agent that needs concepts built without them.
     """
-    parts = AgentParts(lm, demos, config, concepts, scorer, reviewer, calibrator, features)
+    parts = AgentParts(lm=lm, demos=demos, config=config, concepts=concepts, scoring_lm=scoring_lm,
+                       reviewer=reviewer, calibrator=calibrator, features=features)
     return agent_entry(name).make(parts, reflexion_trials)
 
 

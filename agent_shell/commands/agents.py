@@ -7,7 +7,7 @@ import click
 
 @click.command()
 def agents() -> None:
-    """List agents: name, where it comes from, what it needs (concepts, scorer, reviewer)."""
+    """List agents: name, where it comes from, what it needs (concepts, scoring_lm, reviewer)."""
     from agent_shell.agents.registry import ENTRY_POINT_GROUP, agent_entry, available_agents
 
     for name, source in available_agents().items():

@@ -129,10 +129,10 @@ def _label(todo, trials, actors, judge_name, k, temperature, content_screening, 
         agents = {}
         for name in actors:
             if name == "react":
-                agents[name] = ReActAgent(lm, setup.demos, agent_config)
+                agents[name] = ReActAgent(lm, setup.demos, config=agent_config)
             else:
-                agents[name] = CBAgent(lm, setup.demos, setup.concepts if name == "cb-agent" else None, agent_config,
-                                       scorer)
+                agents[name] = CBAgent(lm, setup.demos, concepts=setup.concepts if name == "cb-agent" else None,
+                                       config=agent_config, scoring_lm=scorer)
         judge = ExpertDistanceJudge(env, max_expert_steps, config.episode_timeout) if judge_name == "expert-distance" \
             else LMJudge(judge_lm)
         screen = ContentScreen(judge_lm) if content_screening else None

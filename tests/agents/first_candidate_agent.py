@@ -31,11 +31,11 @@ class FirstCandidateWithConcepts(FirstCandidate):
 
 
 def build(parts: AgentParts) -> FirstCandidate:
-    return FirstCandidate(parts.lm, parts.demos, parts.config)
+    return FirstCandidate(parts.lm, parts.demos, config=parts.config)
 
 
 ENTRY = AgentEntry("first-candidate", build, summary="the first candidate, always")
-CONCEPT_ENTRY = AgentEntry("first-candidate-concepts", lambda p: FirstCandidateWithConcepts(p.lm, p.demos, p.config),
+CONCEPT_ENTRY = AgentEntry("first-candidate-concepts", lambda p: FirstCandidateWithConcepts(p.lm, p.demos, config=p.config),
                            needs={"concepts"})
 #: A mis-registered entry: named other than its entry point.
 MISNAMED = AgentEntry("something-else", build)

@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from agent_doubles import FakeLM, ScriptedEnv
-from agent_shell.agents import AgentConfig, agent_names, available_agents, build_agent, needs_concepts
+from agent_shell.agents import (AgentConfig, CBAgent, ReActAgent, agent_names, available_agents, build_agent,
+                                 needs_concepts)
 from agent_shell.agents.joint import JointCBAgent, JointReActAgent, joint_config
 from agent_shell.agents.registry import ENTRY_POINT_GROUP, agent_entry
 from agent_shell.cli import main
@@ -43,7 +44,7 @@ def test_the_builtin_agents_are_the_registry_s_and_declare_their_needs():
     assert agent_names()[:len(BUILT_IN)] == BUILT_IN
     assert [n for n in BUILT_IN if needs_concepts(n)] == ["cb-agent", "reflexion-cb-agent", "joint-cb-agent"]
     assert not needs_concepts("joint-prior-only") and not needs_concepts("no-such-agent")
-    names = {name: build_agent(name, FakeLM(), DEMOS, {"fetch": None}).name for name in BUILT_IN}
+    names = {name: build_agent(name, FakeLM(), DEMOS, concepts={"fetch": None}).name for name in BUILT_IN}
     assert names == {n: n for n in BUILT_IN}  # the records name an agent as the registry does
     assert build_agent("reflexion-react", FakeLM(), DEMOS, reflexion_trials=1).name == "react"
     assert [n for n in BUILT_IN if agent_entry(n).trials] == ["reflexion-cb-agent", "reflexion-prior-only",
@@ -76,7 +77,7 @@ def test_a_plugin_agent_is_listed_built_and_played(site):
     out = CliRunner().invoke(main, ["agents"])
     assert out.exit_code == 0, out.output
     assert "first-candidate\tfirst_candidate_agent:ENTRY\t-" in out.output
-    assert "cb-agent\tbuilt-in\tconcepts, reviewer, scorer" in out.output
+    assert "cb-agent\tbuilt-in\tconcepts, reviewer, scoring_lm" in out.output
 
 
 def test_run_offers_plugin_agents(site):
@@ -93,7 +94,7 @@ def test_a_plugin_declares_its_needs_and_bad_plugins_fail_with_one_line(site):
     assert needs_concepts("first-candidate-concepts")
     with pytest.raises(ValueError, match="'first-candidate-concepts' needs fitted concepts"):
         build_agent("first-candidate-concepts", FakeLM(), DEMOS)
-    assert build_agent("first-candidate-concepts", FakeLM(), DEMOS, {"fetch": None}).name == "first-candidate-concepts"
+    assert build_agent("first-candidate-concepts", FakeLM(), DEMOS, concepts={"fetch": None}).name == "first-candidate-concepts"
     for name, target, message in (("misnamed", "first_candidate_agent:MISNAMED", "entry of 'something-else'"),
                                   ("not-an-entry", "builtins:dict", "gives a type, not an"),
                                   ("broken", "no_such_module_xyz:ENTRY", r"failed to load: ModuleNotFoundError")):
@@ -118,8 +119,8 @@ def test_joint_actors_get_their_rendering_before_construction_and_never_change()
     with pytest.raises(ValueError, match="text only"):
         joint_config(AgentConfig(layout="chat"))
     given = AgentConfig(seed=4)
-    react = JointReActAgent(FakeLM(), DEMOS, given)
-    prior = JointCBAgent(FakeLM(), DEMOS, None, given)
+    react = JointReActAgent(FakeLM(), DEMOS, config=given)
+    prior = JointCBAgent(FakeLM(), DEMOS, concepts=None, config=given)
     assert given.rendering == "raw"  # the caller's config is not touched
     for agent, name in ((react, "joint-react"), (prior, "joint-prior-only")):
         config = agent.config
@@ -131,9 +132,9 @@ def test_joint_actors_get_their_rendering_before_construction_and_never_change()
 def test_agent_names_are_given_at_construction():
     from agent_shell.agents import CBAgent
 
-    assert CBAgent(FakeLM(), DEMOS, None).name == "prior-only"
-    assert CBAgent(FakeLM(), DEMOS, {"fetch": None}).name == "cb-agent"
-    assert JointCBAgent(FakeLM(), DEMOS, {"fetch": None}).name == "joint-cb-agent"
+    assert CBAgent(FakeLM(), DEMOS, concepts=None).name == "prior-only"
+    assert CBAgent(FakeLM(), DEMOS, concepts={"fetch": None}).name == "cb-agent"
+    assert JointCBAgent(FakeLM(), DEMOS, concepts={"fetch": None}).name == "joint-cb-agent"
 
 
 # ---------------------------------------------------------------------------- configuration
@@ -181,7 +182,8 @@ def test_recorded_settings_and_resume_of_a_committed_results_file_are_unchanged(
     assert list(config.to_dict()) == [
         "env", "split", "demo_split", "demos_per_type", "concept_per_type", "fit_candidates", "model", "dtype", "device",
         "rendering", "layout", "lam", "gamma", "features", "agents", "action_space", "reflexion_trials", "budget",
-        "seed", "per_type", "games", "game_ids", "cache_dir", "out_dir", "resume", "demos", "concept_data", "workers",
+        "seed", "per_type", "games", "game_ids", "cache_dir", "out_dir", "resume", "keep_errors", "demos", "concept_data",
+        "workers",
         "ray_address", "shared_lm", "episode_timeout", "calibrator"]
     copy = tmp_path / "results.jsonl"
     copy.write_text(line)
@@ -191,3 +193,17 @@ def test_recorded_settings_and_resume_of_a_committed_results_file_are_unchanged(
     with pytest.raises(ValueError, match="seed=0, but this run uses seed=1"):
         check_results_file(copy, [record["agent"]], [record["task_id"]], True,
                            {**current, **RunConfig(**{**recorded, "seed": 1}).settings()})
+
+
+@pytest.mark.parametrize("build", [
+    lambda lm, other: CBAgent(lm, DEMOS, None, AgentConfig(), other),
+    lambda lm, other: ReActAgent(lm, DEMOS, AgentConfig(), other),
+    lambda lm, other: build_agent("cb-agent", lm, DEMOS, {"fetch": None}, AgentConfig(), 2, other),
+], ids=["CBAgent", "ReActAgent", "build_agent"])
+def test_agents_take_their_parts_by_keyword_so_two_language_models_cannot_swap(build):
+    """Past the backbone and the demonstrations every part is keyword-only: a second language model
+    passed by position (the scoring or reviewer view) is refused, never silently taken for another."""
+    with pytest.raises(TypeError, match="positional argument"):
+        build(FakeLM(), FakeLM(name="other"))
+    agent = CBAgent(FakeLM(), DEMOS, concepts=None, scoring_lm=FakeLM(name="scoring"))
+    assert agent.scoring_lm.name == "scoring" and agent.lm.name == "fake-lm"

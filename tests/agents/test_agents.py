@@ -49,7 +49,7 @@ def test_a_transcript_that_outgrows_the_context_window_ends_the_episode_and_says
             return super().generate(prompt, *args, **kwargs)
 
     for agent in (ReActAgent(SmallWindow([" go to desk 1", " look"]), DEMOS),
-                  CBAgent(SmallWindow([" go to desk 1", " look"]), DEMOS, None)):
+                  CBAgent(SmallWindow([" go to desk 1", " look"]), DEMOS, concepts=None)):
         env, ep, log, saves = play(agent, max_steps=10)
         assert len(ep.steps) == 2 and not ep.won and not ep.done
         assert log.window_full.startswith("prompt is too long: 8377 tokens")
@@ -77,7 +77,7 @@ def test_react_malformed_reply_spends_the_step_on_look(reply, reason):
 
 def test_cb_agent_fixed_space_scores_filtered_candidates_on_a_demo_free_context():
     lm = FakeLM([" think: go get it", " anything"], prefer="desk")
-    env, ep, log, _ = play(CBAgent(lm, DEMOS, None), max_steps=3)
+    env, ep, log, _ = play(CBAgent(lm, DEMOS, concepts=None), max_steps=3)
     context, candidates = lm.score_calls[0]
     assert candidates == ["go to window 1", "go to desk 1", "examine wall 1"]
     assert "DEMO" not in context and context.endswith("> think: go get it\nOK.")
@@ -95,7 +95,7 @@ def test_cb_agent_fixed_space_scores_filtered_candidates_on_a_demo_free_context(
 
 def test_cb_agent_malformed_routing_reply_still_acts_from_the_set():
     lm = FakeLM([""], prefer="desk")
-    env, ep, log, _ = play(CBAgent(lm, DEMOS, None), max_steps=1)
+    env, ep, log, _ = play(CBAgent(lm, DEMOS, concepts=None), max_steps=1)
     assert env.engine_actions == ["go to desk 1"]
     assert log.format_errors[0]["reason"] == "empty reply"
 
@@ -107,7 +107,7 @@ def test_cb_agent_uses_the_concept_of_the_task_type():
     alpha[3] = 50.0  # a strong concept along one hidden coordinate
     meta = dict(backbone="fake-lm", features={}, gamma=0.8, lam=1.0, eps=1e-6, task_type="fetch",
                 trajectories=[], versions={}, hidden_size=d)
-    agent = CBAgent(lm, DEMOS, {"fetch": cb_core.Concept(alpha, 0.8, 1e-6, meta)})
+    agent = CBAgent(lm, DEMOS, concepts={"fetch": cb_core.Concept(alpha, 0.8, 1e-6, meta)})
     env, ep, log, _ = play(agent, max_steps=1)
     context, candidates = lm.score_calls[0]
     s = lm.score(context, candidates, "\n> ")
@@ -126,7 +126,7 @@ def test_cb_agent_records_the_prior_and_concept_terms_of_every_candidate():
     alpha = np.linspace(-2.0, 3.0, d + 1).astype(np.float32)
     meta = dict(backbone="fake-lm", features={}, gamma=0.7, lam=1.0, eps=1e-6, task_type="fetch",
                 trajectories=[], versions={}, hidden_size=d)
-    env, ep, log, _ = play(CBAgent(lm, DEMOS, {"fetch": cb_core.Concept(alpha, 0.7, 1e-6, meta)}), max_steps=1)
+    env, ep, log, _ = play(CBAgent(lm, DEMOS, concepts={"fetch": cb_core.Concept(alpha, 0.7, 1e-6, meta)}), max_steps=1)
     context, candidates = lm.score_calls[0]
     s = lm.score(context, candidates, "\n> ")
     z = s.log_q.astype(np.float64) / s.n_tokens.astype(np.float64) ** 0.7
@@ -152,12 +152,12 @@ def test_open_action_space_samples_twenty_keeps_duplicates_and_falls_back():
 
     lm = FakeLM(replies)
     config = AgentConfig(action_space="open")
-    env, ep, log, _ = play(CBAgent(lm, DEMOS, None, config), max_steps=1)
+    env, ep, log, _ = play(CBAgent(lm, DEMOS, concepts=None, config=config), max_steps=1)
     assert len(lm.score_calls[0][1]) == 17 and log.decisions[0]["n_candidates"] == 17
     assert log.decisions[0]["candidates"] == lm.score_calls[0][1]  # samples: kept in the record
     assert len(log.decisions[0]["prior"]) == len(log.decisions[0]["log_p"]) == 17
     lm2 = FakeLM(lambda p, t, n: [" act"] if n == 1 else [""] * n)
-    env2, _, log2, _ = play(CBAgent(lm2, DEMOS, None, config), max_steps=1)
+    env2, _, log2, _ = play(CBAgent(lm2, DEMOS, concepts=None, config=config), max_steps=1)
     assert env2.engine_actions == ["look"] and log2.decisions[0]["n_candidates"] == 1
 
 
@@ -201,7 +201,7 @@ def test_reflexion_cb_agent_acts_with_its_concept_in_every_trial():
     alpha[3] = 50.0
     meta = dict(backbone="fake-lm", features={}, gamma=0.8, lam=1.0, eps=1e-6, task_type="fetch",
                 trajectories=[], versions={}, hidden_size=d)
-    agent = build_agent("reflexion-cb-agent", lm, DEMOS, {"fetch": cb_core.Concept(alpha, 0.8, 1e-6, meta)})
+    agent = build_agent("reflexion-cb-agent", lm, DEMOS, concepts={"fetch": cb_core.Concept(alpha, 0.8, 1e-6, meta)})
     env = ScriptedEnv()
     result = agent.run(lambda: Episode(env, "a/1", 1))  # one step cannot win a/1: two trials
     assert agent.name == "reflexion-cb-agent" and len(result.trials) == 2 and not result.won
@@ -229,7 +229,7 @@ def test_build_agent_names_and_errors():
 
 def test_a_separate_scorer_scores_and_the_router_only_generates():
     router, scorer = FakeLM([" act"]), FakeLM(prefer="desk")
-    env, ep, log, _ = play(CBAgent(router, DEMOS, None, scorer=scorer), max_steps=2)
+    env, ep, log, _ = play(CBAgent(router, DEMOS, concepts=None, scoring_lm=scorer), max_steps=2)
     assert router.score_calls == [] and len(scorer.score_calls) == 2 and len(router.prompts) == 2
     assert env.engine_actions[0] == "go to desk 1"
 
@@ -239,7 +239,7 @@ def test_next_action_decides_without_executing_and_returns_the_scores():
     episode = Episode(env, "a/1", 5)
     view = View.of(episode)
     lm = FakeLM([" go to desk 1"], prefer="desk")
-    decision = CBAgent(lm, DEMOS, None).next_action(view)
+    decision = CBAgent(lm, DEMOS, concepts=None).next_action(view)
     assert env.engine_actions == [] and episode.steps == []  # nothing was executed
     assert decision.kind == "env" and decision.reply == " go" and decision.format_error is None  # the peek
     assert decision.candidates == ("go to window 1", "go to desk 1", "examine wall 1")
@@ -252,7 +252,7 @@ def test_next_action_decides_without_executing_and_returns_the_scores():
     thought = ReActAgent(FakeLM([" think: the desk first"]), DEMOS).next_action(view)
     assert (thought.kind, thought.action, thought.thought, thought.candidates) == (
         "think", "think: the desk first", "the desk first", None)
-    skipped = CBAgent(lm, DEMOS, None).next_action(View(view.start, candidates=view.candidates, route=False))
+    skipped = CBAgent(lm, DEMOS, concepts=None).next_action(View(view.start, candidates=view.candidates, route=False))
     assert skipped.reply is None and skipped.action == "go to desk 1" and len(lm.prompts) == 1  # no routing
 
 
@@ -265,7 +265,7 @@ def test_the_scoring_context_is_built_once_per_step(monkeypatch, action_space):
     monkeypatch.setattr(ctx, "scoring_context", lambda *a, **k: built.append(1) or real(*a, **k))
     lm = FakeLM(lambda p, t, n: [" act"] if n == 1 else [" go to desk 1"] * n, prefer="desk")
     config = AgentConfig(action_space=action_space, n_samples=3)
-    env, ep, log, _ = play(CBAgent(lm, DEMOS, None, config), max_steps=2)
+    env, ep, log, _ = play(CBAgent(lm, DEMOS, concepts=None, config=config), max_steps=2)
     assert len(ep.steps) == 2 and len(built) == 2  # one per step: routing, sampling and scoring share it
 
 

@@ -150,8 +150,8 @@ def test_calibrator_rendering_in_an_episode(tmp_path):
     cal = calibrator_for(lm)
     config = AgentConfig(rendering="calibrator")
     with pytest.raises(ValueError, match="calibrator"):
-        ReActAgent(lm, DEMOS, config).run(Episode(ScriptedEnv(), "a/1", 3))
-    log = ReActAgent(lm, DEMOS, config, calibrator=cal).run(Episode(ScriptedEnv(), "a/1", 3))
+        ReActAgent(lm, DEMOS, config=config).run(Episode(ScriptedEnv(), "a/1", 3))
+    log = ReActAgent(lm, DEMOS, config=config, calibrator=cal).run(Episode(ScriptedEnv(), "a/1", 3))
     assert len(log.reviews) == 2 and all(r["options"] == ["The window cannot be used."] for r in log.reviews)
     kept = [r for r in log.reviews if r["experience"]]
     assert set(log.experiences) == {r["step"] for r in kept}
@@ -230,14 +230,14 @@ def test_joint_cb_agent_chooses_among_candidates():
     lm = FakeLM(lambda prompt, t, n: [" NO UPDATE\n> fly to the moon"], prefer="go to desk 1")
     with pytest.raises(ValueError, match="needs fitted concepts"):
         build_agent("joint-cb-agent", lm, DEMOS, concepts=None)
-    agent = JointCBAgent(lm, DEMOS, None)
+    agent = JointCBAgent(lm, DEMOS, concepts=None)
     assert agent.name == "joint-prior-only"
     d = agent.next_action(agent_view())
     assert d.kind == "env" and d.action == "go to desk 1" and d.candidates is not None and d.format_error is None
     with pytest.raises(ValueError, match="text only"):
-        JointCBAgent(lm, DEMOS, None, AgentConfig(layout="chat"))
+        JointCBAgent(lm, DEMOS, concepts=None, config=AgentConfig(layout="chat"))
     with pytest.raises(ValueError, match="raw or experience"):
-        JointCBAgent(lm, DEMOS, None, AgentConfig(rendering="causal"))
+        JointCBAgent(lm, DEMOS, concepts=None, config=AgentConfig(rendering="causal"))
 
 
 def agent_view():
@@ -361,11 +361,11 @@ def test_probe_and_recovery_use_the_calibrator_under_its_rendering(tmp_path):
     config = AgentConfig(rendering="calibrator")
     cache = studies.ReviewCache(lm)
     with pytest.raises(ValueError, match="--calibrator"):
-        studies.probe_record(item, "calibrator", "react", ReActAgent(lm, DEMOS, config), cache)
-    rec = studies.probe_record(item, "calibrator", "react", ReActAgent(lm, DEMOS, config, calibrator=cal), cache)
+        studies.probe_record(item, "calibrator", "react", ReActAgent(lm, DEMOS, config=config), cache)
+    rec = studies.probe_record(item, "calibrator", "react", ReActAgent(lm, DEMOS, config=config, calibrator=cal), cache)
     assert rec["experiences_kept"].endswith("/2") and all(r.options for r in cache.reviews.values())
     # the plain reviews of the same transitions are cached apart
-    studies.probe_record(item, "experience", "react", ReActAgent(lm, DEMOS, AgentConfig(rendering="experience")),
+    studies.probe_record(item, "experience", "react", ReActAgent(lm, DEMOS, config=AgentConfig(rendering="experience")),
                          cache)
     assert len(cache.reviews) == 4 and sum(not r.options for r in cache.reviews.values()) == 2
 
@@ -377,6 +377,6 @@ def test_probe_and_recovery_use_the_calibrator_under_its_rendering(tmp_path):
                         "success": False, "trials": [{"won": False, "trajectory": ep.trajectory().to_record()}]})
     (ritem,) = studies.select_recovery_items(recorded_trials([path]))
     line = studies.recovery_record(ScriptedEnv(), ritem, "history", "react",
-                                   ReActAgent(lm, DEMOS, config, calibrator=cal), new_actions=2)
+                                   ReActAgent(lm, DEMOS, config=config, calibrator=cal), new_actions=2)
     reviews = line["log"]["reviews"]
     assert len(reviews) == ritem.k + 2 - 1 and all(r["options"] == ["The window cannot be used."] for r in reviews)

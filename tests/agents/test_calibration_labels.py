@@ -136,7 +136,7 @@ def test_propose_keeps_distinct_valid_experiences_and_records_every_reply(tmp_pa
 
 def actors(lm):
     config = AgentConfig(rendering="experience")
-    return {"react": ReActAgent(lm, DEMOS, config), "prior-only": CBAgent(lm, DEMOS, None, config)}
+    return {"react": ReActAgent(lm, DEMOS, config=config), "prior-only": CBAgent(lm, DEMOS, concepts=None, config=config)}
 
 
 def test_label_record_judges_each_actor_with_and_without_each_candidate(tmp_path):
@@ -166,7 +166,7 @@ def test_label_record_counts_an_improvement_the_expert_can_see(tmp_path):
     steps = [env_step("go to window 1", "Nothing happens."), env_step("examine wall 1", "A plain wall.")]
     t = mine_transitions(recorded_trials([recorded(tmp_path, steps, task_id="a/1")]))[0]
     lm = FakeLM(review_replies)
-    record = label_record(t, {"react": ReActAgent(lm, DEMOS, AgentConfig(rendering="experience"))},
+    record = label_record(t, {"react": ReActAgent(lm, DEMOS, config=AgentConfig(rendering="experience"))},
                           ExpertDistanceJudge(ScriptedEnv()), lm, None, k=2)
     v = record["candidates"][0]["verdicts"]["react"]
     assert (v["effect"], v["detail"]["without"]["distance"], v["detail"]["with"]["distance"]) == ("improvement", 2, 1)

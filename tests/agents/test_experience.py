@@ -111,7 +111,7 @@ def play(agent, task="a/1", max_steps=10):
 def test_react_reviews_each_non_terminal_env_step_only():
     lm = lm_with([" think: the key is on the desk", " go to window 1", " go to desk 1", " take key 1 from desk 1"],
                  lambda p: "Windows show nothing useful." if "Latest action: go to window 1" in p else NO_UPDATE)
-    ep, log = play(ReActAgent(lm, DEMOS, AgentConfig(rendering="experience")))
+    ep, log = play(ReActAgent(lm, DEMOS, config=AgentConfig(rendering="experience")))
     assert ep.won and [s.kind for s in ep.steps] == ["think", "env", "env", "env"]
     reviews = [p for p in lm.prompts if is_review(p)]
     # steps 1 and 2 are reviewed; not the think step 0, not the terminal step 3
@@ -134,9 +134,9 @@ def test_react_reviews_each_non_terminal_env_step_only():
 def test_no_update_reviews_leave_every_routing_prompt_as_raw():
     route = [" go to window 1", " examine wall 1", " go to desk 1", " take key 1 from desk 1"]
     lm_exp = lm_with(route, lambda p: NO_UPDATE)
-    ep, log = play(ReActAgent(lm_exp, DEMOS, AgentConfig(rendering="experience")))
+    ep, log = play(ReActAgent(lm_exp, DEMOS, config=AgentConfig(rendering="experience")))
     lm_raw = lm_with(route, lambda p: pytest.fail("raw rendering must not review"))
-    play(ReActAgent(lm_raw, DEMOS, AgentConfig(rendering="raw")))
+    play(ReActAgent(lm_raw, DEMOS, config=AgentConfig(rendering="raw")))
     assert ep.won and len(log.reviews) == 3 and log.experiences == {}
     assert [p for p in lm_exp.prompts if not is_review(p)] == lm_raw.prompts
 
@@ -144,7 +144,7 @@ def test_no_update_reviews_leave_every_routing_prompt_as_raw():
 def test_invalid_review_counts_as_no_update():
     lm = lm_with([" go to window 1", " go to desk 1", " take key 1 from desk 1"],
                  lambda p: "Next, go to desk 1.")
-    ep, log = play(ReActAgent(lm, DEMOS, AgentConfig(rendering="experience")))
+    ep, log = play(ReActAgent(lm, DEMOS, config=AgentConfig(rendering="experience")))
     assert log.experiences == {} and [r["invalid"] for r in log.reviews] == ["plan or next action"] * 2
     assert not any("Experience:" in p for p in lm.prompts if not is_review(p))
 
@@ -152,19 +152,19 @@ def test_invalid_review_counts_as_no_update():
 def test_a_separate_reviewer_gets_the_reviews():
     router = lm_with([" go to window 1", " go to desk 1", " take key 1 from desk 1"], lambda p: pytest.fail("router"))
     reviewer = FakeLM(["Windows are useless here."])
-    ep, log = play(ReActAgent(router, DEMOS, AgentConfig(rendering="experience"), reviewer=reviewer))
+    ep, log = play(ReActAgent(router, DEMOS, config=AgentConfig(rendering="experience"), reviewer=reviewer))
     assert len(reviewer.prompts) == 2 and all(is_review(p) for p in reviewer.prompts)
     assert log.experiences == {0: "Windows are useless here.", 1: "Windows are useless here."}
 
 
 def test_cb_agent_scores_on_a_context_with_the_experience():
     lm = lm_with([" act"], lambda p: "Desks can hold keys.")
-    ep, log = play(CBAgent(lm, DEMOS, None, AgentConfig(rendering="experience")))
+    ep, log = play(CBAgent(lm, DEMOS, concepts=None, config=AgentConfig(rendering="experience")))
     assert ep.won and [s.action for s in ep.steps] == ["go to desk 1", "take key 1 from desk 1"]
     assert log.experiences == {0: "Desks can hold keys."}
     second_context = lm.score_calls[1][0]
     assert second_context.endswith("> go to desk 1\nYou go to desk 1.\nExperience: Desks can hold keys.")
-    assert second_context == ReActAgent(lm, DEMOS, AgentConfig(rendering="experience")).scoring_context(
+    assert second_context == ReActAgent(lm, DEMOS, config=AgentConfig(rendering="experience")).scoring_context(
         View.of(scripted_episode(["go to desk 1"]), experiences=log.experiences))
     routing = [p for p in lm.prompts if not is_review(p)]
     assert routing[-1].endswith("You go to desk 1.\nExperience: Desks can hold keys.\n>")
@@ -172,7 +172,7 @@ def test_cb_agent_scores_on_a_context_with_the_experience():
 
 def test_chat_layout_carries_the_experience_in_the_user_message():
     lm = lm_with([" act"], lambda p: "Desks can hold keys.")
-    ep, log = play(CBAgent(lm, DEMOS, None, AgentConfig(rendering="experience", layout="chat")), max_steps=2)
+    ep, log = play(CBAgent(lm, DEMOS, concepts=None, config=AgentConfig(rendering="experience", layout="chat")), max_steps=2)
     first = ep.steps[0]
     assert log.experiences == {0: "Desks can hold keys."} and len(lm.score_calls) == 2
     msgs = lm.score_calls[1][0]
@@ -214,7 +214,7 @@ def test_fitting_and_acting_judge_a_review_against_the_same_candidates():
     traj = expert_trajectory()  # think, go to desk 1, take key 1 from desk 1
     fitted = review_trajectory(FakeLM([reply]), traj)
     lm = lm_with([" think: find the key", " go to desk 1", " take key 1 from desk 1"], lambda p: reply)
-    ep, log = play(ReActAgent(lm, DEMOS, AgentConfig(rendering="experience")))
+    ep, log = play(ReActAgent(lm, DEMOS, config=AgentConfig(rendering="experience")))
     assert [s.action for s in ep.steps] == [s.action for s in traj.steps]
     assert log.reviews[0]["invalid"] == "names the action 'take key 1 from desk 1'"
     assert fitted == log.experiences == {}

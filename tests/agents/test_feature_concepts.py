@@ -102,7 +102,7 @@ def test_cb_agent_acts_on_the_history_features_of_its_concept():
     for name, concepts in (("prior-only", None), ("cb-agent", {"fetch": cb_core.Concept(alpha, 0.8, 1e-6, meta)})):
         env = ScriptedEnv()
         lm = StubbornLM([" act"])
-        CBAgent(lm, DEMOS, concepts, features=fs).run(Episode(env, "a/1", 6))
+        CBAgent(lm, DEMOS, concepts=concepts, features=fs).run(Episode(env, "a/1", 6))
         runs[name] = env.engine_actions
     assert runs["prior-only"] == ["go to window 1"] * 6
     cb = runs["cb-agent"]
@@ -197,8 +197,8 @@ def test_joint_cb_agent_chooses_under_a_history_concept_as_cb_agent_does():
     concepts = {"fetch": cb_core.Concept(alpha, 0.8, 1e-6, meta)}
     fs = FeatureSet.from_spec("novelty")
     lm = StubbornLM(lambda prompt, t, n: [" NO UPDATE\n> go"] * n)
-    joint = JointCBAgent(lm, DEMOS, concepts, AgentConfig(), features=fs)
-    plain = CBAgent(lm, DEMOS, concepts, AgentConfig(rendering="experience"), features=fs)
+    joint = JointCBAgent(lm, DEMOS, concepts=concepts, config=AgentConfig(), features=fs)
+    plain = CBAgent(lm, DEMOS, concepts=concepts, config=AgentConfig(rendering="experience"), features=fs)
     window = type("S", (), {"kind": "env", "action": "go to window 1", "observation": "Nothing happens."})()
     view = View(TaskStart("a/1", "fetch", "Your task is to: fetch the key.", "You are in a room."), (window,),
                 ("go to window 1", "go to desk 1", "look"))

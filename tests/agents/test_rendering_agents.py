@@ -51,7 +51,7 @@ def play(agent, task="a/1", max_steps=10):
 @pytest.mark.parametrize("layout", ["text", "chat"])
 def test_cb_agent_records_the_whole_thought(layout):
     lm = CountingLM([" think: the key is on the desk 1", " go to desk 1"], prefer="desk")
-    ep, log = play(CBAgent(lm, DEMOS, None, AgentConfig(layout=layout)), max_steps=2)
+    ep, log = play(CBAgent(lm, DEMOS, concepts=None, config=AgentConfig(layout=layout)), max_steps=2)
     assert ep.steps[0].kind == "think" and ep.steps[0].action == "think: the key is on the desk 1"
     assert log.replies[0] == " think: the key is on the desk 1"
     # the think step: a peek, then the whole line on the same prompt
@@ -60,7 +60,7 @@ def test_cb_agent_records_the_whole_thought(layout):
 
 def test_cb_agent_reads_only_the_peek_of_an_action_reply():
     lm = CountingLM([" go to window 1 and then to the desk 1"], prefer="desk")
-    ep, log = play(CBAgent(lm, DEMOS, None), max_steps=2)
+    ep, log = play(CBAgent(lm, DEMOS, concepts=None), max_steps=2)
     assert lm.budgets == [1] * 2  # one generate call of one token per step: its letters show the kind
     assert log.replies == [" go"] * 2 and [s.kind for s in ep.steps] == ["env", "env"]
     assert ep.steps[0].action == "go to desk 1"  # chosen from the candidates, not the reply
@@ -68,7 +68,7 @@ def test_cb_agent_reads_only_the_peek_of_an_action_reply():
 
 def test_cb_agent_peeks_a_second_token_when_the_first_shows_no_letters():
     lm = CountingLM([" > go to window 1"], prefer="desk")
-    ep, log = play(CBAgent(lm, DEMOS, None), max_steps=1)
+    ep, log = play(CBAgent(lm, DEMOS, concepts=None), max_steps=1)
     assert lm.budgets == [1, ROUTE_PEEK_TOKENS] and log.replies == [" > go"] and ep.steps[0].kind == "env"
 
 
@@ -77,7 +77,7 @@ def test_cb_agent_peeks_a_second_token_when_the_first_shows_no_letters():
 def test_cb_agent_peek_knows_a_think_reply_as_parse_reply_does(reply):
     """The step's kind must be that of the whole reply, also when it starts with a ``>`` mark."""
     lm = CountingLM([reply, " go to desk 1"], prefer="desk")
-    ep, log = play(CBAgent(lm, DEMOS, None), max_steps=2)
+    ep, log = play(CBAgent(lm, DEMOS, concepts=None), max_steps=2)
     assert ep.steps[0].kind == "think" and ep.steps[0].action == "think: the key is on the desk 1"
     assert log.replies[0] == reply
 
@@ -107,7 +107,7 @@ def test_fitting_and_acting_contexts_are_byte_identical(trajectories):
     feats = collect_features(lm, trajectories[:1], FeatureSettings("causal", "chat"))
     fitted_contexts = [c for c, _ in lm.score_calls]
     acting = SteeredLM([" act"], prefer="desk")
-    ep, log = play(CBAgent(acting, DEMOS, None, AgentConfig(rendering="causal", layout="chat")))
+    ep, log = play(CBAgent(acting, DEMOS, concepts=None, config=AgentConfig(rendering="causal", layout="chat")))
     assert ep.won and [s.action for s in ep.steps] == [s.action for s in trajectories[0].steps]
     assert [c for c, _ in acting.score_calls] == fitted_contexts
     assert [c for _, c in acting.score_calls] == [c for _, c in lm.score_calls]
@@ -149,7 +149,7 @@ def test_experience_fitting_uses_the_reviewed_experiences(trajectories, tmp_path
     assert concept.metadata["features"]["rendering"] == "experience"
     # acting with the same reviews: the scoring contexts equal the fitted ones
     acting = FakeLM(["Doors lead somewhere."])
-    agent = ReActAgent(acting, DEMOS, AgentConfig(rendering="experience"))
+    agent = ReActAgent(acting, DEMOS, config=AgentConfig(rendering="experience"))
     ep = Episode(ScriptedEnv(), "b/1", 10)
     log = AgentLog()  # follow the expert path step by hand, reviewing as the agent's loop does
     for k, step in enumerate(trajectories[2].steps):
@@ -186,7 +186,7 @@ def test_fitting_contexts_are_the_acting_contexts_for_every_rendering_under_a_se
         settings = FeatureSettings(rendering, layout, SEED, calibrator=STUB_CALIBRATOR)
         inputs, _ = decision_inputs(traj, settings, given)
         unseeded, _ = decision_inputs(traj, dataclasses.replace(settings, seed=0), given)
-        agent = CBAgent(FakeLM(), DEMOS, None, AgentConfig(rendering=rendering, layout=layout, seed=SEED))
+        agent = CBAgent(FakeLM(), DEMOS, concepts=None, config=AgentConfig(rendering=rendering, layout=layout, seed=SEED))
         assert len(inputs) == 7
         for (d, _), (d0, _) in zip(inputs, unseeded):
             view = View(start, tuple(traj.steps[:len(d.history)]), experiences=given or {})

@@ -108,7 +108,7 @@ def probe_items(tmp_path):
 def test_probe_records_what_react_replies(tmp_path, reply, kind, repeat):
     item = probe_items(tmp_path)[0]
     lm = FakeLM([reply])
-    rec = studies.probe_record(item, "causal", "react", ReActAgent(lm, DEMOS, AgentConfig(rendering="causal")))
+    rec = studies.probe_record(item, "causal", "react", ReActAgent(lm, DEMOS, config=AgentConfig(rendering="causal")))
     assert (rec["kind"], rec["repeat"], rec["repeat_available"]) == (kind, repeat, True)
     assert rec["item"] == "a/1@1" and rec["rendering"] == "causal" and rec["repeated_action"] == "go to window 1"
     prompt = lm.prompts[0]
@@ -119,7 +119,7 @@ def test_probe_records_what_react_replies(tmp_path, reply, kind, repeat):
 
 def test_probe_takes_the_argmax_of_prior_only_and_cb_agent(tmp_path):
     item = probe_items(tmp_path)[0]
-    rec = studies.probe_record(item, "raw", "prior-only", CBAgent(SteeredLM(prefer="window"), DEMOS, None))
+    rec = studies.probe_record(item, "raw", "prior-only", CBAgent(SteeredLM(prefer="window"), DEMOS, concepts=None))
     assert rec["kind"] == "action" and rec["action"] == "go to window 1" and rec["repeat"]
     assert rec["n_candidates"] == 3 and 0 < rec["p_chosen"] <= 1  # look/inventory dropped
     # the scored set and its terms: prior-only acts on the prior alone, log P is the prior, no concept term
@@ -127,7 +127,7 @@ def test_probe_takes_the_argmax_of_prior_only_and_cb_agent(tmp_path):
     assert rec["log_p"] == pytest.approx(rec["prior"], abs=1.1e-3) and int(np.argmax(rec["log_p"])) == 0
     assert np.exp(rec["log_p"][0]) == pytest.approx(rec["p_chosen"], abs=2e-3)
     lm = SteeredLM(prefer="desk")
-    rec = studies.probe_record(item, "raw", "prior-only", CBAgent(lm, DEMOS, None))
+    rec = studies.probe_record(item, "raw", "prior-only", CBAgent(lm, DEMOS, concepts=None))
     assert rec["action"] == "go to desk 1" and not rec["repeat"]
     context, candidates = lm.score_calls[0]
     assert candidates == ["go to window 1", "go to desk 1", "examine wall 1"] and "take coin" not in context
@@ -138,7 +138,7 @@ def test_probe_takes_the_argmax_of_prior_only_and_cb_agent(tmp_path):
     meta = dict(backbone="fake-lm", features={}, gamma=0.8, lam=1.0, eps=1e-6, task_type="fetch",
                 trajectories=[], versions={}, hidden_size=d)
     lm = FakeLM()
-    rec = studies.probe_record(item, "raw", "cb-agent", CBAgent(lm, DEMOS, {"fetch": cb_core.Concept(alpha, 0.8, 1e-6, meta)}))
+    rec = studies.probe_record(item, "raw", "cb-agent", CBAgent(lm, DEMOS, concepts={"fetch": cb_core.Concept(alpha, 0.8, 1e-6, meta)}))
     context, candidates = lm.score_calls[0]
     assert rec["action"] == candidates[int(np.argmax(lm.score(context, candidates, "\n> ").hidden[:, 2]))]
 
@@ -162,7 +162,7 @@ def test_probe_experience_reviews_each_transition_once_per_trajectory(tmp_path):
     items = probe_items(tmp_path)  # a/1@1 and a/1@5 share the reviews of steps 0..1
     lm = FakeLM(review_replies)
     cache = studies.ReviewCache(lm)
-    agent = ReActAgent(lm, DEMOS, AgentConfig(rendering="experience"))
+    agent = ReActAgent(lm, DEMOS, config=AgentConfig(rendering="experience"))
     recs = [studies.probe_record(i, "experience", "react", agent, cache) for i in items]
     assert cache.calls == 6  # steps 0..5 reviewed once each, not 2 + 6
     assert recs[0]["experiences"] == {"0": "The window cannot be reached.", "1": "The window cannot be reached."}
@@ -183,9 +183,9 @@ def react_factory(replies=(" go to window 1",)):
     def make(rendering, actor):
         if actor == "react":
             agent = ReActAgent(FakeLM(replies if callable(replies) else list(replies)), DEMOS,
-                               AgentConfig(rendering=rendering))
+                               config=AgentConfig(rendering=rendering))
         else:
-            agent = CBAgent(SteeredLM(prefer=PRIOR_PICKS.get(rendering)), DEMOS, None, AgentConfig(rendering=rendering))
+            agent = CBAgent(SteeredLM(prefer=PRIOR_PICKS.get(rendering)), DEMOS, concepts=None, config=AgentConfig(rendering=rendering))
         made.append((rendering, actor))
         return agent
 
@@ -289,7 +289,7 @@ def test_recovery_flags_a_replay_that_does_not_reproduce_the_recording(tmp_path)
 def test_recovery_reviews_the_replayed_transitions_under_experience(tmp_path):
     item = recovery_item(tmp_path)
     lm = FakeLM(review_replies)
-    agent = ReActAgent(lm, DEMOS, AgentConfig(rendering="experience"))
+    agent = ReActAgent(lm, DEMOS, config=AgentConfig(rendering="experience"))
     rec = studies.recovery_record(ScriptedEnv(), item, "history", "react", agent, new_actions=1)
     # replayed env transitions 0 and 2 are reviewed before the agent's first step (1 is a thought)
     assert [r["step"] for r in rec["log"]["reviews"]][:2] == [0, 2]

@@ -44,9 +44,9 @@ def sample_records() -> list[dict]:
     lm = FakeLM([" think: look around", " go to desk 1", " go to window 1", " take key 1 from desk 1"])
     concepts = {"fetch": concept(lm, "fetch"), "open": concept(lm, "open")}
     return [played(ReActAgent(FakeLM([" go to desk 1", " think: hm", " examine wall 1"]), DEMOS), "react", "a/1"),
-            played(CBAgent(FakeLM([" act"], prefer="desk"), DEMOS, None), "prior-only", "a/1"),
-            played(CBAgent(lm, DEMOS, concepts), "cb-agent", "a/1"),
-            played(CBAgent(lm, DEMOS, concepts), "cb-agent", "b/1")]
+            played(CBAgent(FakeLM([" act"], prefer="desk"), DEMOS, concepts=None), "prior-only", "a/1"),
+            played(CBAgent(lm, DEMOS, concepts=concepts), "cb-agent", "a/1"),
+            played(CBAgent(lm, DEMOS, concepts=concepts), "cb-agent", "b/1")]
 
 
 @pytest.fixture(scope="module")

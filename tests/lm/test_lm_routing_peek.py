@@ -59,8 +59,8 @@ def kind(reply: str) -> str:
 
 def test_the_peek_gives_the_whole_line_step_kind_with_the_real_tokenizer(fresh):
     config = AgentConfig.for_env("alfworld")
-    full = ReActAgent(fresh(), {"clean": [DEMO]}, config)
-    peek = CBAgent(fresh(), {"clean": [DEMO]}, None, config)
+    full = ReActAgent(fresh(), {"clean": [DEMO]}, config=config)
+    peek = CBAgent(fresh(), {"clean": [DEMO]}, concepts=None, config=config)
     tokenizer = full.lm.tokenizer
     kinds = []
     for steps in HISTORIES:
