@@ -14,10 +14,11 @@ evaluation (:func:`decision_accuracy`) and the calibrator
   the last-layer hidden states when the backend can capture them
   (:meth:`agent_shell.lm.hf.HFLanguageModel.score_with_layers`);
 * a :class:`ScoredDecision` holds per candidate the LM's scores and the feature matrix phi's input
-  (the raw blocks side by side, float32 [M, k]) and gives the prior term (log Qbar after length
-  normalisation), the concept term alpha . phi and log P (float32 [M]);
+  (the raw blocks side by side, float32 [M, k]) and gives log P, the prior term (log Qbar after
+  length normalisation) and the concept term alpha . phi (float32 [M]) from one cb_core kernel
+  (:meth:`ScoredDecision.terms`: one validation, one padding, one compiled call);
 * :func:`batch_log_probs` is log P over many decisions in one cb_core call (evaluation), and
-  :func:`batch_terms` the prior and concept terms beside it.
+  :func:`batch_terms` all three terms, in one cb_core call too.
 
 cb_core (JAX) is imported only when something is computed under a concept.
 """
@@ -38,6 +39,7 @@ from agent_shell.lm.protocol import CandidateScores, Context, LanguageModel
 
 if TYPE_CHECKING:
     from cb_core import Concept, Decisions
+    from cb_core.model import Terms
 
 #: An inner LM layer wanted from the candidates' pass: (layer, pool), as ``lm-layer:K[:pool]`` names it.
 LayerSpec = tuple[int, str]
@@ -88,37 +90,21 @@ class ScoredDecision:
     scores: CandidateScores
     phi: np.ndarray
 
-    def prior(self, gamma: float = 0.8) -> np.ndarray:
-        """The prior term log Qbar(a | x) = log q / n_tokens ** gamma, log-normalised over A, float32 [M]
-        (as :func:`cb_core.prior_log_probs` computes it)."""
-        import cb_core
+    def terms(self, concept: Concept) -> Terms:
+        """The terms of Eq. 3 under ``concept`` (it carries gamma and eps), each float32 [M]:
+        ``log_p`` = log-softmax over A of (prior + concept term), ``prior`` = log Qbar(a | x) =
+        log q / n_tokens ** gamma log-normalised over A, ``concept_term`` = alpha . phi(x, a; A)
+        (phi standardised over A with the concept's eps, bias coordinate included); one kernel
+        (:meth:`cb_core.Concept.terms`), whose ``log_p`` is the one the agent acts on.
 
-        return np.asarray(cb_core.prior_log_probs(self._one(), gamma), np.float32)
-
-    def concept_term(self, concept: Concept) -> np.ndarray:
-        """alpha . phi(x, a; A) per candidate, float32 [M] (phi standardised with the concept's eps,
-        bias coordinate included). Raises ValueError when phi's width differs from the concept's d."""
-        import cb_core
-
-        self._check_width(concept)
-        phi = np.asarray(cb_core.features(self._one(), concept.eps), np.float32)
-        return phi @ np.asarray(concept.alpha, np.float32)
+        Raises:
+            ValueError: phi's width differs from the concept's d, or non-finite scores.
+        """
+        return concept.terms(self.phi, self.scores.log_q, self.scores.n_tokens)
 
     def log_probs(self, concept: Concept) -> np.ndarray:
-        """log P(a | x) = log-softmax over A of (prior + concept term) (Eq. 3), float32 [M], by the
-        concept's own one-decision kernel (:meth:`cb_core.Concept.log_probs`). Raises ValueError
-        when phi's width differs from the concept's d, or for non-finite scores."""
-        return np.asarray(concept.log_probs(self.phi, self.scores.log_q, self.scores.n_tokens), np.float32)
-
-    def _check_width(self, concept: Concept) -> None:
-        if self.phi.shape[1] != concept.hidden_size:
-            raise ValueError(f"features of width {self.phi.shape[1]} differ from the concept's "
-                             f"d = {concept.hidden_size}")
-
-    def _one(self) -> Decisions:
-        import cb_core
-
-        return cb_core.decisions_from_lists([self.phi], [self.scores.log_q], [self.scores.n_tokens], [0])
+        """log P(a | x) under ``concept`` (Eq. 3), float32 [M]: the ``log_p`` of :meth:`terms`."""
+        return self.terms(concept).log_p
 
 
 class DecisionScorer:
@@ -185,6 +171,11 @@ class DecisionScorer:
         return out, time.perf_counter() - start
 
 
+def _check_width(concept: Concept, width: int) -> None:
+    if width != concept.hidden_size:
+        raise ValueError(f"features of width {width} differ from the concept's d = {concept.hidden_size}")
+
+
 def batch_log_probs(concept: Concept, decisions: Decisions) -> list[np.ndarray]:
     """log P(a | x) under ``concept`` (its alpha, gamma, eps) for every decision of a ragged set in one
     cb_core call (:func:`cb_core.log_probs`): one float32 [M_i] array per decision, in order.
@@ -194,9 +185,7 @@ def batch_log_probs(concept: Concept, decisions: Decisions) -> list[np.ndarray]:
     """
     import cb_core
 
-    if decisions.hidden_size != concept.hidden_size:
-        raise ValueError(f"features of width {decisions.hidden_size} differ from the concept's "
-                         f"d = {concept.hidden_size}")
+    _check_width(concept, decisions.hidden_size)
     flat = np.asarray(cb_core.log_probs(concept.alpha, decisions, concept.gamma, concept.eps), np.float32)
     off = np.asarray(decisions.offsets)
     return [flat[a:b] for a, b in zip(off[:-1], off[1:])]
@@ -205,18 +194,18 @@ def batch_log_probs(concept: Concept, decisions: Decisions) -> list[np.ndarray]:
 def batch_terms(concept: Concept, decisions: Decisions) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(the prior term log Qbar, the concept term alpha . phi, log P) under ``concept`` for every
     decision of a ragged set, each float32 [M_i], in order: what :class:`ScoredDecision` gives for
-    one decision, in three batched cb_core calls (evaluation's per-decision record).
+    one decision, in one batched cb_core call (evaluation's per-decision record).
 
     Raises:
         ValueError: the decisions' feature width differs from the concept's d.
     """
     import cb_core
 
-    log_p = batch_log_probs(concept, decisions)  # checks the width
-    prior = np.asarray(cb_core.prior_log_probs(decisions, concept.gamma), np.float32)
-    term = np.asarray(cb_core.features(decisions, concept.eps), np.float32) @ np.asarray(concept.alpha, np.float32)
+    _check_width(concept, decisions.hidden_size)
+    log_p, prior, term = (np.asarray(x, np.float32)
+                          for x in cb_core.terms(concept.alpha, decisions, concept.gamma, concept.eps))
     off = np.asarray(decisions.offsets)
-    return [(prior[a:b], term[a:b], lp) for a, b, lp in zip(off[:-1], off[1:], log_p)]
+    return [(prior[a:b], term[a:b], log_p[a:b]) for a, b in zip(off[:-1], off[1:])]
 
 
 def choices(concept: Concept, decisions: Decisions) -> np.ndarray:

@@ -5,7 +5,8 @@ Public API (seed paper notation; see each docstring for shapes and the equation 
 * the decision set: :class:`Decisions` (ragged pytree), :func:`decisions_from_lists`,
   :func:`load_decisions` / :func:`write_decisions` (the ``.npz`` file, :mod:`cb_core.decision_file`);
   padding, validation and shape buckets in :mod:`cb_core.decisions`.
-* the model (Eq. 3, Eq. 6, App. B): :func:`features`, :func:`prior_log_probs`,
+* the model (Eq. 3, Eq. 6, App. B): :func:`features`, :func:`prior_log_probs`, :func:`terms` (log P,
+  the prior and the concept term from one kernel),
   :func:`log_probs`, :func:`objective`, :func:`gradient`, :func:`hessian`; the padded kernels
   they call in :mod:`cb_core.model`.
 * the fit: :func:`fit` ``(decisions, solver=Subspace() | Newton() | LBFGS() | Adam(), lam=,
@@ -36,11 +37,11 @@ from cb_core.concept import Concept
 from cb_core.decision_file import load_decisions, write_decisions
 from cb_core.decisions import Decisions, decisions_from_lists
 from cb_core.fit import Certificate, FitResult, fit
-from cb_core.model import features, gradient, hessian, log_probs, objective, prior_log_probs
+from cb_core.model import Terms, features, gradient, hessian, log_probs, objective, prior_log_probs, terms
 from cb_core.solvers import LBFGS, Adam, Newton, Subspace
 
 __all__ = [
-    "Adam", "Certificate", "Concept", "Decisions", "FitResult", "LBFGS", "Newton", "Subspace",
+    "Adam", "Certificate", "Concept", "Decisions", "FitResult", "LBFGS", "Newton", "Subspace", "Terms",
     "decisions_from_lists", "features", "fit", "gradient", "hessian", "load_decisions",
-    "log_probs", "objective", "prior_log_probs", "write_decisions",
+    "log_probs", "objective", "prior_log_probs", "terms", "write_decisions",
 ]

@@ -43,7 +43,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from cb_core.decisions import Decisions, bucket_size, to_padded
-from cb_core.model import _k_log_probs
+from cb_core.model import Terms, _k_terms
 
 if TYPE_CHECKING:
     from cb_core.fit import FitResult
@@ -214,15 +214,17 @@ class Concept:
         return int(self.alpha.shape[0]) - 1
 
     # ------------------------------------------------------------------------------ acting
-    def log_probs(self, hidden: ArrayLike, log_q: ArrayLike, n_tokens: ArrayLike) -> np.ndarray:
-        """log P_alpha(a | x) over one candidate set (Eq. 3), as numpy float32 [M].
+    def terms(self, hidden: ArrayLike, log_q: ArrayLike, n_tokens: ArrayLike) -> Terms:
+        """The terms of Eq. 3 over one candidate set, each numpy float32 [M]: ``log_p`` = log
+        P_alpha(a | x), ``prior`` = log Qbar(a | x) and ``concept_term`` = alpha . phi(x, a; A).
 
-        The N = 1 case of :func:`cb_core.model.problem_log_probs` (the fit's kernel), with the
-        candidate count padded to a bucket (:func:`cb_core.decisions.bucket_size`) so it compiles
-        once per (bucket, d).
+        One decision, one kernel: the set is validated once, padded once (the candidate count to
+        a bucket, :func:`cb_core.decisions.bucket_size`, so it compiles once per (bucket, d)) and
+        scored by one compiled call, the N = 1 case of :func:`cb_core.model.problem_terms`, whose
+        ``log_p`` is the fit's :func:`cb_core.model.problem_log_probs`.
 
         Args:
-            hidden: [M, d] raw hidden states of the M candidates.
+            hidden: [M, d] raw hidden states (features) of the M candidates.
             log_q: [M] summed action-token log-probabilities (nats).
             n_tokens: [M] action token counts (>= 1).
 
@@ -235,9 +237,13 @@ class Concept:
         one = Decisions(hidden, log_q, n_tokens, np.array([0, m]), np.zeros(m, np.int32),
                         np.zeros(1, np.int32))
         padded = to_padded(one, dtype=np.float32, n_pad=1, m_pad=bucket_size(m))
-        out = _k_log_probs(self.alpha.astype(np.float32), padded, np.float32(self.gamma),
-                           np.float32(self.eps))
-        return np.asarray(out)[0, :m]
+        out = _k_terms(self.alpha.astype(np.float32), padded, np.float32(self.gamma), np.float32(self.eps))
+        return Terms(*(np.asarray(x)[0, :m] for x in out))
+
+    def log_probs(self, hidden: ArrayLike, log_q: ArrayLike, n_tokens: ArrayLike) -> np.ndarray:
+        """log P_alpha(a | x) over one candidate set (Eq. 3), as numpy float32 [M]: the ``log_p``
+        of :meth:`terms` (same arguments, same errors)."""
+        return self.terms(hidden, log_q, n_tokens).log_p
 
     def choose(self, hidden: ArrayLike, log_q: ArrayLike, n_tokens: ArrayLike) -> int:
         """The chosen candidate (Eq. 7): argmax of :meth:`log_probs`.

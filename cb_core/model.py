@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
 import jax
 from jax.typing import ArrayLike
@@ -42,7 +43,7 @@ __all__ = [
     "MATMUL_PRECISION", "compiled",
     "Problem", "prepare", "masked_logsumexp", "scores", "problem_log_probs", "problem_objective",
     "value_and_grad", "value_and_grad_at", "hvp", "problem_features", "problem_hessian", "features", "prior_log_probs",
-    "log_probs", "objective", "gradient", "hessian",
+    "log_probs", "objective", "gradient", "hessian", "Terms", "problem_terms", "terms",
 ]
 
 
@@ -153,6 +154,28 @@ def _log_softmax(s, p: Problem):
 def problem_log_probs(alpha, p: Problem):
     """[N, M] log P_alpha over each candidate set (Eq. 3); -inf in padded slots."""
     return _log_softmax(scores(alpha, p), p)
+
+
+class Terms(NamedTuple):
+    """The terms of Eq. 3 over candidate sets, each shaped like the decisions' candidates.
+
+    Attributes:
+        log_p: log P_alpha(a | x), the log-softmax over each set of ``prior + concept_term``.
+        prior: the prior term log Qbar(a | x) (length-normalised, log-normalised over the set).
+        concept_term: alpha . phi(x, a; A) (standardised features and the bias coordinate).
+    """
+
+    log_p: ArrayLike
+    prior: ArrayLike
+    concept_term: ArrayLike
+
+
+def problem_terms(alpha, p: Problem) -> Terms:
+    """[N, M] each: log P, the prior and the concept term of Eq. 3 from one pass (0 in padded
+    slots, log P there -inf); ``log_p`` is :func:`problem_log_probs`."""
+    term = _matvec(alpha, p)
+    s = jnp.where(p.mask, p.prior + term, 0.0)
+    return Terms(_log_softmax(s, p), p.prior, term)
 
 
 def _expert_nll(s, p: Problem):
@@ -269,6 +292,11 @@ def _k_log_probs(alpha, padded, gamma, eps):
 
 
 @compiled
+def _k_terms(alpha, padded, gamma, eps):
+    return problem_terms(alpha, prepare(padded, gamma, eps))
+
+
+@compiled
 def _k_objective(alpha, padded, lam, gamma, eps):
     return problem_objective(alpha, prepare(padded, gamma, eps), lam)
 
@@ -312,6 +340,15 @@ def log_probs(alpha, decisions: Decisions, gamma: float = 0.8, eps: float = 1e-6
     padded, dtype = _pad(decisions, alpha)
     out = _k_log_probs(jnp.asarray(alpha, dtype), padded, dtype.type(gamma), dtype.type(eps))
     return padded.unpad(out)
+
+
+def terms(alpha, decisions: Decisions, gamma: float = 0.8, eps: float = 1e-6) -> Terms:
+    """The three terms of Eq. 3 for every candidate of a ragged set, each [T], from one kernel
+    (one padding, one compiled call): ``log_p`` equals :func:`log_probs`, ``prior``
+    :func:`prior_log_probs`, ``concept_term`` ``features(decisions, eps) @ alpha``. alpha: [m] float."""
+    padded, dtype = _pad(decisions, alpha)
+    out = _k_terms(jnp.asarray(alpha, dtype), padded, dtype.type(gamma), dtype.type(eps))
+    return Terms(*(padded.unpad(x) for x in out))
 
 
 def objective(alpha, decisions: Decisions, lam: float = 1.0, gamma: float = 0.8,

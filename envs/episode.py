@@ -232,8 +232,23 @@ class Episode:
                                "Episode(..., expert=True)")
         return self._engine("expert", self.env.expert_action)
 
+    def think(self, thought: str) -> StepResult:
+        """Take a think step: ``thought`` is recorded as it is (with or without the ``think:``
+        prefix), the engine is not called, the feedback is ``OK.``, and it spends one unit of the
+        budget (``done`` is True only when it spent the last one).
+
+        Raises:
+            EpisodeOver: the episode is already done.
+            ValueError: ``thought`` is empty.
+        """
+        self._check_step(thought)
+        self.steps.append(Step("think", thought, THINK_FEEDBACK, None, False, self.won, self.score))
+        return StepResult(THINK_FEEDBACK, done=self.done, won=self.won, score=self.score)
+
     def act(self, text: str) -> StepResult:
-        """Take one step: a think step (``think: ...``) or an environment action.
+        """Take one step from text: a think step when ``text`` starts with ``think:``
+        (:meth:`think`), else an environment action. A caller that knows the step's kind (an
+        agent's decision) calls :meth:`think` for a thought instead of writing it as text.
 
         Returns:
             The :class:`StepResult`; for a think step ``observation == "OK."`` and ``done`` is
@@ -244,13 +259,9 @@ class Episode:
             ValueError: ``text`` is empty.
             EngineError: the engine failed on this step (nothing is recorded for it).
         """
-        if self.done:
-            raise EpisodeOver(f"episode of {self.task_id!r} is over ({len(self.steps)} steps, won={self.won})")
-        if not text.strip():
-            raise ValueError("an action must be non-empty text")
         if is_think(text):
-            self.steps.append(Step("think", text, THINK_FEEDBACK, None, False, self.won, self.score))
-            return StepResult(THINK_FEEDBACK, done=self.done, won=self.won, score=self.score)
+            return self.think(text)
+        self._check_step(text)
         candidates = self.candidates()
         result = self._engine(f"step {text!r}", lambda: self.env.step(text))
         self._candidates = None
@@ -263,6 +274,12 @@ class Episode:
         if self.done and not result.done:
             return StepResult(result.observation, done=True, won=result.won, score=result.score, info=result.info)
         return result
+
+    def _check_step(self, text: str) -> None:
+        if self.done:
+            raise EpisodeOver(f"episode of {self.task_id!r} is over ({len(self.steps)} steps, won={self.won})")
+        if not text.strip():
+            raise ValueError("an action must be non-empty text")
 
     def trajectory(self, meta: dict | None = None) -> Trajectory:
         """The episode so far as a :class:`Trajectory` (``meta`` gets ``max_steps`` and ``split`` added)."""

@@ -164,9 +164,8 @@ class CBAgent(ReActAgent):
             ValueError: no concept for ``task_type``; what scoring or the extractors raise.
         """
         scored = self.decision_scorer.score(request)
-        concept = self.concept_of(task_type, scored.phi.shape[1])
-        concept_term = None if self.concepts is None else scored.concept_term(concept)
-        return scored.log_probs(concept), scored.prior(concept.gamma), concept_term
+        terms = scored.terms(self.concept_of(task_type, scored.phi.shape[1]))  # one cb_core kernel
+        return terms.log_p, terms.prior, None if self.concepts is None else terms.concept_term
 
     def concept_of(self, task_type: str, hidden_size: int) -> Concept:
         """The :class:`cb_core.Concept` acting for a task type (it carries its own gamma and eps);

@@ -109,9 +109,10 @@ class ReActAgent:
             raise WindowFull() from err
         log.add(decision, len(episode.steps))
         t0 = time.perf_counter()
-        episode.act(decision.action)
-        if decision.kind == "think":
+        if decision.kind == "think":  # a thought, as what it is: never parsed back from text
+            episode.think(decision.action)
             return
+        episode.act(decision.action)
         t1 = time.perf_counter()
         log.seconds["env"] += t1 - t0
         if self.separate_review and self.config.rendering in REVIEWED and not episode.done:

@@ -92,7 +92,10 @@ def replay(env: Environment, item: RecoveryItem, max_steps: int) -> tuple[Episod
         if episode.done:
             ended = True
             break
-        episode.act(action_line(step))
+        if step.kind == "think":
+            episode.think(action_line(step))
+        else:
+            episode.act(step.action)
         if step.kind == "env" and norm(episode.steps[-1].observation) != norm(step.observation):
             mismatches.append(i)
     return episode, mismatches, ended or episode.done

@@ -40,13 +40,56 @@ def test_scored_decision_terms_are_eq3_with_the_concepts_gamma_and_eps():
     alpha = np.random.default_rng(3).normal(size=7).astype(np.float32)
     concept = cb_core.Concept(alpha, 0.6, 1e-5)
     prior, term, logp = numpy_terms(scored.phi, scored.scores.log_q, scored.scores.n_tokens, alpha, 0.6, 1e-5)
-    assert scored.prior(0.6).dtype == np.float32 and scored.log_probs(concept).dtype == np.float32
-    np.testing.assert_allclose(scored.prior(0.6), prior, atol=1e-5)
-    np.testing.assert_allclose(scored.concept_term(concept), term, atol=1e-4)
-    np.testing.assert_allclose(scored.log_probs(concept), logp, atol=1e-4)
-    assert scored.log_probs(concept)[0] == scored.log_probs(concept)[3]  # duplicates: the same numbers
+    terms = scored.terms(concept)
+    assert all(x.dtype == np.float32 and x.shape == (4,) for x in terms)
+    np.testing.assert_allclose(terms.prior, prior, atol=1e-5)
+    np.testing.assert_allclose(terms.concept_term, term, atol=1e-4)
+    np.testing.assert_allclose(terms.log_p, logp, atol=1e-4)
+    assert terms.log_p[0] == terms.log_p[3]  # duplicates: the same numbers
+    np.testing.assert_array_equal(scored.log_probs(concept), terms.log_p)
     with pytest.raises(ValueError, match="differ"):
-        scored.concept_term(cb_core.Concept(np.zeros(4, np.float32), 0.8, 1e-6))
+        scored.terms(cb_core.Concept(np.zeros(4, np.float32), 0.8, 1e-6))
+
+
+def test_one_decision_runs_one_kernel_one_validation_one_padding(monkeypatch):
+    """A CB-Agent decision under a concept: the candidate set is validated once, padded once and
+    scored by one compiled cb_core call that gives log P, the prior and the concept term; no other
+    kernel runs. The action is the argmax of that call's log P."""
+    import dataclasses
+
+    import cb_core.concept as concept_module
+    import cb_core.decisions as decisions_module
+    import cb_core.model as model_module
+    from agent_doubles import ScriptedEnv
+    from agent_shell.agents import CBAgent, View
+    from envs.episode import Episode
+
+    lm = FakeLM(hidden_size=6)
+    alpha = np.random.default_rng(5).normal(size=7).astype(np.float32)
+    agent = CBAgent(lm, {"fetch": ["DEMO"], "open": ["DEMO"]},
+                    concepts={"fetch": cb_core.Concept(alpha, 0.8, 1e-6), "open": cb_core.Concept(alpha, 0.8, 1e-6)})
+    view = dataclasses.replace(View.of(Episode(ScriptedEnv(), "a/1", 5)), route=False)
+    agent.next_action(view)  # compiled once, outside the count
+    calls = {}
+
+    def counted(module, name):
+        original = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, wrapper)
+
+    for name in ("_k_terms", "_check_candidate_set", "to_padded"):
+        counted(concept_module, name)
+    for name in ("_k_log_probs", "_k_prior", "_k_features", "to_padded"):
+        counted(model_module, name)
+    counted(decisions_module, "validate_decisions")
+    decision = agent.next_action(view)
+    assert calls == {"_k_terms": 1, "_check_candidate_set": 1, "to_padded": 1}
+    assert decision.kind == "env" and decision.chosen == int(np.argmax(decision.log_probs))
+    assert decision.concept_term is not None and len(decision.prior) == len(decision.candidates)
 
 
 def test_many_decisions_score_as_one_at_a_time():

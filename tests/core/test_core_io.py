@@ -393,3 +393,30 @@ def test_a_concept_file_with_one_flipped_bit_is_refused_as_damaged(tmp_path, whe
     with pytest.raises(ValueError, match="damaged concept file .* refit it") as err:
         cb_core.Concept.load(tmp_path / "c.safetensors")
     assert "\n" not in str(err.value)
+
+
+def test_one_kernel_gives_the_fit_kernels_log_p_bit_for_bit_and_the_batch_terms():
+    """Concept.terms (acting: one kernel for the three terms) gives the log P of the fit's own
+    log-probability kernel exactly, so no action changes; cb_core.terms matches the separate
+    batch functions (prior, features @ alpha, log P)."""
+    from cb_core.decisions import bucket_size, to_padded
+    from cb_core.model import _k_log_probs
+
+    rng = np.random.default_rng(11)
+    for m in (1, 2, 5, 17, 40):
+        hidden = rng.normal(size=(m, 6)).astype(np.float32)
+        log_q = -rng.gamma(2.0, 3.0, size=m).astype(np.float32)
+        n_tokens = rng.integers(1, 6, size=m).astype(np.int32)
+        concept = cb_core.Concept(rng.normal(size=7).astype(np.float32), 0.7, 1e-6)
+        one = cb_core.Decisions(hidden, log_q, n_tokens, np.array([0, m]), np.zeros(m, np.int32),
+                                np.zeros(1, np.int32))
+        padded = to_padded(one, dtype=np.float32, n_pad=1, m_pad=bucket_size(m))
+        fit_kernel = np.asarray(_k_log_probs(concept.alpha, padded, np.float32(0.7), np.float32(1e-6)))[0, :m]
+        terms = concept.terms(hidden, log_q, n_tokens)
+        np.testing.assert_array_equal(terms.log_p, fit_kernel)
+    dec = random_decisions(3, [4, 1, 6, 3], 5)
+    alpha = np.random.default_rng(2).normal(size=6).astype(np.float32)
+    batch = cb_core.terms(alpha, dec, 0.8, 1e-6)
+    np.testing.assert_allclose(batch.log_p, cb_core.log_probs(alpha, dec, 0.8, 1e-6), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(batch.prior, cb_core.prior_log_probs(dec, 0.8), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(batch.concept_term, np.asarray(cb_core.features(dec, 1e-6)) @ alpha, atol=1e-5)

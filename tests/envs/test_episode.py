@@ -191,3 +191,28 @@ def test_the_engines_are_imported_before_the_clock_starts(monkeypatch):
     monkeypatch.setattr(importlib, "import_module", lambda name: imported.append((name, list(clock))))
     assert scheduler.play_episode(TextWorldEnv(), object(), "custom-1/test/100001", 5, time_limit=2.0) == "played"
     assert imported == [("textworld", []), ("textworld.gym", [])] and clock == [2.0]
+
+
+def test_an_agents_thought_reaches_the_episode_as_a_thought_never_parsed_from_text():
+    """The agent loop passes a think decision to Episode.think as what it is: even a thought whose
+    text does not start with ``think:`` is a think step (feedback OK., no engine call), and an
+    environment action whose text happens to read like a thought is never taken for one there."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "agents"))
+    from agent_doubles import FakeLM, ScriptedEnv
+    from agent_shell.agents import Decision, ReActAgent
+
+    class Planner(ReActAgent):
+        def next_action(self, view):
+            if len(view.steps) == 0:
+                return Decision("think", "plan the route to the desk")
+            return Decision("env", "go to desk 1")
+
+    env = ScriptedEnv()
+    episode = Episode(env, "a/1", 3)
+    Planner(FakeLM(), {"fetch": ["DEMO"]}).run(episode)
+    assert [(s.kind, s.action, s.observation) for s in episode.steps[:2]] == [
+        ("think", "plan the route to the desk", "OK."), ("env", "go to desk 1", episode.steps[1].observation)]
+    assert episode.steps[1].observation != "OK."
