@@ -47,7 +47,7 @@ from agent_shell.feature_settings import FeatureSettings
 from agent_shell.history import REVIEWED, SEEDED_RENDERINGS
 from agent_shell.lm.formatting import PLAIN
 from agent_shell.features import DecisionInput, check_extractors, recorded_extractors
-from agent_shell.lm.protocol import CandidateScores, Context, LanguageModel
+from agent_shell.lm.protocol import CandidateScores, Context, LanguageModel, backbone_dtype
 from envs.storage import atomic_folder, atomic_path, write_bytes_atomic
 from envs.trajectory import Trajectory
 
@@ -142,11 +142,6 @@ def decision_texts(trajectory: Trajectory, settings: FeatureSettings,
     (:func:`decision_inputs` without the rest of the decision)."""
     inputs, skipped = decision_inputs(trajectory, settings, experiences)
     return [(d.context, list(d.candidates), e) for d, e in inputs], skipped
-
-
-def backbone_dtype(lm: LanguageModel) -> str:
-    """The backbone's compute dtype as text ("" when the backend does not say)."""
-    return str(getattr(lm, "dtype", "")).removeprefix("torch.")
 
 
 def feature_key(lm: LanguageModel, settings: FeatureSettings, texts: Sequence[DecisionText]) -> str:

@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
 from agent_shell.context import render_history, render_task
 from agent_shell.lm.formatting import PLAIN
@@ -28,11 +28,23 @@ from agent_shell.lm.protocol import LanguageModel
 from envs.storage import write_json_atomic
 from envs.trajectory import Step, Trajectory
 
-if TYPE_CHECKING:
-    from agent_shell.calibration.calibrator import Calibrator
 
 #: The reply that keeps nothing.
 NO_UPDATE = "NO UPDATE"
+
+
+class ExperienceWriter(Protocol):
+    """What writes the experiences in place of the plain review: the learned calibrator
+    (:class:`agent_shell.calibration.Calibrator`), named here by what this module uses of it so
+    that reviewing imports no calibration code."""
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of the writer (part of the reviews' cache key)."""
+
+    def review(self, lm: LanguageModel, instruction: str, observation: str, steps: Sequence[StepLike], index: int,
+               next_candidates: Sequence[str] = (), seed: int = 0) -> Review:
+        """The review of transition ``index`` (its ``experience``: the text kept, or None)."""
 #: Bumped when the review prompt or the validity rules change (part of the cache key).
 REVIEW_VERSION = 3
 
@@ -167,7 +179,7 @@ def candidates_after(steps: Sequence[Step], index: int) -> list[str]:
 
 
 def review_trajectory(lm: LanguageModel, trajectory: Trajectory, cache_dir: str | os.PathLike | None = None,
-                      calibrator: Calibrator | None = None) -> dict[int, str]:
+                      calibrator: ExperienceWriter | None = None) -> dict[int, str]:
     """Experiences of every non-terminal transition of an expert ``trajectory`` (step -> text).
 
     ``calibrator``: a :class:`agent_shell.calibration.Calibrator` that writes the experiences

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection, Hashable, Iterable, Mapping, Sequence
 
 from agent_shell.history import StepLike
-from agent_shell.run_config import RunConfig
 from envs.storage import append_jsonl, claim_writer, iter_jsonl, refuse_link, repair_jsonl
 
 if TYPE_CHECKING:
@@ -44,10 +43,15 @@ if TYPE_CHECKING:
 #: Version of the episode record layout (``record["schema"]``).
 RESULT_SCHEMA = "cb-agent/episode-v1"
 
+#: The run's settings recorded in every results line and compared on resume, in order (each a
+#: field of :class:`agent_shell.run_config.RunConfig`, which records them: ``RunConfig.SETTINGS``).
+RECORDED_SETTINGS = ("env", "split", "dtype", "seed", "rendering", "layout", "action_space", "demos_per_type",
+                     "demo_split", "lam", "gamma", "features", "reflexion_trials", "budget", "demos", "concept_data",
+                     "calibrator", "concept_per_type", "fit_candidates")
+
 #: Record fields that must agree between a results file and a run that resumes it, and that label
-#: the rows of a report when they differ: the backbone's name and the
-#: :class:`agent_shell.run_config.RunConfig` settings.
-RUN_SETTINGS = ("model", *RunConfig.SETTINGS)
+#: the rows of a report when they differ: the backbone's name and :data:`RECORDED_SETTINGS`.
+RUN_SETTINGS = ("model", *RECORDED_SETTINGS)
 
 
 class SameAs(str):
@@ -423,7 +427,7 @@ def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[st
     return finished
 
 
-__all__ = ["RESULT_SCHEMA", "RUN_SETTINGS", "SETTING_DEFAULTS", "ResumableJsonl", "SameAs", "check_results_file",
+__all__ = ["RECORDED_SETTINGS", "RESULT_SCHEMA", "RUN_SETTINGS", "SETTING_DEFAULTS", "ResumableJsonl", "SameAs", "check_results_file",
            "episode_record", "error_record", "is_error_record", "longest_repeat_cycle", "loop_statistics", "read_results",
            "refuse_link", "repair_for_resume", "results_file", "scored_candidates", "setting", "store_record", "trial_record",
            "unique_episodes"]

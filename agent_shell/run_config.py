@@ -22,6 +22,7 @@ from typing import Any
 
 from agent_shell.agents import ACTION_SPACES, AgentConfig, agent_names
 from agent_shell.features import FeatureSet
+from agent_shell.results import RECORDED_SETTINGS
 from envs.episode import EPISODE_TIMEOUT_S
 from envs.protocol import Environment
 from envs.registry import default_split
@@ -137,10 +138,9 @@ class RunConfig:
     agent: AgentConfig = field(init=False)
 
     #: Fields recorded in every results line and compared on resume (with ``model``, the
-    #: loaded backbone's name).
-    SETTINGS = ("env", "split", "dtype", "seed", "rendering", "layout", "action_space", "demos_per_type",
-                "demo_split", "lam", "gamma", "features", "reflexion_trials", "budget", "demos", "concept_data",
-                "calibrator", "concept_per_type", "fit_candidates")
+    #: loaded backbone's name): :data:`agent_shell.results.RECORDED_SETTINGS`, named where the
+    #: records are (reading results imports no configuration and no agent).
+    SETTINGS = RECORDED_SETTINGS
 
     def __post_init__(self, rendering: str | None, layout: str | None, gamma: float | None,
                       action_space: str | None, seed: int | None) -> None:

@@ -10,7 +10,7 @@ LM's last-layer hidden state at the option's final token, exactly the features o
     P(option | transition) ∝ exp(log Qbar(option) + alpha . phi(option))      (seed Eq. 3)
 
 with one alpha fitted by :func:`cb_core.fit` on the training labels (``label``: effect labels of
-:mod:`agent_shell.calibration.labels`, or ``content_label``: content screening). WHEN and WHAT
+:mod:`agent_shell.studies.labels`, or ``content_label``: content screening). WHEN and WHAT
 both come from the argmax: ``NO UPDATE`` means no update (WHEN), otherwise the chosen candidate
 is the experience written (WHAT). Transitions whose only option is ``NO UPDATE`` decide nothing
 and are left out of fitting and accuracy (counted).
@@ -37,7 +37,7 @@ from agent_shell.experience import NO_UPDATE, REVIEW_VERSION, Review, parse_revi
 from agent_shell.features import DecisionInput
 from agent_shell.history import StepLike
 from agent_shell.lm.formatting import PLAIN
-from agent_shell.lm.protocol import LanguageModel
+from agent_shell.lm.protocol import LanguageModel, backbone_dtype
 
 if TYPE_CHECKING:
     from cb_core import Concept
@@ -57,6 +57,11 @@ class _Step:
     observation: str
 
 
+def effect_key(improvements: int, degradations: int) -> tuple[int, int]:
+    """The label rule's sort key of a candidate: improvements minus degradations, then improvements."""
+    return improvements - degradations, improvements
+
+
 def record_steps(record: dict) -> list[_Step]:
     """The history of a label record as steps (``kind`` / ``action`` / ``observation``)."""
     return [_Step(s["kind"], s["action"], s["observation"]) for s in record["history"]]
@@ -64,8 +69,6 @@ def record_steps(record: dict) -> list[_Step]:
 
 def calibrator_feature_spec(lm: LanguageModel) -> dict[str, Any]:
     """How the calibrator's features are built; acting must use the same."""
-    from agent_shell.concepts import backbone_dtype
-
     return {"formatting": PLAIN, "dtype": backbone_dtype(lm), "context": "experience review prompt",
             "review_version": REVIEW_VERSION, "option_prefix": OPTION_PREFIX,
             "options": "candidate experiences + NO UPDATE (last)"}
@@ -232,11 +235,9 @@ def predictions(calibrator: Calibrator | None, features: Sequence[tuple], gamma:
 def tied_labels(record: dict, label_field: str) -> frozenset[int]:
     """The options as good as the record's ``label_field`` by the label rule itself: for an effect
     label that keeps a candidate, every retained candidate with the same sort key (improvements
-    minus degradations, then improvements; :func:`agent_shell.calibration.labels.transition_label`
+    minus degradations, then improvements; :func:`agent_shell.studies.labels.transition_label`
     breaks that tie by taking the earliest); otherwise (NO UPDATE, content-screening labels, a
     record without per-candidate counts) the label alone."""
-    from agent_shell.calibration.labels import effect_key  # labels imports the agents: loaded on use
-
     y = record[label_field]
     candidates = record.get("candidates") or []
     if label_field != "label" or y >= len(candidates):
@@ -280,5 +281,5 @@ def baseline_predictions(records: Sequence[dict]) -> dict[str, list[int]]:
 
 
 __all__ = ["Calibrator", "KIND", "LABEL_FIELDS", "OPTION_PREFIX", "accuracy", "baseline_predictions",
-           "calibrator_feature_spec", "decisive", "fit_calibrator", "option_request", "option_scores", "predictions",
+           "calibrator_feature_spec", "decisive", "effect_key", "fit_calibrator", "option_request", "option_scores", "predictions",
            "record_features", "record_steps", "split_tasks", "tied_labels"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import click
 
@@ -17,6 +17,9 @@ from envs.episode import EPISODE_TIMEOUT_S
 from envs.registry import ENVIRONMENTS
 from envs.paths import cache_root, writable_folder
 from envs.storage import OutputError
+
+if TYPE_CHECKING:
+    from envs.protocol import Environment
 
 ENV_NAMES = sorted(ENVIRONMENTS)
 #: ``--history`` choices.
@@ -199,6 +202,13 @@ def make_console():
     return Console() if sys.stdout.isatty() else Console(width=160)
 
 
+def task_error(env: Environment, split: str, err: ValueError) -> click.ClickException:
+    """``err`` (a bad id or split) as a one-line click error ending in how to list the valid ids."""
+    splits = getattr(env, "splits", ())
+    listing = f"cb-agent tasks --env {env.name}" + (f" --split {split}" if split in splits else "")
+    return click.ClickException(f"{err} (list the valid ids: {listing})")
+
+
 @contextlib.contextmanager
 def cli_errors() -> Iterator[None]:
     """Run library calls (:mod:`agent_shell.pipeline`), turning the ValueError or FileNotFoundError
@@ -209,8 +219,6 @@ def cli_errors() -> Iterator[None]:
     try:
         yield
     except UnknownTasks as err:
-        from agent_shell.commands.tasks import task_error
-
         raise task_error(err.env, err.split, err) from None
     except (ValueError, FileNotFoundError, OutputError) as err:
         raise click.ClickException(" ".join(str(err).split())) from None

@@ -2,7 +2,7 @@
 
 * ``label RESULTS...``: results files of ``cb-agent run`` on TRAINING games (every trial's split
   must be ``train``; no game may be one of the demonstrations) -> one JSON line per transition
-  (:mod:`agent_shell.calibration.labels`); ``--resume`` continues an interrupted labelling.
+  (:mod:`agent_shell.studies.labels`); ``--resume`` continues an interrupted labelling.
 * ``fit LABELS...``: the calibrator on the labels of the fitting tasks (every ``--heldout-every``-th
   task is held out), its held-out accuracy against the effect labels and the content-screening
   labels, beside fixed rules; one safetensors file + ``<out>.eval.json``.
@@ -66,7 +66,7 @@ def label(results, actors, judge, k, temperature, content_screening, max_transit
     """Label candidate experiences of the transitions in RESULTS (runs on training games) by their effect
     on the recipient actors' next actions."""
     from agent_shell import studies
-    from agent_shell.calibration import labels as lab
+    from agent_shell.studies import labels as lab
 
     console = make_console()
     actors = tuple(dict.fromkeys(actors))
@@ -107,7 +107,8 @@ def label(results, actors, judge, k, temperature, content_screening, max_transit
 def _label(todo, trials, actors, judge_name, k, temperature, content_screening, max_expert_steps, out, resume,
            config: RunConfig, echo: Callable[[str], None]) -> None:
     from agent_shell.agents import AgentConfig, CBAgent, ReActAgent
-    from agent_shell.calibration import ContentScreen, ExpertDistanceJudge, LMJudge, label_record, run_labels
+    from agent_shell.calibration import ExpertDistanceJudge, LMJudge
+    from agent_shell.studies.labels import ContentScreen, label_record, run_labels
     from agent_shell.pipeline import prepare
     from agent_shell.run_config import check_not_demos
     from envs import make_env
@@ -205,7 +206,7 @@ def counts_table(counts: dict) -> Table:
 
 
 def _train_records(paths: Sequence[str]) -> list[dict]:
-    from agent_shell.calibration import read_labels
+    from agent_shell.studies.labels import read_labels
 
     records = [r for p in paths for r in read_labels(p, on_bad=lambda msg: click.echo(f"warning: {msg}", err=True))]
     if not records:
@@ -221,7 +222,7 @@ def cached_features(lm, records: Sequence[dict], cache: Path, echo: Callable[[st
     import numpy as np
 
     from agent_shell.calibration import record_features
-    from agent_shell.concepts import backbone_dtype
+    from agent_shell.lm.protocol import backbone_dtype
     from agent_shell.experience import REVIEW_VERSION
 
     out = []

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
-from agent_shell.commands._common import COMMON_OPTIONS, RUN_OPTIONS, cli_errors, config_options, make_console
+from agent_shell.commands._common import (COMMON_OPTIONS, RUN_OPTIONS, cli_errors, config_options, make_console,
+                                          task_error)
 from agent_shell.pipeline import build_players, players_of, set_up
 from agent_shell.run_config import RunConfig, check_not_demos
 
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 @config_options(*COMMON_OPTIONS, *RUN_OPTIONS)
 def run(config: RunConfig) -> None:
     """Run agents on evaluation games; print the success table and write a chart."""
-    from agent_shell.commands.tasks import task_error
     from agent_shell.reporting import bar_chart, describe_run, rich_table, summarize
     from agent_shell.results import check_results_file, read_results, repair_for_resume
     from envs import make_env

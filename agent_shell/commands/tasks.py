@@ -13,7 +13,7 @@ from typing import Iterable
 import click
 
 from envs.protocol import Environment
-from agent_shell.commands._common import ENV_NAMES
+from agent_shell.commands._common import ENV_NAMES, cli_errors
 
 
 def validated_tasks(env: Environment, split: str, task_ids: Iterable[str]) -> list[str]:
@@ -23,18 +23,10 @@ def validated_tasks(env: Environment, split: str, task_ids: Iterable[str]) -> li
     Raises:
         click.ClickException: an unknown split, an unknown id, or an id of another split.
     """
-    from agent_shell.commands._common import cli_errors
     from agent_shell.pipeline import check_tasks
 
     with cli_errors():
         return check_tasks(env, split, list(task_ids))
-
-
-def task_error(env: Environment, split: str, err: ValueError) -> click.ClickException:
-    """``err`` (a bad id or split) as a one-line click error ending in how to list the valid ids."""
-    splits = getattr(env, "splits", ())
-    listing = f"cb-agent tasks --env {env.name}" + (f" --split {split}" if split in splits else "")
-    return click.ClickException(f"{err} (list the valid ids: {listing})")
 
 
 @click.command("tasks")

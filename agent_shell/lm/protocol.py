@@ -110,3 +110,8 @@ def check_candidates(candidates: Sequence[str]) -> list[str]:
         if not isinstance(a, str) or not a:
             raise ValueError(f"candidate {i} is {a!r}: every candidate must be a non-empty string")
     return actions
+
+
+def backbone_dtype(lm: LanguageModel) -> str:
+    """The backbone's compute dtype as text ("" when the backend does not say)."""
+    return str(getattr(lm, "dtype", "")).removeprefix("torch.")

@@ -11,8 +11,8 @@ import envs
 from agent_doubles import FakeLM, HangingEnv, ScriptedEnv
 from agent_shell.agents import AgentConfig, ReActAgent, build_agent, needs_concepts
 from agent_shell.agents.joint import JointCBAgent, JointFormatError, parse_joint_reply
-from agent_shell.calibration import (Calibrator, accuracy, fit_calibrator, predictions, read_labels, record_features,
-                                     tied_labels)
+from agent_shell.calibration import Calibrator, accuracy, fit_calibrator, predictions, record_features, tied_labels
+from agent_shell.studies.labels import read_labels
 from agent_shell.cli import main
 from agent_shell.experience import NO_UPDATE
 from agent_shell.history import RENDERINGS

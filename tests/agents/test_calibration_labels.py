@@ -7,9 +7,9 @@ import pytest
 
 from agent_doubles import FakeLM, ScriptedEnv
 from agent_shell.agents import AgentConfig, CBAgent, ReActAgent
-from agent_shell.calibration import (ContentScreen, ExpertDistanceJudge, LMJudge, Pair, judge_pair, label_counts,
-                                     label_record, mine_transitions, propose, read_labels, retained, run_labels,
-                                     split_tasks, transition_label)
+from agent_shell.calibration import ExpertDistanceJudge, LMJudge, Pair, judge_pair, split_tasks
+from agent_shell.studies.labels import (ContentScreen, label_counts, label_record, mine_transitions, propose,
+                                        read_labels, retained, run_labels, transition_label)
 from agent_shell.experience import NO_UPDATE
 from agent_shell.studies import recorded_trials
 from calibration_doubles import DEMOS, PLAYED, START, env_step, label_line, recorded, review_replies

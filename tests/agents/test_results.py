@@ -79,7 +79,7 @@ CHECKS = {
     "runs": ("from agent_shell.results import check_results_file",
              "check_results_file(path, ['react'], ['a/1'], True, {})"),
     "studies": ("from agent_shell.studies import pending_keys", "pending_keys(path, 'probe', set(), True)"),
-    "labels": ("from agent_shell.calibration.labels import pending", "pending(path, [], True)"),
+    "labels": ("from agent_shell.studies.labels import pending", "pending(path, [], True)"),
     "ical": ("from agent_shell.commands.ical import _done_keys", "_done_keys(path, True, [])"),
 }
 
@@ -113,7 +113,7 @@ def old_lines(user: str, **fields) -> dict:
 
 def resume(user: str, path: Path, settings: dict):
     """``user``'s resume check of the one finished key in ``path`` with ``settings``."""
-    from agent_shell.calibration.labels import Transition, pending
+    from agent_shell.studies.labels import Transition, pending
     from agent_shell.results import check_results_file
     from agent_shell.studies import RecordedTrial, pending_keys
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from agent_shell.agents import ReActAgent, View
+from agent_shell.calibration.calibrator import effect_key
 from agent_shell.calibration.judges import Judge, Pair, Verdict, judge_pair, norm_action
 from agent_shell.context import render_history, render_task
 from agent_shell.experience import NO_UPDATE, candidates_after, parse_review, review_prompt, reviewable
@@ -130,11 +131,6 @@ def propose(lm: LanguageModel, transition: Transition, k: int = 4, temperature: 
 def retained(improvements: int, degradations: int) -> bool:
     """The label rule: retain when improvements outnumber degradations, or nothing degrades."""
     return improvements > degradations or degradations == 0
-
-
-def effect_key(improvements: int, degradations: int) -> tuple[int, int]:
-    """The label rule's sort key of a candidate: improvements minus degradations, then improvements."""
-    return improvements - degradations, improvements
 
 
 def transition_label(scores: Sequence[tuple[bool, tuple]]) -> int:
@@ -369,5 +365,5 @@ def label_counts(records: Sequence[dict]) -> dict[str, Any]:
 
 
 __all__ = ["ContentScreen", "LABEL_SCHEMA", "ROLE", "SCREEN_QUESTION", "Transition", "label_counts", "label_record",
-           "effect_key", "labels_file", "mine_transitions", "pending", "propose", "read_labels", "retained",
+           "labels_file", "mine_transitions", "pending", "propose", "read_labels", "retained",
            "run_labels", "transition_label"]
