@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Collection, Sequence
 
 from agent_shell.context import render_demo
-from envs.paths import cache_dir
+from cb_io.paths import cache_dir
 from envs.protocol import Environment
 from envs.trajectory import Trajectory
 
@@ -51,7 +51,7 @@ def expert_demos(env: Environment, per_type: int, split: str = "train", path: st
     ``per_type < 1``.
     """
     from envs.collect import collect_expert_trajectories
-    from envs.storage import repair_jsonl
+    from cb_io.storage import repair_jsonl
     from envs.trajectory import read_trajectories
 
     if per_type < 1:

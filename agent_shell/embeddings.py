@@ -53,7 +53,7 @@ class EmbeddingModelNotFoundError(FileNotFoundError):
 
 
 def _cache_root() -> Path:
-    from envs.paths import cache_root
+    from cb_io.paths import cache_root
 
     return cache_root()
 
@@ -84,7 +84,7 @@ def embedding_model_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     Raises:
         EmbeddingModelNotFoundError: the package is missing (the message says how to install it).
     """
-    from envs.storage import stamped_folder
+    from cb_io.storage import stamped_folder
 
     zip_path, version = find_model_zip()
     root = Path(cache_dir) if cache_dir is not None else _cache_root() / "models"

@@ -25,7 +25,7 @@ from agent_shell.context import render_history, render_task
 from agent_shell.lm.formatting import PLAIN
 from agent_shell.history import StepLike
 from agent_shell.lm.protocol import LanguageModel
-from envs.storage import write_json_atomic
+from cb_io.storage import write_json_atomic
 from envs.trajectory import Step, Trajectory
 
 

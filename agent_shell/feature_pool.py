@@ -41,7 +41,7 @@ def pooled_features(config: RunConfig, pool: int, echo: Callable[[str], None],
     from agent_shell.demos import expert_demos, tasks_by_type
     from agent_shell.feature_settings import FeatureSettings
     from cb_core.cache import enable_persistent_cache
-    from envs.storage import write_bytes_atomic
+    from cb_io.storage import write_bytes_atomic
     from envs import make_env
 
     env = make_env(config.env)

@@ -21,7 +21,7 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from agent_shell.scheduler import Failure, Job, failure_of, play_job
-from envs.storage import OutputError
+from cb_io.storage import OutputError
 
 if TYPE_CHECKING:
     from ray import ObjectRef

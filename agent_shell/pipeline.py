@@ -91,9 +91,9 @@ class Setup:
 
 
 def resolve_cache(cache_dir: str | None) -> Path:
-    """``cache_dir`` (created), else the project's cache root (:func:`envs.paths.cache_dir`); a
-    folder that cannot be created is a one-line ValueError (:func:`envs.paths.writable_folder`)."""
-    from envs.paths import cache_root, writable_folder
+    """``cache_dir`` (created), else the project's cache root (:func:`cb_io.paths.cache_dir`); a
+    folder that cannot be created is a one-line ValueError (:func:`cb_io.paths.writable_folder`)."""
+    from cb_io.paths import cache_root, writable_folder
 
     return writable_folder(cache_dir if cache_dir is not None else cache_root())
 
@@ -241,7 +241,7 @@ def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: Se
     from agent_shell.concepts import cached_concepts, check_concept_matches, collect_features, skipped_summary
     from agent_shell.feature_settings import FeatureSettings
     from cb_core.cache import enable_persistent_cache
-    from envs.storage import write_bytes_atomic
+    from cb_io.storage import write_bytes_atomic
 
     enable_persistent_cache(cache / "jax", write_bytes_atomic)  # fits compile once per machine, not per run
     timings = timings if timings is not None else {}

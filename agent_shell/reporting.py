@@ -11,7 +11,7 @@ under different settings stay in different rows. Episodes that ended by an engin
 (``record["error"]``) are counted apart (``errors``), never as won or lost.
 
 Charts and tables are written to a temporary file beside their path and renamed over it
-(:func:`save_figure`, :func:`envs.storage.write_bytes_atomic`): a link at the path is replaced,
+(:func:`save_figure`, :func:`cb_io.storage.write_bytes_atomic`): a link at the path is replaced,
 never written through.
 """
 
@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 
 from agent_shell.results import RUN_SETTINGS, setting
 from agent_shell.statistics import sign_test, wilson_interval
-from envs.storage import atomic_path
+from cb_io.storage import atomic_path
 
 ALL = "all"
 CHART_CAPTION = "bars: success rate; labels: won/n; whiskers: 95% Wilson score intervals"

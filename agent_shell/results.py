@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection, Hashable, Iterable, Mapping, Sequence
 
 from agent_shell.history import StepLike
-from envs.storage import append_jsonl, claim_writer, iter_jsonl, refuse_link, repair_jsonl
+from cb_io.storage import append_jsonl, claim_writer, iter_jsonl, refuse_link, repair_jsonl
 
 if TYPE_CHECKING:
     from agent_shell.agents import Trial
@@ -237,7 +237,7 @@ def _episode_record(record: object) -> dict[str, Any]:
 def repair_for_resume(path: str | os.PathLike, echo: Callable[[str], None] | None = None) -> None:
     """What every ``--resume`` does first: claim ``path`` for this process, then move its unreadable
     lines (a torn last line of an interrupted write, NUL padding) to ``<path>.torn``
-    (:func:`envs.storage.repair_jsonl`), saying so in one plain line per line moved (``echo``,
+    (:func:`cb_io.storage.repair_jsonl`), saying so in one plain line per line moved (``echo``,
     default ``click.echo``); the rest of the file stays byte for byte.
 
     Raises:
@@ -325,7 +325,7 @@ class ResumableJsonl:
 
     def claim(self) -> None:
         """Refuse (ValueError, one line) a file that is a symbolic link (:func:`refuse_link`), claim
-        it for this process (:func:`envs.storage.claim_writer`: FileBusy when another process
+        it for this process (:func:`cb_io.storage.claim_writer`: FileBusy when another process
         writes it), then refuse it when its first line is not a line of this kind (appending would
         mix records into an unrelated file)."""
         refuse_link(self.path, self.elsewhere)
@@ -339,7 +339,7 @@ class ResumableJsonl:
             return
 
     def append(self, record: Mapping[str, Any]) -> None:
-        """Append one line atomically (:func:`envs.storage.append_jsonl`) under this process's claim
+        """Append one line atomically (:func:`cb_io.storage.append_jsonl`) under this process's claim
         (:meth:`claim`)."""
         self.claim()
         append_jsonl(self.path, record)
@@ -356,7 +356,7 @@ class ResumableJsonl:
         None (unknown) is not compared.
 
         Raises:
-            envs.storage.FileBusy: another process is writing the file (naming its pid and
+            cb_io.storage.FileBusy: another process is writing the file (naming its pid and
                 command line).
             ValueError: the file is a link or not of this kind (:meth:`claim`); without ``resume``, the file already holds one of ``wanted`` (never
                 duplicated); with ``resume``, a compared line was written with other
@@ -411,7 +411,7 @@ def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[st
     :data:`RUN_SETTINGS`: rendering, layout, budget, model, seed, lam, ...; others are ignored).
 
     Raises:
-        envs.storage.FileBusy: another process is writing the file.
+        cb_io.storage.FileBusy: another process is writing the file.
         ValueError: the file is a symbolic link, or its first line is not an episode record; without
             ``resume``, the file already holds an episode of one of the agents on
             one of ``task_ids``; with ``resume``, one of the agents' records was run with other

@@ -73,7 +73,7 @@ class RunConfig:
         per_type, games, game_ids: which evaluation games (:meth:`task_ids`): the first
             ``per_type`` of each task type (0: all), at most ``games`` of them (0: no cap), or
             exactly ``game_ids``.
-        cache_dir: cache root (None: :func:`envs.paths.cache_dir`).
+        cache_dir: cache root (None: :func:`cb_io.paths.cache_dir`).
         out_dir: results folder (None: ``runs/<env>-<split>``).
         resume: continue the results file (skip finished episodes; an episode whose record is an
             error record is played again unless ``keep_errors``).

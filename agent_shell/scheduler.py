@@ -29,7 +29,7 @@ message, trial, step). An episode that failed every attempt gets :func:`failed_r
 is counted apart from won and lost; ``--resume`` plays such an episode again (a restart may fix
 what ended it: a broken engine, a hung step) and its new record replaces the error record
 (:func:`agent_shell.results.unique_episodes`), unless ``keep_errors`` (``--keep-errors``).
-An output that cannot be written (:class:`envs.storage.OutputError`: a full or read-only disk) is no
+An output that cannot be written (:class:`cb_io.storage.OutputError`: a full or read-only disk) is no
 episode's fault: it stops the run at once, and ``--resume`` continues it.
 
 Partial-file rule: while an episode runs, the process playing it rewrites its state after every
@@ -59,7 +59,7 @@ from agent_shell.results import (check_results_file, episode_record, error_recor
                                  trial_record)
 from envs.episode import EPISODE_TIMEOUT_S
 from envs.protocol import Environment
-from envs.storage import OutputError, write_json_atomic
+from cb_io.storage import OutputError, write_json_atomic
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -365,7 +365,7 @@ def failed_record(agent_name: str, task_id: str, task_type: str | None, errors: 
 
 class InProcessExecutor:
     """Plays the jobs in this process, one at a time, with ``agents`` (agent name -> agent) on
-    ``env``. An exception other than ``KeyboardInterrupt`` or an :class:`envs.storage.OutputError` (which stops the
+    ``env``. An exception other than ``KeyboardInterrupt`` or an :class:`cb_io.storage.OutputError` (which stops the
     run) ends the attempt as a :class:`Failure`."""
 
     slots = 1

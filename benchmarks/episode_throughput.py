@@ -147,7 +147,7 @@ def recorded_calls(n: int) -> list[tuple[str, list[str]]]:
     """(scoring context, candidate set) of recorded expert steps."""
     from agent_shell import context as ctx
     from agent_shell.candidates import fixed_action_space
-    from envs.paths import cache_dir
+    from cb_io.paths import cache_dir
     from envs.trajectory import read_trajectories
 
     calls = []

@@ -74,20 +74,22 @@ def main(argv: list[str] | None = None) -> int:
     if not args.chromium:
         print("no chromium binary: apt-get install chromium", file=sys.stderr)
         return 2
-    from click.testing import CliRunner
     from playwright.sync_api import sync_playwright
 
-    from agent_shell.cli import main as cli
+    from agent_shell.view import read_inputs, render_page
+    from cb_io.storage import write_bytes_atomic
 
     folder = Path(args.out).parent if args.out else Path(tempfile.mkdtemp())
     folder.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else folder / "page.html"
     sources = fill_terms(args.results, folder) if args.fill_terms else args.results
     t0 = time.perf_counter()
-    res = CliRunner().invoke(cli, ["view", *sources, "--out", str(out)])
-    if res.exit_code != 0:
-        print(res.output, file=sys.stderr)
+    try:  # what `cb-agent view` does, through the library
+        inputs = read_inputs(sources)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
+    write_bytes_atomic(out, render_page(inputs, sources).encode())
     print(f"build_s {time.perf_counter() - t0!r}")
     print(f"bytes {out.stat().st_size}")
     with sync_playwright() as p:

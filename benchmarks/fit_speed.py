@@ -186,7 +186,7 @@ def six_concepts_main(cache: str, d: int) -> None:
     """Fit six per-type concepts (d = 576 by default) in this process; print the fits' times."""
     import cb_core
     from cb_core.cache import enable_persistent_cache
-    from envs.storage import write_bytes_atomic
+    from cb_io.storage import write_bytes_atomic
     from cb_core.synthetic import synthetic_decisions
 
     t0 = time.perf_counter()

@@ -177,7 +177,7 @@ def batched(tokenizer, device: torch.device, quick: bool) -> tuple[dict, dict]:
 
 def write_store_file(path: Path, data: bytes) -> None:
     """The executable store's writer (cb_core writes no files) in this check's own temporary cache,
-    where no other process writes; the agent shell passes :func:`envs.storage.write_bytes_atomic`,
+    where no other process writes; the agent shell passes :func:`cb_io.storage.write_bytes_atomic`,
     whose module needs orjson, which a bare GPU machine may lack."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)

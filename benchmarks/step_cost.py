@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     from agent_shell.lm.kv_cache import restore, snapshot
     from agent_shell.lm.scoring import cached_length, candidate_tree, packed_pass
     from agent_shell.lm.tokenization import common_prefix_len
-    from envs.paths import cache_dir
+    from cb_io.paths import cache_dir
     from envs.trajectory import read_trajectories
 
     path = Path(args.expert) if args.expert else cache_dir() / "expert" / "alfworld" / "train.jsonl"

@@ -19,7 +19,7 @@ Public API (seed paper notation; see each docstring for shapes and the equation 
 Other helpers stay importable from their modules (:mod:`cb_core.cache`,
 :mod:`cb_core.synthetic`, ...). Imports nothing else of this project, and writes no files: the
 file formats are serialised here and written by the caller (the agent shell through
-:mod:`envs.storage`, the project's one atomic writer).
+:mod:`cb_io.storage`, the project's one atomic writer).
 
 On a GPU the fit shares the device with the PyTorch LM: JAX would otherwise reserve 75% of the
 GPU's memory when it first runs, and the LM would run out. Importing cb_core therefore sets

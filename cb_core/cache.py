@@ -50,7 +50,7 @@ def enable_persistent_cache(directory: str | os.PathLike,
         directory: the cache folder (the user's own: its executables are run).
         write_file: ``write_file(path, data)`` replaces ``path`` by a file holding ``data``
             atomically, creating its folder (the agent shell passes
-            :func:`envs.storage.write_bytes_atomic`).
+            :func:`cb_io.storage.write_bytes_atomic`).
     """
     import jax
 

@@ -283,7 +283,7 @@ class Concept:
     def to_bytes(self) -> bytes:
         """The concept file's content (format in the module docstring): safetensors + JSON
         metadata. cb_core writes no files: the caller writes these bytes (the agent shell through
-        :func:`envs.storage.write_bytes_atomic`), and :meth:`load` reads them back.
+        :func:`cb_io.storage.write_bytes_atomic`), and :meth:`load` reads them back.
 
         Raises:
             ValueError: the metadata lacks a field of the file format (naming it).

@@ -20,7 +20,7 @@ together stay under ``max_bytes`` (default :data:`MAX_BYTES`), so a crafted head
 compressed member that inflates hugely is refused before anything is allocated or inflated.
 
 cb_core writes no files: :func:`write_decisions` writes to a binary file the caller opened (the
-agent shell writes through :func:`envs.storage.atomic_path`). Imports nothing else of this
+agent shell writes through :func:`cb_io.storage.atomic_path`). Imports nothing else of this
 project.
 """
 
@@ -145,7 +145,7 @@ def load_decisions_metadata(path: str | os.PathLike, max_bytes: int = 16 << 20) 
 
 def write_decisions(file: BinaryIO, decisions: Decisions, metadata: dict | None = None) -> None:
     """Write a decision-set ``.npz`` to ``file`` (a binary file opened for writing); validates
-    first. To write a path atomically: ``with envs.storage.atomic_path(path, suffix=".npz") as
+    first. To write a path atomically: ``with cb_io.storage.atomic_path(path, suffix=".npz") as
     tmp, open(tmp, "wb") as f: write_decisions(f, decisions)``.
 
     Raises:

@@ -44,8 +44,8 @@ import shutil
 import zlib
 from pathlib import Path
 
-from envs.paths import cache_dir, shared_dir
-from envs.storage import atomic_path
+from cb_io.paths import cache_dir, shared_dir
+from cb_io.storage import atomic_path
 from envs.protocol import SetupError, StepResult, TaskStart, one_line
 from envs.textworld import forget_registration
 
@@ -101,7 +101,7 @@ def parse_task_folder(folder: str) -> dict:
 def write_traj_data(game_file: Path, task_folder: str, target_dir: Path) -> Path:
     """Copy ``game_file`` into ``target_dir`` with a generated ``traj_data.json`` beside it.
 
-    Both files are written atomically (:func:`envs.storage.atomic_path`), so concurrent or
+    Both files are written atomically (:func:`cb_io.storage.atomic_path`), so concurrent or
     interrupted runs never leave a half file. Returns the cached game file path.
     """
     target_dir.mkdir(parents=True, exist_ok=True)

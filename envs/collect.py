@@ -1,7 +1,7 @@
 """Expert trajectory collection: play each task with the adapter's expert and append it to JSONL.
 
 Each finished task becomes one :class:`~envs.trajectory.Trajectory` line, appended atomically
-(:func:`~envs.storage.append_jsonl`) as soon as the task ends, so an interrupted collection
+(:func:`~cb_io.storage.append_jsonl`) as soon as the task ends, so an interrupted collection
 loses at most the task in flight; with ``resume=True`` the tasks already stored are skipped.
 Every environment step keeps the full candidate set the expert chose from (seed Sec. 3.2), and every
 trajectory's ``meta`` records its split. Only collection runs an adapter's expert (``Episode(...,
@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 from envs.episode import Episode
 from envs.episode import time_limit as limit
 from envs.protocol import Environment, one_line
-from envs.storage import append_jsonl
+from cb_io.storage import append_jsonl
 from envs.trajectory import Trajectory, completed_task_ids
 
 

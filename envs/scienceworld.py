@@ -43,8 +43,8 @@ import gc
 import json
 import re
 
-from envs.paths import cache_dir
-from envs.storage import write_json_atomic
+from cb_io.paths import cache_dir
+from cb_io.storage import write_json_atomic
 from envs.protocol import EngineError, EpisodeTimeout, StepResult, TaskStart, one_line
 
 SPLITS = ("train", "dev", "test")

@@ -42,7 +42,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from envs.paths import cache_dir
+from cb_io.paths import cache_dir
 from envs.protocol import StepResult, TaskStart
 
 SPLITS = ("train", "test")

@@ -5,7 +5,7 @@ step in order. A :class:`Step` is either a think step (``kind="think"``, feedbac
 candidates) or an environment step (``kind="env"``) that carries the *full* environment-supplied
 candidate set the action was chosen from, saved with the step (seed Sec. 3.2).
 
-Storage is JSON Lines, one trajectory per line (:mod:`envs.storage`): :func:`~envs.storage.append_jsonl`
+Storage is JSON Lines, one trajectory per line (:mod:`cb_io.storage`): :func:`~cb_io.storage.append_jsonl`
 makes a record durable before it returns, and a crash can leave at most one torn *final* line,
 which the reader reports by line number.
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from envs.storage import MalformedLine, iter_jsonl
+from cb_io.storage import MalformedLine, iter_jsonl
 
 #: Bumped whenever a field changes meaning or is removed; readers reject newer versions.
 SCHEMA_VERSION = 1
@@ -169,7 +169,7 @@ def _str(value: object, what: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# JSONL storage (:mod:`envs.storage`)
+# JSONL storage (:mod:`cb_io.storage`)
 
 
 def read_trajectories(

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("agent_shell", "cb_core", "envs")
+PACKAGES = ("agent_shell", "cb_core", "cb_io", "envs")
 
 
 def modules() -> dict[str, Path]:
@@ -95,3 +95,15 @@ def test_reading_results_imports_no_agent_and_no_configuration():
             "'agent_shell.calibration'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_files_and_numerics_import_no_other_layer_and_the_lm_layer_no_game():
+    """cb_io and cb_core import nothing else of the project; the LM backends, the feature
+    extractors and the embedder write their files through cb_io and import no game."""
+    known = modules()
+    for name, path in known.items():
+        found = imports(path, known)
+        if name.split(".")[0] in ("cb_io", "cb_core"):
+            assert {m.split(".")[0] for m in found} <= {name.split(".")[0]}, (name, found)
+        if name.startswith(("agent_shell.lm", "agent_shell.features", "agent_shell.embeddings")):
+            assert not any(m.split(".")[0] == "envs" for m in found), (name, found)

@@ -121,7 +121,7 @@ class Calibrator:
         return cls(cb_core.Concept.load(path))
 
     def save(self, path: str | os.PathLike) -> None:
-        from envs.storage import write_bytes_atomic
+        from cb_io.storage import write_bytes_atomic
 
         write_bytes_atomic(path, self.concept.to_bytes())
 

@@ -15,8 +15,8 @@ from agent_shell.history import RENDERINGS
 from agent_shell.run_config import ACTION_SPACES, RunConfig
 from envs.episode import EPISODE_TIMEOUT_S
 from envs.registry import ENVIRONMENTS
-from envs.paths import cache_root, writable_folder
-from envs.storage import OutputError
+from cb_io.paths import cache_root, writable_folder
+from cb_io.storage import OutputError
 
 if TYPE_CHECKING:
     from envs.protocol import Environment

@@ -98,7 +98,7 @@ def label(results, actors, judge, k, temperature, content_screening, max_transit
                console.print)
     records = [r for r in lab.read_labels(out, on_bad=console.print) if r["item"] in {i.key for i in items}]
     counts = lab.label_counts(records)
-    from envs.storage import write_json_atomic
+    from cb_io.storage import write_json_atomic
 
     write_json_atomic(f"{out}.counts.json", counts)
     console.print(counts_table(counts))
@@ -236,7 +236,7 @@ def cached_features(lm, records: Sequence[dict], cache: Path, echo: Callable[[st
             continue
         echo(f"features {j}/{len(records)}: {r['item']}")
         feats = record_features(lm, r)
-        from envs.storage import atomic_path
+        from cb_io.storage import atomic_path
 
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path, suffix=".npz") as tmp:
@@ -289,7 +289,7 @@ def fit(labels, out, label_kind, heldout_every, config: RunConfig) -> None:
     from agent_shell.calibration import decisive, fit_calibrator, split_tasks
     from agent_shell.pipeline import resolve_cache
     from agent_shell.lm import load_language_model
-    from envs.storage import write_json_atomic
+    from cb_io.storage import write_json_atomic
 
     console = make_console()
     records = _train_records(labels)

@@ -22,7 +22,7 @@ import click
 from agent_shell.commands._common import COMMON_OPTIONS, cli_errors, config_options, make_console
 from agent_shell.feature_pool import pooled_features
 from agent_shell.run_config import RunConfig
-from envs.storage import write_bytes_atomic
+from cb_io.storage import write_bytes_atomic
 
 #: Common options of these commands: all but --demos-per-type, which each replaces by its own pool size.
 OPTIONS = tuple(name for name in COMMON_OPTIONS if name != "demos_per_type")

@@ -24,7 +24,7 @@ from agent_shell.decision_scorer import accuracy_cell, batch_terms, decision_acc
 from agent_shell.feature_settings import FeatureSettings
 from agent_shell.pipeline import prepare
 from agent_shell.run_config import RunConfig
-from envs.storage import write_bytes_atomic
+from cb_io.storage import write_bytes_atomic
 
 #: ``schema`` of the ``--out`` file (older files are a bare list of the rows).
 EVAL_SCHEMA = "cb-agent/eval-decisions-v1"

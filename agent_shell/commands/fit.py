@@ -55,10 +55,10 @@ def fit(decisions, out, lam, gamma, eps, method, max_iter, tol, float64, certify
     import cb_core
     from cb_core.cache import enable_persistent_cache
     from cb_core.decision_file import load_decisions_metadata
-    from envs.storage import write_bytes_atomic
+    from cb_io.storage import write_bytes_atomic
 
     if not no_cache:
-        from envs.paths import cache_root  # the project's one cache root (no engine is imported)
+        from cb_io.paths import cache_root  # the project's one cache root (no engine is imported)
 
         try:  # the fit needs no cache: without one it compiles again, as JAX's own cache does
             enable_persistent_cache(cache_root() / "jax", write_bytes_atomic)

@@ -58,7 +58,7 @@ def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, see
           episode_timeout) -> None:
     """Collect noisy trajectories: agent trials from results files and corrupted expert trajectories."""
     from agent_shell.ical.noisy import add_trials, corrupted_expert, corrupted_id, noisy_id
-    from envs.storage import append_jsonl
+    from cb_io.storage import append_jsonl
     from envs.trajectory import read_trajectories
 
     if not runs and not expert_per_type:
@@ -118,7 +118,7 @@ def abstract(noisy_path, env_name, model, dtype, device, memory_dir, out_path, r
     from agent_shell.ical.memory import examples_for
     from agent_shell.ical.noisy import noisy_id, read_noisy
     from envs import EngineError, make_env, one_line
-    from envs.storage import append_jsonl
+    from cb_io.storage import append_jsonl
 
     trajs = read_noisy(noisy_path)
     out = Path(out_path)
@@ -153,7 +153,7 @@ def _learn_all(trajs: list, out: Path, lm: LanguageModel, env: Environment, memo
     from agent_shell.ical.learn import learn_example, learn_record
     from agent_shell.ical.memory import examples_for
     from agent_shell.ical.noisy import noisy_id
-    from envs.storage import append_jsonl
+    from cb_io.storage import append_jsonl
 
     feedback = HumanFeedback(ask=lambda p: click.prompt(p, default="", show_default=False, prompt_suffix=""),
                              show=click.echo) if human else None
@@ -323,7 +323,7 @@ def _precision(memory: Memory, env_name: str, split: str, per_type: int, k: int,
     from agent_shell.ical.memory import retrieval_query
     from agent_shell.ical.summary import precision_rows
     from envs import make_env
-    from envs.storage import append_jsonl, iter_jsonl
+    from cb_io.storage import append_jsonl, iter_jsonl
     from rich.table import Table
 
     env = make_env(env_name)

@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from agent_shell.commands._common import make_console
-from envs.storage import write_bytes_atomic
+from cb_io.storage import write_bytes_atomic
 
 
 @click.command()

@@ -88,7 +88,7 @@ def _play(config: RunConfig, env: Environment, task_ids: list[str], type_of: Cal
     episodes of ``task_ids``, sequentially or on Ray workers, appending to its results file."""
     from agent_shell.progress import interactive
     from agent_shell.scheduler import InProcessExecutor, make_progress, play_episodes
-    from envs.storage import OutputError
+    from cb_io.storage import OutputError
 
     results_path = config.results_path
     task_types = None if type_of is None else sorted({type_of(t) for t in task_ids})

@@ -31,7 +31,7 @@ def view(results, out_path, expert_paths) -> None:
     """Write the decision explorer of RESULTS (`cb-agent run` results, plain or .gz, and
     `eval-decisions --out` files) as one HTML file."""
     from agent_shell.view import read_inputs, render_page
-    from envs.storage import write_bytes_atomic
+    from cb_io.storage import write_bytes_atomic
 
     with cli_errors():
         inputs = read_inputs(results, expert_paths)

@@ -6,7 +6,7 @@ the backbone's identity and everything the decisions show (each decision's conte
 initial observation, executed history and candidate set). So a feature selection is the
 concatenation of cached blocks, and a combination costs nothing once each of its blocks was
 computed alone. A file holds ``blocks`` [T, k] float32 and ``offsets`` [N + 1] int64 (decision i
-owns rows ``offsets[i]:offsets[i + 1]``), written atomically (:func:`envs.storage.atomic_path`).
+owns rows ``offsets[i]:offsets[i + 1]``), written atomically (:func:`cb_io.storage.atomic_path`).
 
 Imports nothing of the agents.
 """
@@ -46,7 +46,7 @@ def block_key(description: dict[str, Any], backbone: Sequence[str], decisions: S
 def cached_blocks(path: Path | None, compute: Callable[[], list[np.ndarray]]) -> tuple[list[np.ndarray], bool]:
     """(one [M_i, k] block per decision, whether they came from ``path``); computed and saved when
     ``path`` is None or absent."""
-    from envs.storage import atomic_path
+    from cb_io.storage import atomic_path
 
     if path is not None and path.exists():
         with np.load(path) as f:

@@ -406,7 +406,7 @@ def read_abstractions(path: str | Path) -> dict[str, str]:
     Raises:
         ValueError: a line that is torn or not of that command's output (naming file and line).
     """
-    from envs.storage import iter_jsonl
+    from cb_io.storage import iter_jsonl
 
     firsts: dict[str, str] = {}
     for number, record, err in iter_jsonl(path):

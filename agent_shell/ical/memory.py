@@ -3,7 +3,7 @@
 A memory is a folder::
 
     MEMORY/examples.jsonl   one example per line (schema :data:`EXAMPLE_SCHEMA_VERSION`), appended
-                            with one O_APPEND write + fsync (:func:`envs.storage.append_jsonl`)
+                            with one O_APPEND write + fsync (:func:`cb_io.storage.append_jsonl`)
     MEMORY/index.npz        ids, instruction and textual-state embeddings [n, d] float32, and the
                             embedder's metadata; rewritten atomically (temp file + rename)
 
@@ -208,7 +208,7 @@ class Memory:
         return {e.example_id for e in self.examples}
 
     def _load(self) -> None:
-        from envs.storage import iter_jsonl
+        from cb_io.storage import iter_jsonl
 
         if not self.examples_path.exists():
             return
@@ -265,7 +265,7 @@ class Memory:
 
     def _write_index(self) -> None:
         import orjson
-        from envs.storage import atomic_path
+        from cb_io.storage import atomic_path
 
         meta = {"index_version": INDEX_VERSION, "embedder": self.embedder.metadata}
         with atomic_path(self.index_path, suffix=".npz") as tmp:
@@ -287,7 +287,7 @@ class Memory:
             ValueError: an example whose trajectory was not won (ICAL keeps only successes), a
                 duplicate id, or no embedder.
         """
-        from envs.storage import append_jsonl
+        from cb_io.storage import append_jsonl
 
         embedder = self._need_embedder("add examples")
         if not example.trajectory.won:

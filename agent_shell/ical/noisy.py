@@ -48,7 +48,7 @@ def from_results(path: str | os.PathLike, which: str = "failed", min_env_steps: 
         ValueError: ``"path:LINE: why"`` for a line that is not an episode record with trials
             (a torn or foreign line, a trajectory of a newer schema), or an unknown ``which``.
     """
-    from envs.storage import iter_jsonl
+    from cb_io.storage import iter_jsonl
 
     if which not in WHICH:
         raise ValueError(f"which must be one of {list(WHICH)}, got {which!r}")
@@ -241,7 +241,7 @@ def finished_ids(path: Path, resume: bool, wanted: Iterable[str], elsewhere: str
     import warnings
 
     from agent_shell.results import ResumableJsonl, repair_for_resume
-    from envs.storage import iter_jsonl
+    from cb_io.storage import iter_jsonl
 
     report = on_skipped or (lambda msg: warnings.warn(msg, stacklevel=3))
 
@@ -276,7 +276,7 @@ def read_noisy(path: str | os.PathLike) -> list[Trajectory]:
 def add_trials(out: Path, runs: Sequence[str | os.PathLike], which: str, done: set[str]) -> int:
     """Append to the JSONL file ``out`` the trials of the results files ``runs`` (:func:`from_results`)
     whose noisy id is not in ``done``; ``done`` gains their ids. Returns how many were appended."""
-    from envs.storage import append_jsonl
+    from cb_io.storage import append_jsonl
 
     written = 0
     for run in runs:

@@ -13,7 +13,7 @@ ALL = "all"
 def read_outcomes(path: str | Path) -> list[dict]:
     """The outcome records (lines with ``rounds``) of an ICAL refine or memory log; other and
     unreadable lines are left out."""
-    from envs.storage import iter_jsonl
+    from cb_io.storage import iter_jsonl
 
     return [r for _, r, err in iter_jsonl(path) if err is None and isinstance(r, dict) and "rounds" in r]
 

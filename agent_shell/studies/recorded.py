@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 from agent_shell.agents import ReActAgent
 from agent_shell.results import ResumableJsonl, read_results
 from envs.protocol import TaskStart
-from envs.storage import iter_jsonl
+from cb_io.storage import iter_jsonl
 from envs.trajectory import Trajectory
 
 #: A cell of a study: (item key, condition ("" for the probe), rendering, actor).
@@ -136,7 +136,7 @@ def pending_keys(path: str | Path, study: str, todo: set[Key], resume: bool,
     field a line lacks takes its recorded default, e.g. layout "text"; a value None is not compared).
 
     Raises:
-        envs.storage.FileBusy: another process is writing ``path``.
+        cb_io.storage.FileBusy: another process is writing ``path``.
         ValueError: without ``resume``, ``path`` already holds one of ``todo`` (never a duplicate);
             with ``resume``, one of its finished lines was played with other ``settings`` (naming
             the line's key and the field: resuming would mix them).

@@ -3,7 +3,7 @@ trials, scripted review replies and label lines (as ``cb-agent calibrate label``
 
 from agent_shell.experience import NO_UPDATE
 from envs.protocol import TaskStart
-from envs.storage import append_jsonl
+from cb_io.storage import append_jsonl
 from envs.trajectory import Step, Trajectory
 
 START = TaskStart("a/1", "fetch", "Your task is to: solve a/1.", "You are in a small room.")

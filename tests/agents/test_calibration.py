@@ -20,7 +20,7 @@ from agent_shell.run_config import RunConfig
 from agent_shell.studies import recorded_trials
 from calibration_doubles import CANDS, DEMOS, PLAYED, START, env_step, label_line, recorded, review_replies
 from envs.episode import Episode
-from envs.storage import append_jsonl
+from cb_io.storage import append_jsonl
 
 
 # ------------------------------------------------------------------------------------- the calibrator

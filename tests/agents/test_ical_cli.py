@@ -11,7 +11,7 @@ from agent_doubles import TASKS, FakeLM, HangingEnv, ScriptedEnv
 from agent_shell.cli import main
 from agent_shell.commands import ical as ical_cmd
 from agent_shell.ical.noisy import replay
-from envs.storage import append_jsonl
+from cb_io.storage import append_jsonl
 from test_ical_memory import TableEmbedder
 
 

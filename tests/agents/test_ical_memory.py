@@ -14,7 +14,7 @@ import pytest
 
 from agent_shell.ical import Example, Lambdas, Memory, Program, retrieval_scores, top_k
 from agent_shell.ical.program import Annotation
-from envs.storage import append_jsonl
+from cb_io.storage import append_jsonl
 from envs.trajectory import Step, Trajectory
 
 

@@ -229,15 +229,15 @@ def test_a_full_disk_stops_the_run_in_one_line_and_resume_continues(tmp_path, do
     line naming the file and the free space; the same command with --resume then plays the rest."""
     import errno
 
-    import envs.storage
+    import cb_io.storage
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     if failing == "partial state":
-        monkeypatch.setattr(envs.storage.tempfile, "mkstemp", full)
+        monkeypatch.setattr(cb_io.storage.tempfile, "mkstemp", full)
     else:
-        monkeypatch.setattr(envs.storage.os, "fsync", full)
+        monkeypatch.setattr(cb_io.storage.os, "fsync", full)
     out = tmp_path / "run"
     args = ["run", "--env", "textworld", "--split", "test", "--agent", "react", "--per-type", "1",
             "--max-steps", "3", "--out-dir", str(out)]

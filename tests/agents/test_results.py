@@ -15,7 +15,7 @@ import envs
 from agent_doubles import FakeLM, ScriptedEnv
 from agent_shell.cli import main
 from agent_shell.results import read_results
-from envs.storage import FileBusy, append_jsonl
+from cb_io.storage import FileBusy, append_jsonl
 from envs.trajectory import Trajectory
 from test_runner import kill_reply, kill_run_args, run_script
 

@@ -17,7 +17,7 @@ from agent_shell.commands import recover as recover_cmd
 from agent_shell.commands._common import RENDERING_NAMES
 from agent_shell.experience import review_prompt
 from envs.episode import Episode
-from envs.storage import append_jsonl
+from cb_io.storage import append_jsonl
 from envs.trajectory import Step, Trajectory
 
 DEMOS = {"fetch": ["DEMO-FETCH"], "open": ["DEMO-OPEN"]}

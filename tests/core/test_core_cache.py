@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 import jax, jax.numpy as jnp, numpy as np
 from cb_core import cache as store
-from envs.storage import write_bytes_atomic
+from cb_io.storage import write_bytes_atomic
 
 folder = Path(sys.argv[1])
 store.enable_persistent_cache(folder, write_bytes_atomic)
@@ -165,7 +165,7 @@ def test_a_stored_executable_that_fails_to_run_is_compiled_again(tmp_path, monke
 
     from cb_core import cache as store
 
-    from envs.storage import write_bytes_atomic
+    from cb_io.storage import write_bytes_atomic
 
     monkeypatch.setattr(store, "_EXECUTABLES", tmp_path / "executables")
     monkeypatch.setattr(store, "_WRITE", write_bytes_atomic)

@@ -157,7 +157,7 @@ def test_saved_files_get_ordinary_permissions_and_no_leftovers(tmp_path):
     private 0600 mode (shared concepts) or temp files."""
     import os
 
-    from envs.storage import atomic_path, write_bytes_atomic
+    from cb_io.storage import atomic_path, write_bytes_atomic
 
     old = os.umask(0o022)
     try:
@@ -174,7 +174,7 @@ def test_saved_files_get_ordinary_permissions_and_no_leftovers(tmp_path):
 
 
 def test_failed_save_leaves_the_old_file(tmp_path):
-    from envs.storage import atomic_path, write_bytes_atomic
+    from cb_io.storage import atomic_path, write_bytes_atomic
 
     path = tmp_path / "c.safetensors"
     write_bytes_atomic(path, _concept(np.ones(5, np.float32), _meta(4)).to_bytes())

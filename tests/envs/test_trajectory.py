@@ -9,7 +9,7 @@ import pytest
 
 from agent_shell.candidates import drop_excluded
 from agent_shell.expert_decisions import capped_candidates, decision_examples
-from envs.storage import append_jsonl
+from cb_io.storage import append_jsonl
 from envs.trajectory import (
     SCHEMA_VERSION,
     Step,
@@ -134,7 +134,7 @@ def test_step_kind_and_candidates_are_validated():
 
 
 def test_repair_moves_unreadable_lines_aside_and_keeps_the_rest_byte_for_byte(tmp_path):
-    from envs.storage import repair_jsonl
+    from cb_io.storage import repair_jsonl
 
     path = tmp_path / "t.jsonl"
     append_jsonl(path, make_trajectory("a"))
@@ -155,7 +155,7 @@ def test_repair_moves_unreadable_lines_aside_and_keeps_the_rest_byte_for_byte(tm
 
 
 def test_stamped_folder_builds_once_per_stamp_and_never_leaves_half_a_folder(tmp_path):
-    from envs.storage import stamped_folder
+    from cb_io.storage import stamped_folder
 
     builds = []
 
@@ -180,7 +180,7 @@ def test_stamped_folder_builds_once_per_stamp_and_never_leaves_half_a_folder(tmp
 
 
 def test_atomic_folder_appears_whole_or_not_at_all(tmp_path):
-    from envs.storage import atomic_folder
+    from cb_io.storage import atomic_folder
 
     target = tmp_path / "models" / "m"
     with pytest.raises(RuntimeError, match="interrupted"):
@@ -202,7 +202,7 @@ def test_atomic_folder_appears_whole_or_not_at_all(tmp_path):
 def test_no_file_beside_an_output_is_written_through_a_link(tmp_path, side):
     """The claim's lock sidecar, the torn-line side file and an appended file itself: a link at any
     of them is refused in one line and the file it points to keeps its bytes."""
-    from envs.storage import append_jsonl, claim_writer, repair_jsonl
+    from cb_io.storage import append_jsonl, claim_writer, repair_jsonl
 
     victim = tmp_path / "victim.txt"
     victim.write_bytes(b"precious\n")

@@ -9,7 +9,7 @@ import pytest
 
 from agent_shell.lm import default_model
 from agent_shell.lm.default_model import ModelNotFoundError, default_model_dir, find_default_gguf
-from envs.paths import cache_root
+from cb_io.paths import cache_root
 
 
 def test_missing_package_says_how_to_install(monkeypatch):
