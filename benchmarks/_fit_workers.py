@@ -19,6 +19,26 @@ import types
 import numpy as np
 
 SEED_LR, SEED_STEPS, SEED_TOL = 0.01, 1500, 1e-4
+#: Set by :class:`Worker` to the thread count every method is pinned to (numpy's BLAS, XLA, torch).
+THREADS_ENV = "CB_FIT_SPEED_THREADS"
+
+
+def pinned_env(threads: int | None) -> dict[str, str]:
+    """The environment of a worker whose numerics run on ``threads`` threads, alike for every
+    method: OpenBLAS / OpenMP / MKL (numpy, scipy, torch's intra-op pool) and XLA's CPU client
+    (its Eigen pool and intra-op parallelism); None: the libraries' own defaults (every CPU)."""
+    env = dict(os.environ)
+    if threads is None:
+        env.pop(THREADS_ENV, None)
+        return env
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", THREADS_ENV):
+        env[name] = str(threads)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "multi_thread_eigen" not in f
+             and "intra_op_parallelism_threads" not in f]
+    flags += [f"--xla_cpu_multi_thread_eigen={'false' if threads == 1 else 'true'}",
+              f"intra_op_parallelism_threads={threads}"]
+    env["XLA_FLAGS"] = " ".join(flags)
+    return env
 
 
 # ----------------------------------------------------------------------------------- the judge
@@ -100,7 +120,8 @@ def torch_worker(arrays, lam=1.0, gamma=0.8, eps=1e-6):
 
     # OpenMP with every core can be several times slower than one thread on a shared machine:
     # the baseline gets whichever thread count is faster here
-    threads = min(range(1, (os.cpu_count() or 1) + 1), key=step_seconds)
+    pinned = os.environ.get(THREADS_ENV)
+    threads = int(pinned) if pinned else min(range(1, (os.cpu_count() or 1) + 1), key=step_seconds)
     torch.set_num_threads(threads)
     print(f"torch threads {threads}", file=sys.stderr, flush=True)
 
@@ -128,26 +149,38 @@ def torch_worker(arrays, lam=1.0, gamma=0.8, eps=1e-6):
 
 def scipy_worker(arrays, dtype, lam=1.0):
     """scipy L-BFGS-B on a numpy objective and gradient in ``dtype`` (float64 or float32: a
-    memory-bound fit reads half the bytes in float32); features precomputed (untimed)."""
+    memory-bound fit reads half the bytes in float32); features precomputed (untimed). One
+    evaluation is one vectorised pass each way over phi (``phi @ a``, then ``r @ phi``: BLAS
+    matrix-vector products on the packed [T, m] matrix) and per-set reductions of length T, in
+    ``dtype`` throughout (only the m-vector alpha and its gradient cross to float64 for scipy)."""
     import scipy.optimize
 
     phi, lq, offsets, rows = float64_model(arrays)
-    phi, lq = phi.astype(dtype), lq.astype(dtype)
-    seg = np.repeat(np.arange(offsets.size - 1), np.diff(offsets))
+    phi, lq = np.ascontiguousarray(phi, dtype), lq.astype(dtype)
+    starts, sizes = offsets[:-1], np.diff(offsets)
     n = offsets.size - 1
     evaluations = [0]  # counted: each evaluation reads phi twice (phi a, then r phi)
 
     def fg(a):
         evaluations[0] += 1
-        a = a.astype(dtype)
-        s = lq + phi @ a
-        mx = np.maximum.reduceat(s, offsets[:-1])
-        e = np.exp(s - mx[seg])
-        z = np.add.reduceat(e, offsets[:-1])
-        f = np.sum(np.log(z) + mx - s[rows]) / n + 0.5 * lam * a @ a
-        r = e / z[seg]
-        r[rows] -= 1.0
-        return float(f), (r @ phi / n + lam * a).astype(np.float64)
+        a32 = a.astype(dtype)
+        s = phi @ a32
+        s += lq
+        chosen = s[rows]
+        mx = np.maximum.reduceat(s, starts)
+        s -= np.repeat(mx, sizes)
+        e = np.exp(s, out=s)
+        z = np.add.reduceat(e, starts)
+        # the N-length sums in float64: float32 rounding there would stall the line search short of
+        # the gap (the T x m passes, the memory-bound part, stay in ``dtype``)
+        f = (np.sum(np.log(z), dtype=np.float64) + np.sum(mx, dtype=np.float64)
+             - np.sum(chosen, dtype=np.float64)) / n + 0.5 * lam * float(a @ a)
+        e /= np.repeat(z, sizes)
+        e[rows] -= 1.0
+        g = e @ phi
+        g /= n
+        g += lam * a32
+        return float(f), g.astype(np.float64)
 
     def run():
         trace, stamps = [np.zeros(phi.shape[1])], [0.0]
@@ -159,7 +192,7 @@ def scipy_worker(arrays, dtype, lam=1.0):
             trace.append(np.array(x))
 
         res = scipy.optimize.minimize(fg, np.zeros(phi.shape[1]), jac=True, method="L-BFGS-B",
-                                      options=dict(gtol=1e-5, maxiter=1000), callback=record)
+                                      options=dict(gtol=1e-9, ftol=1e-15, maxiter=1000), callback=record)
         seconds = time.perf_counter() - t0
         return seconds, int(res.nit), np.asarray(trace), np.asarray(stamps), 2 * evaluations[0]
 
@@ -289,9 +322,9 @@ def worker_main(method: str, out_dir: str) -> None:
 class Worker:
     """One method's worker process, kept for every problem (one import of torch or JAX)."""
 
-    def __init__(self, method, out_dir):
+    def __init__(self, method, out_dir, threads: int | None = None):
         self.method = method
-        self.proc = subprocess.Popen([sys.executable, __file__, method, out_dir],
+        self.proc = subprocess.Popen([sys.executable, __file__, method, out_dir], env=pinned_env(threads),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def _ask(self, line):

@@ -39,7 +39,9 @@ whose own stopping rules do not know f*); cb_core's come from the instrumented r
 at each iterate, its clock started before validation), plus the plain run's result at its own
 stop. The headline compares the fastest baseline's time to the gap with the default solver's
 whole fit to its own stop (when its gap there is <= 1e-6), unrounded, with the target: at
-least 1.5x. XLA uses every CPU.
+least 1.5x. Every method runs on the same number of threads (``--threads``, default 1: numpy's
+BLAS, XLA's CPU client and torch alike, :func:`_fit_workers.pinned_env`); the load average is
+recorded before and after.
 
 Then the one-off process (``cb-agent fit`` from process start to saved concept, a cold and a
 warm cache, with the command's own breakdown) and the six per-type concepts (d = 576, shapes of
@@ -47,7 +49,8 @@ warm cache, with the command's own breakdown) and the six per-type concepts (d =
 the stored executables.
 
 Run:   .venv/bin/python benchmarks/fit_speed.py [--sizes 50x2560,125x5120] [--regimes well,today]
-                                                [--rounds 3] [--methods M1,M2] [--no-cli] [--json OUT] [--tiny]
+                                                [--rounds 3] [--methods M1,M2] [--threads 1] [--no-cli] [--json OUT]
+                                                [--tiny]
 (``--tiny``: every path once on N = 12, d = 16: a smoke test, not a measurement.)
 Not a test: the figures depend on the machine and its load.
 """
@@ -228,6 +231,9 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of: " + ", ".join(METHODS))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="threads of every method alike: numpy's BLAS, XLA, torch (default 1; 0: each "
+                         "library's own default, every CPU)")
     ap.add_argument("--no-cli", action="store_true", help="skip the one-off process timings")
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     ap.add_argument("--tiny", action="store_true",
@@ -251,7 +257,10 @@ def main(argv: list[str] | None = None):
         unknown = sorted(set(methods) - set(METHODS))
         if unknown:
             raise SystemExit(f"--methods: unknown {unknown}; choose from {list(METHODS)}")
-        workers = [Worker(m, tmp) for m in methods]
+        print(f"threads per method: {args.threads or 'library defaults'}; load average before "
+              f"{os.getloadavg()[0]:.2f}", flush=True)
+        results["threads"], results["load_before"] = args.threads or None, os.getloadavg()
+        workers = [Worker(m, tmp, args.threads or None) for m in methods]
         try:
             for n, d in sizes:
                 for regime in args.regimes.split(","):
@@ -262,6 +271,7 @@ def main(argv: list[str] | None = None):
                 w.close()
         results["verdicts"] = headline(results["problems"])
         results["machine"] = machine()
+        results["load_after"] = os.getloadavg()
         if not args.no_cli:
             print("\none-off process, start to saved concept (`cb-agent fit`, regime today):")
             for n, d in sizes:
