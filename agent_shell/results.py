@@ -281,8 +281,8 @@ def unique_episodes(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str, A
 
 def store_record(results_path: Path, record: dict[str, Any], partial: Path | None = None) -> None:
     """Append ``record`` as one atomic line (:meth:`ResumableJsonl.append`: FileBusy when another
-    process writes the file, ValueError when it is a link or not a results file), then remove the episode's partial state (and the partial folders it
-    leaves empty)."""
+    process writes the file, ValueError when it is a link or not a results file), then remove the
+    episode's partial state (and the partial folders it leaves empty)."""
     results_file(results_path).append(record)
     if partial is None:
         return
@@ -358,8 +358,9 @@ class ResumableJsonl:
         Raises:
             cb_io.storage.FileBusy: another process is writing the file (naming its pid and
                 command line).
-            ValueError: the file is a link or not of this kind (:meth:`claim`); without ``resume``, the file already holds one of ``wanted`` (never
-                duplicated); with ``resume``, a compared line was written with other
+            ValueError: the file is a link or not of this kind (:meth:`claim`); without ``resume``,
+                the file already holds one of ``wanted`` (never duplicated); with ``resume``, a
+                compared line was written with other
                 ``settings`` (naming the line, the field and both values).
         """
         self.claim()
@@ -427,7 +428,7 @@ def check_results_file(results_path: str | os.PathLike, agent_names: Sequence[st
     return finished
 
 
-__all__ = ["RECORDED_SETTINGS", "RESULT_SCHEMA", "RUN_SETTINGS", "SETTING_DEFAULTS", "ResumableJsonl", "SameAs", "check_results_file",
-           "episode_record", "error_record", "is_error_record", "longest_repeat_cycle", "loop_statistics", "read_results",
-           "refuse_link", "repair_for_resume", "results_file", "scored_candidates", "setting", "store_record", "trial_record",
-           "unique_episodes"]
+__all__ = ["RECORDED_SETTINGS", "RESULT_SCHEMA", "RUN_SETTINGS", "SETTING_DEFAULTS", "ResumableJsonl", "SameAs",
+           "check_results_file", "episode_record", "error_record", "is_error_record", "longest_repeat_cycle",
+           "loop_statistics", "read_results", "refuse_link", "repair_for_resume", "results_file", "scored_candidates",
+           "setting", "store_record", "trial_record", "unique_episodes"]

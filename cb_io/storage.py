@@ -391,6 +391,6 @@ def stamped_folder(target: str | os.PathLike, stamp: Mapping[str, Any], build: C
     return target
 
 
-__all__ = ["STAMP_FILE", "FileBusy", "MalformedLine", "OutputError", "append_jsonl", "atomic_folder", "atomic_path", "claim_writer",
-           "iter_jsonl", "open_for_writing", "refuse_link", "repair_jsonl", "stamped_folder", "write_bytes_atomic",
-           "write_json_atomic", "writing"]
+__all__ = ["STAMP_FILE", "FileBusy", "MalformedLine", "OutputError", "append_jsonl", "atomic_folder", "atomic_path",
+           "claim_writer", "iter_jsonl", "open_for_writing", "refuse_link", "repair_jsonl", "stamped_folder",
+           "write_bytes_atomic", "write_json_atomic", "writing"]

@@ -281,5 +281,5 @@ def baseline_predictions(records: Sequence[dict]) -> dict[str, list[int]]:
 
 
 __all__ = ["Calibrator", "KIND", "LABEL_FIELDS", "OPTION_PREFIX", "accuracy", "baseline_predictions",
-           "calibrator_feature_spec", "decisive", "effect_key", "fit_calibrator", "option_request", "option_scores", "predictions",
-           "record_features", "record_steps", "split_tasks", "tied_labels"]
+           "calibrator_feature_spec", "decisive", "effect_key", "fit_calibrator", "option_request", "option_scores",
+           "predictions", "record_features", "record_steps", "split_tasks", "tied_labels"]

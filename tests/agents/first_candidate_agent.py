@@ -35,7 +35,8 @@ def build(parts: AgentParts) -> FirstCandidate:
 
 
 ENTRY = AgentEntry("first-candidate", build, summary="the first candidate, always")
-CONCEPT_ENTRY = AgentEntry("first-candidate-concepts", lambda p: FirstCandidateWithConcepts(p.lm, p.demos, config=p.config),
+CONCEPT_ENTRY = AgentEntry("first-candidate-concepts", lambda p: FirstCandidateWithConcepts(p.lm, p.demos,
+                                                                                            config=p.config),
                            needs={"concepts"})
 #: A mis-registered entry: named other than its entry point.
 MISNAMED = AgentEntry("something-else", build)

@@ -94,7 +94,8 @@ def test_a_plugin_declares_its_needs_and_bad_plugins_fail_with_one_line(site):
     assert needs_concepts("first-candidate-concepts")
     with pytest.raises(ValueError, match="'first-candidate-concepts' needs fitted concepts"):
         build_agent("first-candidate-concepts", FakeLM(), DEMOS)
-    assert build_agent("first-candidate-concepts", FakeLM(), DEMOS, concepts={"fetch": None}).name == "first-candidate-concepts"
+    assert build_agent("first-candidate-concepts", FakeLM(), DEMOS,
+                       concepts={"fetch": None}).name == "first-candidate-concepts"
     for name, target, message in (("misnamed", "first_candidate_agent:MISNAMED", "entry of 'something-else'"),
                                   ("not-an-entry", "builtins:dict", "gives a type, not an"),
                                   ("broken", "no_such_module_xyz:ENTRY", r"failed to load: ModuleNotFoundError")):
@@ -182,8 +183,8 @@ def test_recorded_settings_and_resume_of_a_committed_results_file_are_unchanged(
     assert list(config.to_dict()) == [
         "env", "split", "demo_split", "demos_per_type", "concept_per_type", "fit_candidates", "model", "dtype", "device",
         "rendering", "layout", "lam", "gamma", "features", "agents", "action_space", "reflexion_trials", "budget",
-        "seed", "per_type", "games", "game_ids", "cache_dir", "out_dir", "resume", "keep_errors", "demos", "concept_data",
-        "workers",
+        "seed", "per_type", "games", "game_ids", "cache_dir", "out_dir", "resume", "keep_errors", "demos",
+        "concept_data", "workers",
         "ray_address", "shared_lm", "episode_timeout", "calibrator"]
     copy = tmp_path / "results.jsonl"
     copy.write_text(line)

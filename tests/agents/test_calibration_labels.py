@@ -136,7 +136,8 @@ def test_propose_keeps_distinct_valid_experiences_and_records_every_reply(tmp_pa
 
 def actors(lm):
     config = AgentConfig(rendering="experience")
-    return {"react": ReActAgent(lm, DEMOS, config=config), "prior-only": CBAgent(lm, DEMOS, concepts=None, config=config)}
+    return {"react": ReActAgent(lm, DEMOS, config=config), "prior-only": CBAgent(lm, DEMOS, concepts=None,
+                                                                                 config=config)}
 
 
 def test_label_record_judges_each_actor_with_and_without_each_candidate(tmp_path):

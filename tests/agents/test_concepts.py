@@ -129,7 +129,8 @@ def test_capped_candidate_sets_are_fitted_and_cached_apart(tmp_path, trajectorie
 def test_a_concept_fitted_in_another_dtype_is_refused(trajectories):
     fitted_with, acting_with = FakeLM(), FakeLM()
     fitted_with.dtype, acting_with.dtype = "bfloat16", "float32"
-    concept = cached_concepts(collect_features(fitted_with, trajectories, FeatureSettings()), fitted_with, FeatureSettings())[0]["open"]
+    concept = cached_concepts(collect_features(fitted_with, trajectories, FeatureSettings()), fitted_with,
+                              FeatureSettings())[0]["open"]
     assert concept.metadata["features"]["dtype"] == "bfloat16"
     check_concept_matches(concept, fitted_with, FeatureSettings())
     with pytest.raises(ValueError, match="concept for 'open' was fitted with dtype='bfloat16', but acting uses 'float32'"):

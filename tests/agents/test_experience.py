@@ -172,7 +172,8 @@ def test_cb_agent_scores_on_a_context_with_the_experience():
 
 def test_chat_layout_carries_the_experience_in_the_user_message():
     lm = lm_with([" act"], lambda p: "Desks can hold keys.")
-    ep, log = play(CBAgent(lm, DEMOS, concepts=None, config=AgentConfig(rendering="experience", layout="chat")), max_steps=2)
+    ep, log = play(CBAgent(lm, DEMOS, concepts=None, config=AgentConfig(rendering="experience", layout="chat")),
+                   max_steps=2)
     first = ep.steps[0]
     assert log.experiences == {0: "Desks can hold keys."} and len(lm.score_calls) == 2
     msgs = lm.score_calls[1][0]

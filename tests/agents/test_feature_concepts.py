@@ -57,7 +57,8 @@ def test_concepts_record_their_feature_set_and_acting_refuses_another(tmp_path, 
     lm = FakeLM(hidden_size=8)
     fs = FeatureSet.from_spec("novelty,lm-hidden")
     feats = collect_features(lm, trajectories, FeatureSettings(feature_set=fs))
-    concepts, folder = cached_concepts(feats, lm, FeatureSettings(feature_set=fs), lam=0.5, gamma=0.8, cache_dir=tmp_path)
+    concepts, folder = cached_concepts(feats, lm, FeatureSettings(feature_set=fs), lam=0.5, gamma=0.8,
+                                       cache_dir=tmp_path)
     c = cb_core.Concept.load(folder / "open.safetensors")  # one safetensors file, read back
     assert c.hidden_size == 13 and [b["name"] for b in c.metadata["features"]["extractors"]] == ["novelty", "lm-hidden"]
     assert c.metadata["features"]["extractors"][0]["metadata"]["columns"][0] == "log_times_taken"

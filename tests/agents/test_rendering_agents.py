@@ -123,7 +123,8 @@ def test_concept_metadata_records_rendering_and_layout(trajectories):
     meta = concepts["open"].metadata
     assert meta["rendering"] == "causal" and meta["layout"] == "chat"
     assert meta["features"]["rendering"] == "causal" and meta["features"]["layout"] == "chat"
-    assert meta["features"]["action_prefix"] == "" and meta["features"] == concept_feature_spec(lm, FeatureSettings("causal", "chat"))
+    assert meta["features"]["action_prefix"] == ""
+    assert meta["features"] == concept_feature_spec(lm, FeatureSettings("causal", "chat"))
     check_concept_matches(concepts["open"], lm, FeatureSettings("causal", "chat"))
     with pytest.raises(ValueError, match="rendering='causal', but acting uses 'raw'"):
         check_concept_matches(concepts["open"], lm, FeatureSettings("raw", "chat"))
@@ -186,7 +187,8 @@ def test_fitting_contexts_are_the_acting_contexts_for_every_rendering_under_a_se
         settings = FeatureSettings(rendering, layout, SEED, calibrator=STUB_CALIBRATOR)
         inputs, _ = decision_inputs(traj, settings, given)
         unseeded, _ = decision_inputs(traj, dataclasses.replace(settings, seed=0), given)
-        agent = CBAgent(FakeLM(), DEMOS, concepts=None, config=AgentConfig(rendering=rendering, layout=layout, seed=SEED))
+        agent = CBAgent(FakeLM(), DEMOS, concepts=None, config=AgentConfig(rendering=rendering, layout=layout,
+                                                                           seed=SEED))
         assert len(inputs) == 7
         for (d, _), (d0, _) in zip(inputs, unseeded):
             view = View(start, tuple(traj.steps[:len(d.history)]), experiences=given or {})

@@ -138,7 +138,8 @@ def test_probe_takes_the_argmax_of_prior_only_and_cb_agent(tmp_path):
     meta = dict(backbone="fake-lm", features={}, gamma=0.8, lam=1.0, eps=1e-6, task_type="fetch",
                 trajectories=[], versions={}, hidden_size=d)
     lm = FakeLM()
-    rec = studies.probe_record(item, "raw", "cb-agent", CBAgent(lm, DEMOS, concepts={"fetch": cb_core.Concept(alpha, 0.8, 1e-6, meta)}))
+    concepts = {"fetch": cb_core.Concept(alpha, 0.8, 1e-6, meta)}
+    rec = studies.probe_record(item, "raw", "cb-agent", CBAgent(lm, DEMOS, concepts=concepts))
     context, candidates = lm.score_calls[0]
     assert rec["action"] == candidates[int(np.argmax(lm.score(context, candidates, "\n> ").hidden[:, 2]))]
 
@@ -185,7 +186,8 @@ def react_factory(replies=(" go to window 1",)):
             agent = ReActAgent(FakeLM(replies if callable(replies) else list(replies)), DEMOS,
                                config=AgentConfig(rendering=rendering))
         else:
-            agent = CBAgent(SteeredLM(prefer=PRIOR_PICKS.get(rendering)), DEMOS, concepts=None, config=AgentConfig(rendering=rendering))
+            agent = CBAgent(SteeredLM(prefer=PRIOR_PICKS.get(rendering)), DEMOS, concepts=None,
+                            config=AgentConfig(rendering=rendering))
         made.append((rendering, actor))
         return agent
 
