@@ -67,16 +67,22 @@ def enable_persistent_cache(directory: str | os.PathLike,
 _DIGEST = hashlib.sha256().digest_size  # bytes of the digest at the start of a stored file
 
 
+def digest(blob: bytes) -> bytes:
+    """The SHA-256 digest (32 bytes) that a stored file's content is checked against at load: a
+    stored executable's (:func:`seal`) and a concept file's (:meth:`cb_core.Concept.load`)."""
+    return hashlib.sha256(blob).digest()
+
+
 def seal(blob: bytes) -> bytes:
     """A stored file's content: the SHA-256 digest of ``blob`` (32 bytes), then ``blob``."""
-    return hashlib.sha256(blob).digest() + blob
+    return digest(blob) + blob
 
 
 def unseal(data: bytes) -> bytes | None:
     """The blob a :func:`seal`-ed ``data`` holds, or None when its digest does not match (the file
     was changed, torn or written in another layout)."""
     blob = data[_DIGEST:]
-    return blob if len(data) > _DIGEST and hashlib.sha256(blob).digest() == data[:_DIGEST] else None
+    return blob if len(data) > _DIGEST and digest(blob) == data[:_DIGEST] else None
 
 
 @functools.lru_cache(maxsize=1)

@@ -31,7 +31,6 @@ unchecked.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -42,6 +41,7 @@ import jax
 import numpy as np
 from jax.typing import ArrayLike
 
+from cb_core.cache import digest
 from cb_core.decisions import Decisions, bucket_size, to_padded
 from cb_core.model import Terms, _k_terms
 
@@ -338,9 +338,10 @@ class Concept:
 
 
 def _digest(alpha: np.ndarray, metadata: str) -> str:
-    """SHA-256 (hex) of alpha's little-endian bytes and the metadata string of a concept file."""
+    """SHA-256 (hex) of alpha's little-endian bytes and the metadata string of a concept file: the
+    stored executables' digest (:func:`cb_core.cache.digest`)."""
     data = np.ascontiguousarray(alpha, dtype=np.asarray(alpha).dtype.newbyteorder("<")).tobytes()
-    return hashlib.sha256(data + metadata.encode()).hexdigest()
+    return digest(data + metadata.encode()).hex()
 
 
 def _flatten(c: Concept):

@@ -395,6 +395,21 @@ def test_a_concept_file_with_one_flipped_bit_is_refused_as_damaged(tmp_path, whe
     assert "\n" not in str(err.value)
 
 
+def test_a_concept_file_written_before_the_digest_loads_unchecked(tmp_path):
+    """A file with only the format and metadata header strings (as written before the digest) is
+    read as it is: the same alpha and metadata, no refusal."""
+    from safetensors.numpy import save_file
+
+    alpha = np.linspace(-1, 1, 7).astype(np.float32)
+    meta = dict(backbone="tiny-lm", features="f", task_type="pick", trajectories=["g1"], lam=1.0, versions={},
+                gamma=0.8, eps=1e-6, hidden_size=6)
+    save_file({"alpha": alpha}, str(tmp_path / "old.safetensors"),
+              metadata={"format": cb_core.concept.FORMAT, "metadata": json.dumps(meta)})
+    concept = cb_core.Concept.load(tmp_path / "old.safetensors")
+    np.testing.assert_array_equal(concept.alpha, alpha)
+    assert concept.metadata["task_type"] == "pick" and (concept.gamma, concept.eps) == (0.8, 1e-6)
+
+
 def test_one_kernel_gives_the_fit_kernels_log_p_bit_for_bit_and_the_batch_terms():
     """Concept.terms (acting: one kernel for the three terms) gives the log P of the fit's own
     log-probability kernel exactly, so no action changes; cb_core.terms matches the separate
