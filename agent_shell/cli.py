@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "concepts-tsne": "agent_shell.commands.concepts_tsne:concepts_tsne",
     "concept-data-size": "agent_shell.commands.concepts_tsne:concept_data_size",
     "run": "agent_shell.commands.run:run",
+    "improve": "agent_shell.commands.improve:improve",
     "report": "agent_shell.commands.report:report",
     "view": "agent_shell.commands.view:view",
     "probe": "agent_shell.commands.probe:probe",

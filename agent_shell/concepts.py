@@ -35,7 +35,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -257,14 +257,17 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], sett
 
 
 def fit_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, settings: FeatureSettings, lam: float = 1.0,
-                 gamma: float = 0.8, eps: float = 1e-6, env_name: str = "") -> dict[str, Concept]:
+                 gamma: float = 0.8, eps: float = 1e-6, env_name: str = "",
+                 warm: Mapping[str, Concept] | None = None) -> dict[str, Concept]:
     """One :class:`cb_core.Concept` per task type with decisions (seed Eq. (6)).
 
     The metadata records everything acting must match (backbone, ``features`` =
     :func:`concept_feature_spec`, with the feature set's description, gamma, eps; the rendering
     also at top level) and the fit summary and data counts (decisions, skipped expert steps by
     action). ``features`` must have been collected with the same ``settings``. Types without any
-    decision are left out.
+    decision are left out. ``warm``: task type -> a concept whose alpha starts that type's fit
+    (:func:`cb_core.fit`'s ``init``; the same optimum, reached from nearer; its fit summary
+    records ``warm_start``); a type without one, or with another hidden size, starts at 0.
     """
     import cb_core
 
@@ -272,7 +275,10 @@ def fit_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, settings:
     for task_type, tf in sorted(features.items()):
         if not tf.n_decisions:
             continue
-        result = cb_core.fit(tf.decisions(), lam=lam, gamma=gamma, eps=eps)
+        decisions = tf.decisions()
+        start = (warm or {}).get(task_type)
+        init = start.alpha if start is not None and start.hidden_size == decisions.hidden_size else None
+        result = cb_core.fit(decisions, lam=lam, gamma=gamma, eps=eps, init=init)
         concepts[task_type] = cb_core.Concept.from_fit(
             result, backbone=lm.name, task_type=task_type, trajectories=tf.task_ids,
             features=concept_feature_spec(lm, settings),

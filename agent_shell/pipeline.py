@@ -67,6 +67,8 @@ class Setup:
         lm: the backbone (None only in a parallel driver whose workers load their own).
         demo_trajectories: the won expert trajectories shown as ReAct demonstrations, the first
             ``demos_per_type`` of each task type in sorted task order.
+        concept_trajectories: the won expert trajectories the concepts were fitted on (the first
+            ``concept_per_type`` of each type; empty when no concept was fitted from them).
         demos: task type -> rendered demonstrations (the run's history rendering), or an ICAL
             memory's :class:`agent_shell.ical.acting.RetrievedDemos`.
         features: task type -> the concept data's features (empty when no concept was fitted).
@@ -81,6 +83,7 @@ class Setup:
     env: Environment
     lm: LanguageModel | None = None
     demo_trajectories: list[Trajectory] = field(default_factory=list)
+    concept_trajectories: list[Trajectory] = field(default_factory=list)
     demos: Demos = field(default_factory=dict)
     features: dict[str, TypeFeatures] = field(default_factory=dict)
     concepts: dict[str, Concept] | None = None
@@ -117,7 +120,8 @@ def prepare(config: RunConfig, need_concepts: bool, echo: Echo = _quiet, env: En
     """Make the env (unless given), collect (or read) demonstrations (of ``task_types`` only, when
     given), load the backbone (unless given), render the demonstrations (rendering "experience":
     after reviewing them, cached), fit (or read) concepts when ``need_concepts`` (on the first
-    ``config.concept_per_type`` won trajectories of each type).
+    ``config.concept_per_type`` won trajectories of each type), or read them from
+    ``config.concepts`` when it names a folder (:func:`concepts_from_folder`).
 
     Raises:
         UnknownTasks: ``config.demo_split`` is not a split of the env (checked before any engine
@@ -132,13 +136,14 @@ def prepare(config: RunConfig, need_concepts: bool, echo: Echo = _quiet, env: En
     setup = Setup(env=env if env is not None else make_env(config.env), cache=cache)
     check_tasks(setup.env, config.demo_split)  # before any engine or model loads
     t = time.perf_counter()
-    n_concept = config.concept_per_type if need_concepts else 0
+    fit = need_concepts and config.concepts is None  # else the concepts are read from config.concepts
+    n_concept = config.concept_per_type if fit else 0
     collected = expert_demos(
         setup.env, max(config.demos_per_type, n_concept), split=config.demo_split,
         path=cache / "expert" / config.env / f"{config.demo_split}.jsonl", task_types=task_types,
         on_task=lambda tid: echo(f"collecting expert trajectory {tid}"), time_limit=config.episode_timeout)
     setup.demo_trajectories = first_per_type(collected, config.demos_per_type)
-    concept_trajectories = first_per_type(collected, n_concept)
+    concept_trajectories = setup.concept_trajectories = first_per_type(collected, n_concept)
     for line in shortfalls(collected, task_types, max(config.demos_per_type, n_concept), config.demo_split):
         echo(line)
     setup.timings["demos_s"] = time.perf_counter() - t
@@ -165,12 +170,44 @@ def prepare(config: RunConfig, need_concepts: bool, echo: Echo = _quiet, env: En
     setup.demos = rendered_demos(setup.demo_trajectories, config.rendering, experiences_of)
     echo(f"expert demonstrations: {len(setup.demo_trajectories)} won trajectories over {len(setup.demos)} task "
          f"types ({config.demo_split}, {config.demos_per_type} per type), history {config.rendering}")
-    if need_concepts:
+    if fit:
         if n_concept != config.demos_per_type:
             echo(f"concept data: {len(concept_trajectories)} won trajectories ({n_concept} per type)")
         setup.features, setup.concepts, setup.concepts_dir = fit_from_trajectories(
             config, setup.lm, concept_trajectories, cache, echo, setup.timings, setup.calibrator)
+    elif need_concepts:
+        setup.concepts = concepts_from_folder(config, setup.lm, task_types, setup.calibrator)
+        setup.concepts_dir = Path(config.concepts)
+        echo(f"concepts: {len(setup.concepts)} task type{'' if len(setup.concepts) == 1 else 's'} <- "
+             f"{config.concepts} (round {config.concept_round if config.concept_round is not None else 'unknown'})")
     return setup
+
+
+def concepts_from_folder(config: RunConfig, lm: LanguageModel, task_types: Collection[str] | None = None,
+                         calibrator: Calibrator | None = None) -> dict[str, Concept]:
+    """The concepts of ``config.concepts`` (``<task type>.safetensors``), each checked against
+    ``config``'s feature settings and ``lm`` (:func:`agent_shell.concepts.check_concept_matches`).
+
+    Raises:
+        ValueError: a concept file that cannot be read or was fitted with other settings, or a
+            type of ``task_types`` without a concept (one line naming the folder).
+        FileNotFoundError: a folder without concept files.
+    """
+    from agent_shell.concepts import check_concept_matches, load_concepts
+    from agent_shell.feature_settings import FeatureSettings
+
+    concepts = load_concepts(config.concepts)
+    settings = FeatureSettings.from_config(config, calibrator)
+    for task_type, concept in concepts.items():
+        try:
+            check_concept_matches(concept, lm, settings)
+        except ValueError as err:
+            raise ValueError(f"concepts {config.concepts}: {err}") from None
+    missing = sorted(set(task_types or ()) - set(concepts))
+    if missing:
+        raise ValueError(f"concepts {config.concepts} hold no concept for task type {', '.join(missing)} "
+                         f"(they have {', '.join(sorted(concepts))})")
+    return concepts
 
 
 def shortfalls(trajectories: Sequence[Trajectory], task_types: Collection[str] | None, wanted: int,
@@ -391,6 +428,7 @@ class StudyAgents:
                        features=self.config.feature_set)  # the features the concepts were fitted on
 
 
-__all__ = ["Setup", "StudyAgents", "UnknownTasks", "build_players", "check_tasks", "first_per_type",
+__all__ = ["Setup", "StudyAgents", "UnknownTasks", "build_players", "check_tasks", "concepts_from_folder",
+           "first_per_type",
            "fit_from_trajectories", "ical_setup", "load_calibrator", "players_of", "prepare", "resolve_cache",
            "set_up", "shortfalls"]

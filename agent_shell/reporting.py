@@ -79,7 +79,7 @@ def uses_calibrator(record: dict) -> bool:
 
 
 #: Settings of the concept (its fit and what it sees): they do not change an agent without one.
-CONCEPT_SETTINGS = ("features", "lam", "concept_data", "concept_per_type", "fit_candidates")
+CONCEPT_SETTINGS = ("features", "lam", "concept_data", "concept_per_type", "fit_candidates", "concept_round")
 
 
 def agent_label(record: dict, differing: Sequence[str] = ()) -> str:

@@ -47,7 +47,7 @@ RESULT_SCHEMA = "cb-agent/episode-v1"
 #: field of :class:`agent_shell.run_config.RunConfig`, which records them: ``RunConfig.SETTINGS``).
 RECORDED_SETTINGS = ("env", "split", "dtype", "seed", "rendering", "layout", "action_space", "demos_per_type",
                      "demo_split", "lam", "gamma", "features", "reflexion_trials", "budget", "demos", "concept_data",
-                     "calibrator", "concept_per_type", "fit_candidates")
+                     "calibrator", "concept_per_type", "fit_candidates", "concept_round")
 
 #: Record fields that must agree between a results file and a run that resumes it, and that label
 #: the rows of a report when they differ: the backbone's name and :data:`RECORDED_SETTINGS`.
@@ -62,7 +62,8 @@ class SameAs(str):
 #: fitted on the demonstrations (``demos_per_type``) before ``concept_per_type`` existed. A field
 #: that is neither recorded nor here has no known value (None) and is never compared.
 SETTING_DEFAULTS: dict[str, Any] = {"rendering": "raw", "layout": "text", "features": "lm-hidden",
-                                   "fit_candidates": 0, "concept_per_type": SameAs("demos_per_type")}
+                                   "fit_candidates": 0, "concept_per_type": SameAs("demos_per_type"),
+                                   "concept_round": 0}
 
 
 def setting(record: Mapping[str, Any], key: str) -> Any:

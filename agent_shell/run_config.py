@@ -94,6 +94,12 @@ class RunConfig:
         calibrator: rendering "calibrator": the fitted calibrator file (``cb-agent calibrate fit``);
             required by that rendering (``cb-agent run`` refuses it with any other; the studies
             use it for their "calibrator" rendering only).
+        concepts: a folder of concept files (``<task type>.safetensors``: a round of ``cb-agent
+            improve``, or ``fit-concepts --out-dir``) that CB-Agent acts with instead of concepts
+            fitted on the expert demonstrations (checked against the run's settings when loaded).
+        concept_round: (derived, not an argument) the round of ``cb-agent improve`` whose
+            concepts act: 0 without ``concepts`` (fitted on the expert demonstrations), the round
+            its ``provenance.json`` names with them, None when the folder has none (unknown).
         agent: the agents' :class:`AgentConfig` (derived, not an argument): the environment's ReAct
             header, ``rendering``, ``layout``, ``action_space``, ``gamma``, ``seed`` (None or
             absent: AgentConfig's defaults), everything else AgentConfig's defaults.
@@ -135,7 +141,9 @@ class RunConfig:
     shared_lm: bool = False
     episode_timeout: float = EPISODE_TIMEOUT_S
     calibrator: str | None = None
+    concepts: str | None = None
     agent: AgentConfig = field(init=False)
+    concept_round: int | None = field(init=False)
 
     #: Fields recorded in every results line and compared on resume (with ``model``, the
     #: loaded backbone's name): :data:`agent_shell.results.RECORDED_SETTINGS`, named where the
@@ -177,6 +185,9 @@ class RunConfig:
                              "makes one)")
         if agent.rendering == "calibrator" and self.calibrator is None:
             raise ValueError("calibrator: --history calibrator needs --calibrator FILE (cb-agent calibrate fit)")
+        if self.concepts is not None and self.concept_data != "expert":
+            raise ValueError(f"concepts: --concepts {self.concepts} and --concept-data {self.concept_data} name two "
+                             "sources of the concepts; give one")
         if self.concept_data not in CONCEPT_DATA:
             raise ValueError(f"concept_data={self.concept_data!r} is not one of {list(CONCEPT_DATA)}")
         object.__setattr__(self, "agent", agent)
@@ -189,6 +200,7 @@ class RunConfig:
         if self.device.startswith("cuda") and (self.workers > 1 or self.ray_address):
             object.__setattr__(self, "shared_lm", True)  # Ray workers hold no GPU: they share the server's
         object.__setattr__(self, "features", self.feature_set.spec)
+        object.__setattr__(self, "concept_round", 0 if self.concepts is None else concepts_round(self.concepts))
 
     @functools.cached_property
     def feature_set(self) -> FeatureSet:
@@ -261,6 +273,31 @@ for _name in AGENT_SETTINGS:
     setattr(RunConfig, _name, _agent_setting(_name))
 
 
+def concepts_round(folder: str | Path) -> int | None:
+    """The round of ``cb-agent improve`` whose concepts ``folder`` holds (its ``provenance.json``'s
+    ``round``), None when it has no such file (a folder of ``fit-concepts --out-dir``).
+
+    Raises:
+        ValueError: one line: the folder does not exist, holds no concept file, or its
+            provenance cannot be read.
+    """
+    import json
+
+    folder = Path(folder)
+    if not folder.is_dir() or not any(folder.glob("*.safetensors")):
+        raise ValueError(f"concepts: {folder} is no folder of concept files (*.safetensors)")
+    provenance = folder / "provenance.json"
+    if not provenance.exists():
+        return None
+    try:
+        value = json.loads(provenance.read_text())["round"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"concepts: {provenance} cannot be read ({type(err).__name__}: {err})") from None
+    if not isinstance(value, int) or value < 0:
+        raise ValueError(f"concepts: {provenance} names round {value!r}, not a round number")
+    return value
+
+
 def check_not_demos(task_ids: list[str], demo_ids: list[str]) -> None:
     """Raise ValueError (one line) when a played game is one of the demonstrations' games."""
     shared = sorted(set(task_ids) & set(demo_ids))
@@ -269,4 +306,4 @@ def check_not_demos(task_ids: list[str], demo_ids: list[str]) -> None:
                          "the agents would play the games of their own demonstrations; choose other --game ids")
 
 
-__all__ = ["ACTION_SPACES", "AGENT_SETTINGS", "CONCEPT_DATA", "RunConfig", "check_not_demos"]
+__all__ = ["ACTION_SPACES", "AGENT_SETTINGS", "CONCEPT_DATA", "RunConfig", "check_not_demos", "concepts_round"]

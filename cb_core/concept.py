@@ -274,7 +274,8 @@ class Concept:
                              n_decisions=result.n_decisions,
                              gap_bound=result.certificate.gap_bound,
                              min_hessian_eig=result.certificate.min_hessian_eig,
-                             tol=s["tol"], dtype=s["dtype"]))
+                             tol=s["tol"], dtype=s["dtype"],
+                             **({"warm_start": True} if s.get("warm_start") else {})))
         if extra:
             meta.update(extra)
         return cls(np.asarray(result.alpha), s["gamma"], s["eps"], meta)

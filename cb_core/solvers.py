@@ -1,8 +1,10 @@
 """The solvers of :func:`cb_core.fit.fit`: one frozen object per method, minimising Eq. 6.
 
 Each solver holds hyperparameters only (tolerance, iteration cap, method settings); its
-``minimise(problem, lam, tol) -> SolverOutput`` runs one jit-compiled ``lax.while_loop`` whose
-state is a NamedTuple, on the padded :class:`cb_core.model.Problem` the fit prepared:
+``minimise(problem, lam, tol, alpha0=None) -> SolverOutput`` runs one jit-compiled
+``lax.while_loop`` whose state is a NamedTuple, on the padded :class:`cb_core.model.Problem` the fit
+prepared, from alpha = 0 or from ``alpha0`` [m] (a warm start: the same unique optimum, fewer steps
+when ``alpha0`` is near it):
 
 * :class:`Subspace`: sequential subspace optimisation: each step minimises Eq. 6 exactly over
   span{gradient, last ``memory`` steps} by a few damped Newton iterations in those coordinates
@@ -28,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from cb_core.model import (Problem, _expert_nll, _log_softmax, _matvec, _rmatvec, problem_objective,
+from cb_core.model import (Problem, _expert_nll, _log_softmax, _matvec, _rmatvec, problem_objective, scores,
                            value_and_grad, value_and_grad_at)
 
 __all__ = ["Adam", "LBFGS", "Newton", "Solver", "SolverOutput", "Subspace"]
@@ -43,6 +45,15 @@ class SolverOutput(NamedTuple):
     n_iter: jax.Array  # [] int32
     n_hvp: jax.Array  # [] int32
     n_passes: jax.Array  # [] int32, passes over the hidden states (-1: not counted)
+
+
+def _start(alpha0, p: Problem, m: int, dtype):
+    """(the first iterate [m], the scores at it [N, M]): alpha = 0 (cold start; its scores are the
+    prior, no pass) or the given ``alpha0`` (warm start: one pass for its scores)."""
+    if alpha0 is None:
+        return jnp.zeros(m, dtype), jnp.where(p.mask, p.prior, 0.0)
+    alpha0 = jnp.asarray(alpha0, dtype)
+    return alpha0, scores(alpha0, p)
 
 
 class _Progress(NamedTuple):
@@ -92,10 +103,11 @@ class Newton:
     patience: int = 3
     name: ClassVar[str] = "newton"
 
-    def minimise(self, p: Problem, lam, tol) -> SolverOutput:
+    def minimise(self, p: Problem, lam, tol, alpha0=None) -> SolverOutput:
         m = p.hidden.shape[2] + 1
         dtype = p.hidden.dtype
-        alpha0 = jnp.zeros(m, dtype)
+        warm = alpha0 is not None
+        alpha0, s0 = _start(alpha0, p, m, dtype)
 
         class Loop(NamedTuple):
             alpha: jax.Array
@@ -177,16 +189,16 @@ class Newton:
             return Loop(alpha, s, grad, c.best.update(alpha, jnp.linalg.norm(grad), value),
                         c.k + 1, c.n_hvp + j)
 
-        s0 = jnp.where(p.mask, p.prior, 0.0)  # the scores at alpha0 = 0: no pass
         v0, g0 = value_and_grad_at(alpha0, s0, p, lam)
         start = Loop(alpha0, s0, g0, _Progress.start(alpha0, jnp.linalg.norm(g0), v0),
                      jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32))
         out = lax.while_loop(cond, body, start)
         # the certificate's gradient from scratch (the tracked scores carry rounding drift)
         value, grad = value_and_grad(out.best.alpha, p, lam)
-        # passes: the first gradient, per step its HVPs (2 each) and gradient, the last gradient
+        # passes: (a warm start's scores,) the first gradient, per step its HVPs (2 each) and
+        # gradient, the last gradient
         return SolverOutput(out.best.alpha, value, jnp.linalg.norm(grad), out.k, out.n_hvp,
-                            1 + 2 * out.n_hvp + out.k + 2)
+                            1 + 2 * out.n_hvp + out.k + 2 + int(warm))
 
 
 def _spd_solve(a, b):
@@ -238,7 +250,7 @@ class Subspace:
     patience: int = 10
     name: ClassVar[str] = "subspace"
 
-    def minimise(self, p: Problem, lam, tol) -> SolverOutput:
+    def minimise(self, p: Problem, lam, tol, alpha0=None) -> SolverOutput:
         m = p.hidden.shape[2] + 1
         dtype = p.hidden.dtype
         n, slots = p.prior.shape
@@ -308,17 +320,17 @@ class Subspace:
                         jnp.concatenate([image[..., None], c.images[..., :-1]], axis=2),
                         c.best.update(alpha, jnp.linalg.norm(grad), value), c.k + 1)
 
-        alpha0 = jnp.zeros(m, dtype)
-        s0 = jnp.where(p.mask, p.prior, 0.0)  # the scores at alpha0 = 0: no pass
+        warm = alpha0 is not None
+        alpha0, s0 = _start(alpha0, p, m, dtype)
         v0, g0 = value_and_grad_at(alpha0, s0, p, lam)
         start = Loop(alpha0, s0, g0, jnp.zeros((m, self.memory), dtype),
                      jnp.zeros((n, slots, self.memory), dtype),
                      _Progress.start(alpha0, jnp.linalg.norm(g0), v0), jnp.asarray(0, jnp.int32))
         out = lax.while_loop(cond, body, start)
         value, grad = value_and_grad(out.best.alpha, p, lam)  # from scratch: no tracked drift
-        # passes: the first gradient, two per step, the last gradient
+        # passes: (a warm start's scores,) the first gradient, two per step, the last gradient
         return SolverOutput(out.best.alpha, value, jnp.linalg.norm(grad), out.k,
-                            jnp.asarray(0, jnp.int32), 1 + 2 * out.k + 2)
+                            jnp.asarray(0, jnp.int32), 1 + 2 * out.k + 2 + int(warm))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,7 +354,7 @@ class LBFGS:
     patience: int = 10
     name: ClassVar[str] = "lbfgs"
 
-    def minimise(self, p: Problem, lam, tol) -> SolverOutput:
+    def minimise(self, p: Problem, lam, tol, alpha0=None) -> SolverOutput:
         import optax  # here: a Newton (default, one-off CLI) or subspace fit never imports it
         import optax.tree_utils as otu
 
@@ -353,7 +365,7 @@ class LBFGS:
                 max_linesearch_steps=self.max_linesearch_steps),
         )
         value_and_grad_fn = optax.value_and_grad_from_state(fun)
-        alpha0 = jnp.zeros(p.hidden.shape[2] + 1, p.hidden.dtype)
+        alpha0, _ = _start(alpha0, p, p.hidden.shape[2] + 1, p.hidden.dtype)
 
         class Loop(NamedTuple):
             alpha: jax.Array
@@ -396,11 +408,11 @@ class Adam:
     max_iter: int = 1500
     name: ClassVar[str] = "adam"
 
-    def minimise(self, p: Problem, lam, tol) -> SolverOutput:
+    def minimise(self, p: Problem, lam, tol, alpha0=None) -> SolverOutput:
         import optax
 
         opt = optax.adam(self.learning_rate)
-        alpha0 = jnp.zeros(p.hidden.shape[2] + 1, p.hidden.dtype)
+        alpha0, _ = _start(alpha0, p, p.hidden.shape[2] + 1, p.hidden.dtype)
 
         class Loop(NamedTuple):
             alpha: jax.Array

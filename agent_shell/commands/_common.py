@@ -130,6 +130,10 @@ RUN_OPTIONS = {
                                          "episode ends as a recorded failure (run: an error record; recover, "
                                          "calibrate label, ical: a skipped or failed item) and the command goes "
                                          "on with the next."),
+    "concepts": click.option("--concepts", type=click.Path(file_okay=False), default=None,
+                             help="Act with the concepts of this folder (a round of `cb-agent improve`, e.g. "
+                                  "runs/improve/round-2/concepts, or `fit-concepts --out-dir`) instead of fitting "
+                                  "them on the expert demonstrations; checked against the run's settings."),
     "ray_address": click.option("--ray-address", default=None,
                                 help="Join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a "
                                      "local one."),

@@ -1,5 +1,8 @@
 """``cb-agent eval-decisions``: top-1 accuracy on held-out expert decisions (teacher forcing).
 
+The concepts are fitted on the expert demonstrations (cached), or read from ``--concepts FOLDER``
+(a round of ``cb-agent improve``: what that round's concepts learned).
+
 For each held-out expert decision (its context is the expert's own history, seed Eq. (5)) the
 candidate with the highest log P is compared with the expert's action, once with alpha = 0
 (prior only) and once with the fitted concept of the decision's task type. Every accuracy comes
@@ -19,7 +22,7 @@ from typing import Mapping, Sequence
 import click
 
 from agent_shell.agents.step import rounded
-from agent_shell.commands._common import cli_errors, common_options, make_console
+from agent_shell.commands._common import COMMON_OPTIONS, cli_errors, config_options, make_console
 from agent_shell.decision_scorer import accuracy_cell, batch_terms, decision_accuracy
 from agent_shell.feature_settings import FeatureSettings
 from agent_shell.pipeline import prepare
@@ -67,7 +70,7 @@ def heldout_decisions(features: Mapping, trajectories: Sequence, concepts: Mappi
 
 
 @click.command("eval-decisions")
-@common_options
+@config_options(*COMMON_OPTIONS, "concepts")
 @click.option("--heldout-split", default="valid_unseen", show_default=True,
               help="Split of the held-out expert trajectories (if it equals --demo-split, the "
                    "held-out ones are the next tasks of each type after the fitting ones).")

@@ -173,19 +173,19 @@ def test_recorded_settings_and_resume_of_a_committed_results_file_are_unchanged(
                 "lam", "gamma", "features", "reflexion_trials", "budget", "demos", "concept_data", "calibrator",
                 "concept_per_type", "fit_candidates"]
     recorded = {k: record[k] for k in old_keys if k in record}
-    assert len(recorded) == 17  # the file predates concept_per_type and fit_candidates
+    assert len(recorded) == 17  # the file predates concept_per_type, fit_candidates and concept_round
     config = RunConfig(**recorded)
     settings = config.settings()
-    assert list(settings) == old_keys
+    assert list(settings) == old_keys + ["concept_round"]
     assert {k: settings[k] for k in recorded} == recorded
-    assert (settings["concept_per_type"], settings["fit_candidates"]) == (2, 0)
+    assert (settings["concept_per_type"], settings["fit_candidates"], settings["concept_round"]) == (2, 0, 0)
     assert json.loads(json.dumps(settings)) == settings
     assert list(config.to_dict()) == [
         "env", "split", "demo_split", "demos_per_type", "concept_per_type", "fit_candidates", "model", "dtype", "device",
         "rendering", "layout", "lam", "gamma", "features", "agents", "action_space", "reflexion_trials", "budget",
         "seed", "per_type", "games", "game_ids", "cache_dir", "out_dir", "resume", "keep_errors", "demos",
         "concept_data", "workers",
-        "ray_address", "shared_lm", "episode_timeout", "calibrator"]
+        "ray_address", "shared_lm", "episode_timeout", "calibrator", "concepts"]
     copy = tmp_path / "results.jsonl"
     copy.write_text(line)
     current = {**settings, "model": record["model"]}

@@ -1,0 +1,260 @@
+"""`cb-agent improve` end to end with doubles: rounds of play on training games, the won episodes'
+decisions added to the concept data, warm-started refits, the evaluation per round, resume after a
+kill, the guard against evaluating on training games, a round without a win."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import agent_shell.lm
+import envs
+from agent_doubles import FakeLM, ScriptedEnv
+from agent_shell.cli import main
+from agent_shell.results import read_results
+
+#: task id -> (type, solution): the expert wins every game; the agent's prior prefers the actions
+#: that name a desk (FakeLM(prefer="desk")), so it wins some games and loses others
+GAMES = {
+    **{f"fetch/train/{i}": ("fetch", ["go desk", f"take key{i} desk"]) for i in range(1, 7)},
+    **{f"fetch/test/{i}": ("fetch", ["go desk", f"take key{i} desk"]) for i in (7, 8)},
+    "fetch/test/9": ("fetch", ["go shelf", "take book9 shelf"]),
+    **{f"open/train/{i}": ("open", ["go desk", f"open drawer{i}", "go hall"]) for i in range(1, 7)},
+    **{f"open/test/{i}": ("open", ["go desk", f"open drawer{i}", "go hall"]) for i in (7, 8)},
+}
+
+
+class SplitEnv(ScriptedEnv):
+    """:class:`ScriptedEnv` with train and test games apart (``<type>/<split>/<n>``)."""
+
+    def tasks(self, split):
+        if split not in ("train", "test"):
+            raise ValueError(f"unknown split {split!r}")
+        return sorted((t for t in self._tasks if t.split("/")[1] == split), key=lambda t: int(t.split("/")[2]))
+
+    def split_of(self, task_id):
+        return task_id.split("/")[1]
+
+
+@pytest.fixture()
+def doubles(monkeypatch, tmp_path):
+    """make_env -> SplitEnv, load_language_model -> FakeLM(prefer=...) (``doubles["prefer"]``)."""
+    monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "cache"))
+    state = {"prefer": "desk", "lms": [], "envs": []}
+
+    def load(name=None, dtype="float32", **_):
+        state["lms"].append(FakeLM((" go",), prefer=state["prefer"]))
+        return state["lms"][-1]
+
+    def make(name, **kw):
+        state["envs"].append(SplitEnv(GAMES))
+        return state["envs"][-1]
+
+    monkeypatch.setattr(envs, "make_env", make)
+    monkeypatch.setattr(agent_shell.lm, "load_language_model", load)
+    return state
+
+
+def improve_args(out, *more):
+    return ["improve", "--env", "textworld", "--split", "test", "--per-type", "0", "--games", "0", "--max-steps", "6",
+            "--demos-per-type", "1", "--rounds", "2", "--games-per-round", "2", "--out-dir", str(out), *more]
+
+
+def saved_concepts(out):
+    """Every round's concepts as (alpha's bytes, metadata) by file, and provenance.json's text
+    (a concept file's header order is the safetensors writer's, not part of the comparison)."""
+    import cb_core
+
+    saved = {}
+    for p in sorted(out.glob("round-*/concepts/*")):
+        if p.suffix == ".safetensors":
+            c = cb_core.Concept.load(p)
+            saved[p.relative_to(out).as_posix()] = (c.alpha.tobytes(), json.dumps(c.metadata, sort_keys=True))
+        else:
+            saved[p.relative_to(out).as_posix()] = p.read_text()
+    return saved
+
+
+def episodes(out):
+    """(file, agent, task, won, actions) of every episode record under ``out``."""
+    rows = []
+    for path in sorted(out.glob("round-*/*.jsonl")):
+        for r in read_results(path):
+            actions = [s["action"] for t in r["trials"] for s in t["trajectory"]["steps"]]
+            rows.append((path.relative_to(out).as_posix(), r["agent"], r["task_id"], r["success"], actions))
+    return rows
+
+
+def test_the_loop_adds_won_training_episodes_to_the_concept_data_and_evaluates_each_round(tmp_path, doubles):
+    import cb_core
+
+    out = tmp_path / "imp"
+    res = CliRunner().invoke(main, improve_args(out))
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in lines] == [0, 1, 2]
+    # round k plays the k-th slice of 2 training games per type that the expert data (game 1 of
+    # each type: --demos-per-type 1) did not use
+    assert lines[1]["train_games"] == ["fetch/train/2", "open/train/2", "fetch/train/3", "open/train/3"]
+    assert lines[2]["train_games"] == ["fetch/train/4", "open/train/4", "fetch/train/5", "open/train/5"]
+    for line in lines[1:]:
+        records = read_results(out / f"round-{line['round']}" / "train.jsonl")
+        assert sorted(r["task_id"] for r in records) == sorted(line["train_games"])
+        won = sorted(r["task_id"] for r in records if r["success"])
+        assert won and sorted(line["won_games"]) == won
+        # every environment step of a won game is a new decision (no look/inventory/help to filter here)
+        assert sum(line["new_decisions"].values()) == sum(r["env_steps"] for r in records if r["success"])
+        assert line["in_expert_states"] + line["new_states"] == sum(line["new_decisions"].values())
+        assert all(r["concept_round"] == line["round"] - 1 and r["split"] == "train" for r in records)
+    # the provenance of round 2's concepts: the expert game and the own won games of rounds 1 and 2
+    prov = json.loads((out / "round-2" / "concepts" / "provenance.json").read_text())
+    assert prov["round"] == 2 and prov["warm_start"] == 1
+    fetch_won = [t for line in lines[1:] for t in line["won_games"] if t.startswith("fetch")]
+    assert prov["types"]["fetch"]["expert"] == ["fetch/train/1"] and prov["types"]["fetch"]["own"] == fetch_won
+    meta = cb_core.Concept.load(out / "round-2" / "concepts" / "fetch.safetensors").metadata
+    assert meta["provenance"]["own"] == fetch_won and meta["provenance"]["round"] == 2
+    own_steps = sum(r["env_steps"] for k in (1, 2) for r in read_results(out / f"round-{k}" / "train.jsonl")
+                    if r["success"] and r["task_type"] == "fetch")
+    assert meta["fit"]["warm_start"] and meta["n_decisions"] == 2 + own_steps
+    # each round evaluated on every test game, recorded with its round
+    for k in range(3):
+        evals = read_results(out / f"round-{k}" / "results.jsonl")
+        assert sorted(r["task_id"] for r in evals) == sorted(t for t in GAMES if "/test/" in t)
+        assert {r["concept_round"] for r in evals} == {k}
+        assert lines[k]["eval"] == {"won": sum(r["success"] for r in evals), "n": 5, "errors": 0}
+    text = " ".join(res.output.split())
+    assert "round 1/2: cb-agent with round 0's concepts on 4 training games of train" in text
+    assert text.count("cb-agent fetch/test/7") == 3  # one line per game and round
+    assert "round 2: evaluation" in text and "paired against round 0" in text
+    assert (out / "rounds.png").exists()
+    # `run --concepts` plays with a chosen round's concepts and records which round
+    res = CliRunner().invoke(main, ["run", "--env", "textworld", "--split", "test", "--agent", "cb-agent", "--game",
+                                    "fetch/test/9", "--max-steps", "4", "--demos-per-type", "1", "--concepts",
+                                    str(out / "round-2" / "concepts"), "--out-dir", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    (rec,) = read_results(tmp_path / "run" / "results.jsonl")
+    assert rec["concept_round"] == 2 and rec["concepts_dir"] == str(out / "round-2" / "concepts")
+    same = read_results(out / "round-2" / "results.jsonl")
+    assert [s["action"] for s in rec["trials"][0]["trajectory"]["steps"]] == next(
+        [s["action"] for s in r["trials"][0]["trajectory"]["steps"]] for r in same if r["task_id"] == "fetch/test/9")
+
+
+class Killed(BaseException):
+    """A simulated kill -9: nothing after it runs (no except clause of the code catches it)."""
+
+
+@pytest.mark.parametrize("where", ["train-episode", "fit", "eval-episode", "round-line"])
+def test_resume_after_a_kill_gives_what_an_uninterrupted_run_gives(tmp_path, doubles, monkeypatch, where):
+    import agent_shell.improve as improve_module
+    import cb_core
+
+    whole = tmp_path / "whole"
+    assert CliRunner().invoke(main, improve_args(whole)).exit_code == 0
+    out = tmp_path / "killed"
+    calls = {"n": 0}
+
+    def kill_on(target, name, nth):
+        original = getattr(target, name)
+
+        def wrapped(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == nth:
+                raise Killed()
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(target, name, wrapped)
+
+    steps = {f: sum(r["env_steps"] for r in read_results(whole / f)) for f in
+             ("round-0/results.jsonl", "round-1/train.jsonl", "round-1/results.jsonl")}
+    if where == "train-episode":  # the 2nd step of round 1's 3rd training game
+        first_two = sum(r["env_steps"] for r in read_results(whole / "round-1" / "train.jsonl")[:2])
+        kill_on(SplitEnv, "step", steps["round-0/results.jsonl"] + first_two + 2)
+    elif where == "fit":  # round 1's refit of its second type (round 0's concepts come from the cache)
+        kill_on(cb_core, "fit", 2)
+    elif where == "eval-episode":  # the 3rd step of round 1's evaluation
+        kill_on(SplitEnv, "step", steps["round-0/results.jsonl"] + steps["round-1/train.jsonl"] + 3)
+    else:
+        kill_on(improve_module.ResumableJsonl, "append", 2)  # round 1's line, after its evaluation
+    with pytest.raises(Killed):
+        CliRunner().invoke(main, improve_args(out))
+    monkeypatch.undo()
+    monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(envs, "make_env", lambda name, **kw: SplitEnv(GAMES))
+    monkeypatch.setattr(agent_shell.lm, "load_language_model", lambda name=None, dtype="float32", **_: FakeLM(
+        (" go",), prefer="desk"))
+    refused = CliRunner().invoke(main, improve_args(out))
+    assert refused.exit_code == 1 and "--resume" in refused.output
+    res = CliRunner().invoke(main, improve_args(out, "--resume"))
+    assert res.exit_code == 0, res.output
+    assert saved_concepts(out) == saved_concepts(whole) and len(saved_concepts(out)) == 3 * 3
+    assert episodes(out) == episodes(whole)  # nothing lost, no game played twice, the same play
+    strip = lambda line: {k: v for k, v in line.items() if k != "concepts"}  # noqa: E731
+    assert [strip(json.loads(x)) for x in (out / "rounds.jsonl").read_text().splitlines()] == [
+        strip(json.loads(x)) for x in (whole / "rounds.jsonl").read_text().splitlines()]
+
+
+def test_evaluation_games_that_are_training_games_are_refused_in_one_line(tmp_path, doubles):
+    res = CliRunner().invoke(main, ["improve", "--env", "textworld", "--split", "train", "--game", "fetch/train/3",
+                                    "--out-dir", str(tmp_path / "imp")])
+    assert res.exit_code == 1
+    assert "Error: evaluation game 'fetch/train/3' is also a training game" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and not doubles["lms"]  # before the backbone loads
+    named = CliRunner().invoke(main, improve_args(tmp_path / "imp2", "--train-game", "fetch/test/7"))
+    assert named.exit_code == 1 and "fetch/test/7" in named.output and not doubles["lms"]
+
+
+def test_a_round_without_a_win_keeps_the_last_concepts_and_says_so(tmp_path, doubles):
+    import cb_core
+
+    out = tmp_path / "imp"  # every game takes 2 steps or more: with a budget of 1 none is won
+    res = CliRunner().invoke(main, improve_args(out, "--rounds", "1", "--max-steps", "1"))
+    assert res.exit_code == 0, res.output
+    assert "no won training game: round 0's concepts are kept" in " ".join(res.output.split())
+    line = json.loads((out / "rounds.jsonl").read_text().splitlines()[1])
+    assert line["won_games"] == [] and line["kept_last"] and line["new_decisions"] == {}
+    for t in ("fetch", "open"):
+        before = cb_core.Concept.load(out / "round-0" / "concepts" / f"{t}.safetensors")
+        after = cb_core.Concept.load(out / "round-1" / "concepts" / f"{t}.safetensors")
+        assert np.array_equal(before.alpha, after.alpha)
+    assert json.loads((out / "round-1" / "concepts" / "provenance.json").read_text())["kept_last"]
+
+
+def test_each_refit_starts_at_the_last_rounds_concept(tmp_path, doubles, monkeypatch):
+    import cb_core
+
+    starts = []
+    fit = cb_core.fit
+
+    def recording(decisions, *args, init=None, **kwargs):
+        starts.append(None if init is None else np.array(init))
+        return fit(decisions, *args, init=init, **kwargs)
+
+    monkeypatch.setattr(cb_core, "fit", recording)
+    out = tmp_path / "imp"
+    assert CliRunner().invoke(main, improve_args(out, "--rounds", "1")).exit_code == 0
+    round0 = [cb_core.Concept.load(out / "round-0" / "concepts" / f"{t}.safetensors").alpha for t in ("fetch", "open")]
+    assert starts[0] is None and starts[1] is None  # round 0: cold fits of the expert data
+    assert len(starts) == 4 and all(np.array_equal(s, a) for s, a in zip(starts[2:], round0))
+
+
+def test_a_fit_started_anywhere_reaches_the_same_optimum_and_starts_where_told():
+    import cb_core
+
+    rng = np.random.default_rng(0)
+    sizes = [4] * 30
+    dec = cb_core.decisions_from_lists([rng.normal(size=(m, 6)) for m in sizes], [-rng.gamma(2, 1, m) for m in sizes],
+                                       [np.ones(m, int) for m in sizes], [int(rng.integers(m)) for m in sizes])
+    start = rng.normal(size=7).astype(np.float32)
+    for solver in (cb_core.Newton(), cb_core.Subspace()):
+        cold = cb_core.fit(dec, solver, lam=0.5)
+        warm = cb_core.fit(dec, solver, lam=0.5, init=start)
+        assert warm.settings["warm_start"] and not cold.settings["warm_start"]
+        assert warm.converged and abs(warm.loss - cold.loss) < 1e-5
+        assert np.allclose(warm.alpha, cold.alpha, atol=2e-3)
+    stay = cb_core.fit(dec, cb_core.Newton(max_iter=0), lam=0.5, init=start)
+    assert np.array_equal(stay.alpha, start)  # no step taken: the first iterate is the start
+    with pytest.raises(ValueError, match=r"init must be alpha \[d \+ 1\] = \[7\]"):
+        cb_core.fit(dec, lam=0.5, init=start[:3])
