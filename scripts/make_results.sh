@@ -24,7 +24,9 @@
 # target's folder, default runs/calibration), CAL_PER_TYPE (its training games per type, default 2),
 # CAL_STEPS (their budget, default 20),
 # CAL_TRANSITIONS (transitions labelled, default 80: 220 candidate experiences here), CAL_RECOVER
-# (recovery items, default 20).
+# (recovery items, default 20), ROUNDS (the improve target's rounds after round 0, default 3), ROUND_GAMES (its
+# training games per level a round, default 6). The improve target resumes from its own folder ($RUNS/improve-textworld:
+# the rounds' concepts and episodes), not from the committed results file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CB=${CB:-cb-agent}
@@ -78,6 +80,7 @@ table1_alfworld_features: table1_alfworld_features
 table1_alfworld_combined: table1_alfworld table1_alfworld_features --paired
 table2_scienceworld: table2_scienceworld
 table3_textworld: table3_textworld
+improve_textworld: improve_textworld --paired
 table4_closed_loop: table1_alfworld table4_closed_loop_k5 table4_closed_loop_k10 table4_closed_loop_k20 --paired --common-games
 ical_alfworld_actions: ical_alfworld_actions
 ical_alfworld_notes: ical_alfworld_notes
@@ -215,6 +218,26 @@ table3() {  # TextWorld levels: concepts from 2 train walkthroughs per level, di
   finish "$out/results.jsonl" table3_textworld
 }
 
+improve() {  # `cb-agent improve` on Table 3's games (TextWorld test seeds, budget 20): round 0 is the expert-data
+              # concept, then $ROUNDS rounds of play on $ROUND_GAMES training games per level that the expert data did
+              # not use, the won episodes refitting the concept; react and prior-only beside round 0 are Table 3's
+              # own episodes (the same games and settings); what each round's concepts learned: eval-decisions on the
+              # held-out expert decisions of the test games
+  local level k args=() out="$RUNS/improve-textworld"
+  for level in ${TW_LEVELS:-custom-1 cooking-1 custom-2 cooking-2}; do args+=($(games "$level" "$TW_GAMES")); done
+  "$CB" improve --env textworld --split test "${COMMON[@]}" "${args[@]}" --max-steps 20 --rounds "${ROUNDS:-3}" \
+    --games-per-round "${ROUND_GAMES:-6}" --out-dir "$out" --resume
+  { gzip -dc results/table3_textworld.results.jsonl.gz | grep -v '^{"schema":"cb-agent/episode-v1","agent":"cb-agent",'
+    cat "$out"/round-*/results.jsonl; } > "$out/beside_table3.jsonl"
+  finish "$out/beside_table3.jsonl" improve_textworld
+  cp "$out/rounds.jsonl" results/improve_textworld_rounds.jsonl
+  for k in $(seq 0 "${ROUNDS:-3}"); do
+    [ -d "$out/round-$k/concepts" ] || break
+    "$CB" eval-decisions --env textworld "${COMMON[@]}" --concepts "$out/round-$k/concepts" --heldout-split test \
+      --heldout-per-type "$TW_GAMES" --out "results/improve_textworld_decisions_round$k.json"
+  done
+}
+
 table2() {  # ScienceWorld: one test variation of each task, open action space (20 sampled replies, T = 0.7);
             # the concept's fit sees the expert's action and 63 sampled others of the ~1,000 valid combinations
   local tasks out="$RUNS/scienceworld" t
@@ -277,11 +300,11 @@ tables() {  # every table of TABLES from the committed results files alone (no m
 }
 
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && { echo "usage: $0 figure|table1|table1_bf16|table1_bf16_timed|table1_reflexion|table1_features|table2|table3|table4|table4_closed_loop|ical|calibration|tables|all ..." >&2; exit 2; }
+[ ${#targets[@]} -eq 0 ] && { echo "usage: $0 figure|table1|table1_bf16|table1_bf16_timed|table1_reflexion|table1_features|table2|table3|table4|table4_closed_loop|ical|calibration|improve|tables|all ..." >&2; exit 2; }
 for target in "${targets[@]}"; do
   case "$target" in
     all) figure; table4; table3; table1; table1_reflexion; table2 ;;
-    figure|table1|table1_bf16|table1_bf16_timed|table1_reflexion|table1_features|table2|table3|table4|table4_closed_loop|ical|calibration|tables) "$target" ;;
+    figure|table1|table1_bf16|table1_bf16_timed|table1_reflexion|table1_features|table2|table3|table4|table4_closed_loop|ical|calibration|improve|tables) "$target" ;;
     *) echo "unknown target $target" >&2; exit 2 ;;
   esac
 done

@@ -1,7 +1,8 @@
 """``cb-agent eval-decisions``: top-1 accuracy on held-out expert decisions (teacher forcing).
 
 The concepts are fitted on the expert demonstrations (cached), or read from ``--concepts FOLDER``
-(a round of ``cb-agent improve``: what that round's concepts learned).
+(a round of ``cb-agent improve``: what that round's concepts learned; the held-out decisions are
+then those of the task types the folder holds).
 
 For each held-out expert decision (its context is the expert's own history, seed Eq. (5)) the
 candidate with the highest log P is compared with the expert's action, once with alpha = 0
@@ -17,6 +18,7 @@ view`` shows (where the concept overturns the prior, and where it is wrong).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import click
@@ -93,10 +95,12 @@ def eval_decisions(config: RunConfig, heldout_split: str, heldout_per_type: int,
 
     console = make_console()
     env = make_env(config.env)
+    # with --concepts, the task types they hold (the held-out decisions of other types have no concept)
+    task_types = sorted(p.stem for p in Path(config.concepts).glob("*.safetensors")) if config.concepts else None
     try:
         validated_tasks(env, heldout_split, [])  # both splits are checked before anything loads
         with cli_errors():
-            setup = prepare(config, need_concepts=True, echo=console.print, env=env)
+            setup = prepare(config, need_concepts=True, echo=console.print, env=env, task_types=task_types)
     except BaseException:
         env.close()
         raise
@@ -105,7 +109,7 @@ def eval_decisions(config: RunConfig, heldout_split: str, heldout_per_type: int,
         same_split = heldout_split == config.demo_split
         trajs = expert_demos(setup.env, config.demos_per_type + heldout_per_type if same_split else heldout_per_type,
                              split=heldout_split,
-                             path=setup.cache / "expert" / config.env / f"{heldout_split}.jsonl",
+                             path=setup.cache / "expert" / config.env / f"{heldout_split}.jsonl", task_types=task_types,
                              on_task=lambda tid: console.print(f"collecting expert trajectory {tid}"))
         used = {t.task_id for t in setup.demo_trajectories}
         heldout = [t for t in trajs if t.task_id not in used]
