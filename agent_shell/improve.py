@@ -371,7 +371,8 @@ def improve(config: RunConfig, settings: ImproveSettings, out: str | Path, echo:
             concepts, provenance, line = play_and_refit(config, settings, out, k, setup, pool, state, expert_states,
                                                         base_meta, done.get(k), echo, progress)
         state.concepts = concepts
-        summary = evaluate(config, out, k, setup, concepts, eval_ids, base_meta, echo, progress)
+        unchanged = k - 1 if k and line["kept_last"] else None  # no won game: the same concepts
+        summary = evaluate(config, out, k, setup, concepts, eval_ids, base_meta, echo, progress, unchanged)
         if k in done:
             echo(f"round {k}: finished before (--resume): evaluation {summary['won']}/{summary['n']} won")
             lines.append(done[k])
@@ -486,12 +487,28 @@ def play(config: RunConfig, setup: Setup, concepts: Mapping[str, Concept], games
 
 
 def evaluate(config: RunConfig, out: Path, k: int, setup: Setup, concepts: Mapping[str, Concept],
-             eval_ids: Sequence[str], base_meta: dict, echo: Echo, progress) -> dict:
+             eval_ids: Sequence[str], base_meta: dict, echo: Echo, progress, unchanged: int | None = None) -> dict:
     """Round ``k``'s concepts on the evaluation games (``round-K/results.jsonl``); returns
-    ``{"won", "n", "errors"}`` over them."""
+    ``{"won", "n", "errors"}`` over them.
+
+    ``unchanged``: the round whose concepts round ``k`` kept (it won no training game). Its
+    finished evaluation episodes are round ``k``'s too, recorded again with ``concept_round`` k
+    and ``evaluated_as_round`` (the same concepts, played by the same deterministic agent, give
+    the same episodes: :func:`agent_shell.improve` says so once); only games it did not finish
+    are played."""
     path = round_dir(out, k) / "results.jsonl"
     meta = {**base_meta, "concept_round": k, "concepts_dir": str(concepts_dir(out, k))}
     finished = {r["task_id"] for r in read_results(path) if not r.get("error")}
+    if unchanged is not None and not set(eval_ids) <= finished:
+        from agent_shell.results import store_record
+
+        earlier = [r for r in unique_episodes(read_results(round_dir(out, unchanged) / "results.jsonl"))[0]
+                   if r["task_id"] in set(eval_ids) - finished and not r.get("error")]
+        for r in earlier:
+            store_record(path, {**r, **meta, "evaluated_as_round": r.get("evaluated_as_round", unchanged)})
+        finished |= {r["task_id"] for r in earlier}
+        echo(f"round {k}: the concepts of round {unchanged} unchanged: its {len(earlier)} evaluation episodes are "
+             f"round {k}'s (the same deterministic play; not played again)")
     if not set(eval_ids) <= finished:
         echo(f"round {k}: cb-agent with round {k}'s concepts on {len(eval_ids)} evaluation games of {config.split}")
         play(config, setup, concepts, eval_ids, path, meta, echo, progress)

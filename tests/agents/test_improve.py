@@ -220,6 +220,22 @@ def test_a_round_without_a_win_keeps_the_last_concepts_and_says_so(tmp_path, dou
         after = cb_core.Concept.load(out / "round-1" / "concepts" / f"{t}.safetensors")
         assert np.array_equal(before.alpha, after.alpha)
     assert json.loads((out / "round-1" / "concepts" / "provenance.json").read_text())["kept_last"]
+    # the same concepts: round 0's evaluation episodes stand for round 1's, not played again ...
+    assert "round 1: the concepts of round 0 unchanged" in " ".join(res.output.split())
+    rounds = {k: [(r["task_id"], r["success"], r["trials"]) for r in read_results(out / f"round-{k}" / "results.jsonl")]
+              for k in (0, 1)}
+    assert rounds[1] == rounds[0] and len(rounds[0]) == 5
+    assert {r["evaluated_as_round"] for r in read_results(out / "round-1" / "results.jsonl")} == {0}
+    # ... and playing round 1's concepts anew gives those episodes, action for action
+    replay = tmp_path / "replay"
+    res = CliRunner().invoke(main, ["run", "--env", "textworld", "--split", "test", "--per-type", "0", "--games", "0",
+                                    "--max-steps", "1", "--demos-per-type", "1", "--agent", "cb-agent", "--concepts",
+                                    str(out / "round-1" / "concepts"), "--out-dir", str(replay)])
+    assert res.exit_code == 0, res.output
+    played = [r for p in replay.glob("*.jsonl") for r in read_results(p)]
+    actions = {r["task_id"]: [s["action"] for t in r["trials"] for s in t["trajectory"]["steps"]] for r in played}
+    assert actions == {t: [s["action"] for tr in trials for s in tr["trajectory"]["steps"]]
+                       for t, _, trials in rounds[1]}
 
 
 def test_each_refit_starts_at_the_last_rounds_concept(tmp_path, doubles, monkeypatch):
