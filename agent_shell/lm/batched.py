@@ -122,7 +122,7 @@ def score_many(lm: HFLanguageModel, requests: Sequence[ScoreRequest]) -> list[Ca
         input_ids[b, :n] = torch.tensor(tree.tokens)
         positions[b, :n] = s + torch.tensor(tree.depths, dtype=torch.long)
         allowed[b, :n, :s] = True
-        allowed[b, :n, depth:depth + n] = tree.ancestry()
+        allowed[b, :n, depth:depth + n] = torch.from_numpy(tree.ancestry())
     mask = torch.zeros(n_rows, 1, width, depth + width, dtype=dtype)
     mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
     keep_all = sorted({k for needed, _ in heads for k in needed})

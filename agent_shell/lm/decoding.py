@@ -22,16 +22,16 @@ Must not import the agents or the environments.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from agent_shell.lm.kv_cache import Forward
-from agent_shell.lm.shared_prefix import PromptKV, SharedPrefix
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
     from transformers.cache_utils import Cache
+
+    from agent_shell.lm.shared_prefix import SharedPrefix
 
 
 def check_generation(max_new_tokens: int, stop: Sequence[str] | str, temperature: float, n: int) -> tuple[str, ...]:
@@ -66,6 +66,8 @@ def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> froze
 
 def sampler(temperature: float, seed: int | None, device: torch.device) -> torch.Generator | None:
     """The generator of a sampled generation (None when greedy); unseeded when ``seed`` is None."""
+    import torch
+
     if temperature <= 0:
         return None
     generator = torch.Generator(device=device)
@@ -133,6 +135,8 @@ def decode(forward: Forward, tokenizer: PreTrainedTokenizerBase, stop_ids: froze
     scope: AbstractContextManager[Any] = nullcontext()
     if rows > 1:
         if shared is not None:  # the rows' tokens in a cache of their own; the prompt's is read in place
+            from agent_shell.lm.shared_prefix import PromptKV
+
             extra = {"shared_prefix": PromptKV(cache, length)}
             cache, scope = shared.new_cache(), shared.active()
         else:
@@ -147,24 +151,40 @@ def _decode_rows(forward: Forward, tokenizer: PreTrainedTokenizerBase, stop_ids:
                  logits: torch.Tensor, length: int, rows: int, budget: int, stop: Sequence[str], temperature: float,
                  generator: torch.Generator | None, device: torch.device, extra: dict[str, Any]) -> list[str]:
     """The token loop of :func:`decode` (``extra``: more keyword arguments of every forward pass)."""
+    import torch
+
+    def pick(logits: torch.Tensor) -> list[int]:
+        if temperature > 0:
+            return torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=generator)[:, 0].tolist()
+        return logits.argmax(dim=-1).tolist()
+
+    def advance(tokens: list[int], step: int) -> list[int]:
+        out = forward(torch.tensor(tokens, device=device)[:, None], cache,
+                      position_ids=torch.full((rows, 1), length + step, device=device), logits_to_keep=1, **extra)
+        return pick(out.logits[:, -1].float())
+
+    return reply_rows(pick(logits), advance, budget, stop, tokenizer, stop_ids)
+
+
+def reply_rows(first: Sequence[int], advance: Callable[[list[int], int], list[int]], budget: int,
+               stop: Sequence[str], tokenizer: PreTrainedTokenizerBase, stop_ids: frozenset[int]) -> list[str]:
+    """The replies of rows decoded one token per pass, whatever runs the passes: ``first`` holds
+    each row's first token; ``advance(tokens, step)`` feeds the rows' tokens of ``step`` (one per
+    row, at the position ``prompt length + step``) and returns the rows' next tokens. A row ends at
+    an end-of-sequence token, a stop string (cut off) or after ``budget`` >= 1 tokens; the passes
+    stop once every row has ended."""
+    rows = len(first)
     new: list[list[int]] = [[] for _ in range(rows)]
     done = [False] * rows
     texts: list[str | None] = [None] * rows
+    nxt = list(first)
     for step in range(budget):
-        if temperature > 0:
-            probs = torch.softmax(logits / temperature, dim=-1)
-            nxt = torch.multinomial(probs, 1, generator=generator)[:, 0]
-        else:
-            nxt = logits.argmax(dim=-1)
-        nxt_list = nxt.tolist()
         for r in range(rows):
             if not done[r]:
-                done[r], texts[r] = extend_reply(new[r], nxt_list[r], stop_ids, stop, tokenizer)
+                done[r], texts[r] = extend_reply(new[r], nxt[r], stop_ids, stop, tokenizer)
         if all(done) or step == budget - 1:
             break
-        out = forward(nxt[:, None].to(device), cache, position_ids=torch.full((rows, 1), length + step, device=device),
-                      logits_to_keep=1, **extra)
-        logits = out.logits[:, -1].float()
+        nxt = advance(nxt, step)
     return [t if t is not None else tokenizer.decode(new[r], skip_special_tokens=True) for r, t in enumerate(texts)]
 
 
@@ -179,8 +199,34 @@ def _decode_with_drafts(forward: Forward, tokenizer: PreTrainedTokenizerBase, st
                         draft_tokens: int, device: torch.device) -> str:
     """The greedy reply of :func:`decode`, verified draft by draft (``ids``: the prompt's tokens,
     extended in place by the reply's)."""
+    import torch
+
     from agent_shell.lm.kv_cache import restore, snapshot
 
+    def verify(feed: list[int], cached: int) -> list[int]:
+        tokens = torch.tensor([feed], device=device)
+        positions = torch.arange(cached, cached + len(feed), device=device)[None, :]
+        return forward(tokens, cache, position_ids=positions, logits_to_keep=len(feed)).logits[0].argmax(dim=-1).tolist()
+
+    return greedy_with_drafts(int(logits.argmax(dim=-1)[0]), verify, lambda n: restore(cache, snapshot(cache), n),
+                              tokenizer, stop_ids, ids, budget, stop, draft_tokens)
+
+
+def greedy_with_drafts(first: int, verify: Callable[[list[int], int], list[int]], cut: Callable[[int], None],
+                       tokenizer: PreTrainedTokenizerBase, stop_ids: frozenset[int], ids: list[int], budget: int,
+                       stop: Sequence[str], draft_tokens: int) -> str:
+    """The greedy reply after a prompt, verified draft by draft, whatever runs the passes.
+
+    Args:
+        first: greedy's first reply token (the argmax after the prompt).
+        verify: ``verify(feed, cached)`` runs one pass over the tokens ``feed`` at positions
+            ``cached, cached + 1, ...`` (the cache holds ``cached`` tokens) and returns greedy's
+            choice after each fed token (``len(feed)`` tokens).
+        cut: ``cut(n)`` drops the cache's keys and values beyond its first ``n`` tokens.
+        ids: the prompt's tokens, extended in place by the reply's.
+        budget: at most this many new tokens (>= 1); ``draft_tokens``: at most this many drafted
+            tokens per pass.
+    """
     new: list[int] = []
 
     def emit(token: int) -> str | None:
@@ -190,17 +236,14 @@ def _decode_with_drafts(forward: Forward, tokenizer: PreTrainedTokenizerBase, st
             return text if text is not None else tokenizer.decode(new, skip_special_tokens=True)
         return None
 
-    nxt = int(logits.argmax(dim=-1)[0])
+    nxt = first
     while (reply := emit(nxt)) is None:
         cached = len(ids)  # tokens in the cache; nxt is not yet among them
         ids.append(nxt)
         draft = lookup_draft(ids, k=min(draft_tokens, budget - len(new) - 1))
         if stop:  # the reply ends at a stop string: verifying tokens after it would be wasted work
             draft = draft[:next((i + 1 for i, t in enumerate(draft) if _holds_stop(tokenizer, t, stop)), len(draft))]
-        feed = torch.tensor([[nxt, *draft]], device=device)
-        positions = torch.arange(cached, cached + feed.shape[1], device=device)[None, :]
-        out = forward(feed, cache, position_ids=positions, logits_to_keep=feed.shape[1])
-        greedy = out.logits[0].argmax(dim=-1).tolist()  # greedy[i]: the token after feed[:, : i + 1]
+        greedy = verify([nxt, *draft], cached)  # greedy[i]: the token after the fed tokens up to i
         accepted = 0
         while accepted < len(draft) and greedy[accepted] == draft[accepted]:
             accepted += 1
@@ -209,9 +252,10 @@ def _decode_with_drafts(forward: Forward, tokenizer: PreTrainedTokenizerBase, st
                 return reply
             ids.append(token)
         if accepted < len(draft):  # drop the rejected draft tokens' keys and values
-            restore(cache, snapshot(cache), cached + 1 + accepted)
+            cut(cached + 1 + accepted)
         nxt = greedy[accepted]
     return reply
 
 
-__all__ = ["DRAFT_TOKENS", "check_generation", "decode", "eos_ids", "extend_reply", "lookup_draft", "sampler"]
+__all__ = ["DRAFT_TOKENS", "check_generation", "decode", "eos_ids", "extend_reply", "greedy_with_drafts", "lookup_draft",
+           "reply_rows", "sampler"]

@@ -30,13 +30,14 @@ import torch
 
 from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, decode, eos_ids, sampler
 from agent_shell.lm.dtypes import resolve_device, resolve_dtype
-from agent_shell.lm.formatting import PLAIN, Formatter
+from agent_shell.lm.formatting import PLAIN
 from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache, restore, snapshot, truncatable
-from agent_shell.lm.protocol import CandidateScores, Context, ContextWindowFull, check_candidates
-from agent_shell.lm.scoring import (CANDIDATE_LAYOUTS, action_positions, cached_length, captured_output, pool_states,
-                                    score_batched, score_packed)
+from agent_shell.lm.protocol import CandidateScores, Context
+from agent_shell.lm.scoring import (CANDIDATE_LAYOUTS, action_positions, captured_output, pool_states, score_batched,
+                                    score_packed)
 from agent_shell.lm.shared_prefix import SharedPrefix
-from agent_shell.lm.tokenization import Markers, Tokenization, TokenizedContinuation
+from agent_shell.lm.tokenization import TokenizedContinuation
+from agent_shell.lm.tokenized import TokenizedBackend
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -44,8 +45,9 @@ if TYPE_CHECKING:
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
 
-class HFLanguageModel:
-    """A frozen HuggingFace causal LM that scores candidate sets and generates text.
+class HFLanguageModel(TokenizedBackend):
+    """A frozen HuggingFace causal LM that scores candidate sets and generates text (rendering,
+    tokenization and the checks before a pass: :class:`agent_shell.lm.tokenized.TokenizedBackend`).
 
     Args:
         model: a loaded ``AutoModelForCausalLM`` (any decoder-only model with a KV cache).
@@ -79,26 +81,17 @@ class HFLanguageModel:
             raise ValueError(f"draft_tokens={draft_tokens} is negative")
         self.draft_tokens = int(draft_tokens)
         self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.name = name
         self.candidate_layout = candidate_layout
         self.reuse_cache = reuse_cache
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.hidden_size: int = int(config.hidden_size)
-        window = max_context_tokens or getattr(config, "max_position_embeddings", None)
-        if not window:
-            window = getattr(tokenizer, "model_max_length", None)
-        if not window or window > 10**7:
-            raise ValueError(f"cannot tell the context window of {name!r}; pass max_context_tokens")
-        self.max_context_tokens: int = int(window)
+        self._set_text(tokenizer, name, max_context_tokens or getattr(config, "max_position_embeddings", None))
         self.device: torch.device = next(model.parameters()).device
         self.dtype: torch.dtype = next(model.parameters()).dtype
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._head = model.get_output_embeddings()
         if self._head is None:
             raise ValueError(f"{name!r} has no output embeddings (LM head)")
-        self.formatter = Formatter(tokenizer, name)
-        self.tokens = Tokenization(tokenizer)
         self._eos_ids = eos_ids(model, tokenizer)
         self.cache = PrefixCache(model, self.device, reuse_cache, HeadStore(max_heads))
         self._shared = SharedPrefix.of(model) if shared_prefix else None
@@ -160,24 +153,6 @@ class HFLanguageModel:
             "hidden": "last-layer state read by the LM head (after the final norm) at the final action token",
             "dtype": str(self.dtype).removeprefix("torch."),
         }
-
-    # ------------------------------------------------------------------ texts and tokens
-    def render(self, context: Context, action_prefix: str) -> str:
-        """The text every candidate is appended to (:meth:`Formatter.render`)."""
-        return self.formatter.render(context, action_prefix)
-
-    def render_prompt(self, prompt: Context) -> str:
-        """The text :meth:`generate` continues (:meth:`Formatter.render_prompt`)."""
-        return self.formatter.render_prompt(prompt)
-
-    def encode(self, text: str, markers: Markers | None = None) -> list[int]:
-        """Token ids of a rendered text (:meth:`Tokenization.encode`)."""
-        return self.tokens.encode(text, markers)
-
-    def tokenize_continuations(self, base: str, actions: Sequence[str],
-                               markers: Markers | None = None) -> list[TokenizedContinuation]:
-        """Tokenize ``base + action`` per action (:meth:`Tokenization.continuations`)."""
-        return self.tokens.continuations(base, actions, markers)
 
     @torch.inference_mode()
     def pin_prefix(self, head: Context) -> int:
@@ -255,10 +230,7 @@ class HFLanguageModel:
     def _layer_module(self, layer: int) -> torch.nn.Module:
         """The module whose output is layer ``layer`` (0: the embeddings; negative from the end)."""
         layers = self.model.get_decoder().layers
-        n = len(layers)
-        if not -n <= layer <= n:
-            raise ValueError(f"layer {layer} is outside [-{n}, {n}] for {self.name!r} ({n} decoder layers)")
-        k = layer if layer >= 0 else n + 1 + layer
+        (k,) = self.check_layers([(layer, "last")], len(layers))
         return self.model.get_input_embeddings() if k == 0 else layers[k - 1]
 
     def _score(self, context: Context, candidates: Sequence[str], action_prefix: str,
@@ -266,24 +238,8 @@ class HFLanguageModel:
         """:meth:`score`, and for each ``capture`` entry ``(module, pool, key)`` the module's output
         in the candidates' pass at each candidate's action tokens, pooled (float32 [M, d]), in
         ``layers[key]``."""
-        for _, pool, _ in capture:
-            if pool not in ("last", "mean"):
-                raise ValueError(f"pool={pool!r} is not 'last' or 'mean'")
-        actions = check_candidates(candidates)
-        base, markers = self.formatter.rendered(context, action_prefix)
-        toks = self.tokens.continuations(base, actions, markers)
-        longest = max(toks, key=lambda t: len(t.ids))
-        if len(longest.ids) > self.max_context_tokens:
-            raise ContextWindowFull(
-                f"context is too long: {longest.first} context tokens plus {longest.n_action} tokens of "
-                f"candidate {actions[toks.index(longest)]!r} exceed the window of {self.max_context_tokens} "
-                f"tokens of {self.name!r}"
-            )
-        if min(t.first for t in toks) < 1:
-            raise ValueError(
-                "nothing to condition on: the rendered context and prefix are empty and the tokenizer adds no BOS"
-            )
-        s = cached_length(toks)  # all shared tokens but the last
+        self.check_layers([(0, pool) for _, pool, _ in capture], 0)
+        toks, s = self.scoring_tokens(context, candidates, action_prefix)  # s: all shared tokens but the last
         offset = 0  # context tokens leading the candidates' pass (tree and packed layouts)
         with contextlib.ExitStack() as stack:
             hooked = [stack.enter_context(captured_output(module)) for module, _, _ in capture]
@@ -325,25 +281,6 @@ class HFLanguageModel:
         return out, s - lo
 
     # ------------------------------------------------------------------ generation
-    def prompt_ids(self, prompt: Context, max_new_tokens: int) -> tuple[list[int], int]:
-        """(the rendered prompt's token ids, the new tokens it leaves room for: at most
-        ``max_new_tokens``), as :meth:`generate` and batched decoding
-        (:func:`agent_shell.lm.batched.generate_many`) continue it.
-
-        Raises:
-            ValueError: an empty rendered prompt, or one that fills the window (when tokens are asked).
-        """
-        ids = self.encode(*self.formatter.rendered(prompt))
-        if not ids:
-            raise ValueError("empty prompt: nothing to continue (the tokenizer adds no BOS)")
-        room = self.max_context_tokens - len(ids)
-        if room < 1 and max_new_tokens > 0:
-            raise ContextWindowFull(
-                f"prompt is too long: {len(ids)} tokens leave no room in the window of "
-                f"{self.max_context_tokens} tokens of {self.name!r}"
-            )
-        return ids, min(max_new_tokens, room)
-
     @torch.inference_mode()
     def generate(self, prompt: Context, max_new_tokens: int = 64, stop: Sequence[str] = (), temperature: float = 0.0,
                  n: int = 1, seed: int | None = None) -> list[str]:

@@ -16,19 +16,23 @@ Keys and values are never changed in place (transformers' ``DynamicLayer`` grows
 concatenation and :func:`restore` only slices), so a head and the caches built on it share
 their tensors safely.
 
+The bookkeeping (:class:`PrefixCache`, :class:`HeadStore`) is the same for every kind of cache;
+what a cache is and how a pass writes into it is a :class:`CacheOps`: :class:`TransformersKV`
+here, :class:`agent_shell.lm.jax_backend.JaxKV` for the JAX backend. Imports torch only where a
+transformers cache is made or fed.
+
 Must not import the agents or the environments.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Callable, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from agent_shell.lm.tokenization import common_prefix_len
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedModel
     from transformers.cache_utils import Cache
     from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -39,7 +43,7 @@ PREFILL_CHUNK = 2048
 #: ``forward(input_ids [B, T], cache, **model kwargs) -> model output`` with ``use_cache=True``.
 Forward = Callable[..., "CausalLMOutputWithPast"]
 #: A cache's per-layer (keys [B, heads, T, d], values [B, heads, T, d]), as :func:`snapshot` takes them.
-Snapshot = list[tuple[torch.Tensor | None, torch.Tensor | None]]
+Snapshot = list[tuple["torch.Tensor | None", "torch.Tensor | None"]]
 
 
 def new_cache(model: PreTrainedModel) -> Cache:
@@ -128,6 +132,61 @@ def truncatable(cache: Cache | None) -> bool:
     return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
 
 
+class CacheOps(Protocol):
+    """What :class:`PrefixCache` needs of one kind of KV cache (:class:`TransformersKV` for the
+    PyTorch backend, :class:`agent_shell.lm.jax_backend.JaxKV` for the JAX one): the bookkeeping
+    of which tokens a cache holds, which prefix to reuse and which heads to pin is the same."""
+
+    def new(self) -> Any:
+        """An empty batch-1 cache."""
+
+    def snapshot(self, cache: Any) -> Any:
+        """What :meth:`from_snapshot` rebuilds ``cache`` from (its keys and values, never copied)."""
+
+    def from_snapshot(self, saved: Any, length: int) -> Any:
+        """A new cache holding the first ``length`` tokens of ``saved``."""
+
+    def cut(self, cache: Any, length: int) -> None:
+        """Keep only the first ``length`` tokens of ``cache``."""
+
+    def truncatable(self, cache: Any) -> bool:
+        """Whether :meth:`cut` can roll ``cache`` back (full-attention layers only)."""
+
+    def encode(self, forward: Forward, cache: Any, ids: Sequence[int], start: int) -> Any:
+        """One pass of ``forward`` over ``ids`` at positions ``start, start + 1, ...`` into ``cache``
+        (which holds ``start`` tokens); the pass's output, with the next-token logits of its last token."""
+
+
+class TransformersKV:
+    """:class:`CacheOps` of transformers' caches, for ``model`` on ``device``."""
+
+    def __init__(self, model: PreTrainedModel, device: torch.device):
+        self.model = model
+        self.device = device
+
+    def new(self) -> Cache:
+        return new_cache(self.model)
+
+    def snapshot(self, cache: Cache) -> Snapshot:
+        return snapshot(cache)
+
+    def from_snapshot(self, saved: Snapshot, length: int) -> Cache:
+        return from_snapshot(self.model, saved, length)
+
+    def cut(self, cache: Cache, length: int) -> None:
+        restore(cache, snapshot(cache), length)
+
+    def truncatable(self, cache: Cache) -> bool:
+        return truncatable(cache)
+
+    def encode(self, forward: Forward, cache: Cache, ids: Sequence[int], start: int) -> CausalLMOutputWithPast:
+        import torch
+
+        chunk = torch.tensor([tuple(ids)], device=self.device)
+        pos = torch.arange(start, start + len(ids), device=self.device)[None]
+        return forward(chunk, cache, position_ids=pos, logits_to_keep=1)
+
+
 class PrefixCache:
     """The stored prefix cache of one backend view: the token ids it covers and the cache (batch 1),
     beside the pinned heads it shares with its forks.
@@ -137,12 +196,14 @@ class PrefixCache:
         device: where token tensors go.
         reuse: keep the last context's cache and reuse its common prefix next call (and the heads).
         heads: the pinned heads to start from (default: a new, empty store).
+        ops: the cache kind's operations (default: :class:`TransformersKV` of ``model`` on ``device``).
     """
 
-    def __init__(self, model: PreTrainedModel, device: torch.device, reuse: bool = True,
-                 heads: HeadStore | None = None):
+    def __init__(self, model: Any, device: Any, reuse: bool = True, heads: HeadStore | None = None,
+                 ops: CacheOps | None = None):
         self.model = model
         self.device = device
+        self.ops: CacheOps = ops if ops is not None else TransformersKV(model, device)
         self.reuse = reuse
         self.heads = heads if heads is not None else HeadStore()
         self.ids: tuple[int, ...] = ()
@@ -156,7 +217,7 @@ class PrefixCache:
 
     def reusable(self, cache: Cache) -> bool:
         """Only plain full-attention layers can be truncated to a shorter prefix."""
-        return self.reuse and truncatable(cache)
+        return self.reuse and self.ops.truncatable(cache)
 
     def keep(self, cache: Cache, ids: Sequence[int]) -> None:
         """Store ``cache`` as covering exactly ``ids``."""
@@ -171,14 +232,14 @@ class PrefixCache:
         start, head = self.reusable_prefix(ids)
         cache = None
         if head is not None:
-            cache = from_snapshot(self.model, head, start)
+            cache = self.ops.from_snapshot(head, start)
         elif start > 0:
             cache = self.cache
             if start < len(self.ids):
-                restore(cache, snapshot(cache), start)
+                self.ops.cut(cache, start)
         self.reset()
         if cache is None:
-            cache = new_cache(self.model)
+            cache = self.ops.new()
         return cache, start
 
     def reusable_prefix(self, ids: Sequence[int]) -> tuple[int, Snapshot | None]:
@@ -193,8 +254,8 @@ class PrefixCache:
             return head_len, head
         return start, None
 
-    def encode(self, cache: Cache, ids: Sequence[int], start: int, forward: Forward,
-               stop: int | None = None) -> CausalLMOutputWithPast | None:
+    def encode(self, cache: Any, ids: Sequence[int], start: int, forward: Forward,
+               stop: int | None = None) -> Any:
         """Encode ``ids[start:stop]`` (default: to the end) into ``cache`` (which holds ``ids[:start]``)
         in chunks of at most :data:`PREFILL_CHUNK` tokens; returns the last chunk's model output
         (its logits at the chunk's last token), or None when there was nothing to encode."""
@@ -202,10 +263,7 @@ class PrefixCache:
         self.encoded_tokens += max(stop - start, 0)
         out = None
         for lo in range(start, stop, PREFILL_CHUNK):
-            hi = min(lo + PREFILL_CHUNK, stop)
-            chunk = torch.tensor([tuple(ids[lo:hi])], device=self.device)
-            pos = torch.arange(lo, hi, device=self.device)[None]
-            out = forward(chunk, cache, position_ids=pos, logits_to_keep=1)
+            out = self.ops.encode(forward, cache, ids[lo:min(lo + PREFILL_CHUNK, stop)], lo)
         return out
 
     def prefill(self, ids: Sequence[int], forward: Forward) -> Cache:
@@ -234,8 +292,9 @@ class PrefixCache:
         cache = self.prefill(ids, forward)
         if not self.reusable(cache):
             return False
-        self.heads.add(ids, snapshot(cache))
+        self.heads.add(ids, self.ops.snapshot(cache))
         return True
 
 
-__all__ = ["PREFILL_CHUNK", "HeadStore", "PrefixCache", "Snapshot", "from_snapshot", "new_cache", "restore", "snapshot"]
+__all__ = ["PREFILL_CHUNK", "CacheOps", "HeadStore", "PrefixCache", "Snapshot", "TransformersKV", "from_snapshot",
+           "new_cache", "restore", "snapshot"]

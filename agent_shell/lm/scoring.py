@@ -30,13 +30,12 @@ import numpy as np
 import torch
 
 from agent_shell.lm.kv_cache import Forward
-from agent_shell.lm.tokenization import TokenizedContinuation, common_prefix_len
+from agent_shell.lm.layout import (CANDIDATE_LAYOUTS, PrefixTree, action_positions, cached_length, candidate_tree,
+                                    head_rows)
+from agent_shell.lm.tokenization import TokenizedContinuation
 
 if TYPE_CHECKING:
     from transformers.cache_utils import Cache
-
-CANDIDATE_LAYOUTS = ("tree", "packed", "batched")
-
 
 def head_pass(forward: Forward, head: torch.nn.Module, cache: Cache, input_ids: torch.Tensor, keep: torch.Tensor,
               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,83 +48,6 @@ def head_pass(forward: Forward, head: torch.nn.Module, cache: Cache, input_ids: 
         handle.remove()
     d = captured[0].shape[-1]
     return out.logits.reshape(-1, out.logits.shape[-1]), captured[0].reshape(-1, d)
-
-
-@dataclass(frozen=True)
-class PrefixTree:
-    """Token segments merged on shared prefixes: one node per distinct (prefix, next token).
-
-    Nodes are numbered in insertion order, so a parent precedes its children. ``paths[m]`` lists
-    segment m's nodes in order (equal segments have equal paths when shared).
-    """
-
-    tokens: list[int]
-    parents: list[int]  # -1 for a first token
-    depths: list[int]  # 0 for a first token
-    paths: list[list[int]]
-
-    @classmethod
-    def of(cls, segments: Sequence[Sequence[int]], share: bool = True) -> "PrefixTree":
-        """The tree of ``segments`` (token ids); ``share=False``: one node per token (no merging)."""
-        index: dict[tuple[int, int], int] = {}
-        tokens: list[int] = []
-        parents: list[int] = []
-        depths: list[int] = []
-        paths: list[list[int]] = []
-        for seg in segments:
-            parent, path = -1, []
-            for tok in seg:
-                node = index.get((parent, tok)) if share else None
-                if node is None:
-                    node = len(tokens)
-                    index[(parent, tok)] = node
-                    tokens.append(tok)
-                    parents.append(parent)
-                    depths.append(0 if parent < 0 else depths[parent] + 1)
-                path.append(node)
-                parent = node
-            paths.append(path)
-        return cls(tokens, parents, depths, paths)
-
-    def ancestry(self) -> torch.Tensor:
-        """bool [n, n]: entry [i, j] is true when node j is node i or one of its ancestors."""
-        n = len(self.tokens)
-        allowed = torch.eye(n, dtype=torch.bool)
-        depths = torch.tensor(self.depths, dtype=torch.long)
-        parents = torch.tensor(self.parents, dtype=torch.long)
-        for depth in range(1, int(depths.max()) + 1 if n else 0):  # parents' rows are complete first
-            level = torch.nonzero(depths == depth)[:, 0]
-            allowed[level] |= allowed[parents[level]]
-        return allowed
-
-
-def cached_length(toks: Sequence[TokenizedContinuation]) -> int:
-    """``s``: the tokens every candidate's sequence shares before its first action token, but the
-    last, so every candidate's segment starts with a token whose output predicts its first (or
-    only) action token. The first ``s`` tokens are the context a pass can take from the cache."""
-    return min(min(t.first for t in toks), min(common_prefix_len(toks[0].ids, t.ids) for t in toks)) - 1
-
-
-def candidate_tree(toks: Sequence[TokenizedContinuation], s: int, layout: str) -> PrefixTree:
-    """The prefix tree of the candidates' tokens after the ``s`` shared ones (merged for
-    ``layout="tree"``, one node per token for ``"packed"``)."""
-    return PrefixTree.of([t.ids[s:] for t in toks], share=layout == "tree")
-
-
-def head_rows(toks: Sequence[TokenizedContinuation], tree: PrefixTree,
-              s: int) -> tuple[list[int], tuple[list[int], list[int], list[int], list[int]]]:
-    """Where the LM head must run in a pass over ``tree``'s nodes: the sorted nodes before each
-    action token (they predict it) through each final action token, and :func:`gather`'s
-    ``(pred_rows, targets, owner, final_rows)`` with rows indexing those nodes."""
-    needed = sorted({node for t, path in zip(toks, tree.paths) for node in path[t.first - 1 - s:]})
-    column = {node: i for i, node in enumerate(needed)}
-    pred_rows, targets, owner, final_rows = [], [], [], []
-    for m, (t, path) in enumerate(zip(toks, tree.paths)):
-        pred_rows.extend(column[node] for node in path[t.first - 1 - s:-1])
-        targets.extend(t.ids[t.first:])
-        owner.extend([m] * t.n_action)
-        final_rows.append(column[path[-1]])
-    return needed, (pred_rows, targets, owner, final_rows)
 
 
 @dataclass(frozen=True)
@@ -154,7 +76,7 @@ def packed_pass(toks: Sequence[TokenizedContinuation], s: int, start: int, layou
     allowed = torch.zeros(n, n, dtype=torch.bool)
     allowed[:n_head, :n_head] = torch.ones(n_head, n_head, dtype=torch.bool).tril()  # the context: causal
     allowed[n_head:, :n_head] = True  # every candidate sees the whole context
-    allowed[n_head:, n_head:] = tree.ancestry()
+    allowed[n_head:, n_head:] = torch.from_numpy(tree.ancestry())
     mask = torch.zeros(1, 1, n, start + n, dtype=dtype)
     mask[0, 0, :, start:].masked_fill_(~allowed, torch.finfo(dtype).min)
     positions = torch.cat([torch.arange(start, s), s + torch.tensor(tree.depths, dtype=torch.long)])
@@ -241,17 +163,6 @@ def log_normalisers(logits: torch.Tensor) -> torch.Tensor:
     top = x.max(-1, keepdim=True).values
     # the exponentials overwrite the difference they are taken of: one [K, V] buffer, not two
     return top[:, 0].double() + torch.log((x - top).exp_().sum(-1, dtype=torch.float64))
-
-
-def action_positions(toks: Sequence[TokenizedContinuation], s: int, layout: str,
-                     offset: int = 0) -> list[tuple[int, list[int]]]:
-    """Per candidate, (batch row, positions of its action tokens) in the candidates' pass of
-    :func:`score_packed` (``layout="tree"`` or ``"packed"``: one row, the tree's nodes after
-    ``offset`` context tokens) or :func:`score_batched` (``"batched"``: row m, right-padded)."""
-    if layout == "batched":
-        return [(m, list(range(t.first - s, len(t.ids) - s))) for m, t in enumerate(toks)]
-    tree = candidate_tree(toks, s, layout)
-    return [(0, [offset + node for node in path[t.first - s:]]) for t, path in zip(toks, tree.paths)]
 
 
 @contextlib.contextmanager
