@@ -1,7 +1,9 @@
 """``load_language_model``: one entry point from a model URI to a :class:`LanguageModel`.
 
 A model is named by a folder or hub name (the HuggingFace backend, :mod:`agent_shell.lm.hf`), by
-``hf:<folder>``, by ``vllm:<folder>`` (:mod:`agent_shell.lm.vllm_backend`, GPU serving), or by
+``hf:<folder>``, by ``jax:<folder>`` (the Flax NNX decoder, :mod:`agent_shell.lm.jax_backend`;
+``jax:`` alone for the offline default), by ``vllm:<folder>`` (:mod:`agent_shell.lm.vllm_backend`,
+GPU serving), or by
 ``<backend>:<argument>`` for a third-party backend registered under the entry-point group
 :data:`ENTRY_POINT_GROUP` (:mod:`agent_shell.plugins`). A registered *factory* is called as
 ``factory(argument, dtype=..., device=..., **kwargs)`` and returns a :class:`LanguageModel`.
@@ -27,7 +29,7 @@ from agent_shell.lm.protocol import LanguageModel
 #: The entry-point group third-party LM backends register under.
 ENTRY_POINT_GROUP = "cb_agent.lm_backends"
 #: Built-in backend schemes (a plug-in cannot take these names).
-BUILTIN_BACKENDS = ("hf", "vllm")
+BUILTIN_BACKENDS = ("hf", "jax", "vllm")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9_.+-]*):(.*)$", re.S)
 #: A HuggingFace hub repository id (``name`` or ``owner/name``).
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
@@ -59,12 +61,16 @@ def check_model_source(name_or_path: str | os.PathLike | None) -> None:
 
     The offline default needs its package; a path must be a HuggingFace model folder (it holds a
     ``config.json``); a hub name must already be in the HuggingFace cache (runs have no network);
-    ``vllm:`` needs vLLM. Third-party backends check their own arguments.
+    ``vllm:`` needs vLLM; ``jax:`` needs flax and a folder whose architecture the JAX decoder
+    implements (:func:`agent_shell.lm.jax_model.read_config`). Third-party backends check their
+    own arguments.
 
     Raises:
         agent_shell.lm.default_model.ModelNotFoundError: the model cannot be found, in one line
             saying what to do.
-        ModuleNotFoundError: ``vllm:`` without vLLM (one line: the pip command).
+        ModuleNotFoundError: ``vllm:`` without vLLM, or ``jax:`` without flax (one line: the pip command).
+        agent_shell.lm.jax_model.UnsupportedModel: ``jax:`` with an architecture the JAX decoder does
+            not implement (one line naming the supported ones).
     """
     from agent_shell.lm.default_model import DEFAULT_MODEL_ALIASES, ModelNotFoundError, find_default_gguf
 
@@ -76,6 +82,12 @@ def check_model_source(name_or_path: str | os.PathLike | None) -> None:
 
         if importlib.util.find_spec("vllm") is None:
             raise ModuleNotFoundError(INSTALL_HINT)
+    elif backend == "jax":
+        import importlib.util
+
+        if importlib.util.find_spec("flax") is None:
+            raise ModuleNotFoundError("the JAX backend needs flax: pip install 'flax>=0.12,<0.13'")
+        arg = arg or None
     elif backend != "hf":
         return
     if arg is None or arg.lower() in DEFAULT_MODEL_ALIASES:
@@ -87,6 +99,10 @@ def check_model_source(name_or_path: str | os.PathLike | None) -> None:
             raise ModelNotFoundError(f"model folder {arg!r} holds no config.json: pass a HuggingFace model folder "
                                      "(config.json, weights, tokenizer files), or leave --model out for the "
                                      "offline default")
+        if backend == "jax":
+            from agent_shell.lm.jax_model import read_config
+
+            read_config(path)
         return
     if path.exists():
         raise ModelNotFoundError(f"model {arg!r} is a file: pass its HuggingFace model folder (config.json, "
@@ -121,12 +137,14 @@ def load_language_model(
             with AVX512-BF16/AMX, float32 on other CPUs, where emulated bfloat16 is about 4.5x
             slower (measured); or ``"bfloat16"``, ``"float32"`` (exactness tests), ``"float16"``.
         device: ``"auto"``/None (CUDA when available, else CPU), ``"cpu"``, ``"cuda"`` or
-            ``"cuda:N"`` (:func:`agent_shell.lm.dtypes.resolve_device`).
+            ``"cuda:N"`` (:func:`agent_shell.lm.dtypes.resolve_device`); for ``jax:`` whatever
+            ``jax.devices()`` offers (``tpu`` too, :func:`agent_shell.lm.jax_backend.resolve_jax_device`).
         kwargs: passed to :class:`agent_shell.lm.hf.HFLanguageModel` (``candidate_layout``,
-            ``reuse_cache``, ``max_context_tokens``).
+            ``reuse_cache``, ``max_context_tokens``) or :class:`agent_shell.lm.jax_backend.JaxLanguageModel`.
 
     Returns:
-        An :class:`agent_shell.lm.hf.HFLanguageModel`, or what the selected backend returns.
+        An :class:`agent_shell.lm.hf.HFLanguageModel`, a :class:`agent_shell.lm.jax_backend.JaxLanguageModel`
+        (``jax:``), or what the selected backend returns.
 
     Raises:
         ValueError: an unknown backend (listing the known ones), a plug-in that fails to load, or
@@ -138,11 +156,15 @@ def load_language_model(
     """
     from agent_shell.lm.versions import check_versions
 
-    check_versions(("torch", "transformers"))
     backend, arg = split_model_uri(name_or_path)
-    if backend != "hf" and backend != "vllm":
+    check_versions(("jax", "flax", "transformers") if backend == "jax" else ("torch", "transformers"))
+    if backend not in BUILTIN_BACKENDS:
         return _load_plugin(backend, arg, dtype, device, **kwargs)
     check_model_source(name_or_path)
+    if backend == "jax":
+        from agent_shell.lm.jax_backend import load_jax_model
+
+        return load_jax_model(arg, dtype=dtype, device=device, **kwargs)
     if backend == "vllm":
         from agent_shell.lm.vllm_backend import load_vllm_model
 

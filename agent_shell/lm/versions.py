@@ -23,6 +23,7 @@ TESTED: dict[str, str] = {
     "torch": ">=2.4,<3",
     "transformers": ">=5.0,<6",
     "jax": ">=0.4.30,<0.11",
+    "flax": ">=0.12,<0.13",
     "vllm": ">=0.15,<1",
 }
 #: Set to 1 to run with versions outside :data:`TESTED` anyway (at your own risk).

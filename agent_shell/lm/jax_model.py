@@ -1,0 +1,496 @@
+"""A decoder-only transformer in Flax NNX for the Llama and Qwen2/Qwen3 families, read from a
+HuggingFace model folder (``config.json`` and safetensors weights) with no conversion step.
+
+The architectures follow transformers' ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` and
+``Qwen3ForCausalLM`` operation for operation (Touvron et al. 2023, "Llama 2", Sec. 2.2; Qwen2
+technical report, Sec. 2.2): pre-norm RMSNorm blocks, grouped-query attention with rotary
+position embeddings (Su et al. 2021; the "rotate half" layout), a SwiGLU MLP, a final RMSNorm and
+an LM head (tied to the token embeddings when the config says so). Qwen2 adds biases to the
+query, key and value projections; Qwen3 normalises each head's queries and keys (RMSNorm over
+the head dimension) before the rotation. RoPE variants: ``default``, ``linear`` and ``llama3``
+(Llama 3.1's frequency-band scaling). Anything else (another architecture, sliding-window
+attention, another activation, another RoPE type, partial rotary dimensions) is refused by
+:func:`read_config` in one line naming what is supported.
+
+The decoder layers are stacked (every weight has a leading layer axis) and run with
+``nnx.scan``, so a compiled program's size does not grow with the depth. One pass
+(:meth:`Decoder.__call__`) takes T new tokens per row; each token attends to
+
+* the filled slots of a *shared* key/value buffer read by every row (a prompt's cache under
+  sampled rows, [L, 1, Hkv, C, hd]),
+* the filled slots of its *row's* buffer ([L, B, Hkv, S, hd]; a stream's cache, batch 1), and
+* the pass's own tokens under a boolean mask (causal for text, a prefix tree's ancestry for
+  candidates),
+
+and the pass writes its keys and values into the row buffers after their filled slots
+(``jax.lax.dynamic_update_slice`` on the scan's carry: in place when the buffers are donated).
+Buffers are read block by block up to their filled length, a run-time value (an online softmax,
+:class:`_Softmax`), so one compiled program serves every context length its buffer holds and
+costs what the keys cost. The one pass serves a prefill chunk, the prefix-tree scoring row,
+right-padded candidate rows over one context, and sampled rows over one prompt.
+Attention scores, the softmax and every RMSNorm run in float32; matrix products run in the
+weights' dtype (float32 at ``Precision.HIGHEST``, so GPUs do not drop to TF32) with float32
+accumulation.
+
+Must not import the agents, the environments or torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+#: model_type -> the transformers class whose folders this module reads.
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+#: RoPE types (``rope_parameters["rope_type"]`` / ``rope_scaling["rope_type"]``) computed here.
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class UnsupportedModel(ValueError):
+    """A model folder whose architecture or settings the JAX decoder does not implement."""
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """The settings of a decoder, read from ``config.json`` (:func:`read_config`).
+
+    Attributes:
+        model_type: ``"llama"``, ``"qwen2"`` or ``"qwen3"``.
+        vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim:
+            the shapes (``head_dim`` defaults to hidden_size / num_heads).
+        rms_norm_eps: the RMSNorm epsilon.
+        rope_theta: the RoPE base; ``rope_type`` and ``rope_scaling`` its variant and parameters.
+        tie_word_embeddings: the LM head is the token embedding matrix.
+        qkv_bias, o_bias, mlp_bias: which projections have biases.
+        qk_norm: RMSNorm over each head's queries and keys (Qwen3).
+        max_position_embeddings: the context window.
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_type: str
+    rope_scaling: tuple[tuple[str, float], ...]
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    max_position_embeddings: int
+
+    def inv_freq(self) -> np.ndarray:
+        """float32 [head_dim / 2]: the rotary inverse frequencies, computed as transformers
+        computes them (float32 throughout, so the rotation angles agree bit for bit)."""
+        dim = self.head_dim
+        with jax.default_device(jax.devices("cpu")[0]):
+            inv = 1.0 / (jnp.float32(self.rope_theta) ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+            p = dict(self.rope_scaling)
+            if self.rope_type == "linear":
+                inv = inv / jnp.float32(p["factor"])
+            elif self.rope_type == "llama3":
+                factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
+                old = p["original_max_position_embeddings"]
+                low_wavelen, high_wavelen = old / low, old / high
+                wavelen = 2 * np.pi / inv
+                scaled = jnp.where(wavelen > low_wavelen, inv / factor, inv)
+                smooth = (old / wavelen - low) / (high - low)
+                smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+                medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+                inv = jnp.where(medium, smoothed, scaled)
+            return np.asarray(inv, dtype=np.float32)
+
+
+def _rope(config: Mapping[str, Any], where: str) -> tuple[float, str, tuple[tuple[str, float], ...]]:
+    """(theta, type, scaling parameters) from transformers 5's ``rope_parameters`` or the older
+    ``rope_theta`` + ``rope_scaling`` fields."""
+    params = dict(config.get("rope_parameters") or {})
+    if "rope_theta" not in params and "rope_theta" in config:
+        params["rope_theta"] = config["rope_theta"]
+    params.update(config.get("rope_scaling") or {})
+    kind = params.pop("rope_type", params.pop("type", "default")) or "default"
+    theta = params.pop("rope_theta", 10000.0)
+    if kind not in ROPE_TYPES:
+        raise UnsupportedModel(f"{where}: RoPE type {kind!r} is not implemented by the JAX decoder "
+                               f"(supported: {', '.join(ROPE_TYPES)})")
+    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise UnsupportedModel(f"{where}: partial rotary dimensions are not implemented by the JAX decoder")
+    need = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                              "original_max_position_embeddings")}.get(kind, ())
+    missing = [k for k in need if k not in params]
+    if missing:
+        raise UnsupportedModel(f"{where}: RoPE type {kind!r} needs {', '.join(missing)} in its parameters")
+    scaling = tuple(sorted((k, float(v)) for k, v in params.items() if isinstance(v, (int, float))
+                           and not isinstance(v, bool)))
+    return float(theta), kind, scaling
+
+
+def read_config(folder: str | os.PathLike) -> DecoderConfig:
+    """The :class:`DecoderConfig` of a HuggingFace model folder's ``config.json``.
+
+    Raises:
+        FileNotFoundError: no ``config.json`` in ``folder``.
+        UnsupportedModel: an architecture or setting the decoder does not implement, in one line
+            naming what is supported.
+    """
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(folder)!r} holds no config.json: pass a HuggingFace model folder")
+    config = json.loads(path.read_text())
+    config = config.get("text_config", config) if config.get("model_type") not in ARCHITECTURES else config
+    kind = config.get("model_type")
+    where = f"model {str(folder)!r}"
+    if kind not in ARCHITECTURES:
+        raise UnsupportedModel(f"{where} is a {kind!r} model; the JAX backend supports "
+                               f"{', '.join(f'{k} ({v})' for k, v in ARCHITECTURES.items())}")
+    if config.get("hidden_act", "silu") != "silu":
+        raise UnsupportedModel(f"{where}: activation {config['hidden_act']!r} is not implemented (silu only)")
+    layer_types = config.get("layer_types") or []
+    if config.get("use_sliding_window") or any(t != "full_attention" for t in layer_types):
+        raise UnsupportedModel(f"{where}: sliding-window attention is not implemented by the JAX decoder "
+                               "(full attention only)")
+    theta, rope_type, scaling = _rope(config, where)
+    heads = int(config["num_attention_heads"])
+    bias = bool(config.get("attention_bias", False))
+    return DecoderConfig(
+        model_type=kind, vocab_size=int(config["vocab_size"]), hidden_size=int(config["hidden_size"]),
+        intermediate_size=int(config["intermediate_size"]), num_layers=int(config["num_hidden_layers"]),
+        num_heads=heads, num_kv_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_type=rope_type,
+        rope_scaling=scaling, tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        qkv_bias=True if kind == "qwen2" else bias, o_bias=False if kind == "qwen2" else bias,
+        mlp_bias=bool(config.get("mlp_bias", False)) if kind == "llama" else False, qk_norm=kind == "qwen3",
+        max_position_embeddings=int(config.get("max_position_embeddings") or 0))
+
+
+# ---------------------------------------------------------------------------------------- weights
+def _weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [folder / n for n in names]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{str(folder)!r} holds no safetensors weights (model.safetensors or an index)")
+    return files
+
+
+def read_weights(folder: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every tensor of a model folder's safetensors files (sharded or not), by name, as numpy
+    arrays in their stored dtype (bfloat16 as ``ml_dtypes.bfloat16``), memory-mapped where the
+    library allows.
+
+    Raises:
+        FileNotFoundError: no safetensors weights in ``folder``.
+    """
+    from safetensors import safe_open
+
+    weights: dict[str, np.ndarray] = {}
+    for path in _weight_files(Path(folder)):
+        with safe_open(str(path), framework="np") as f:
+            for name in f.keys():
+                weights[name] = f.get_tensor(name)
+    return weights
+
+
+# ---------------------------------------------------------------------------------------- modules
+def _dot(x: jax.Array, w: jax.Array, precision: Any) -> jax.Array:
+    """``x @ w.T`` for a weight in transformers' [out, in] layout, accumulated in float32."""
+    return jnp.einsum("...i,oi->...o", x, w, precision=precision, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+class Linear(nnx.Module):
+    """A projection with transformers' weight layout ([out, in]) and an optional bias."""
+
+    def __init__(self, weight: jax.Array, bias: jax.Array | None, precision: Any):
+        self.weight = nnx.Param(weight)
+        self.bias = nnx.Param(bias) if bias is not None else None
+        self.precision = precision
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = _dot(x, self.weight[...], self.precision)
+        return y + self.bias[...] if self.bias is not None else y
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm as transformers computes it: normalised in float32, cast back, then scaled."""
+
+    def __init__(self, weight: jax.Array, eps: float):
+        self.weight = nnx.Param(weight)
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...] * x32.astype(x.dtype)
+
+
+def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """RoPE in the "rotate half" layout; x [B, T, heads, hd], cos/sin [B, T, 1, hd] in x's dtype."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+@dataclass(frozen=True)
+class KV:
+    """Keys and values with a leading layer axis: the argument and result of a pass."""
+
+    keys: jax.Array
+    values: jax.Array
+
+
+jax.tree_util.register_dataclass(KV, data_fields=["keys", "values"], meta_fields=[])
+
+
+#: Keys read per step of the loop over a buffer's filled slots (buffers hold a multiple of it).
+KEY_BLOCK = 128
+
+
+@dataclass(frozen=True)
+class _Softmax:
+    """A softmax-weighted sum over keys met block by block (the running maximum ``top``, the sum
+    of exponentials ``total`` and the weighted values ``acc``, all float32; Milakov & Gimelshein
+    2018, "Online normalizer calculation for softmax"): a buffer's filled slots are read in
+    blocks of :data:`KEY_BLOCK` up to a length known only at run time, so a pass costs what its
+    keys cost, not what its buffer holds."""
+
+    top: jax.Array  # [B, Hkv, Q]
+    total: jax.Array  # [B, Hkv, Q]
+    acc: jax.Array  # [B, Hkv, Q, hd]
+
+    @classmethod
+    def empty(cls, shape: tuple[int, ...]) -> "_Softmax":
+        f32 = jnp.float32
+        return cls(jnp.full(shape[:-1], jnp.finfo(f32).min, f32), jnp.zeros(shape[:-1], f32), jnp.zeros(shape, f32))
+
+    def add(self, q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array, precision: Any) -> "_Softmax":
+        """Fold in ``keys``/``values`` [B, Hkv, n, hd] (or [Hkv, n, hd] for every row) under ``mask``
+        (broadcast to [B, Hkv, Q, n]); q [B, Hkv, Q, hd], already scaled."""
+        f32 = jnp.float32
+        spec = ("bkqd,bknd->bkqn", "bkqn,bknd->bkqd") if keys.ndim == 4 else ("bkqd,knd->bkqn", "bkqn,knd->bkqd")
+        scores = jnp.einsum(spec[0], q, keys, precision=precision, preferred_element_type=f32)
+        scores = jnp.where(mask, scores, jnp.finfo(f32).min)
+        top = jnp.maximum(self.top, scores.max(-1))
+        weights = jnp.exp(scores - top[..., None]) * mask
+        rescale = jnp.exp(self.top - top)
+        acc = jnp.einsum(spec[1], weights.astype(values.dtype), values, precision=precision, preferred_element_type=f32)
+        return _Softmax(top, self.total * rescale + weights.sum(-1), self.acc * rescale[..., None] + acc)
+
+    def add_buffer(self, q: jax.Array, keys: jax.Array, values: jax.Array, layer: jax.Array, length: jax.Array,
+                   precision: Any, shared: bool) -> "_Softmax":
+        """Fold in layer ``layer``'s first ``length`` slots of a buffer ([L, B, Hkv, S, hd];
+        ``shared``: [L, 1, Hkv, S, hd] read by every row), every query seeing every slot."""
+        block = min(KEY_BLOCK, keys.shape[3])
+
+        def step(i: jax.Array, state: _Softmax) -> _Softmax:
+            at = (layer, 0, 0, i * block, 0)
+            size = (1, *keys.shape[1:3], block, keys.shape[4])
+            kb = jax.lax.dynamic_slice(keys, at, size)[0]
+            vb = jax.lax.dynamic_slice(values, at, size)[0]
+            if shared:
+                kb, vb = kb[0], vb[0]
+            seen = (i * block + jnp.arange(block)) < length
+            return state.add(q, kb, vb, seen, precision)
+
+        return jax.lax.fori_loop(0, (length + block - 1) // block, step, self)
+
+    def result(self) -> jax.Array:
+        """float32 [B, Hkv, Q, hd]: the attention output."""
+        return self.acc / self.total[..., None]
+
+
+jax.tree_util.register_dataclass(_Softmax, data_fields=["top", "total", "acc"], meta_fields=[])
+
+
+class Block(nnx.Module):
+    """One decoder layer: attention and a SwiGLU MLP, each after an RMSNorm, with residuals."""
+
+    def __init__(self, c: DecoderConfig, w: Mapping[str, jax.Array], precision: Any):
+        def lin(name: str, bias: bool) -> Linear:
+            return Linear(w[f"{name}.weight"], w[f"{name}.bias"] if bias else None, precision)
+
+        self.input_norm = RMSNorm(w["input_layernorm.weight"], c.rms_norm_eps)
+        self.q = lin("self_attn.q_proj", c.qkv_bias)
+        self.k = lin("self_attn.k_proj", c.qkv_bias)
+        self.v = lin("self_attn.v_proj", c.qkv_bias)
+        self.o = lin("self_attn.o_proj", c.o_bias)
+        self.q_norm = RMSNorm(w["self_attn.q_norm.weight"], c.rms_norm_eps) if c.qk_norm else None
+        self.k_norm = RMSNorm(w["self_attn.k_norm.weight"], c.rms_norm_eps) if c.qk_norm else None
+        self.post_norm = RMSNorm(w["post_attention_layernorm.weight"], c.rms_norm_eps)
+        self.gate = lin("mlp.gate_proj", c.mlp_bias)
+        self.up = lin("mlp.up_proj", c.mlp_bias)
+        self.down = lin("mlp.down_proj", c.mlp_bias)
+        self.heads, self.kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.precision = precision
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, rows: KV, layer: jax.Array, at: jax.Array,
+                 mask: jax.Array, shared: KV | None, shared_len: jax.Array | None) -> tuple[jax.Array, KV]:
+        """x [B, T, D]; ``rows`` every layer's row buffers [L, B, Hkv, S, hd], of which this layer
+        (``layer``) writes its keys and values at slot ``at`` (in place inside the scan). Each
+        token attends to the first ``shared_len`` slots of ``shared`` ([L, 1, Hkv, C, hd], or
+        None), to the first ``at`` slots of its row's buffer, and to the pass's own tokens where
+        ``mask`` [B or 1, T, T] is true. Returns (the layer's output, the updated row buffers)."""
+        b, t, _ = x.shape
+        g = self.heads // self.kv_heads
+        h = self.input_norm(x)
+        q = self.q(h).reshape(b, t, self.heads, self.head_dim)
+        k = self.k(h).reshape(b, t, self.kv_heads, self.head_dim)
+        v = self.v(h).reshape(b, t, self.kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        k, v = k.transpose(0, 2, 1, 3).astype(rows.keys.dtype), v.transpose(0, 2, 1, 3).astype(rows.values.dtype)
+        zero = jnp.zeros((), jnp.int32)
+        where = (layer, zero, zero, at, zero)
+        rows = KV(jax.lax.dynamic_update_slice(rows.keys, k[None], where),
+                  jax.lax.dynamic_update_slice(rows.values, v[None], where))
+        # queries as [B, Hkv, g * T, hd] (query head h reads key/value head h // g): 4D scores, which
+        # XLA's CPU dot and softmax handle several times faster than a 5D layout
+        qg = q.reshape(b, t, self.kv_heads, g, self.head_dim).transpose(0, 2, 3, 1, 4)
+        qg = qg.reshape(b, self.kv_heads, g * t, self.head_dim) * jnp.asarray(self.head_dim ** -0.5, q.dtype)
+        state = _Softmax.empty(qg.shape)
+        if shared is not None:
+            state = state.add_buffer(qg, shared.keys, shared.values, layer, shared_len, self.precision, shared=True)
+        state = state.add_buffer(qg, rows.keys, rows.values, layer, at, self.precision, shared=False)
+        state = state.add(qg, k, v, jnp.tile(mask, (1, g, 1))[:, None], self.precision)
+        out = state.result().astype(x.dtype)
+        out = out.reshape(b, self.kv_heads, g, t, self.head_dim).transpose(0, 3, 1, 2, 4)
+        x = x + self.o(out.reshape(b, t, self.heads * self.head_dim).astype(x.dtype))
+        h = self.post_norm(x)
+        x = x + self.down(jax.nn.silu(self.gate(h)) * self.up(h))
+        return x, rows
+
+
+class Decoder(nnx.Module):
+    """The decoder: token embeddings, the stacked :class:`Block` s, the final norm and the LM head.
+
+    Args:
+        config: its :class:`DecoderConfig`.
+        weights: transformers' tensor names (``model.layers.K.self_attn.q_proj.weight``, ...) ->
+            arrays (numpy or JAX), as :func:`read_weights` gives them.
+        dtype: the compute and storage dtype of every weight (``jnp.float32`` or ``jnp.bfloat16``).
+        device: where the weights go (default: JAX's default device).
+
+    Raises:
+        KeyError: a tensor the config implies is missing from ``weights`` (naming it).
+    """
+
+    def __init__(self, config: DecoderConfig, weights: Mapping[str, Any], dtype: Any = jnp.float32,
+                 device: jax.Device | None = None):
+        self.config = config
+        self.dtype = jnp.dtype(dtype)
+        precision = jax.lax.Precision.HIGHEST if self.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+        self.precision = precision
+
+        def get(name: str) -> jax.Array:
+            if name not in weights:
+                raise KeyError(f"the weights hold no tensor {name!r} (a {config.model_type} model needs it)")
+            return jax.device_put(np.asarray(weights[name]).astype(self.dtype), device)
+
+        def stacked(suffix: str) -> jax.Array:
+            return jnp.stack([get(f"model.layers.{i}.{suffix}") for i in range(config.num_layers)])
+
+        names = ["input_layernorm.weight", "post_attention_layernorm.weight"]
+        for proj, bias in (("q_proj", config.qkv_bias), ("k_proj", config.qkv_bias), ("v_proj", config.qkv_bias),
+                           ("o_proj", config.o_bias)):
+            names += [f"self_attn.{proj}.weight"] + ([f"self_attn.{proj}.bias"] if bias else [])
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            names += [f"mlp.{proj}.weight"] + ([f"mlp.{proj}.bias"] if config.mlp_bias else [])
+        if config.qk_norm:
+            names += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
+        layer_weights = {name: stacked(name) for name in names}
+
+        @nnx.vmap(in_axes=0, out_axes=0)
+        def make(w: dict[str, jax.Array]) -> Block:
+            return Block(config, w, precision)
+
+        self.blocks = make(layer_weights)
+        self.embed = nnx.Param(get("model.embed_tokens.weight"))
+        self.norm = RMSNorm(get("model.norm.weight"), config.rms_norm_eps)
+        tied = config.tie_word_embeddings or "lm_head.weight" not in weights
+        self.lm_head = None if tied else nnx.Param(get("lm_head.weight"))
+        self.inv_freq = nnx.Variable(jax.device_put(config.inv_freq(), device))
+
+    def head_weight(self) -> jax.Array:
+        """The LM head's [V, D] weight (the embeddings when tied)."""
+        return (self.embed if self.lm_head is None else self.lm_head)[...]
+
+    def __call__(self, ids: jax.Array, positions: jax.Array, rows: KV, at: jax.Array, mask: jax.Array,
+                 shared: KV | None = None, shared_len: jax.Array | None = None,
+                 capture: jax.Array | None = None) -> tuple[jax.Array, KV, jax.Array | None]:
+        """One pass over ``ids`` [B, T] at ``positions`` [B, T].
+
+        Args:
+            rows: the rows' buffers, [L, B, Hkv, S, hd] each (S a multiple of :data:`KEY_BLOCK` or
+                smaller than it); every token sees its row's first ``at`` slots (int32 scalar), and
+                the pass writes its keys and values from slot ``at`` on (in place when the caller
+                donates the buffers to ``jax.jit``).
+            mask: bool [B or 1, T, T]: which of the pass's own tokens each token sees (itself
+                included: causal for a chunk of text, a prefix tree's ancestry for candidates).
+            shared: a buffer every row reads, [L, 1, Hkv, C, hd] each, of which every token sees
+                the first ``shared_len`` (int32 scalar) slots (a prompt's cache under sampled rows).
+            capture: int32 [R]: flat indices into the B * T tokens whose states are returned at
+                every layer (index 0: the embeddings; K: the output of layer K, before the final norm).
+
+        Returns:
+            (the final states after the last layer, before the final norm: [B, T, D] in the model's
+            dtype; the updated row buffers; the captured states float32 [L + 1, R, D] or None).
+        """
+        b, t = ids.shape
+        x = self.embed[...][ids]
+        freqs = positions.astype(jnp.float32)[..., None] * self.inv_freq[...]
+        emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+        cos, sin = jnp.cos(emb).astype(self.dtype), jnp.sin(emb).astype(self.dtype)
+
+        def grab(h: jax.Array) -> jax.Array:
+            return h.reshape(b * t, -1)[capture].astype(jnp.float32) if capture is not None else jnp.zeros((0,))
+
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+        def layers(carry: tuple[jax.Array, KV, jax.Array], block: Block):
+            h, kv, layer = carry
+            h, kv = block(h, cos, sin, kv, layer, at, mask, shared, shared_len)
+            return (h, kv, layer + 1), grab(h)
+
+        (out, rows, _), captured = layers((x, rows, jnp.zeros((), jnp.int32)), self.blocks)
+        if capture is None:
+            return out, rows, None
+        return out, rows, jnp.concatenate([grab(x)[None], captured])
+
+    def head(self, states: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(the final norm of ``states`` [..., D], i.e. the LM head's input; the logits float32 [..., V])."""
+        normed = self.norm(states)
+        logits = jnp.einsum("...d,vd->...v", normed, self.head_weight(), precision=self.precision,
+                            preferred_element_type=jnp.float32)
+        return normed, logits.astype(self.dtype).astype(jnp.float32)
+
+
+def load_decoder(folder: str | os.PathLike, dtype: Any = jnp.float32, device: jax.Device | None = None,
+                 read: Callable[[str | os.PathLike], Mapping[str, Any]] = read_weights) -> Decoder:
+    """The :class:`Decoder` of a HuggingFace model folder.
+
+    Raises:
+        FileNotFoundError: no config.json or no safetensors weights.
+        UnsupportedModel: an architecture or setting the decoder does not implement.
+    """
+    config = read_config(folder)
+    return Decoder(config, read(folder), dtype=dtype, device=device)
+
+
+__all__ = ["ARCHITECTURES", "ROPE_TYPES", "KV", "Block", "Decoder", "DecoderConfig", "Linear", "RMSNorm",
+           "UnsupportedModel", "load_decoder", "read_config", "read_weights"]
