@@ -38,6 +38,7 @@ import copy
 import hashlib
 import os
 import secrets
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -197,10 +198,19 @@ class Programs:
     through :func:`cb_core.cache.call_compiled` (stored, digest-checked executables).
     """
 
-    def __init__(self, decoder: Decoder, device: jax.Device):
+    _of: "weakref.WeakKeyDictionary[Decoder, Programs]" = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, decoder: Decoder) -> "Programs":
+        """The programs of ``decoder`` (made once per decoder: every backend on it shares them)."""
+        if decoder not in cls._of:
+            cls._of[decoder] = cls(decoder)
+        return cls._of[decoder]
+
+    def __init__(self, decoder: Decoder):
         self.config = decoder.config
         self.dtype = decoder.dtype
-        self.device = device
+        self.device: jax.Device = next(iter(decoder.embed[...].devices()))
         self.graphdef, self.state = nnx.split(decoder)
         self.compiled: dict[tuple, int] = {}
         self._name = f"lm-{self.config.model_type}-" + hashlib.sha256(
@@ -236,7 +246,7 @@ class Programs:
             drawn = jax.random.categorical(jax.random.fold_in(key, step), logits / temperature, axis=-1)
             return kv, drawn.astype(jnp.int32)
 
-        def grow(kv, slots):
+        def grow(state, kv, slots):
             pad = [(0, 0)] * 3 + [(0, slots.shape[0] - kv.keys.shape[3]), (0, 0)]
             return KV(jnp.pad(kv.keys, pad), jnp.pad(kv.values, pad))
 
@@ -335,7 +345,6 @@ class JaxLanguageModel(TokenizedBackend):
         max_heads: how many pinned heads are kept.
         draft_tokens: greedy single replies are verified in drafts of at most this many tokens
             looked up in the prompt; 0 decodes one token per pass.
-        device: the JAX device the decoder's weights are on (default: JAX's default device).
 
     Raises:
         ValueError: unknown candidate layout, negative ``draft_tokens``, or an unknown window.
@@ -344,7 +353,7 @@ class JaxLanguageModel(TokenizedBackend):
     def __init__(self, decoder: Decoder, tokenizer: PreTrainedTokenizerBase, *, name: str,
                  eos_token_ids: Sequence[int] = (), max_context_tokens: int | None = None,
                  candidate_layout: str = "tree", reuse_cache: bool = True, max_heads: int = 16,
-                 draft_tokens: int = DRAFT_TOKENS, device: jax.Device | None = None) -> None:
+                 draft_tokens: int = DRAFT_TOKENS) -> None:
         if candidate_layout not in CANDIDATE_LAYOUTS:
             raise ValueError(f"candidate_layout={candidate_layout!r} is not one of {CANDIDATE_LAYOUTS}")
         if draft_tokens < 0:
@@ -356,9 +365,9 @@ class JaxLanguageModel(TokenizedBackend):
         self.candidate_layout = candidate_layout
         self.reuse_cache = reuse_cache
         self.draft_tokens = int(draft_tokens)
-        self.device: jax.Device = device if device is not None else jax.devices()[0]
+        self.programs = Programs.of(decoder)
+        self.device: jax.Device = self.programs.device  # where the weights are
         self.dtype = jnp.dtype(decoder.dtype)
-        self.programs = Programs(decoder, self.device)
         eos = set(int(i) for i in eos_token_ids)
         value = getattr(tokenizer, "eos_token_id", None)
         eos.update([value] if isinstance(value, int) else (value or []))
@@ -396,8 +405,7 @@ class JaxLanguageModel(TokenizedBackend):
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise FileNotFoundError(f"cannot load a tokenizer from {str(path)!r}: {reason}") from err
         decoder = load_decoder(path, dtype=jdtype, device=dev)
-        return cls(decoder, tokenizer, name=name or str(path), eos_token_ids=_generation_eos(path), device=dev,
-                   **kwargs)
+        return cls(decoder, tokenizer, name=name or str(path), eos_token_ids=_generation_eos(path), **kwargs)
 
     def fork(self) -> "JaxLanguageModel":
         """A view of the same weights and compiled programs with its own, empty prefix KV cache
@@ -430,14 +438,14 @@ class JaxLanguageModel(TokenizedBackend):
             The number of tokens pinned (0 when this backend keeps no cache, ``reuse_cache=False``).
         """
         ids = self.encode(*self.formatter.rendered(head))
-        return len(ids) if self.cache.pin(ids, self._prefill) else 0
+        return len(ids) if self.cache.pin(ids, self._forward) else 0
 
     def reset_cache(self) -> None:
         """Forget the stored prefix cache."""
         self.cache.reset()
 
     # ------------------------------------------------------------------ passes
-    def _prefill(self, ids: Sequence[int], cache: StreamKV, start: int) -> PassOutput:
+    def _forward(self, ids: Sequence[int], cache: StreamKV, start: int) -> PassOutput:
         """A causal pass over ``ids`` after the ``start`` tokens ``cache`` holds (a chunk of a
         context or prompt); the head runs at its last token."""
         n = len(ids)
@@ -524,7 +532,7 @@ class JaxLanguageModel(TokenizedBackend):
         ids = toks[0].ids
         cache, start = self.cache.start(ids[:s])
         lo = max(start, s - PREFILL_CHUNK)
-        self.cache.encode(cache, ids, start, self._prefill, stop=lo)
+        self.cache.encode(cache, ids, start, self._forward, stop=lo)
         self.cache.encoded_tokens += s - lo
         tree = candidate_tree(toks, s, self.candidate_layout)
         needed, rows = head_rows(toks, tree, s)
@@ -548,7 +556,7 @@ class JaxLanguageModel(TokenizedBackend):
                     capture: Sequence[tuple[int, str, tuple[int, str]]]) -> tuple[PassOutput, Rows, Positions]:
         """The batched layout: one right-padded row per candidate over the context's cache, read
         once for all rows."""
-        cache = self.cache.prefill(toks[0].ids[:s], self._prefill)
+        cache = self.cache.prefill(toks[0].ids[:s], self._forward)
         segs = [t.ids[s:] for t in toks]
         width, m = bucket(max(len(g) for g in segs)), bucket(len(segs))
         ids = np.zeros((m, width), np.int32)
@@ -595,7 +603,7 @@ class JaxLanguageModel(TokenizedBackend):
         if temperature > 0:
             return self._sample(ids, budget, stop, temperature, n, seed)
         cache, start = self.cache.start(ids[:-1])
-        out = self.cache.encode(cache, ids, start, self._prefill)
+        out = self.cache.encode(cache, ids, start, self._forward)
         first = out.first_greedy()
 
         def verify(feed: list[int], cached: int) -> list[int]:
@@ -623,7 +631,7 @@ class JaxLanguageModel(TokenizedBackend):
         """``n`` sampled replies: the prompt but its last token from the stream's cache, then every
         row feeds the last prompt token and its own draws, reading the prompt's buffer in place."""
         cache, start = self.cache.start(ids[:-1])
-        self.cache.encode(cache, ids[:-1], start, self._prefill)
+        self.cache.encode(cache, ids[:-1], start, self._forward)
         shared = cache.kv if cache.kv is not None else self.programs.buffer(1, MIN_CAPACITY)
         state = {"rows": self.programs.buffer(n, capacity(budget, least=1))}
         key = jax.random.PRNGKey(secrets.randbits(63) if seed is None else int(seed))

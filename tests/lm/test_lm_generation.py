@@ -1,10 +1,13 @@
-"""Generation with the HuggingFace backend: greedy equals transformers' own greedy search,
-seeded sampling is reproducible, stop strings cut, and the prompt's KV cache is reused exactly."""
+"""Generation with both backends (PyTorch and JAX, ``backend``): greedy equals transformers' own
+greedy search, seeded sampling is reproducible, stop strings cut, and the prompt's KV cache is
+reused exactly; the PyTorch backend's shared-prefix sampling equals the copying path."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+
+from conftest import passes
 
 PROMPT = (
     "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a countertop 1 "
@@ -18,22 +21,52 @@ def hf_greedy(lm, prompt: str, max_new_tokens: int) -> str:
     return lm.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
-def counting(lm):
-    """The token counts of ``lm``'s forward passes from now on (a list that grows)."""
-    passes: list[int] = []
-    inner = lm._forward
-    lm._forward = lambda input_ids, cache, **kw: passes.append(input_ids.shape[1]) or inner(input_ids, cache, **kw)
-    return passes
+def hf_greedy_ids(lm, prompt: str, max_new_tokens: int) -> list[int]:
+    """transformers' greedy search's new token ids (its end-of-sequence token left out)."""
+    ids = torch.tensor([lm.encode(prompt)])
+    out = lm.model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=lm.tokenizer.eos_token_id)
+    return [t for t in out[0, ids.shape[1]:].tolist() if t != lm.tokenizer.eos_token_id]
 
 
-def test_greedy_matches_transformers_generate(fresh, lm32):
-    lm = fresh()
+#: 20 prompts: game transcripts cut at different places, a routing line, an instruction
+PROMPTS = [PROMPT[:k] for k in (60, 95, 130, 170, 200)] + [PROMPT] + [
+    f"You are in the middle of a room. Looking quickly around you, you see a {a} 1, a {b} 2 and a sofa 1.\n"
+    f"Your task is to: {task}.\n>" for a, b, task in (
+        ("drawer", "shelf", "find two pillows and put them in sofa"), ("safe", "desk", "put a clean cloth in drawer"),
+        ("bed", "garbagecan", "look at the bowl under the desklamp"), ("fridge", "sinkbasin", "cool a tomato"),
+        ("microwave", "toaster", "heat some egg and put it in diningtable"),
+        ("cabinet", "countertop", "put two spraybottle in toilet"))] + [
+    "Q: What is 2 + 3?\nA:", "The capital of France is", "def add(a, b):\n    return", "Once upon a time, there",
+    "Step 1: open the fridge.\nStep 2:", "1, 2, 3, 4, 5,", "Translate to French: good morning ->",
+    "> think: First I need to find an apple."]
+
+
+@pytest.mark.parametrize("k", [pytest.param(k, marks=[] if k in (0, 5, 9) else [pytest.mark.slow])
+                               for k in range(len(PROMPTS))])
+def test_greedy_gives_transformers_greedy_token_ids(fresh_any, lm32, monkeypatch, k):
+    """Greedy replies (prompt-lookup drafts on) are transformers' greedy search token id for token
+    id, in both backends (float32): every token the decoding loop takes is recorded."""
+    from agent_shell.lm import decoding
+
+    assert len(PROMPTS) == 20
+    taken: list[int] = []
+    real = decoding.extend_reply
+    monkeypatch.setattr(decoding, "extend_reply", lambda tokens, token, *a: taken.append(token) or real(tokens, token, *a))
+    want = hf_greedy_ids(lm32, PROMPTS[k], 16)
+    (got,) = fresh_any().generate(PROMPTS[k], max_new_tokens=16)
+    assert [t for t in taken if t != lm32.tokenizer.eos_token_id] == want
+    assert got == lm32.tokenizer.decode(want, skip_special_tokens=True)
+
+
+def test_greedy_matches_transformers_generate(fresh_any, lm32):
+    lm = fresh_any()
     got = lm.generate(PROMPT, max_new_tokens=12)
     assert got == [hf_greedy(lm32, PROMPT, 12)]
     assert lm.generate(PROMPT, max_new_tokens=12, n=2) == got * 2  # greedy replies are identical
 
 
-def test_seeded_sampling_is_reproducible(fresh):
+def test_seeded_sampling_is_reproducible(fresh_any):
+    fresh = fresh_any
     lm = fresh()
     a = lm.generate(PROMPT, max_new_tokens=16, temperature=1.0, n=3, seed=7)
     b = fresh().generate(PROMPT, max_new_tokens=16, temperature=1.0, n=3, seed=7)
@@ -123,8 +156,8 @@ def test_shared_prefix_attention_names_the_architectures_it_cannot_serve():
         SharedPrefix(gpt2)
 
 
-def test_stop_strings_cut_the_reply(fresh):
-    lm = fresh()
+def test_stop_strings_cut_the_reply(fresh_any):
+    lm = fresh_any()
     (full,) = lm.generate(PROMPT, max_new_tokens=24)
     words = full.split()
     assert len(words) >= 3, full
@@ -136,14 +169,15 @@ def test_stop_strings_cut_the_reply(fresh):
     assert lm.generate(PROMPT, max_new_tokens=0, n=2) == ["", ""]
 
 
-def test_prompt_cache_reuse_is_exact(fresh, lm32):
+def test_prompt_cache_reuse_is_exact(fresh_any, lm32):
+    fresh = fresh_any
     lm = fresh(draft_tokens=0)  # one token per pass (drafts: the test below)
     (first,) = lm.generate(PROMPT, max_new_tokens=8)
     longer = PROMPT + first + "\nOK.\n> go to fridge 1\nThe fridge 1 is closed.\n> think: Now I"
-    passes = counting(lm)
+    counted = passes(lm)
     (reused,) = lm.generate(longer, max_new_tokens=8)
     # the prompt's new tokens in one pass (it gives the first reply token), then one pass per token
-    assert passes[0] < len(lm.encode(longer)) // 2 and passes[1:] == [1] * (len(passes) - 1) and len(passes) <= 8
+    assert counted[0] < len(lm.encode(longer)) // 2 and counted[1:] == [1] * (len(counted) - 1) and len(counted) <= 8
     assert len(lm.cache.ids) == len(lm.encode(longer))
     assert reused == hf_greedy(lm32, longer, 8)
     # scoring after generation shares the same cache and stays exact
@@ -152,8 +186,8 @@ def test_prompt_cache_reuse_is_exact(fresh, lm32):
     assert abs(after.log_q - ref.log_q).max() < 1e-4
 
 
-def test_chat_generation_stops_at_end_of_turn(fresh):
-    lm = fresh()
+def test_chat_generation_stops_at_end_of_turn(fresh_any):
+    lm = fresh_any()
     (reply,) = lm.generate([{"role": "user", "content": "Say hello."}], max_new_tokens=40)
     assert "<|im_end|>" not in reply and "<|im_start|>" not in reply
     assert reply.strip()
@@ -198,17 +232,18 @@ TRANSCRIPT = (
 @pytest.mark.parametrize("prompt, budget, stop", [(TRANSCRIPT, 12, ("\n",)),
                                                   pytest.param(TRANSCRIPT, 30, (), marks=pytest.mark.slow),
                                                   (PROMPT, 16, ()), (TRANSCRIPT + " put", 1, ())])
-def test_prompt_lookup_drafts_give_the_greedy_reply_in_fewer_passes(fresh, lm32, prompt, budget, stop):
+def test_prompt_lookup_drafts_give_the_greedy_reply_in_fewer_passes(fresh_any, lm32, prompt, budget, stop):
+    fresh = fresh_any
     drafted, plain = fresh(), fresh(draft_tokens=0)
-    passes, plain_passes = counting(drafted), counting(plain)
+    counted, plain_passes = passes(drafted), passes(plain)
     (got,) = drafted.generate(prompt, max_new_tokens=budget, stop=stop)
     (want,) = plain.generate(prompt, max_new_tokens=budget, stop=stop)
     assert got == want
     if not stop:
         assert got == hf_greedy(lm32, prompt, budget)
-    assert len(passes) <= len(plain_passes)
+    assert len(counted) <= len(plain_passes)
     if prompt.startswith(TRANSCRIPT) and budget > 1:  # the transcript repeats itself: drafts are accepted
-        assert len(passes) < len(plain_passes) and max(passes[1:]) > 1
+        assert len(counted) < len(plain_passes) and max(counted[1:]) > 1
     # the cache keeps the prompt (and scoring after it stays exact)
     assert len(drafted.cache.ids) == len(drafted.encode(prompt))
     after = drafted.score(prompt, ["open fridge 1", "put apple 1 in/on countertop 1"], " ")

@@ -1,8 +1,11 @@
-"""Exactness of the HuggingFace backend's candidate scoring against naive re-encoding (fp32).
+"""Exactness of both backends' candidate scoring (PyTorch and JAX, ``backend``) against naive
+re-encoding with the PyTorch model (fp32).
 
-The reference here is written independently of the backend: it tokenizes ``context + prefix +
+The reference here is written independently of the backends: it tokenizes ``context + prefix +
 action`` as one string, finds the action's first token by decoding (the longest token prefix that
-decodes to a prefix of ``context + prefix``), and runs one full forward pass per candidate.
+decodes to a prefix of ``context + prefix``), and runs one full forward pass per candidate of the
+PyTorch model (transformers' own forward), on the real default backbone and on tiny random-weight
+Llama and Qwen2 models.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from agent_shell.context import action_prefix
 from agent_shell.lm import LanguageModel
 from agent_shell.lm.hf import HFLanguageModel
 from agent_shell.lm.scoring import PrefixTree
+from conftest import passes, view
 
 PREFIX = action_prefix("text")  # the transcript's "\n> "
 
@@ -42,9 +46,20 @@ def make_context(n_steps: int) -> str:
     return header + "".join(OBSERVATION.format(i=i, j=i + 1, k=i + 2) for i in range(n_steps)) + "On it, you see"
 
 
+_NAIVE: dict[tuple, tuple] = {}  # (model, context, action, prefix) -> naive_score, computed once
+
+
 @torch.inference_mode()
 def naive_score(lm: HFLanguageModel, context: str, action: str, prefix: str = PREFIX):
     """(log_q, n_tokens, hidden at final token) by one full forward over context+prefix+action."""
+    key = (id(lm.model), context, action, prefix)
+    if key not in _NAIVE:
+        _NAIVE[key] = _naive_score(lm, context, action, prefix)
+    return _NAIVE[key]
+
+
+@torch.inference_mode()
+def _naive_score(lm: HFLanguageModel, context: str, action: str, prefix: str):
     tok = lm.tokenizer
     base = context + prefix
     ids = tok(base + action)["input_ids"]
@@ -55,19 +70,29 @@ def naive_score(lm: HFLanguageModel, context: str, action: str, prefix: str = PR
     return log_q, len(ids) - first, out.hidden_states[-1][0, -1].double().numpy()
 
 
+def backbone(model: str, backend: str, lm32, request) -> tuple[HFLanguageModel, LanguageModel]:
+    """(the PyTorch reference, the backend under test) of the default backbone or a tiny model."""
+    if model == "default":
+        return lm32, (lm32 if backend == "torch" else request.getfixturevalue("jax32"))
+    reference, jax_lm = request.getfixturevalue("tiny_backbones")[model]
+    return reference, reference if backend == "torch" else jax_lm
+
+
+@pytest.mark.parametrize("model", ["default", "llama", "qwen2"])
 @pytest.mark.parametrize("n_steps", [0, 5, 14])
-def test_cached_scoring_equals_naive(lm32, fresh, n_steps):
+def test_cached_scoring_equals_naive(lm32, backend, model, n_steps, request):
+    reference, lm = backbone(model, backend, lm32, request)
     context = make_context(n_steps)
     # the boundary candidates on the short and medium contexts; the long one (one naive forward of
     # about 780 tokens per candidate) with three plain actions
     candidates = {0: ALFWORLD_CANDIDATES[:4] + BOUNDARY_CANDIDATES, 5: ALFWORLD_CANDIDATES[1:4] + BOUNDARY_CANDIDATES[1:3],
                   14: ALFWORLD_CANDIDATES[1:4]}[n_steps]
     layouts = ["tree", "packed", "batched"] if n_steps == 5 else ["tree", "packed"]
-    refs = [naive_score(lm32, context, a) for a in candidates]
+    refs = [naive_score(reference, context, a) for a in candidates]
     for layout in layouts:
-        got = fresh(candidate_layout=layout).score(context, candidates, PREFIX)
+        got = view(lm, candidate_layout=layout).score(context, candidates, PREFIX)
         assert got.log_q.shape == (len(candidates),) and got.log_q.dtype == np.float32
-        assert got.hidden.shape == (len(candidates), lm32.hidden_size) and got.hidden.dtype == np.float32
+        assert got.hidden.shape == (len(candidates), reference.hidden_size) and got.hidden.dtype == np.float32
         assert got.n_tokens.dtype == np.int32
         for m, (log_q, n_tok, hidden) in enumerate(refs):
             assert got.n_tokens[m] == n_tok, (layout, candidates[m])
@@ -82,17 +107,15 @@ SHARING_CANDIDATES = ["go to cabinet 1", "go to cabinet 2", "go to cabinet 10", 
                       "go to cabinet 1 now", "go to cabinet 2", "open cabinet 1", "go", "look"]
 
 
-def test_the_prefix_tree_layout_equals_naive_scoring_with_fewer_tokens(lm32, fresh):
+def test_the_prefix_tree_layout_equals_naive_scoring_with_fewer_tokens(lm32, fresh_any):
     """Shared prefixes are encoded once, and each candidate still gets its own sequence's numbers."""
     context = make_context(3)
     refs = [naive_score(lm32, context, a) for a in SHARING_CANDIDATES]
     widths = {}
     for layout in ("tree", "packed"):
-        lm = fresh(candidate_layout=layout)
+        lm = fresh_any(candidate_layout=layout)
         lm.cache.prefill(lm.encode(context + PREFIX)[:-1], lm._forward)  # the context cached: one pass left
-        seen = []
-        forward = lm._forward
-        lm._forward = lambda ids, *a, _f=forward, **kw: seen.append(ids.shape[1]) or _f(ids, *a, **kw)
+        seen = passes(lm)
         got = lm.score(context, SHARING_CANDIDATES, PREFIX)
         widths[layout] = seen[-1]
         for m, (log_q, n_tok, hidden) in enumerate(refs):
@@ -129,9 +152,9 @@ def test_context_lengths_span_the_claim(lm32):
     assert lengths[0] < 80 and 250 < lengths[1] < 400 and lengths[2] > 700, lengths
 
 
-def test_hidden_is_the_lm_head_input_of_a_full_forward(lm32, fresh):
+def test_hidden_is_the_lm_head_input_of_a_full_forward(lm32, fresh_any):
     context, action = make_context(2), "take mug 2 from cabinet 3"
-    got = fresh().score(context, [action, "look"], PREFIX)
+    got = fresh_any().score(context, [action, "look"], PREFIX)
     ids = torch.tensor([lm32.encode(context + PREFIX + action)])
     with torch.inference_mode():  # the reference: a plain forward of the model
         out = lm32.model(ids, output_hidden_states=True)  # hidden_states[-1]: after the final norm
@@ -155,7 +178,7 @@ BOUNDARY_CASES = [
 
 
 @pytest.mark.parametrize("context,prefix,action,decoded,count", BOUNDARY_CASES)
-def test_token_accounting_at_the_boundary(lm32, fresh, context, prefix, action, decoded, count):
+def test_token_accounting_at_the_boundary(lm32, fresh_any, context, prefix, action, decoded, count):
     tok = lm32.tokenizer
     base = lm32.render(context, prefix)
     (t,) = lm32.tokenize_continuations(base, [action])
@@ -165,14 +188,14 @@ def test_token_accounting_at_the_boundary(lm32, fresh, context, prefix, action, 
     assert cond_text + action_text == base + action
     assert action_text.endswith(action) and base.endswith(action_text[: len(action_text) - len(action)])
     assert action_text == decoded and t.n_action == count
-    got = fresh().score(context, [action], action_prefix=prefix)
+    got = fresh_any().score(context, [action], action_prefix=prefix)
     assert got.n_tokens[0] == count
     ref_log_q, ref_count, _ = naive_score(lm32, context, action, prefix)
     assert ref_count == count and abs(got.log_q[0] - ref_log_q) < 1e-4
 
 
-def test_one_user_message_has_one_bos_and_counts_only_action_tokens(fresh, lm32):
-    lm = fresh()
+def test_one_user_message_has_one_bos_and_counts_only_action_tokens(fresh_any, lm32):
+    lm = fresh_any()
     message = [{"role": "user", "content": "You see a mug."}]
     base, markers = lm.formatter.rendered(message, "")
     assert base.startswith("<|im_start|>") and base.endswith("<|im_start|>assistant\n")
@@ -189,16 +212,9 @@ def test_one_user_message_has_one_bos_and_counts_only_action_tokens(fresh, lm32)
     assert got.n_tokens[0] == t.n_action and abs(got.log_q[0] - ref) < 1e-4
 
 
-def test_cache_reuse_over_an_extended_context_equals_a_fresh_call(fresh):
-    lm = fresh()
-    counted: list[int] = []
-    inner = lm._forward
-
-    def counting_forward(input_ids, cache, **kwargs):
-        counted.append(input_ids.numel())
-        return inner(input_ids, cache, **kwargs)
-
-    lm._forward = counting_forward
+def test_cache_reuse_over_an_extended_context_equals_a_fresh_call(fresh_any):
+    lm = fresh_any()
+    counted = passes(lm)
     step1 = make_context(4)
     step2 = step1 + " a mug 3.\n> take mug 3 from countertop 2\nYou pick up the mug 3."
     lm.score(step1, ALFWORLD_CANDIDATES, PREFIX)
@@ -207,27 +223,26 @@ def test_cache_reuse_over_an_extended_context_equals_a_fresh_call(fresh):
     n_context = len(lm.encode(step2))
     assert sum(counted) < n_context // 2, (counted, n_context)  # the old prefix was not re-encoded
     assert len(counted) == 1  # the step's new context tokens and all candidates in one pass
-    reference = fresh(reuse_cache=False).score(step2, ALFWORLD_CANDIDATES, PREFIX)
+    reference = fresh_any(reuse_cache=False).score(step2, ALFWORLD_CANDIDATES, PREFIX)
     np.testing.assert_allclose(reused.log_q, reference.log_q, atol=1e-4)
     np.testing.assert_allclose(reused.hidden, reference.hidden, atol=1e-4)
     # a context that is NOT an extension (earlier step, then an unrelated one) is still exact
     for ctx in (make_context(3), "A different game entirely.\n> look\nYou see nothing."):
         again = lm.score(ctx, ALFWORLD_CANDIDATES, PREFIX)
-        ref = fresh(reuse_cache=False).score(ctx, ALFWORLD_CANDIDATES, PREFIX)
+        ref = fresh_any(reuse_cache=False).score(ctx, ALFWORLD_CANDIDATES, PREFIX)
         np.testing.assert_allclose(again.log_q, ref.log_q, atol=1e-4)
 
 
-def test_a_context_longer_than_a_prefill_chunk_scores_as_one_call(fresh, lm32, monkeypatch):
+def test_a_context_longer_than_a_prefill_chunk_scores_as_one_call(fresh_any, lm32, monkeypatch):
     """The new tokens beyond one chunk are encoded first, the last chunk rides with the candidates."""
     import agent_shell.lm.hf as hf
+    import agent_shell.lm.jax_backend as jax_backend
     import agent_shell.lm.kv_cache as kv_cache
 
-    monkeypatch.setattr(hf, "PREFILL_CHUNK", 16)
-    monkeypatch.setattr(kv_cache, "PREFILL_CHUNK", 16)
-    lm = fresh()
-    counted: list[int] = []
-    inner = lm._forward
-    lm._forward = lambda input_ids, cache, **kw: counted.append(input_ids.shape[1]) or inner(input_ids, cache, **kw)
+    for module in (hf, jax_backend, kv_cache):
+        monkeypatch.setattr(module, "PREFILL_CHUNK", 16)
+    lm = fresh_any()
+    counted = passes(lm)
     context, candidates = make_context(1), ALFWORLD_CANDIDATES[:3]
     got = lm.score(context, candidates, PREFIX)
     assert len(counted) >= 3 and counted[-2] <= 16  # chunks of the context, then the packed row
@@ -236,42 +251,45 @@ def test_a_context_longer_than_a_prefill_chunk_scores_as_one_call(fresh, lm32, m
         assert np.abs(got.hidden[m] - hidden).max() / np.abs(hidden).max() < 1e-4
 
 
-def test_bad_inputs_raise_clear_errors(lm32):
+def test_bad_inputs_raise_clear_errors(fresh_any):
+    lm = fresh_any()
     with pytest.raises(ValueError, match="empty candidate list"):
-        lm32.score("ctx", [], PREFIX)
+        lm.score("ctx", [], PREFIX)
     with pytest.raises(ValueError, match="candidate 1 is ''"):
-        lm32.score("ctx", ["look", ""], PREFIX)
+        lm.score("ctx", ["look", ""], PREFIX)
     with pytest.raises(ValueError, match="sequence of strings"):
-        lm32.score("ctx", "look", PREFIX)
+        lm.score("ctx", "look", PREFIX)
     too_long = "take mug 1 from cabinet 2. " * 1400  # > 8,192 tokens
-    assert len(lm32.encode(too_long)) > lm32.max_context_tokens
+    assert len(lm.encode(too_long)) > lm.max_context_tokens
     with pytest.raises(ValueError, match="context is too long.*window of 8192"):
-        lm32.score(too_long, ["look"], PREFIX)
+        lm.score(too_long, ["look"], PREFIX)
     with pytest.raises(ValueError, match="nothing to condition on"):
-        lm32.score("", ["look"], action_prefix="")
+        lm.score("", ["look"], action_prefix="")
     with pytest.raises(ValueError, match="prompt is too long"):
-        lm32.generate(too_long)
+        lm.generate(too_long)
     with pytest.raises(ValueError, match="candidate_layout='diagonal'"):
-        HFLanguageModel(lm32.model, lm32.tokenizer, name="x", candidate_layout="diagonal")
+        view(lm, candidate_layout="diagonal")
 
 
-def test_backend_satisfies_the_protocol(lm32):
-    assert isinstance(lm32, LanguageModel)
-    assert lm32.hidden_size == 576 and lm32.metadata["formatting"] == "plain"
-    assert lm32.metadata["name"] == lm32.name and lm32.metadata["dtype"] == "float32"
+def test_backend_satisfies_the_protocol(fresh_any):
+    lm = fresh_any()
+    assert isinstance(lm, LanguageModel)
+    assert lm.hidden_size == 576 and lm.metadata["formatting"] == "plain"
+    assert lm.metadata["name"] == lm.name and lm.metadata["dtype"] == "float32"
 
 
-def test_fork_shares_the_weights_and_keeps_its_own_cache(fresh):
-    lm = fresh()
+def test_fork_shares_the_weights_and_keeps_its_own_cache(fresh_any):
+    lm = fresh_any()
     routing, scoring = make_context(3), "A different game entirely.\n> look\nYou see nothing."
     lm.score(routing, ALFWORLD_CANDIDATES, PREFIX)
     kept = lm.cache.ids
     twin = lm.fork()
-    assert twin.model is lm.model and twin.tokenizer is lm.tokenizer and twin.cache is not lm.cache
+    weights = (lambda v: v.model) if isinstance(lm, HFLanguageModel) else (lambda v: v.decoder)
+    assert weights(twin) is weights(lm) and twin.tokenizer is lm.tokenizer and twin.cache is not lm.cache
     assert twin.cache.ids == () and len(kept) > 50
     got = twin.score(scoring, ALFWORLD_CANDIDATES, PREFIX)
     assert lm.cache.ids == kept and twin.cache.ids and twin.cache.ids != kept  # neither evicts the other
-    ref = fresh(reuse_cache=False).score(scoring, ALFWORLD_CANDIDATES, PREFIX)
+    ref = fresh_any(reuse_cache=False).score(scoring, ALFWORLD_CANDIDATES, PREFIX)
     np.testing.assert_allclose(got.log_q, ref.log_q, atol=1e-4)
 
 
@@ -365,7 +383,8 @@ def test_bfloat16_logits_are_turned_into_log_probs_in_float64(lm32, fresh):
     try:
         for n_steps in (3,):
             context = make_context(n_steps)
-            refs = [naive_score(lm32, context, a)[0] for a in ALFWORLD_CANDIDATES]
+            refs = [_naive_score(lm32, context, a, PREFIX)[0]  # not memoised: the head is hooked
+                    for a in ALFWORLD_CANDIDATES]
             for layout in ("tree", "packed", "batched"):
                 got = fresh(candidate_layout=layout).score(context, ALFWORLD_CANDIDATES, PREFIX)
                 np.testing.assert_allclose(got.log_q, refs, rtol=0, atol=2e-3, err_msg=layout)
