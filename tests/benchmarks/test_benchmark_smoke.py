@@ -348,3 +348,35 @@ def test_results_growth_tiny(tmp_path, capsys):
     assert f"all: bytes {old} -> {new} (growth {new / old - 1!r})" in out
     cb_added = len(orjson.dumps(scored[0])) - len(orjson.dumps(plain[0]))
     assert f"{cb_added / 3!r} bytes added per candidate" in out  # 3 scored candidates
+
+
+def test_scoring_speed_and_step_cost_time_the_jax_backend_beside_the_pytorch_one(tmp_path):
+    """``--backend jax``: the JAX methods score what the script's naive re-encoding scores (float32),
+    their ratios name the PyTorch method they are paired with and are recomputed here; the JAX step
+    is one more path of step_cost's rotation, with its programs counted after every step."""
+    out = tmp_path / "scoring.json"
+    assert load("scoring_speed").main(["--tiny", "--dtype", "float32", "--compare-dtype", "--backend", "jax",
+                                       "--out", str(out)]) == 0
+    (result,) = json.loads(out.read_text())["results"].values()
+    methods, ratios = result["methods"], result["ratios"]
+    for name in ("jax", "jax-warm"):
+        assert methods[name]["max_abs_log_q_gap_to_naive"] < 1e-3, name
+    assert math.isclose(ratios["jax_time_over_backend"], methods["jax"]["seconds"] / methods["backend"]["seconds"])
+    assert math.isclose(ratios["jax-warm_time_over_backend-warm"],
+                        methods["jax-warm"]["seconds"] / methods["backend-warm"]["seconds"])
+
+    cands = ["go to cabinet 1", "go to cabinet 2", "open cabinet 1", "look"]
+    steps = [Step("env", a, f"Nothing happens after {a}.", cands, False, False, 0.0) for a in cands[:3]]
+    expert = tmp_path / "train.jsonl"
+    expert.write_bytes(b"".join(orjson.dumps(Trajectory(
+        "alfworld", f"pick_and_place_simple-Mug-None-Shelf-1/trial_{i}", "pick_and_place_simple",
+        "Your task is to: put a mug in shelf.", "You are in the middle of a room.", steps, True, 1.0).to_record()) + b"\n"
+        for i in range(3)))
+    out = tmp_path / "step_cost.json"
+    assert load("step_cost").main(["--expert", str(expert), "--tiny", "--backend", "jax", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    programs = data["jax_programs_after_step"]
+    assert len(programs) == 3 and programs[0] >= 1 and programs == sorted(programs)
+    assert math.isclose(data["ratio_jax_step_to_torch_step"], data["jax_step_s_per_step"] / data["cb_agent_tree_s_per_step"])
+    assert "jax_step_passes_per_step" not in data  # the pass counter counts the PyTorch views only
+    assert any(v["name"].startswith("JAX step / PyTorch step") for v in data["verdicts"])
