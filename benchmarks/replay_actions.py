@@ -9,6 +9,9 @@ printed.
     # the first 30 games of Table 1 (five per task type), float32, the three Table 1 agents
     python benchmarks/replay_actions.py results/table1_alfworld.results.jsonl.gz \\
         --play runs/replay --per-type 5 --agent react --agent prior-only --agent cb-agent
+    # the same games played by the JAX backend (the recorded backbone's folder, read by Flax)
+    python benchmarks/replay_actions.py results/table1_alfworld.results.jsonl.gz \\
+        --play runs/replay-jax --per-type 1 --model jax:
     # compare a results file that is already played
     python benchmarks/replay_actions.py results/table1_alfworld.results.jsonl.gz --played runs/replay/results.jsonl
 
@@ -79,12 +82,14 @@ def compare(recorded: list[dict], played: list[dict]) -> list[Replay]:
     return out
 
 
-def play(reference: list[dict], out_dir: Path, per_type: int, agents: list[str], workers: int) -> Path:
+def play(reference: list[dict], out_dir: Path, per_type: int, agents: list[str], workers: int,
+         model: str | None = None) -> Path:
     """``cb-agent run --resume`` of the first ``per_type`` games per task type with the settings
-    recorded in ``reference`` (its first record); returns the results file."""
+    recorded in ``reference`` (its first record), by ``model`` when given (``--model``: e.g.
+    ``jax:`` for the recorded default backbone through the JAX backend); returns the results file."""
     settings = reference[0]
     cmd = ["cb-agent", "run", "--per-type", str(per_type), "--games", "0", "--out-dir", str(out_dir), "--resume",
-           "--workers", str(workers)]
+           "--workers", str(workers), *(["--model", model] if model is not None else [])]
     for field, option in RUN_OPTIONS.items():
         if settings.get(field) is not None:
             cmd += [option, str(settings[field])]
@@ -105,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agent", action="append", default=None,
                         help="--play: agent to replay (repeatable; default every agent of the reference)")
     parser.add_argument("--workers", type=int, default=1, help="--play: episodes played at once (default 1)")
+    parser.add_argument("--model", default=None,
+                        help="--play: the backbone to play with (cb-agent run --model; e.g. jax: for the JAX backend)")
     args = parser.parse_args(argv)
     from agent_shell.results import read_results  # plain or .gz; a torn line is skipped with a warning
 
@@ -117,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.play:
         agents = args.agent or list(dict.fromkeys(r["agent"] for r in recorded))
-        results = play(recorded, Path(args.play), args.per_type, agents, args.workers)
+        results = play(recorded, Path(args.play), args.per_type, agents, args.workers, args.model)
     else:
         results = Path(args.played)
         if not results.is_file():

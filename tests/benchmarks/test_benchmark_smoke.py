@@ -47,6 +47,7 @@ NOT_IN_THE_DEFAULT_SUITE = {
     "episode_throughput": "test_episode_throughput_tiny (slow marker: real ALFWorld and SmolLM2 on Ray)",
     "vllm_agreement": "tests/lm/test_vllm_gpu.py (gpu marker: needs CUDA and the vllm extra)",
     "compile_cache": "test_compile_cache_tiny (slow marker: fresh processes that import JAX and compile)",
+    "jax_programs": "test_jax_programs_tiny (slow marker: two fresh processes that load both backends and a game)",
     "gpu_check": "tests/lm/test_gpu_check.py (slow marker: --quick on the CPU)",
     "explorer_open": "tests/agents/test_view_browser.py (slow marker: headless Chromium)",
 }
@@ -380,3 +381,19 @@ def test_scoring_speed_and_step_cost_time_the_jax_backend_beside_the_pytorch_one
     assert math.isclose(data["ratio_jax_step_to_torch_step"], data["jax_step_s_per_step"] / data["cb_agent_tree_s_per_step"])
     assert "jax_step_passes_per_step" not in data  # the pass counter counts the PyTorch views only
     assert any(v["name"].startswith("JAX step / PyTorch step") for v in data["verdicts"])
+
+
+@pytest.mark.slow
+def test_jax_programs_tiny(tmp_path):
+    """Two fresh processes play the same three steps: the first compiles and stores every program
+    it runs, the second runs the same programs and compiles none (the store's files are counted,
+    not the script's own tally)."""
+    out = tmp_path / "programs.json"
+    assert load("jax_programs").main(["--tiny", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    first, second = data["runs"]
+    assert len(first["per_step"]) == len(second["per_step"]) == data["steps"] == 3
+    assert data["programs"] >= 3 and data["same_programs_in_both"]
+    assert first["per_step"][-1]["stored"] == data["programs"]  # each program compiled once, and stored
+    assert data["compiled_by_second_process"] == 0
+    assert [r["programs"] for r in second["per_step"]] == [r["programs"] for r in first["per_step"]]

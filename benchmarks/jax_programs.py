@@ -1,0 +1,121 @@
+"""The JAX backend's compiled programs over one real episode, and what a second process loads.
+
+Plays one game (default: the first ALFWorld ``valid_unseen`` game) with CB-Agent over the JAX
+backend (``--model jax:``, the default backbone, float32 on the CPU) for ``--steps`` steps, twice,
+each time in a fresh process sharing one cache folder (a temporary copy of the expert data; the
+project's executable store, :mod:`cb_core.cache`, lives in it). Per process and step it records
+the programs compiled or loaded so far (``JaxLanguageModel.programs.compiled``: one per pass and
+bucketed shapes), the executables the store gained (a fresh compile is stored, a loaded one is
+not) and the step's seconds. The first process shows how many programs an episode compiles and
+after which step it stops compiling; the second, that a new process compiles none of them.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/jax_programs.py --steps 30 --out results/jax_programs.json
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/jax_programs.py --tiny   # 3 steps of a TextWorld game
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _targets import machine  # noqa: E402
+
+
+def play(env_name: str, split: str, game: str | None, steps: int, dtype: str) -> dict:
+    """One episode of CB-Agent over the JAX backend in this process (the cache: ``$CB_AGENT_CACHE``):
+    per step, the programs so far, the store's executables so far and the step's seconds."""
+    from agent_shell.lm import load_language_model
+    from agent_shell.pipeline import players_of, prepare
+    from agent_shell.run_config import RunConfig
+    from agent_shell.scheduler import play_episode
+    from cb_io.paths import cache_root
+    from envs import make_env
+
+    env = make_env(env_name)
+    try:
+        game = game or env.tasks(split)[0]
+        config = RunConfig(env=env_name, split=split, model="jax:", dtype=dtype, agents=("cb-agent",), budget=steps,
+                           game_ids=(game,))
+        lm = load_language_model("jax:", dtype=dtype, device="cpu")
+        setup = prepare(config, need_concepts=True, env=env, lm=lm, task_types=[env.task_type_of(game)])
+        agent = players_of(config, setup)["cb-agent"]
+        store = cache_root() / "jax" / "executables"
+        rows: list[dict] = []
+        last = [time.perf_counter()]
+
+        def stepped(trials: list) -> None:
+            now = time.perf_counter()
+            rows.append({"programs": len(lm.programs.compiled), "stored": len(list(store.glob("lm-*"))),
+                         "seconds": now - last[0]})
+            last[0] = now
+
+        record = play_episode(env, agent, game, steps, {"split": split}, on_step=stepped)
+    finally:
+        env.close()
+    return {"game": game, "steps": record["steps"], "success": record["success"], "per_step": rows,
+            "programs": sorted(f"{name} {shapes}" for name, shapes in lm.programs.compiled)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env", default="alfworld")
+    parser.add_argument("--split", default="valid_unseen")
+    parser.add_argument("--game", default=None, help="the game (default: the split's first)")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--tiny", action="store_true", help="3 steps of the first TextWorld cooking-1 test game")
+    parser.add_argument("--out", default=None, help="write the figures here as JSON")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one process's episode
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.env, args.split, args.game, args.steps = "textworld", "test", "cooking-1/test/100001", 3
+    if args.child:
+        print(json.dumps(play(args.env, args.split, args.game, args.steps, args.dtype)))
+        return 0
+
+    from cb_io.paths import cache_root
+
+    expert = cache_root() / "expert" / args.env
+    with tempfile.TemporaryDirectory() as tmp:
+        if expert.is_dir():  # the expert trajectories, not collected again; nothing compiled is copied
+            shutil.copytree(expert, Path(tmp) / "expert" / args.env)
+        child = [sys.executable, __file__, "--child", "--env", args.env, "--split", args.split, "--steps",
+                 str(args.steps), "--dtype", args.dtype, *(["--game", args.game] if args.game else [])]
+        runs = []
+        for process in ("first", "second"):
+            out = subprocess.run(child, env={**os.environ, "CB_AGENT_CACHE": tmp}, check=True, capture_output=True,
+                                 text=True)
+            runs.append({"process": process, **json.loads(out.stdout.splitlines()[-1])})
+    first, second = runs
+    compiling = [i + 1 for i, (a, b) in enumerate(zip([{"programs": 0}] + first["per_step"], first["per_step"]))
+                 if b["programs"] > a["programs"]]
+    figures = {"env": args.env, "game": first["game"], "steps": first["steps"], "dtype": args.dtype,
+               "programs": len(first["programs"]), "steps_that_compiled": compiling,
+               "last_step_that_compiled": compiling[-1] if compiling else 0,
+               "stored_by_first_process": first["per_step"][-1]["stored"] if first["per_step"] else 0,
+               "compiled_by_second_process": (second["per_step"][-1]["stored"] - first["per_step"][-1]["stored"]
+                                              if second["per_step"] else 0),
+               "same_programs_in_both": first["programs"] == second["programs"],
+               "first_step_s": [r["per_step"][0]["seconds"] for r in runs if r["per_step"]],
+               "runs": runs, "machine": machine()}
+    print(json.dumps({k: v for k, v in figures.items() if k != "runs"}, indent=1))
+    print(f"{figures['programs']} programs over {figures['steps']} steps of {figures['game']}; the last compiled at "
+          f"step {figures['last_step_that_compiled']}; a second process compiled {figures['compiled_by_second_process']}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(figures, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
