@@ -119,6 +119,9 @@ class DecisionScorer:
         self.lm = lm
         self.features = features if features is not None else FeatureSet.from_spec()
         self._default = self.features.is_default  # phi is the LM's hidden states
+        #: phi is the LM's hidden states (``lm-hidden``): a decision can be taken where they lie
+        #: (:meth:`agent_shell.agents.cb_agent.CBAgent.decide`)
+        self.reads_hidden_only: bool = self._default
         self.layers: tuple[LayerSpec, ...] = tuple((e.layer, e.pool) for e in self.features.extractors
                                                    if isinstance(e, LMLayer))
 

@@ -43,7 +43,7 @@ from jax.typing import ArrayLike
 
 from cb_core.cache import digest
 from cb_core.decisions import Decisions, bucket_size, to_padded
-from cb_core.model import Terms, _k_terms
+from cb_core.model import DeviceDecision, Terms, _k_decide, _k_terms
 
 if TYPE_CHECKING:
     from cb_core.fit import FitResult
@@ -239,6 +239,40 @@ class Concept:
         padded = to_padded(one, dtype=np.float32, n_pad=1, m_pad=bucket_size(m))
         out = _k_terms(self.alpha.astype(np.float32), padded, np.float32(self.gamma), np.float32(self.eps))
         return Terms(*(np.asarray(x)[0, :m] for x in out))
+
+    def decide(self, hidden: ArrayLike, log_q: ArrayLike, n_tokens: ArrayLike, count: int) -> DeviceDecision:
+        """:meth:`terms` and the chosen candidate (Eq. 7) of one candidate set that already lies
+        where it is computed, padded: one compiled call, no value fetched (the result's arrays stay
+        on the inputs' device until the caller fetches them, after the argmax).
+
+        The inputs' first ``count`` slots are the candidates; the rest is padding, ignored
+        (:func:`cb_core.decisions.bucket_size` of ``count`` slots compiles once per (bucket, d)).
+        The terms equal :meth:`terms`' on the real candidates (the same kernel, padded in the
+        graph instead of on the host).
+
+        Args:
+            hidden: [M_pad, d] float32 features (e.g. a JAX backend's hidden states on its device).
+            log_q: [M_pad] float32 summed action-token log-probabilities (nats).
+            n_tokens: [M_pad] int32 action token counts (>= 1 in the first ``count`` slots).
+            count: M, 1 <= M <= M_pad.
+
+        Returns:
+            :class:`cb_core.model.DeviceDecision`: the terms [M_pad], ``chosen`` [] int32 and
+            ``finite`` [] bool (False: a non-finite input; the terms are then meaningless).
+
+        Raises:
+            ValueError: shapes that disagree with each other or with the concept's d, or ``count``
+                outside [1, M_pad] (checked on the shapes alone).
+        """
+        shape = tuple(np.shape(hidden))
+        if len(shape) != 2 or shape[1] != self.hidden_size:
+            raise ValueError(f"hidden must be [M_pad, d = {self.hidden_size}], got shape {shape}")
+        if tuple(np.shape(log_q)) != shape[:1] or tuple(np.shape(n_tokens)) != shape[:1]:
+            raise ValueError(f"log_q {np.shape(log_q)} and n_tokens {np.shape(n_tokens)} must be [M_pad] = [{shape[0]}]")
+        if not 1 <= int(count) <= shape[0]:
+            raise ValueError(f"count = {count} must be in [1, M_pad = {shape[0]}]")
+        return _k_decide(self.alpha.astype(np.float32), hidden, log_q, n_tokens, np.int32(count),
+                         np.float32(self.gamma), np.float32(self.eps))
 
     def log_probs(self, hidden: ArrayLike, log_q: ArrayLike, n_tokens: ArrayLike) -> np.ndarray:
         """log P_alpha(a | x) over one candidate set (Eq. 3), as numpy float32 [M]: the ``log_p``

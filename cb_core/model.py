@@ -43,7 +43,7 @@ __all__ = [
     "MATMUL_PRECISION", "compiled",
     "Problem", "prepare", "masked_logsumexp", "scores", "problem_log_probs", "problem_objective",
     "value_and_grad", "value_and_grad_at", "hvp", "problem_features", "problem_hessian", "features", "prior_log_probs",
-    "log_probs", "objective", "gradient", "hessian", "Terms", "problem_terms", "terms",
+    "log_probs", "objective", "gradient", "hessian", "Terms", "problem_terms", "terms", "DeviceDecision",
 ]
 
 
@@ -294,6 +294,36 @@ def _k_log_probs(alpha, padded, gamma, eps):
 @compiled
 def _k_terms(alpha, padded, gamma, eps):
     return problem_terms(alpha, prepare(padded, gamma, eps))
+
+
+class DeviceDecision(NamedTuple):
+    """One candidate set decided where its arrays live (:func:`_k_decide`); nothing fetched.
+
+    Attributes:
+        terms: :class:`Terms`, each [M_pad] (padded slots: log P -inf, prior and concept term 0).
+        chosen: [] int32, the argmax of log P over the real candidates (the lowest index on ties).
+        finite: [] bool, every real candidate's hidden state and log q are finite (when False the
+            terms are meaningless: the caller names the culprit from the fetched inputs).
+    """
+
+    terms: Terms
+    chosen: jax.Array
+    finite: jax.Array
+
+
+@compiled
+def _k_decide(alpha, hidden, log_q, n_tokens, count, gamma, eps) -> DeviceDecision:
+    """:func:`_k_terms` of one candidate set padded to M_pad slots whose first ``count`` are real,
+    padded here (the host's :func:`cb_core.decisions.to_padded` in the graph: each hidden state
+    minus the first one's, zeros, ones and the mask in the padded slots), then the argmax."""
+    mask = jnp.arange(hidden.shape[0]) < count
+    h = jnp.where(mask[:, None], hidden - hidden[0], 0.0)
+    padded = PaddedDecisions(h[None], jnp.where(mask, log_q, 0.0)[None], jnp.where(mask, n_tokens, 1)[None],
+                             mask[None], jnp.zeros(1, jnp.int32), jnp.ones(1, hidden.dtype))
+    t = Terms(*(x[0] for x in problem_terms(alpha, prepare(padded, gamma, eps))))
+    finite = jnp.all(jnp.isfinite(jnp.where(mask[:, None], hidden, 0.0))) & jnp.all(jnp.isfinite(jnp.where(mask, log_q, 0.0)))
+    chosen = jnp.argmax(jnp.where(mask, t.log_p, -jnp.inf)).astype(jnp.int32)
+    return DeviceDecision(t, chosen, finite)
 
 
 @compiled

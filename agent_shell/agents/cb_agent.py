@@ -145,13 +145,44 @@ class CBAgent(ReActAgent):
             return Decision("env", candidates[0], candidates=candidates, chosen=0, p_chosen=1.0)
         decision = DecisionInput(context, view.start.instruction, view.start.observation, view.steps, candidates,
                                  ctx.action_prefix(self.config.layout))
-        logp, prior, concept_term = self.terms(task_type, self.decision_scorer.request(decision))
-        chosen = int(np.argmax(logp))
+        chosen, logp, prior, concept_term = self.decide(task_type, self.decision_scorer.request(decision))
         return Decision("env", candidates[chosen], candidates=candidates, chosen=chosen,
                         log_probs=tuple(float(x) for x in logp), p_chosen=float(np.exp(logp[chosen])),
                         prior=tuple(float(x) for x in prior),
                         concept_term=None if concept_term is None else tuple(float(x) for x in concept_term),
                         sampled=self.config.action_space != "fixed")
+
+    def decide(self, task_type: str, request: DecisionRequest) -> tuple[int, np.ndarray, np.ndarray, np.ndarray | None]:
+        """(the chosen candidate, then :meth:`terms`): the argmax of log P over the request's
+        candidates (the lowest index on ties).
+
+        A backend that keeps its scores on its device (``score_on_device``, the JAX backend),
+        with features that are its hidden states (``lm-hidden``), decides there: the LM pass, the
+        features' standardisation, log P under the concept and the argmax run on the device, and
+        the chosen index and the terms are fetched once, after the argmax
+        (:meth:`cb_core.Concept.decide`). Otherwise the scores come to the host first.
+
+        Raises:
+            ValueError: as :meth:`terms`.
+        """
+        on_device = getattr(self.decision_scorer.lm, "score_on_device", None)
+        if callable(on_device) and self.decision_scorer.reads_hidden_only and not request.layers:
+            import jax
+
+            d = request.decision
+            scores = on_device(d.context, d.candidates, d.action_prefix)
+            concept = self.concept_of(task_type, int(scores.hidden.shape[1]))
+            out = concept.decide(scores.hidden, scores.log_q, scores.n_tokens, scores.count)
+            chosen, finite, terms = jax.device_get((out.chosen, out.finite, out.terms))  # one fetch, after the argmax
+            if not finite:  # names the culprit from the fetched scores, as the host path does
+                fetched = scores.fetched()
+                concept.terms(fetched.hidden, fetched.log_q, fetched.n_tokens)
+                raise ValueError("non-finite scores from the backend's device")
+            m = scores.count
+            logp, prior, concept_term = (np.asarray(x[:m], np.float32) for x in terms)
+            return int(chosen), logp, prior, None if self.concepts is None else concept_term
+        logp, prior, concept_term = self.terms(task_type, request)
+        return int(np.argmax(logp)), logp, prior, concept_term
 
     def terms(self, task_type: str, request: DecisionRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(log P(a | x), the prior term log Qbar(a | x), the concept term alpha . phi(x, a; A)) over

@@ -246,12 +246,21 @@ class Programs:
             drawn = jax.random.categorical(jax.random.fold_in(key, step), logits / temperature, axis=-1)
             return kv, drawn.astype(jnp.int32)
 
+        def gather(state, token_lp, hidden, owner, final_rows):
+            """(log q [M_pad] float32, hidden [M_pad, D]) of a scoring pass's outputs, on the device:
+            each candidate's token log-probabilities summed (pairs of ``owner`` M_pad are padding)
+            and the LM head input at its final action token."""
+            m_pad = final_rows.shape[0]
+            log_q = jax.ops.segment_sum(token_lp, owner, num_segments=m_pad + 1)[:m_pad]
+            return log_q, hidden[final_rows]
+
         def grow(state, kv, slots):
             pad = [(0, 0)] * 3 + [(0, slots.shape[0] - kv.keys.shape[3]), (0, 0)]
             return KV(jnp.pad(kv.keys, pad), jnp.pad(kv.values, pad))
 
         self._jitted = {"stream": jax.jit(stream, donate_argnums=1), "rows": jax.jit(rows, donate_argnums=1),
-                        "sample": jax.jit(sample, donate_argnums=1), "grow": jax.jit(grow)}
+                        "sample": jax.jit(sample, donate_argnums=1), "grow": jax.jit(grow),
+                        "gather": jax.jit(gather)}
 
     def run(self, name: str, *args: Any) -> Any:
         """Pass ``name`` on ``args`` (after the state), recording its shapes; through the
@@ -262,7 +271,7 @@ class Programs:
         self.compiled[(name, shapes)] = self.compiled.get((name, shapes), 0) + 1
         jitted = self._jitted[name]
         example = {"stream": (KV(0, 0), 0, 0, 0, 0), "rows": (KV(0, 0), 0, 0, 0, 0), "sample": (KV(0, 0), 0),
-                   "grow": KV(0, 0)}[name]
+                   "grow": KV(0, 0), "gather": (0, 0)}[name]
         return call_compiled(f"{self._name}-{name}", jitted, (), (self.state, *args), example)
 
     def buffer(self, batch: int, slots: int) -> KV:
@@ -301,6 +310,32 @@ class Pass:
     pairs: tuple[list[int], list[int]] = ([], [])
     capture: list[int] = field(default_factory=list)
     layers: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DeviceScores:
+    """A candidate set's scores on the backend's device (:meth:`JaxLanguageModel.score_on_device`),
+    padded to M_pad slots of which the first ``count`` are the candidates.
+
+    Attributes:
+        log_q: [M_pad] float32 device array, summed action-token log-probabilities (nats; 0 in
+            padded slots).
+        hidden: [M_pad, D] float32 device array, the LM head input at each final action token.
+        n_tokens: [M_pad] int32 numpy, action token counts (1 in padded slots).
+        count: M.
+    """
+
+    log_q: jax.Array
+    hidden: jax.Array
+    n_tokens: np.ndarray
+    count: int
+
+    def fetched(self) -> CandidateScores:
+        """The scores on the host, unpadded (as :meth:`JaxLanguageModel.score` returns them)."""
+        log_q, hidden = jax.device_get((self.log_q, self.hidden))
+        m = self.count
+        return CandidateScores(log_q=np.asarray(log_q[:m], np.float32), n_tokens=self.n_tokens[:m].copy(),
+                               hidden=np.asarray(hidden[:m], np.float32))
 
 
 #: :func:`agent_shell.lm.layout.head_rows`' roles of the head rows: (rows predicting action
@@ -487,6 +522,30 @@ class JaxLanguageModel(TokenizedBackend):
             ContextWindowFull: context plus candidate longer than ``max_context_tokens``.
         """
         return self._score(context, candidates, action_prefix, [])
+
+    def score_on_device(self, context: Context, candidates: Sequence[str], action_prefix: str) -> DeviceScores:
+        """:meth:`score`'s log q and hidden states left on the backend's device, padded to
+        :func:`cb_core.decisions.bucket_size` (M) slots: what :meth:`cb_core.Concept.decide` reads,
+        so a decision is taken before anything is fetched. The same pass as :meth:`score`; the
+        token log-probabilities are summed in float32 on the device (``score`` sums them in
+        float64 on the host: the two agree to float32 rounding).
+
+        Raises:
+            ValueError, ContextWindowFull: as :meth:`score`.
+        """
+        from cb_core.decisions import bucket_size
+
+        toks, s = self.scoring_tokens(context, candidates, action_prefix)
+        one_pass = self._score_rows if self.candidate_layout == "batched" else self._score_in_one_pass
+        out, (pred_rows, _, owner, final_rows), _ = one_pass(toks, s, [])
+        m = len(toks)
+        m_pad = bucket_size(m)
+        log_q, hidden = self.programs.run("gather", out.token_lp, out.hidden,
+                                          _padded(owner, int(out.token_lp.shape[0]), fill=m_pad),
+                                          _padded(final_rows, m_pad))
+        n_tokens = np.ones(m_pad, np.int32)
+        n_tokens[:m] = [t.n_action for t in toks]
+        return DeviceScores(log_q, hidden, n_tokens, m)
 
     def score_with_layers(self, context: Context, candidates: Sequence[str], action_prefix: str,
                           layers: Sequence[tuple[int, str]]) -> CandidateScores:
@@ -688,5 +747,5 @@ def load_jax_model(arg: str | None, *, dtype: str = "auto", device: str | None =
     return JaxLanguageModel.from_pretrained(path, name=arg, dtype=dtype, device=device, **kwargs)
 
 
-__all__ = ["BUCKETS", "JaxKV", "JaxLanguageModel", "Programs", "StreamKV", "bucket", "capacity", "load_jax_model",
+__all__ = ["BUCKETS", "DeviceScores", "JaxKV", "JaxLanguageModel", "Programs", "StreamKV", "bucket", "capacity", "load_jax_model",
            "resolve_jax_device", "resolve_jax_dtype"]

@@ -75,8 +75,9 @@ def passes(lm: Any) -> list[int]:
 
 def tiny_folder(folder: Path, kind: str) -> Path:
     """A randomly initialised two-layer model of ``kind`` (``llama``: Llama 3 RoPE scaling, untied
-    head; ``qwen2``: tied embeddings and nonzero q/k/v biases) with the default model's tokenizer,
-    saved as a HuggingFace folder."""
+    head; ``qwen2``: tied embeddings and nonzero q/k/v biases; ``qwen3``: per-head q/k norms and a
+    head size apart from hidden / heads) with the default model's tokenizer, saved as a HuggingFace
+    folder."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     from agent_shell.lm.default_model import default_model_dir
@@ -90,6 +91,14 @@ def tiny_folder(folder: Path, kind: str) -> Path:
         rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 256, "rope_theta": 50000.0}
         model = LlamaForCausalLM(LlamaConfig(**shape, rope_parameters=rope, tie_word_embeddings=False))
+    elif kind == "qwen3":  # per-head q/k norms (random weights, so a skipped norm shows), head_dim apart
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        model = Qwen3ForCausalLM(Qwen3Config(**shape, head_dim=24, tie_word_embeddings=True))
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                    norm.weight.uniform_(0.5, 1.5)
     else:
         model = Qwen2ForCausalLM(Qwen2Config(**shape, tie_word_embeddings=True))
         with torch.no_grad():  # initialised at zero: random, so that a dropped bias shows

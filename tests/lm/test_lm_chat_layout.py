@@ -35,9 +35,9 @@ def naive_chat_score(lm, messages, action):
     return log_q, len(ids) - first, out.hidden_states[-1][0, -1].double().numpy()
 
 
-def test_chat_context_scoring_equals_the_naive_templated_sequence(lm32, fresh):
+def test_chat_context_scoring_equals_the_naive_templated_sequence(lm32, fresh_any):
     assert [m["role"] for m in MESSAGES] == ["user"] + ["assistant", "user"] * 3
-    got = fresh().score(MESSAGES, CANDIDATES, action_prefix="")
+    got = fresh_any().score(MESSAGES, CANDIDATES, action_prefix="")
     for m, action in enumerate(CANDIDATES):
         log_q, n_tok, hidden = naive_chat_score(lm32, MESSAGES, action)
         assert got.n_tokens[m] == n_tok, action
@@ -49,8 +49,8 @@ def test_chat_context_scoring_equals_the_naive_templated_sequence(lm32, fresh):
     assert lm32.render(MESSAGES, "").endswith("<|im_start|>assistant\n")
 
 
-def test_chat_generation_continues_the_assistant_turn(lm32, fresh):
-    lm = fresh()
+def test_chat_generation_continues_the_assistant_turn(lm32, fresh_any):
+    lm = fresh_any()
     (reply,) = lm.generate(MESSAGES, max_new_tokens=6)
     text = lm32.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
     assert lm.render_prompt(MESSAGES) == text and text.endswith("<|im_start|>assistant\n")

@@ -38,9 +38,9 @@ def assert_same_scores(got, ref):
     assert rel < 1e-4, rel
 
 
-def test_pinned_heads_give_uncached_numbers_and_encode_only_new_tokens(fresh):
-    lm = fresh()
-    uncached = fresh(reuse_cache=False)
+def test_pinned_heads_give_uncached_numbers_and_encode_only_new_tokens(fresh_any):
+    lm = fresh_any()
+    uncached = fresh_any(reuse_cache=False)
     pinned = {t: lm.pin_prefix(react_head(HEADER, DEMOS[t])) for t in DEMOS}
     assert all(n > 50 for n in pinned.values()) and len(lm.cache.heads) == 2
     # episodes of alternating task types: each starts from its type's head, not from scratch
@@ -57,8 +57,8 @@ def test_pinned_heads_give_uncached_numbers_and_encode_only_new_tokens(fresh):
         assert_same_scores(got, uncached.score(text, CANDIDATES, action_prefix("text")))
 
 
-def test_generation_after_a_pinned_head_equals_the_uncached_reply(fresh):
-    lm, uncached = fresh(), fresh(reuse_cache=False)
+def test_generation_after_a_pinned_head_equals_the_uncached_reply(fresh_any):
+    lm, uncached = fresh_any(), fresh_any(reuse_cache=False)
     lm.pin_prefix(react_head(HEADER, DEMOS["heat"]))
     lm.generate(prompt("pick", TASKS["pick"][0]), max_new_tokens=4)  # another type in between
     text = prompt("heat", TASKS["heat"][0])
@@ -67,12 +67,12 @@ def test_generation_after_a_pinned_head_equals_the_uncached_reply(fresh):
     assert lm.generate(text, **sampled) == uncached.generate(text, **sampled)
 
 
-def test_forks_share_heads_and_an_uncached_backend_pins_nothing(fresh):
-    lm = fresh()
+def test_forks_share_heads_and_an_uncached_backend_pins_nothing(fresh_any):
+    lm = fresh_any()
     scorer = lm.fork()
     scorer.pin_prefix(react_head(HEADER, DEMOS["pick"]))
     assert len(lm.cache.heads) == 1 and lm.cache.heads is scorer.cache.heads
-    assert fresh(reuse_cache=False).pin_prefix(react_head(HEADER, DEMOS["pick"])) == 0
+    assert fresh_any(reuse_cache=False).pin_prefix(react_head(HEADER, DEMOS["pick"])) == 0
 
 
 def test_head_store_drops_the_least_recently_used_head():
@@ -87,10 +87,10 @@ def test_head_store_drops_the_least_recently_used_head():
         HeadStore(0)
 
 
-def test_reusable_prefix_is_what_the_next_call_does_not_encode(fresh):
+def test_reusable_prefix_is_what_the_next_call_does_not_encode(fresh_any):
     """The prefix the stream or a pinned head holds, as a benchmark's floor reads it before a call:
     the pinned head first, then the previous prompt; asking changes no cache."""
-    lm = fresh()
+    lm = fresh_any()
     lm.pin_prefix(react_head(HEADER, DEMOS["pick"]))
     head_ids = lm.encode(react_head(HEADER, DEMOS["pick"]))
     stream = None
@@ -105,4 +105,4 @@ def test_reusable_prefix_is_what_the_next_call_does_not_encode(fresh):
         lm.generate(prompt("pick", task), max_new_tokens=1)
         assert lm.cache.encoded_tokens - before == len(ids) - n
         stream = ids
-    assert fresh(reuse_cache=False).cache.reusable_prefix(ids) == (0, None)
+    assert fresh_any(reuse_cache=False).cache.reusable_prefix(ids) == (0, None)
