@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 ROUND_SCHEMA = "cb-agent/improve-round-v1"
 #: The improve settings recorded in every round line and compared on resume (``rounds`` is not:
 #: a resumed run may go on to more rounds).
-IMPROVE_SETTINGS = ("games_per_round", "max_decisions", "keep_expert_data", "train_games")
+IMPROVE_SETTINGS = ("games_per_round", "max_decisions", "keep_expert_data", "train_game_ids")
 
 Echo = Callable[[str], None]
 
@@ -99,7 +99,7 @@ class ImproveSettings:
     def recorded(self) -> dict[str, Any]:
         """The settings of :data:`IMPROVE_SETTINGS`, JSON-ready."""
         return {"games_per_round": self.games_per_round, "max_decisions": self.max_decisions,
-                "keep_expert_data": self.keep_expert_data, "train_games": list(self.train_games)}
+                "keep_expert_data": self.keep_expert_data, "train_game_ids": list(self.train_games)}
 
 
 # ---------------------------------------------------------------------------------------------

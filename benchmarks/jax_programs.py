@@ -6,7 +6,10 @@ each time in a fresh process sharing one cache folder (a temporary copy of the e
 project's executable store, :mod:`cb_core.cache`, lives in it). Per process and step it records
 the programs compiled or loaded so far (``JaxLanguageModel.programs.compiled``: one per pass and
 bucketed shapes), the executables the store gained (a fresh compile is stored, a loaded one is
-not) and the step's seconds. The first process shows how many programs an episode compiles and
+not), the step's seconds, and its host transfers: arrays copied to the device (JAX's transfer
+guard, logging each one) and arrays copied to the host (each JAX array's value read on the host
+for the first time), counted separately for CB-Agent's decision (from the scoring pass to the
+chosen index). The first process shows how many programs an episode compiles and
 after which step it stops compiling; the second, that a new process compiles none of them.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/jax_programs.py --steps 30 --out results/jax_programs.json
@@ -19,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +46,21 @@ def play(env_name: str, split: str, game: str | None, steps: int, dtype: str) ->
     from cb_io.paths import cache_root
     from envs import make_env
 
+    import jax
+
+    from agent_shell.lm.jax_backend import host_fetches
+
+    counting = host_fetches()  # arrays read on the host
+    fetched = counting.__enter__()
+    log = tempfile.TemporaryFile()  # JAX's transfer guard logs each copy to the device on stderr
+    saved = os.dup(2)
+    os.dup2(log.fileno(), 2)
+    jax.config.update("jax_transfer_guard_host_to_device", "log_explicit")
+
+    def sent() -> int:
+        log.seek(0)
+        return log.read().count(b"host-to-device transfer")
+
     env = make_env(env_name)
     try:
         game = game or env.tasks(split)[0]
@@ -52,17 +71,33 @@ def play(env_name: str, split: str, game: str | None, steps: int, dtype: str) ->
         agent = players_of(config, setup)["cb-agent"]
         store = cache_root() / "jax" / "executables"
         rows: list[dict] = []
-        last = [time.perf_counter()]
+        last = {"t": time.perf_counter(), "sent": sent(), "fetched": len(fetched)}
+        decision = {"sent": 0, "fetched": 0}
+        scorer = agent.agent.decision_scorer  # the decision: the scoring pass to the chosen index
+        inner = type(agent.agent).decide
+
+        def decide(task_type, request):
+            before = sent(), len(fetched)
+            out = inner(agent.agent, task_type, request)
+            decision["sent"], decision["fetched"] = sent() - before[0], len(fetched) - before[1]
+            return out
+
+        agent.agent.decide = decide
 
         def stepped(trials: list) -> None:
-            now = time.perf_counter()
+            now, n_sent = time.perf_counter(), sent()
             rows.append({"programs": len(lm.programs.compiled), "stored": len(list(store.glob("lm-*"))),
-                         "seconds": now - last[0]})
-            last[0] = now
+                         "seconds": now - last["t"], "to_device": n_sent - last["sent"],
+                         "to_host": len(fetched) - last["fetched"], "decision_to_device": decision["sent"],
+                         "decision_to_host": decision["fetched"], "on_device": scorer.reads_hidden_only})
+            last.update(t=now, sent=n_sent, fetched=len(fetched))
+            decision.update(sent=0, fetched=0)
 
         record = play_episode(env, agent, game, steps, {"split": split}, on_step=stepped)
     finally:
         env.close()
+        os.dup2(saved, 2)
+        counting.__exit__(None, None, None)
     return {"game": game, "steps": record["steps"], "success": record["success"], "per_step": rows,
             "programs": sorted(f"{name} {shapes}" for name, shapes in lm.programs.compiled)}
 
@@ -108,8 +143,13 @@ def main(argv: list[str] | None = None) -> int:
                                               if second["per_step"] else 0),
                "same_programs_in_both": first["programs"] == second["programs"],
                "first_step_s": [r["per_step"][0]["seconds"] for r in runs if r["per_step"]],
+               **{f"median_{key}_per_step": statistics.median(r[key] for r in second["per_step"])
+                  for key in ("to_device", "to_host", "decision_to_device", "decision_to_host")},
                "runs": runs, "machine": machine()}
     print(json.dumps({k: v for k, v in figures.items() if k != "runs"}, indent=1))
+    print(f"a step (second process, median): {figures['median_to_device_per_step']} arrays to the device, "
+          f"{figures['median_to_host_per_step']} to the host; its decision: {figures['median_decision_to_device_per_step']} "
+          f"to the device, {figures['median_decision_to_host_per_step']} to the host (after the argmax)")
     print(f"{figures['programs']} programs over {figures['steps']} steps of {figures['game']}; the last compiled at "
           f"step {figures['last_step_that_compiled']}; a second process compiled {figures['compiled_by_second_process']}")
     if args.out:

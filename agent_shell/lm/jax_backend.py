@@ -34,6 +34,7 @@ Must not import the agents, the environments or torch.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import copy
 import hashlib
 import os
@@ -41,7 +42,7 @@ import secrets
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -711,6 +712,40 @@ class JaxLanguageModel(TokenizedBackend):
         return texts
 
 
+@contextlib.contextmanager
+def host_fetches() -> Iterator[list[tuple[int, ...]]]:
+    """Count the JAX arrays whose values reach the host while the context is open: a list that
+    grows by the shape of each one (a diagnostic for measurements and tests, not for runs).
+
+    Counted: every first read of an array's value (``int``, ``float``, ``.tolist()``,
+    ``jax.device_get``, ...) and every ``np.asarray`` / ``np.array`` of a JAX array (on a CPU
+    NumPy reads those through the buffer protocol, below any Python hook). Not thread-safe:
+    it patches ``jax.Array``'s value and NumPy's two constructors for the duration.
+    """
+    from jax._src.array import ArrayImpl
+
+    seen: list[tuple[int, ...]] = []
+    value, asarray, array = ArrayImpl._value, np.asarray, np.array
+
+    def read(self):
+        if self._npy_value is None:
+            seen.append(tuple(self.shape))
+        return value.fget(self)
+
+    def converting(make):
+        def convert(obj, *args, **kwargs):
+            if isinstance(obj, jax.Array):
+                seen.append(tuple(obj.shape))
+            return make(obj, *args, **kwargs)
+        return convert
+
+    ArrayImpl._value, np.asarray, np.array = property(read), converting(asarray), converting(array)
+    try:
+        yield seen
+    finally:
+        ArrayImpl._value, np.asarray, np.array = value, asarray, array
+
+
 def _generation_eos(path: str | os.PathLike) -> list[int]:
     """End-of-sequence ids of a folder's ``generation_config.json`` (none when it has none)."""
     import json
@@ -747,5 +782,5 @@ def load_jax_model(arg: str | None, *, dtype: str = "auto", device: str | None =
     return JaxLanguageModel.from_pretrained(path, name=arg, dtype=dtype, device=device, **kwargs)
 
 
-__all__ = ["BUCKETS", "DeviceScores", "JaxKV", "JaxLanguageModel", "Programs", "StreamKV", "bucket", "capacity", "load_jax_model",
+__all__ = ["BUCKETS", "DeviceScores", "JaxKV", "JaxLanguageModel", "Programs", "StreamKV", "bucket", "capacity", "host_fetches", "load_jax_model",
            "resolve_jax_device", "resolve_jax_dtype"]

@@ -196,6 +196,19 @@ def test_resume_after_a_kill_gives_what_an_uninterrupted_run_gives(tmp_path, dou
         strip(json.loads(x)) for x in (whole / "rounds.jsonl").read_text().splitlines()]
 
 
+def test_a_finished_run_resumed_plays_nothing_and_keeps_its_files(tmp_path, doubles):
+    """Every round line (its played training games among its fields) agrees with the run's
+    settings: resuming a finished run changes no file and prints the same rounds."""
+    out = tmp_path / "imp"
+    first = CliRunner().invoke(main, improve_args(out))
+    assert first.exit_code == 0, first.output
+    files = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and p.suffix != ".png"}
+    again = CliRunner().invoke(main, improve_args(out, "--resume"))
+    assert again.exit_code == 0, again.output
+    assert {p: p.read_bytes() for p in files} == files
+    assert "round 2: finished before (--resume)" in again.output
+
+
 def test_evaluation_games_that_are_training_games_are_refused_in_one_line(tmp_path, doubles):
     res = CliRunner().invoke(main, ["improve", "--env", "textworld", "--split", "train", "--game", "fetch/train/3",
                                     "--out-dir", str(tmp_path / "imp")])

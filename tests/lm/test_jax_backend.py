@@ -83,32 +83,6 @@ def test_bfloat16_scores_are_within_the_measured_noise_and_rank_alike(lm32):
         assert np.argmax(mine) == np.argmax(ref)
 
 
-def fetches():
-    """A list that grows by one for every JAX array copied to the host (the first read of its
-    value: ``np.asarray``, ``int``, ``jax.device_get``, ...) while the context is open."""
-    import contextlib
-
-    from jax._src.array import ArrayImpl
-
-    @contextlib.contextmanager
-    def counting():
-        seen: list[tuple] = []
-        prop = ArrayImpl._value
-
-        def value(self):
-            if self._npy_value is None:
-                seen.append(self.shape)
-            return prop.fget(self)
-
-        ArrayImpl._value = property(value)
-        try:
-            yield seen
-        finally:
-            ArrayImpl._value = prop
-
-    return counting()
-
-
 def random_concept(d: int, seed: int):
     import cb_core
 
@@ -121,12 +95,14 @@ def test_a_decision_on_the_device_equals_the_hosts_and_fetches_nothing_before_th
     one array reaches the host."""
     import jax
 
+    from agent_shell.lm.jax_backend import host_fetches
+
     lm = jax32.fork()
     for k, n_steps in enumerate((0, 2, 3, 6)):
         context = make_context(n_steps)
         concept = random_concept(lm.hidden_size, k)
         host = lm.fork().score(context, ALFWORLD_CANDIDATES, PREFIX)
-        with fetches() as seen:
+        with host_fetches() as seen:
             scores = lm.score_on_device(context, ALFWORLD_CANDIDATES, PREFIX)
             out = concept.decide(scores.hidden, scores.log_q, scores.n_tokens, scores.count)
             jax.block_until_ready(out)
