@@ -30,7 +30,6 @@ import torch
 
 from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, decode, eos_ids, sampler
 from agent_shell.lm.dtypes import resolve_device, resolve_dtype
-from agent_shell.lm.formatting import PLAIN
 from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache, restore, snapshot, truncatable
 from agent_shell.lm.protocol import CandidateScores, Context
 from agent_shell.lm.scoring import (CANDIDATE_LAYOUTS, action_positions, captured_output, pool_states, score_batched,
@@ -144,15 +143,9 @@ class HFLanguageModel(TokenizedBackend):
         return twin
 
     @property
-    def metadata(self) -> dict[str, Any]:
-        """What a fitted concept must record about the backbone (and check when acting)."""
-        return {
-            "name": self.name,
-            "formatting": PLAIN,
-            "hidden_size": self.hidden_size,
-            "hidden": "last-layer state read by the LM head (after the final norm) at the final action token",
-            "dtype": str(self.dtype).removeprefix("torch."),
-        }
+    def dtype_name(self) -> str:
+        """The weights' dtype as a plain name (``"float32"``, ``"bfloat16"``)."""
+        return str(self.dtype).removeprefix("torch.")
 
     @torch.inference_mode()
     def pin_prefix(self, head: Context) -> int:

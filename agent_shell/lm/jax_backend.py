@@ -50,7 +50,6 @@ import numpy as np
 from flax import nnx
 
 from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, greedy_with_drafts, reply_rows
-from agent_shell.lm.formatting import PLAIN
 from agent_shell.lm.jax_model import KV, Decoder, load_decoder
 from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache
 from agent_shell.lm.layout import CANDIDATE_LAYOUTS, action_positions, candidate_tree, head_rows
@@ -451,15 +450,9 @@ class JaxLanguageModel(TokenizedBackend):
         return twin
 
     @property
-    def metadata(self) -> dict[str, Any]:
-        """What a fitted concept must record about the backbone (as the PyTorch backend's)."""
-        return {
-            "name": self.name,
-            "formatting": PLAIN,
-            "hidden_size": self.hidden_size,
-            "hidden": "last-layer state read by the LM head (after the final norm) at the final action token",
-            "dtype": str(self.dtype),
-        }
+    def dtype_name(self) -> str:
+        """The weights' dtype as a plain name (``"float32"``, ``"bfloat16"``)."""
+        return str(self.dtype)
 
     @property
     def program_count(self) -> int:

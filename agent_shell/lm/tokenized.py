@@ -13,9 +13,9 @@ Must not import the agents, the environments, torch or JAX.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from agent_shell.lm.formatting import Formatter
+from agent_shell.lm.formatting import PLAIN, Formatter
 from agent_shell.lm.layout import cached_length
 from agent_shell.lm.protocol import Context, ContextWindowFull, check_candidates
 from agent_shell.lm.tokenization import Markers, Tokenization, TokenizedContinuation
@@ -40,6 +40,7 @@ class TokenizedBackend:
     """
 
     name: str
+    hidden_size: int
     tokenizer: PreTrainedTokenizerBase
     formatter: Formatter
     tokens: Tokenization
@@ -60,6 +61,24 @@ class TokenizedBackend:
         self.max_context_tokens = int(window)
         self.formatter = Formatter(tokenizer, name)
         self.tokens = Tokenization(tokenizer)
+
+    @property
+    def dtype_name(self) -> str:
+        """The weights' dtype as a plain name (``"float32"``, ``"bfloat16"``)."""
+        raise NotImplementedError
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """What a fitted concept must record about the backbone (and check when acting): the same
+        for every backend of one backbone and dtype, so a concept fitted with one acts with the
+        other (their features agree to float32 rounding)."""
+        return {
+            "name": self.name,
+            "formatting": PLAIN,
+            "hidden_size": self.hidden_size,
+            "hidden": "last-layer state read by the LM head (after the final norm) at the final action token",
+            "dtype": self.dtype_name,
+        }
 
     def render(self, context: Context, action_prefix: str) -> str:
         """The text every candidate is appended to (:meth:`Formatter.render`)."""

@@ -38,6 +38,18 @@ def test_an_architecture_the_decoder_does_not_implement_is_refused_in_one_line(t
         assert "\n" not in str(err.value)
 
 
+def test_both_backends_record_the_same_backbone_so_a_concept_fitted_with_one_acts_with_the_other(lm32, jax32):
+    import cb_core
+    from agent_shell.concepts import check_concept_matches, concept_feature_spec
+    from agent_shell.feature_settings import FeatureSettings
+
+    assert jax32.metadata == lm32.metadata
+    settings = FeatureSettings()
+    concept = cb_core.Concept.prior_only(lm32.hidden_size, metadata={
+        "backbone": lm32.name, "features": concept_feature_spec(lm32, settings)})
+    check_concept_matches(concept, jax32, settings)  # no error: the JAX backend acts with it
+
+
 def test_a_qwen3_decoder_scores_as_transformers_does(tmp_path):
     """Per-head q/k norms and a head size apart from hidden / heads: the JAX backend against one
     full transformers forward per candidate, float32, every layout."""
