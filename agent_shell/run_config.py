@@ -195,8 +195,16 @@ class RunConfig:
         object.__setattr__(self, "concept_per_type", self.concept_per_type or self.demos_per_type)
         object.__setattr__(self, "agents", agents)
         object.__setattr__(self, "game_ids", tuple(self.game_ids))
-        object.__setattr__(self, "device", device_name(self.device))
-        object.__setattr__(self, "dtype", dtype_name(self.dtype, self.device))
+        from agent_shell.lm.factory import split_model_uri
+
+        if split_model_uri(self.model)[0] == "jax":  # the devices JAX sees (tpu too) and its dtype rule
+            from agent_shell.lm.jax_backend import jax_device_name, jax_dtype_name
+
+            object.__setattr__(self, "dtype", jax_dtype_name(self.dtype, self.device))
+            object.__setattr__(self, "device", jax_device_name(self.device))
+        else:
+            object.__setattr__(self, "device", device_name(self.device))
+            object.__setattr__(self, "dtype", dtype_name(self.dtype, self.device))
         if self.device.startswith("cuda") and (self.workers > 1 or self.ray_address):
             object.__setattr__(self, "shared_lm", True)  # Ray workers hold no GPU: they share the server's
         object.__setattr__(self, "features", self.feature_set.spec)

@@ -36,7 +36,8 @@ COMMON_OPTIONS = {
                           show_default=True, help="Backbone dtype; auto = bfloat16 on a GPU or a CPU with native "
                           "bf16 (avx512_bf16/amx), else float32 (emulated bf16 is several times slower)."),
     "device": click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda|cuda:N",
-                           help="Where the backbone loads (auto = cuda when torch sees a GPU, else cpu). With "
+                           help="Where the backbone loads (auto = cuda when torch sees a GPU, else cpu; with "
+                                "--model jax:, also tpu and gpu: whatever jax.devices() offers). With "
                                 "--workers on CUDA the workers share one backbone (--shared-lm)."),
     "demo_split": click.option("--demo-split", default="train", show_default=True,
                                help="Split the expert demonstrations come from."),
@@ -185,10 +186,17 @@ def check_backbone(model: str | None, device: str | None) -> None:
     from agent_shell.lm.factory import check_model_source
     from agent_shell.lm.versions import check_versions
 
+    from agent_shell.lm.factory import split_model_uri
+
     try:
         check_versions()
         check_model_source(model)
-        resolve_device(device)
+        if split_model_uri(model)[0] == "jax":  # the devices JAX sees (tpu too)
+            from agent_shell.lm.jax_backend import resolve_jax_device
+
+            resolve_jax_device(device)
+        else:
+            resolve_device(device)
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as err:
         raise click.ClickException(str(err)) from None
 

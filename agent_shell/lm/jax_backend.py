@@ -105,6 +105,30 @@ def resolve_jax_device(device: str | None = None) -> jax.Device:
     return found[k]
 
 
+def jax_device_name(device: str | None = None) -> str:
+    """:func:`resolve_jax_device` as the name recorded and passed on: ``"cpu"``, ``"cuda"``,
+    ``"tpu"``, with ``":N"`` past the first device of a kind (``"auto"`` becomes the kind JAX
+    uses by default).
+
+    Raises:
+        ValueError: as :func:`resolve_jax_device`.
+    """
+    found = resolve_jax_device(device)
+    kind = {"gpu": "cuda"}.get(found.platform, found.platform)
+    index = jax.devices(found.platform).index(found)
+    return kind if index == 0 else f"{kind}:{index}"
+
+
+def jax_dtype_name(dtype: str, device: str | None = None) -> str:
+    """:func:`resolve_jax_dtype` on the device ``device`` names, as the name recorded in results
+    and concepts (``"float32"``, ``"bfloat16"``).
+
+    Raises:
+        ValueError: an unknown dtype or device.
+    """
+    return str(jnp.dtype(resolve_jax_dtype(dtype, resolve_jax_device(device))))
+
+
 def resolve_jax_dtype(dtype: str, device: jax.Device) -> Any:
     """``"auto"``, ``"float32"``/``"fp32"`` or ``"bfloat16"``/``"bf16"`` as a JAX dtype on ``device``.
 
@@ -775,5 +799,5 @@ def load_jax_model(arg: str | None, *, dtype: str = "auto", device: str | None =
     return JaxLanguageModel.from_pretrained(path, name=arg, dtype=dtype, device=device, **kwargs)
 
 
-__all__ = ["BUCKETS", "DeviceScores", "JaxKV", "JaxLanguageModel", "Programs", "StreamKV", "bucket", "capacity", "host_fetches", "load_jax_model",
+__all__ = ["BUCKETS", "DeviceScores", "JaxKV", "JaxLanguageModel", "Programs", "StreamKV", "bucket", "capacity", "host_fetches", "jax_device_name", "jax_dtype_name", "load_jax_model",
            "resolve_jax_device", "resolve_jax_dtype"]

@@ -154,3 +154,23 @@ def test_cb_agent_decides_on_the_jax_device_and_acts_as_on_the_host(jax32, monke
         assert got[0] == want[0]
         for a, b in zip(got[1:], want[1:]):
             np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+
+
+def test_the_jax_backend_takes_the_devices_jax_sees_and_refuses_others_in_one_line():
+    """``--device`` names what ``jax.devices()`` offers with ``--model jax:`` (tpu and gpu too), not
+    what torch offers; a device JAX does not see here is refused before anything loads."""
+    import jax
+    from click.testing import CliRunner
+
+    from agent_shell.cli import main
+    from agent_shell.lm.dtypes import dtype_name
+    from agent_shell.run_config import RunConfig
+
+    config = RunConfig(model="jax:", device="auto", dtype="auto")
+    assert config.device == "cpu" == jax.devices()[0].platform and config.dtype == dtype_name("auto", "cpu")
+    missing = "tpu" if not any(d.platform == "tpu" for d in jax.devices()) else "gpu:7"
+    with pytest.raises(ValueError, match=f"device='{missing}': JAX sees"):
+        RunConfig(model="jax:", device=missing)
+    res = CliRunner().invoke(main, ["run", "--env", "alfworld", "--model", "jax:", "--device", missing])
+    errors = [line for line in res.output.splitlines() if line.startswith("Error:")]
+    assert res.exit_code == 2 and len(errors) == 1 and "JAX sees" in errors[0], res.output
