@@ -10,9 +10,9 @@ passes differ. So the two backends score the same tokens in the same layout, and
 agree to float32 rounding (``tests/lm/test_lm_backends.py``).
 
 **Static shapes.** Every pass runs a compiled program whose shapes are rounded up to buckets
-(:func:`bucket`: 1, 2, 4, 8, 16, 24, 32, 48, ... tokens, rows and head rows; KV buffers of a power
-of two slots, at least 256), padded with tokens no real token attends to. Attention reads a
-buffer's filled slots only (a run-time length), so a program serves every context its buffer
+(:func:`bucket`: 1, 2, 4, 8, 16, 24, 32, 48, ..., 512 tokens, rows and head rows, then multiples
+of 256; KV buffers of a power of two slots, at least 256), padded with tokens no real token
+attends to. Attention reads a buffer's filled slots only (a run-time length), so a program serves every context its buffer
 holds. An episode compiles a bounded number of programs (:attr:`JaxLanguageModel.programs` counts
 them); with :func:`cb_core.cache.enable_persistent_cache` on, they are kept as digest-checked
 serialized executables (:func:`cb_core.cache.call_compiled`) and a new process loads them instead
@@ -61,8 +61,10 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 #: Sizes a pass's tokens, rows, head rows and token pairs are rounded up to: 1, 2, 4, 8, 16, 24, 32,
-#: 48, 64, 96, ... (powers of two and three times powers of two: less than a third is padding).
-BUCKETS = tuple(sorted({1, 2, 4} | {2**k for k in range(3, 21)} | {3 * 2**k for k in range(3, 20)}))
+#: 48, ..., 384, 512 (powers of two and three times powers of two), then every multiple of 256: at
+#: most a third is padding, and at most an eighth past 2,048 (a long context's first pass).
+BUCKETS = tuple(sorted({1, 2, 4} | {2**k for k in range(3, 10)} | {3 * 2**k for k in range(3, 8)}
+                       | {256 * k for k in range(2, 4097)}))
 #: The fewest slots a stream's KV buffer holds (buffers grow by doubling).
 MIN_CAPACITY = 256
 
