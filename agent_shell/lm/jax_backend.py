@@ -7,13 +7,13 @@ decoding loops (prompt-lookup drafts, stop strings, end of sequence) are the PyT
 code (:class:`~agent_shell.lm.tokenized.TokenizedBackend`, :mod:`~agent_shell.lm.layout`,
 :class:`~agent_shell.lm.kv_cache.PrefixCache`, :mod:`~agent_shell.lm.decoding`); only the forward
 passes differ. So the two backends score the same tokens in the same layout, and their numbers
-agree to float32 rounding (``tests/lm/test_lm_backends.py``).
+agree to float32 rounding (the tests of ``tests/lm`` run on both backends).
 
 **Static shapes.** Every pass runs a compiled program whose shapes are rounded up to buckets
 (:func:`bucket`: 1, 2, 4, 8, 16, 24, 32, 48, ..., 512 tokens, rows and head rows, then multiples
 of 256; KV buffers of a power of two slots, at least 256), padded with tokens no real token
-attends to. Attention reads a buffer's filled slots only (a run-time length), so a program serves every context its buffer
-holds. An episode compiles a bounded number of programs (:attr:`JaxLanguageModel.programs` counts
+attends to. Attention reads a buffer's filled slots only (a run-time length), so a program serves
+every context its buffer holds. An episode compiles a bounded number of programs (:attr:`JaxLanguageModel.programs` counts
 them); with :func:`cb_core.cache.enable_persistent_cache` on, they are kept as digest-checked
 serialized executables (:func:`cb_core.cache.call_compiled`) and a new process loads them instead
 of compiling.
