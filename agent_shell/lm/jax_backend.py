@@ -13,8 +13,8 @@ agree to float32 rounding (the tests of ``tests/lm`` run on both backends).
 (:func:`bucket`: 1, 2, 4, 8, 16, 24, 32, 48, ..., 512 tokens, rows and head rows, then multiples
 of 256; KV buffers of a power of two slots, at least 256), padded with tokens no real token
 attends to. Attention reads a buffer's filled slots only (a run-time length), so a program serves
-every context its buffer holds. An episode compiles a bounded number of programs (:attr:`JaxLanguageModel.programs` counts
-them); with :func:`cb_core.cache.enable_persistent_cache` on, they are kept as digest-checked
+every context its buffer holds. An episode compiles a bounded number of programs
+(:attr:`JaxLanguageModel.programs` counts them); with :func:`cb_core.cache.enable_persistent_cache` on, they are kept as digest-checked
 serialized executables (:func:`cb_core.cache.call_compiled`) and a new process loads them instead
 of compiling.
 
@@ -103,7 +103,8 @@ def resolve_jax_device(device: str | None = None) -> jax.Device:
         raise ValueError(f"device={device!r}: JAX sees no {platform} device here (it sees: {seen})")
     k = int(index or 0)
     if k >= len(found):
-        raise ValueError(f"device={device!r}: JAX sees {len(found)} {platform} device(s), numbered 0 to {len(found) - 1}")
+        raise ValueError(f"device={device!r}: JAX sees {len(found)} {platform} device(s), numbered 0 to "
+                         f"{len(found) - 1}")
     return found[k]
 
 
@@ -801,5 +802,6 @@ def load_jax_model(arg: str | None, *, dtype: str = "auto", device: str | None =
     return JaxLanguageModel.from_pretrained(path, name=arg, dtype=dtype, device=device, **kwargs)
 
 
-__all__ = ["BUCKETS", "DeviceScores", "JaxKV", "JaxLanguageModel", "Programs", "StreamKV", "bucket", "capacity", "host_fetches", "jax_device_name", "jax_dtype_name", "load_jax_model",
-           "resolve_jax_device", "resolve_jax_dtype"]
+__all__ = ["BUCKETS", "DeviceScores", "JaxKV", "JaxLanguageModel", "Programs", "StreamKV", "bucket", "capacity",
+           "host_fetches", "jax_device_name", "jax_dtype_name", "load_jax_model", "resolve_jax_device",
+           "resolve_jax_dtype"]
