@@ -14,9 +14,9 @@ agree to float32 rounding (the tests of ``tests/lm`` run on both backends).
 of 256; KV buffers of a power of two slots, at least 256), padded with tokens no real token
 attends to. Attention reads a buffer's filled slots only (a run-time length), so a program serves
 every context its buffer holds. An episode compiles a bounded number of programs
-(:attr:`JaxLanguageModel.programs` counts them); with :func:`cb_core.cache.enable_persistent_cache` on, they are kept as digest-checked
-serialized executables (:func:`cb_core.cache.call_compiled`) and a new process loads them instead
-of compiling.
+(:attr:`JaxLanguageModel.programs` counts them); with :func:`cb_core.cache.enable_persistent_cache`
+on, they are kept as digest-checked serialized executables (:func:`cb_core.cache.call_compiled`)
+and a new process loads them instead of compiling.
 
 **Caches.** A stream's keys and values live in one buffer per stream ([L, 1, Hkv, C, hd]) that a
 pass updates in place (donated); pinned heads keep the buffer they were taken from, and a stream
