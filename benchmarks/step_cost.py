@@ -39,8 +39,10 @@ With ``--backend jax`` one more path joins the rotation: the same step (routing 
 scoring, first layout) by a CB-Agent over the JAX backend (:mod:`agent_shell.lm.jax_backend`, the
 same weights in the same dtype, its own pinned heads and streams); ``ratio_jax_step_to_torch_step``
 is its time over the PyTorch step's (target: at most 1 in float32), and
-``jax_programs_after_step`` the programs it has compiled after each step of the first round (an
-episode must stop compiling after its first steps).
+``jax_programs_after_step`` the programs it has compiled after each step, round by round (the
+warm-up first; an episode must stop compiling after its first steps). ``--warmup`` replays
+every step once, untimed, before the timed rounds: the steady state of a long run, whose programs
+are compiled once (or loaded from the executable store), not the compile.
 Their order rotates step by step, so all share the load of a busy machine; the replay is
 repeated ``--rounds`` times and each ratio is the median of the rounds' paired ratios. Forward
 passes are counted by one counter wrapped around every view's forward, floors included.
@@ -83,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="write the figures here as JSON")
     parser.add_argument("--backend", choices=("torch", "jax"), default="torch",
                         help="jax: also time the step by the JAX backend, beside the PyTorch one")
+    parser.add_argument("--warmup", action="store_true",
+                        help="replay every step once, untimed, before the timed rounds (every path: the JAX "
+                             "backend compiles its programs there; the PyTorch paths fill their caches alike)")
     args = parser.parse_args(argv)
     if args.tiny:
         args.episodes, args.steps, args.rounds = 1, 3, 1
@@ -156,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     name_of = {layout: name for name, layout in FLOORS.items()}
     paths = ["route", *(f"cb_agent_{layout}" for layout in layouts), *FLOORS, ROUTE_FLOOR,
              *(["jax_step"] if jax_agent is not None else [])]
-    jax_programs: list[int] = []  # the JAX backend's programs after each step of the first round
+    jax_programs: list[list[int]] = [[] for _ in range(args.rounds + 1)]  # programs after each step, by round
     seconds = {p: [0.0] * args.rounds for p in paths}
     step_passes = {p: 0 for p in paths}
     counts = defaultdict(int)  # token counts summed over steps (first round)
@@ -167,13 +172,14 @@ def main(argv: list[str] | None = None) -> int:
         with torch.inference_mode():
             call()
         dt, n = time.perf_counter() - t, passes[0] - before
-        if name in seconds:
+        if name in seconds and round_ >= 0:
             seconds[name][round_] += dt
             step_passes[name] += n
         return dt, n
 
     k = 0  # steps so far: the rotation
-    for round_ in range(args.rounds):
+    warmup = 1 if args.warmup else 0
+    for round_ in range(-warmup, args.rounds):  # round -1: the untimed warm-up
         for traj in held_out:
             agent.pin_head(traj.task_type)
             if jax_agent is not None:
@@ -194,8 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                 for p in rotated(paths, k):
                     if p == "jax_step":  # the whole step: the routing peek, then the scoring
                         timed(p, lambda: (jax_agent.route(prompt), jax_scorer.score(scoring, candidates, prefix)))
-                        if round_ == 0:
-                            jax_programs.append(len(jax_agent.lm.programs.compiled))
+                        jax_programs[round_ + warmup].append(len(jax_agent.lm.programs.compiled))
                         continue
                     if p == "route":
                         route = timed("route", lambda: agent.route(prompt))
@@ -212,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                     if layout == layouts[0] and round_ == 0:
                         counts["stream_new_context_tokens"] += scorers[layout].cache.encoded_tokens - encoded
                 for layout in layouts:
+                    if round_ < 0:
+                        break
                     seconds[f"cb_agent_{layout}"][round_] += route[0]
                     step_passes[f"cb_agent_{layout}"] += route[1]
                 if round_ == 0:
@@ -225,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                     counts["scoring_context_tokens"] += s
                 k += 1
     n, n_all = counts["steps"], counts["steps"] * args.rounds
-    figures = {"steps": n, "rounds": args.rounds, "dtype": str(lm.dtype).removeprefix("torch."),
+    figures = {"steps": n, "rounds": args.rounds, "warmup": bool(args.warmup),
+               "dtype": str(lm.dtype).removeprefix("torch."),
                "threads": torch.get_num_threads(), "target_ratio": TARGET,
                **{f"mean_{key}_per_step": counts[key] / n for key in
                   ("new_context_tokens", "stream_new_context_tokens", "candidate_tokens", "tree_nodes",
@@ -256,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     figures["ratio_route_to_route_floor"] = median_ratio(seconds["route"], seconds[ROUTE_FLOOR])
     if jax_agent is not None:
         figures["ratio_jax_step_to_torch_step"] = median_ratio(seconds["jax_step"], seconds[f"cb_agent_{layouts[0]}"])
-        figures["jax_programs_after_step"] = jax_programs
+        figures["jax_programs_after_step"] = [r for r in jax_programs if r]  # by round, the warm-up first
         verdicts.append(verdict(f"JAX step / PyTorch step ({layouts[0]}), {figures['dtype']}",
                                 figures["ratio_jax_step_to_torch_step"], 1.0, at_most=True))
     verdicts.append(verdict(f"cb-agent ({layouts[0]}) step / floor, {figures['dtype']}",

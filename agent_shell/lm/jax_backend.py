@@ -65,8 +65,10 @@ if TYPE_CHECKING:
 #: most a third is padding, and at most an eighth past 2,048 (a long context's first pass).
 BUCKETS = tuple(sorted({1, 2, 4} | {2**k for k in range(3, 10)} | {3 * 2**k for k in range(3, 8)}
                        | {256 * k for k in range(2, 4097)}))
-#: The fewest slots a stream's KV buffer holds (buffers grow by doubling).
-MIN_CAPACITY = 256
+#: The fewest slots a stream's KV buffer holds (buffers grow by doubling). Attention reads only a
+#: buffer's filled slots, so a roomy buffer costs memory (about 47 MB for the default backbone in
+#: float32), not time, and an episode's growing context crosses fewer capacities (each a program).
+MIN_CAPACITY = 1024
 
 
 def bucket(n: int) -> int:
@@ -518,7 +520,7 @@ class JaxLanguageModel(TokenizedBackend):
         mask[0, :n, :n] = p.allowed
         mask[0, np.arange(n, t), np.arange(n, t)] = True  # padding tokens see themselves only
         positions = _padded(p.positions, t, p.positions[-1] if p.positions else 0)
-        k, n_pairs = bucket(len(p.head)), bucket(len(p.pairs[0]))
+        k = n_pairs = bucket(max(len(p.head), len(p.pairs[0])))  # one size for both: fewer programs
         rows, targets = p.pairs
         column = _padded(rows, n_pairs)
         kv, hidden, greedy, token_lp, captured = self.programs.run(
@@ -654,7 +656,7 @@ class JaxLanguageModel(TokenizedBackend):
         positions = [(b, [b * width + c for c in cols]) for b, cols in action_positions(toks, s, "batched")]
         wanted = sorted({c for _, cols in positions for c in cols}) if capture else []
         shared = cache.kv if cache.kv is not None else self.programs.buffer(1, MIN_CAPACITY)
-        k, n_pairs = bucket(len(head)), bucket(len(pred_rows))
+        k = n_pairs = bucket(max(len(head), len(pred_rows)))  # one size for both: fewer programs
         _, hidden, greedy, token_lp, captured = self.programs.run(
             "rows", self.programs.buffer(m, width), shared, np.int32(s), ids,
             np.broadcast_to(s + np.arange(width, dtype=np.int32), (m, width)).copy(), np.int32(0),

@@ -376,7 +376,7 @@ def test_scoring_speed_and_step_cost_time_the_jax_backend_beside_the_pytorch_one
     out = tmp_path / "step_cost.json"
     assert load("step_cost").main(["--expert", str(expert), "--tiny", "--backend", "jax", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
-    programs = data["jax_programs_after_step"]
+    (programs,) = data["jax_programs_after_step"]  # one round, no warm-up
     assert len(programs) == 3 and programs[0] >= 1 and programs == sorted(programs)
     assert math.isclose(data["ratio_jax_step_to_torch_step"], data["jax_step_s_per_step"] / data["cb_agent_tree_s_per_step"])
     assert "jax_step_passes_per_step" not in data  # the pass counter counts the PyTorch views only
