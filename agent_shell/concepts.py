@@ -348,7 +348,8 @@ def check_concept_matches(concept: Concept, lm: LanguageModel, settings: Feature
     for key, value in acting.items():
         if fitted.get(key) != value:
             raise ValueError(f"concept for {meta.get('task_type')!r} was fitted with {key}="
-                             f"{fitted.get(key)!r}, but acting uses {value!r}")
+                             f"{fitted.get(key)!r}, but acting uses {value!r} (act with the settings it was "
+                             "fitted with)")
     check_extractors(recorded_extractors(meta.get("features"), concept.hidden_size), extractors,
                      where=f"concept for {meta.get('task_type')!r}")
 

@@ -42,7 +42,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
 from agent_shell.concepts import TypeFeatures
 from agent_shell.results import ResumableJsonl, read_results, unique_episodes
@@ -371,8 +371,9 @@ def improve(config: RunConfig, settings: ImproveSettings, out: str | Path, echo:
             concepts, provenance, line = play_and_refit(config, settings, out, k, setup, pool, state, expert_states,
                                                         base_meta, done.get(k), echo, progress)
         state.concepts = concepts
-        unchanged = k - 1 if k and line["kept_last"] else None  # no won game: the same concepts
-        summary = evaluate(config, out, k, setup, concepts, eval_ids, base_meta, echo, progress, unchanged)
+        # the task types whose concepts round k kept from round k-1 (none refitted: no won game of theirs)
+        kept = sorted(t for t, p in provenance["types"].items() if not p.get("refitted")) if k else []
+        summary = evaluate(config, out, k, setup, concepts, eval_ids, base_meta, echo, progress, kept)
         if k in done:
             echo(f"round {k}: finished before (--resume): evaluation {summary['won']}/{summary['n']} won")
             lines.append(done[k])
@@ -487,28 +488,30 @@ def play(config: RunConfig, setup: Setup, concepts: Mapping[str, Concept], games
 
 
 def evaluate(config: RunConfig, out: Path, k: int, setup: Setup, concepts: Mapping[str, Concept],
-             eval_ids: Sequence[str], base_meta: dict, echo: Echo, progress, unchanged: int | None = None) -> dict:
+             eval_ids: Sequence[str], base_meta: dict, echo: Echo, progress, kept: Collection[str] = ()) -> dict:
     """Round ``k``'s concepts on the evaluation games (``round-K/results.jsonl``); returns
     ``{"won", "n", "errors"}`` over them.
 
-    ``unchanged``: the round whose concepts round ``k`` kept (it won no training game). Its
-    finished evaluation episodes are round ``k``'s too, recorded again with ``concept_round`` k
-    and ``evaluated_as_round`` (the same concepts, played by the same deterministic agent, give
-    the same episodes: :func:`agent_shell.improve` says so once); only games it did not finish
-    are played."""
+    ``kept``: the task types whose concepts round ``k`` kept from round k-1 (no won training game
+    of theirs refitted them). An episode reads only its own task type's concept, so round k-1's
+    finished evaluation episodes of those types are round ``k``'s too: recorded again with
+    ``concept_round`` k and ``evaluated_as_round`` (the same concept, played by the same
+    deterministic agent, gives the same episode); only the other games are played."""
     path = round_dir(out, k) / "results.jsonl"
     meta = {**base_meta, "concept_round": k, "concepts_dir": str(concepts_dir(out, k))}
     finished = {r["task_id"] for r in read_results(path) if not r.get("error")}
-    if unchanged is not None and not set(eval_ids) <= finished:
+    type_of = setup.env.task_type_of
+    reusable = {t for t in eval_ids if type_of(t) in set(kept)} - finished
+    if reusable:
         from agent_shell.results import store_record
 
-        earlier = [r for r in unique_episodes(read_results(round_dir(out, unchanged) / "results.jsonl"))[0]
-                   if r["task_id"] in set(eval_ids) - finished and not r.get("error")]
+        earlier = [r for r in unique_episodes(read_results(round_dir(out, k - 1) / "results.jsonl"))[0]
+                   if r["task_id"] in reusable and not r.get("error")]
         for r in earlier:
-            store_record(path, {**r, **meta, "evaluated_as_round": r.get("evaluated_as_round", unchanged)})
+            store_record(path, {**r, **meta, "evaluated_as_round": r.get("evaluated_as_round", k - 1)})
         finished |= {r["task_id"] for r in earlier}
-        echo(f"round {k}: the concepts of round {unchanged} unchanged: its {len(earlier)} evaluation episodes are "
-             f"round {k}'s (the same deterministic play; not played again)")
+        echo(f"round {k}: the concepts of {', '.join(kept)} are round {k - 1}'s: its {len(earlier)} evaluation "
+             f"episodes of those types are round {k}'s (the same deterministic play; not played again)")
     if not set(eval_ids) <= finished:
         echo(f"round {k}: cb-agent with round {k}'s concepts on {len(eval_ids)} evaluation games of {config.split}")
         play(config, setup, concepts, eval_ids, path, meta, echo, progress)

@@ -30,8 +30,8 @@ COMMON_OPTIONS = {
     "env": click.option("--env", "env", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True,
                         help="Benchmark (task ids: `cb-agent tasks --env ENV`)."),
     "model": click.option("--model", default=None, help="Backbone name or local path (default: the offline "
-                          "SmolLM2-135M-Instruct), or BACKEND:ARG for another LM backend (vllm:PATH, or a "
-                          "plug-in; `cb-agent backends` lists them)."),
+                          "SmolLM2-135M-Instruct), or BACKEND:ARG for another LM backend (jax: or jax:PATH for the "
+                          "JAX backend, vllm:PATH, or a plug-in; `cb-agent backends` lists them)."),
     "dtype": click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto",
                           show_default=True, help="Backbone dtype; auto = bfloat16 on a GPU or a CPU with native "
                           "bf16 (avx512_bf16/amx), else float32 (emulated bf16 is several times slower)."),
@@ -102,7 +102,7 @@ RUN_OPTIONS = {
                                 help="With --resume, keep the episodes an engine fault or the time limit ended "
                                      "(error records) instead of playing them again."),
     "out_dir": click.option("--out-dir", type=click.Path(file_okay=False), default=None,
-                            help="Results folder (default: runs/<env>-<split>)."),
+                            help="Results folder (default: runs/<env>-<split>; improve: runs/improve-<env>-<split>)."),
     "resume": click.option("--resume/--no-resume", default=False, show_default=True,
                            help="Skip episodes already in the results file (after moving a torn last line "
                                 "aside; an episode an engine fault or the time limit ended is played again "

@@ -78,6 +78,11 @@ def saved_concepts(out):
     return saved
 
 
+def actions_by_game(records):
+    """task id -> the actions of its episode (every trial's steps in order)."""
+    return {r["task_id"]: [s["action"] for t in r["trials"] for s in t["trajectory"]["steps"]] for r in records}
+
+
 def episodes(out):
     """(file, agent, task, won, actions) of every episode record under ``out``."""
     rows = []
@@ -234,7 +239,7 @@ def test_a_round_without_a_win_keeps_the_last_concepts_and_says_so(tmp_path, dou
         assert np.array_equal(before.alpha, after.alpha)
     assert json.loads((out / "round-1" / "concepts" / "provenance.json").read_text())["kept_last"]
     # the same concepts: round 0's evaluation episodes stand for round 1's, not played again ...
-    assert "round 1: the concepts of round 0 unchanged" in " ".join(res.output.split())
+    assert "round 1: the concepts of fetch, open are round 0's: its 5 evaluation episodes" in " ".join(res.output.split())
     rounds = {k: [(r["task_id"], r["success"], r["trials"]) for r in read_results(out / f"round-{k}" / "results.jsonl")]
               for k in (0, 1)}
     assert rounds[1] == rounds[0] and len(rounds[0]) == 5
@@ -249,6 +254,28 @@ def test_a_round_without_a_win_keeps_the_last_concepts_and_says_so(tmp_path, dou
     actions = {r["task_id"]: [s["action"] for t in r["trials"] for s in t["trajectory"]["steps"]] for r in played}
     assert actions == {t: [s["action"] for tr in trials for s in tr["trajectory"]["steps"]]
                        for t, _, trials in rounds[1]}
+
+
+def test_a_type_without_a_win_keeps_its_evaluation_episodes_and_the_refitted_type_plays_again(tmp_path, doubles):
+    """Budget 2: the fetch games (two steps) are won, the open games (three) cannot be. Round 1
+    refits fetch only: its fetch games are played again, its open games are round 0's episodes;
+    a fresh run with round 1's concepts plays every game action for action as recorded."""
+    out = tmp_path / "imp"
+    res = CliRunner().invoke(main, improve_args(out, "--rounds", "1", "--max-steps", "2"))
+    assert res.exit_code == 0, res.output
+    provenance = json.loads((out / "round-1" / "concepts" / "provenance.json").read_text())["types"]
+    assert provenance["fetch"]["refitted"] and not provenance["open"]["refitted"]
+    assert "round 1: the concepts of open are round 0's: its 2 evaluation episodes" in " ".join(res.output.split())
+    round1 = read_results(out / "round-1" / "results.jsonl")
+    assert {r["task_id"]: r.get("evaluated_as_round") for r in round1} == {
+        "fetch/test/7": None, "fetch/test/8": None, "fetch/test/9": None, "open/test/7": 0, "open/test/8": 0}
+    replay = tmp_path / "replay"
+    res = CliRunner().invoke(main, ["run", "--env", "textworld", "--split", "test", "--per-type", "0", "--games", "0",
+                                    "--max-steps", "2", "--demos-per-type", "1", "--agent", "cb-agent", "--concepts",
+                                    str(out / "round-1" / "concepts"), "--out-dir", str(replay)])
+    assert res.exit_code == 0, res.output
+    played = [r for p in replay.glob("*.jsonl") for r in read_results(p)]
+    assert len(played) == 5 and actions_by_game(played) == actions_by_game(round1)
 
 
 def test_each_refit_starts_at_the_last_rounds_concept(tmp_path, doubles, monkeypatch):
