@@ -513,7 +513,9 @@ def evaluate(config: RunConfig, out: Path, k: int, setup: Setup, concepts: Mappi
         echo(f"round {k}: the concepts of {', '.join(kept)} are round {k - 1}'s: its {len(earlier)} evaluation "
              f"episodes of those types are round {k}'s (the same deterministic play; not played again)")
     if not set(eval_ids) <= finished:
-        echo(f"round {k}: cb-agent with round {k}'s concepts on {len(eval_ids)} evaluation games of {config.split}")
+        left = len(set(eval_ids) - finished)
+        echo(f"round {k}: cb-agent with round {k}'s concepts on {left} evaluation game{'s' if left > 1 else ''} of "
+             f"{config.split}" + (f" ({len(eval_ids) - left} finished)" if left < len(eval_ids) else ""))
         play(config, setup, concepts, eval_ids, path, meta, echo, progress)
     records = [r for r in unique_episodes(read_results(path))[0] if r["task_id"] in set(eval_ids)]
     ok = [r for r in records if not r.get("error")]
