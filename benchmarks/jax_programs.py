@@ -141,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
                "stored_by_first_process": first["per_step"][-1]["stored"] if first["per_step"] else 0,
                "compiled_by_second_process": (second["per_step"][-1]["stored"] - first["per_step"][-1]["stored"]
                                               if second["per_step"] else 0),
-               "same_programs_in_both": first["programs"] == second["programs"],
+               # the second process reads the concept's features from the cache: its programs are the episode's
+               "episode_programs": len(second["programs"]),
+               "second_within_first": set(second["programs"]) <= set(first["programs"]),
                "first_step_s": [r["per_step"][0]["seconds"] for r in runs if r["per_step"]],
                **{f"median_{key}_per_step": statistics.median(r[key] for r in second["per_step"])
                   for key in ("to_device", "to_host", "decision_to_device", "decision_to_host")},
@@ -150,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"a step (second process, median): {figures['median_to_device_per_step']} arrays to the device, "
           f"{figures['median_to_host_per_step']} to the host; its decision: {figures['median_decision_to_device_per_step']} "
           f"to the device, {figures['median_decision_to_host_per_step']} to the host (after the argmax)")
-    print(f"{figures['programs']} programs over {figures['steps']} steps of {figures['game']}; the last compiled at "
-          f"step {figures['last_step_that_compiled']}; a second process compiled {figures['compiled_by_second_process']}")
+    print(f"{figures['programs']} programs in the first process ({figures['episode_programs']} of them the "
+          f"episode's, {figures['steps']} steps of {figures['game']}); it compiled at steps "
+          f"{figures['steps_that_compiled']}; a second process compiled {figures['compiled_by_second_process']}")
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=1))
     return 0

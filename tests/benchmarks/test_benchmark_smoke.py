@@ -393,7 +393,6 @@ def test_jax_programs_tiny(tmp_path):
     data = json.loads(out.read_text())
     first, second = data["runs"]
     assert len(first["per_step"]) == len(second["per_step"]) == data["steps"] == 3
-    assert data["programs"] >= 3 and data["same_programs_in_both"]
+    assert data["programs"] >= data["episode_programs"] >= 3 and data["second_within_first"]
     assert first["per_step"][-1]["stored"] == data["programs"]  # each program compiled once, and stored
     assert data["compiled_by_second_process"] == 0
-    assert [r["programs"] for r in second["per_step"]] == [r["programs"] for r in first["per_step"]]
