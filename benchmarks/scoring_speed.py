@@ -27,7 +27,9 @@ the same model and machine:
   ``backend`` and ``backend-warm`` do, in the same rotation; ``jax_time_over_backend`` and
   ``jax-warm_time_over_backend-warm`` are its time over the PyTorch backend's (target: at most 1
   in float32). Each configuration's first JAX call compiles its programs: that is the untimed
-  warm-up (a new process loads them from the executable store when it is on).
+  warm-up (a new process loads them from the executable store when it is on). ``--dots`` times
+  the backbone's matrix products alone, XLA against torch, one thread each (where the JAX
+  backend's time goes).
 
 All methods are timed the same way, in one interleaved phase: one untimed warm-up call each,
 then ``--rounds`` rounds, each calling every method once, in an order rotated by one place per
@@ -298,7 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="smoke test: one 96-token context, 3 candidates, 1 round")
     parser.add_argument("--backend", choices=("torch", "jax"), default="torch",
                         help="jax: also time the JAX backend (jax, jax-warm) beside the PyTorch one")
+    parser.add_argument("--dots", action="store_true",
+                        help="only time the backbone's matrix products alone, XLA against torch (where the JAX "
+                             "backend's time goes), and print them")
     args = parser.parse_args(argv)
+    if args.dots:
+        print(json.dumps(dot_products(args.model), indent=1))
+        return 0
     if args.tiny:
         args.contexts, args.candidates, args.rounds = [96], [3], 1
 
@@ -364,6 +372,49 @@ def main(argv: list[str] | None = None) -> int:
             write_atomic(args.out, data)
     print(report(data))
     return 0
+
+
+def dot_products(model: str | None, rounds: int = 7) -> dict:
+    """The backbone's matrix products alone, float32, one thread each, each weight in
+    transformers' [out, in] layout as both backends hold it: the JAX decoder's own product
+    (:func:`agent_shell.lm.jax_model._dot`, compiled by XLA) against torch's
+    (``torch.nn.functional.linear``, as transformers runs it), for the rows of a warm step (96: its
+    new tokens and candidates) and of a long first pass (2,304), through the attention
+    projections, the MLP and the LM head; alternated, medians. Returns shape -> {"xla_s",
+    "torch_s", "xla_over_torch"}."""
+    import jax
+    import jax.numpy as jnp
+
+    from agent_shell.lm.default_model import default_model_dir
+    from agent_shell.lm.jax_model import _dot, read_config
+
+    c = read_config(model or default_model_dir())
+    rng = np.random.default_rng(0)
+    dot = jax.jit(lambda a, b: _dot(a, b, jax.lax.Precision.HIGHEST))
+    out = {}
+    for rows in (96, 2304):
+        for name, k, n in (("q/o projection", c.hidden_size, c.num_heads * c.head_dim),
+                           ("k/v projection", c.hidden_size, c.num_kv_heads * c.head_dim),
+                           ("mlp gate/up", c.hidden_size, c.intermediate_size),
+                           ("mlp down", c.intermediate_size, c.hidden_size),
+                           ("lm head", c.hidden_size, c.vocab_size)):
+            if name == "lm head" and rows > 96:
+                continue  # the head reads only the rows that predict a token
+            x, w = rng.normal(size=(rows, k)).astype(np.float32), rng.normal(size=(n, k)).astype(np.float32)
+            jx, jw, tx, tw = jnp.asarray(x), jnp.asarray(w), torch.from_numpy(x), torch.from_numpy(w)
+            calls = {"xla": lambda: dot(jx, jw).block_until_ready(),
+                     "torch": lambda: torch.nn.functional.linear(tx, tw)}
+            for call in calls.values():
+                call()  # compiled, warmed
+            times: dict[str, list[float]] = {"xla": [], "torch": []}
+            for r in range(rounds):
+                for which in rotated(list(calls), r):
+                    t0 = time.perf_counter()
+                    calls[which]()
+                    times[which].append(time.perf_counter() - t0)
+            xla, tor = statistics.median(times["xla"]), statistics.median(times["torch"])
+            out[f"{rows} rows, {name} [{k} x {n}]"] = {"xla_s": xla, "torch_s": tor, "xla_over_torch": xla / tor}
+    return out
 
 
 #: (name, method, baseline, meaning): every ratio is baseline seconds / method seconds
