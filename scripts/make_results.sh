@@ -25,8 +25,9 @@
 # CAL_STEPS (their budget, default 20),
 # CAL_TRANSITIONS (transitions labelled, default 80: 220 candidate experiences here), CAL_RECOVER
 # (recovery items, default 20), ROUNDS (the improve target's rounds after round 0, default 3), ROUND_GAMES (its
-# training games per level a round, default 6). The improve target resumes from its own folder ($RUNS/improve-textworld:
-# the rounds' concepts and episodes), not from the committed results file.
+# training games per level a round, default 6), ALF_ROUNDS (the improve_alfworld target's rounds, default 1).
+# The improve target resumes from its own folder ($RUNS/improve-textworld: the rounds' concepts and episodes), not
+# from the committed results file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CB=${CB:-cb-agent}
@@ -81,6 +82,7 @@ table1_alfworld_combined: table1_alfworld table1_alfworld_features --paired
 table2_scienceworld: table2_scienceworld
 table3_textworld: table3_textworld
 improve_textworld: improve_textworld --paired
+improve_alfworld: improve_alfworld --paired
 table4_closed_loop: table1_alfworld table4_closed_loop_k5 table4_closed_loop_k10 table4_closed_loop_k20 --paired --common-games
 ical_alfworld_actions: ical_alfworld_actions
 ical_alfworld_notes: ical_alfworld_notes
@@ -238,6 +240,24 @@ improve() {  # `cb-agent improve` on Table 3's games (TextWorld test seeds, budg
   done
 }
 
+improve_alfworld() {  # `cb-agent improve` on Table 1's games (ALFWorld valid_unseen, 134, budget 50): round 0's
+                      # evaluation is Table 1's cb-agent (seeded from its results file: the same command, replayed
+                      # action for action by benchmarks/replay_actions.py), then $ALF_ROUNDS rounds of 6 training games
+                      # per type; a type no won training game refitted keeps its evaluation episodes
+  local out="$RUNS/improve-alfworld"
+  if [ ! -e "$out/round-0/results.jsonl" ]; then
+    mkdir -p "$out/round-0"
+    gzip -dc results/table1_alfworld.results.jsonl.gz | grep '^{"schema":"cb-agent/episode-v1","agent":"cb-agent",' \
+      > "$out/round-0/results.jsonl"
+  fi
+  "$CB" improve --env alfworld --split valid_unseen --all-games "${COMMON[@]}" --max-steps "$ALF_BUDGET" \
+    --rounds "${ALF_ROUNDS:-1}" --games-per-round "${ROUND_GAMES:-6}" --out-dir "$out" --resume
+  { gzip -dc results/table1_alfworld.results.jsonl.gz | grep -v '^{"schema":"cb-agent/episode-v1","agent":"cb-agent",'
+    cat "$out"/round-*/results.jsonl; } > "$out/beside_table1.jsonl"
+  finish "$out/beside_table1.jsonl" improve_alfworld
+  cp "$out/rounds.jsonl" results/improve_alfworld_rounds.jsonl
+}
+
 table2() {  # ScienceWorld: one test variation of each task, open action space (20 sampled replies, T = 0.7);
             # the concept's fit sees the expert's action and 63 sampled others of the ~1,000 valid combinations
   local tasks out="$RUNS/scienceworld" t
@@ -300,11 +320,11 @@ tables() {  # every table of TABLES from the committed results files alone (no m
 }
 
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && { echo "usage: $0 figure|table1|table1_bf16|table1_bf16_timed|table1_reflexion|table1_features|table2|table3|table4|table4_closed_loop|ical|calibration|improve|tables|all ..." >&2; exit 2; }
+[ ${#targets[@]} -eq 0 ] && { echo "usage: $0 figure|table1|table1_bf16|table1_bf16_timed|table1_reflexion|table1_features|table2|table3|table4|table4_closed_loop|ical|calibration|improve|improve_alfworld|tables|all ..." >&2; exit 2; }
 for target in "${targets[@]}"; do
   case "$target" in
     all) figure; table4; table3; table1; table1_reflexion; table2 ;;
-    figure|table1|table1_bf16|table1_bf16_timed|table1_reflexion|table1_features|table2|table3|table4|table4_closed_loop|ical|calibration|improve|tables) "$target" ;;
+    figure|table1|table1_bf16|table1_bf16_timed|table1_reflexion|table1_features|table2|table3|table4|table4_closed_loop|ical|calibration|improve|improve_alfworld|tables) "$target" ;;
     *) echo "unknown target $target" >&2; exit 2 ;;
   esac
 done
