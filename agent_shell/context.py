@@ -244,7 +244,7 @@ def react_head(header: str, demos: Iterable[str], task_header: str = "Here is th
                layout: str = "text") -> Context:
     """The fixed head of every ReAct routing prompt of one task type (header, demonstrations, task
     header): what :func:`react_prompt` puts before the task, for an LM backend to encode once
-    and reuse across episodes (:meth:`agent_shell.lm.hf.HFLanguageModel.pin_prefix`). Chat
+    and reuse across episodes (:meth:`agent_shell.lm.tokenized.TokenizedBackend.pin_prefix`). Chat
     layout: the first user message holding only the head."""
     text = _head_text(header, demos, task_header)
     return text if check_layout(layout) == "text" else [{"role": "user", "content": text}]

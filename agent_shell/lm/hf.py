@@ -148,27 +148,6 @@ class HFLanguageModel(TokenizedBackend):
         return str(self.dtype).removeprefix("torch.")
 
     @torch.inference_mode()
-    def pin_prefix(self, head: Context) -> int:
-        """Encode a fixed prompt head once and keep its KV cache for every later context that
-        starts with it (:class:`agent_shell.lm.kv_cache.HeadStore`), e.g. the ReAct header and
-        the demonstrations of a task type, reused by every episode of that type.
-
-        ``head`` is rendered like a prompt (a message list through the chat template); a later
-        context reuses the longest token prefix it shares with the head, so a head whose last
-        tokens merge differently inside the full prompt still saves all tokens before them.
-        Numbers are those of the uncached path (within float rounding).
-
-        Returns:
-            The number of tokens pinned (0 when this backend keeps no cache, ``reuse_cache=False``).
-        """
-        ids = self.encode(*self.formatter.rendered(head))
-        return len(ids) if self.cache.pin(ids, self._forward) else 0
-
-    def reset_cache(self) -> None:
-        """Forget the stored prefix cache (e.g. at the start of an unrelated episode)."""
-        self.cache.reset()
-
-    @torch.inference_mode()
     def _forward(self, input_ids: torch.Tensor, cache: Cache, **kwargs: Any) -> CausalLMOutputWithPast:
         # every forward of the backend goes through here: never record an autograd graph (a
         # kept KV cache would otherwise hold every earlier step's activations alive)

@@ -488,20 +488,6 @@ class JaxLanguageModel(TokenizedBackend):
         """How many distinct compiled programs this backbone's passes have used so far."""
         return len(self.programs.compiled)
 
-    def pin_prefix(self, head: Context) -> int:
-        """Encode a fixed prompt head once and keep its KV cache for every later context that
-        starts with it (:meth:`agent_shell.lm.hf.HFLanguageModel.pin_prefix`).
-
-        Returns:
-            The number of tokens pinned (0 when this backend keeps no cache, ``reuse_cache=False``).
-        """
-        ids = self.encode(*self.formatter.rendered(head))
-        return len(ids) if self.cache.pin(ids, self._forward) else 0
-
-    def reset_cache(self) -> None:
-        """Forget the stored prefix cache."""
-        self.cache.reset()
-
     # ------------------------------------------------------------------ passes
     def _forward(self, ids: Sequence[int], cache: StreamKV, start: int) -> PassOutput:
         """A causal pass over ``ids`` after the ``start`` tokens ``cache`` holds (a chunk of a

@@ -82,7 +82,7 @@ class LanguageModel(Protocol):
 
 def pin_prefix(lm: LanguageModel, head: Context) -> int:
     """Ask ``lm`` to keep the KV cache of a fixed prompt head for the contexts that start with it
-    (a backend with a prefix cache has ``pin_prefix``, e.g. :meth:`agent_shell.lm.hf.HFLanguageModel.pin_prefix`);
+    (a backend with a prefix cache has ``pin_prefix``, e.g. :meth:`agent_shell.lm.tokenized.TokenizedBackend.pin_prefix`);
     an optional capability: a backend without it is left alone. Returns the tokens pinned (0: none)."""
     pin = getattr(lm, "pin_prefix", None)
     return int(pin(head)) if callable(pin) else 0

@@ -23,6 +23,8 @@ from agent_shell.lm.tokenization import Markers, Tokenization, TokenizedContinua
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from agent_shell.lm.kv_cache import PrefixCache
+
 #: The pools of inner-layer features (:meth:`TokenizedBackend.check_layers`).
 POOLS = ("last", "mean")
 
@@ -41,6 +43,7 @@ class TokenizedBackend:
 
     name: str
     hidden_size: int
+    cache: PrefixCache  # the backend's prefix KV cache, over its own passes (``_forward``)
     tokenizer: PreTrainedTokenizerBase
     formatter: Formatter
     tokens: Tokenization
@@ -79,6 +82,26 @@ class TokenizedBackend:
             "hidden": "last-layer state read by the LM head (after the final norm) at the final action token",
             "dtype": self.dtype_name,
         }
+
+    def pin_prefix(self, head: Context) -> int:
+        """Encode a fixed prompt head once and keep its KV cache for every later context that
+        starts with it (:class:`agent_shell.lm.kv_cache.HeadStore`), e.g. the ReAct header and
+        the demonstrations of a task type, reused by every episode of that type.
+
+        ``head`` is rendered like a prompt (a message list through the chat template); a later
+        context reuses the longest token prefix it shares with the head, so a head whose last
+        tokens merge differently inside the full prompt still saves all tokens before them.
+        Numbers are those of the uncached path (within float rounding).
+
+        Returns:
+            The number of tokens pinned (0 when this backend keeps no cache, ``reuse_cache=False``).
+        """
+        ids = self.encode(*self.formatter.rendered(head))
+        return len(ids) if self.cache.pin(ids, self._forward) else 0
+
+    def reset_cache(self) -> None:
+        """Forget the stored prefix cache (e.g. at the start of an unrelated episode)."""
+        self.cache.reset()
 
     def render(self, context: Context, action_prefix: str) -> str:
         """The text every candidate is appended to (:meth:`Formatter.render`)."""

@@ -78,6 +78,15 @@ def saved_concepts(out):
     return saved
 
 
+def played_with(concepts, out, max_steps):
+    """The records of ``cb-agent run --concepts CONCEPTS`` on every test game (a fresh run)."""
+    res = CliRunner().invoke(main, ["run", "--env", "textworld", "--split", "test", "--per-type", "0", "--games", "0",
+                                    "--max-steps", str(max_steps), "--demos-per-type", "1", "--agent", "cb-agent",
+                                    "--concepts", str(concepts), "--out-dir", str(out)])
+    assert res.exit_code == 0, res.output
+    return [r for p in out.glob("*.jsonl") for r in read_results(p)]
+
+
 def actions_by_game(records):
     """task id -> the actions of its episode (every trial's steps in order)."""
     return {r["task_id"]: [s["action"] for t in r["trials"] for s in t["trajectory"]["steps"]] for r in records}
@@ -245,15 +254,8 @@ def test_a_round_without_a_win_keeps_the_last_concepts_and_says_so(tmp_path, dou
     assert rounds[1] == rounds[0] and len(rounds[0]) == 5
     assert {r["evaluated_as_round"] for r in read_results(out / "round-1" / "results.jsonl")} == {0}
     # ... and playing round 1's concepts anew gives those episodes, action for action
-    replay = tmp_path / "replay"
-    res = CliRunner().invoke(main, ["run", "--env", "textworld", "--split", "test", "--per-type", "0", "--games", "0",
-                                    "--max-steps", "1", "--demos-per-type", "1", "--agent", "cb-agent", "--concepts",
-                                    str(out / "round-1" / "concepts"), "--out-dir", str(replay)])
-    assert res.exit_code == 0, res.output
-    played = [r for p in replay.glob("*.jsonl") for r in read_results(p)]
-    actions = {r["task_id"]: [s["action"] for t in r["trials"] for s in t["trajectory"]["steps"]] for r in played}
-    assert actions == {t: [s["action"] for tr in trials for s in tr["trajectory"]["steps"]]
-                       for t, _, trials in rounds[1]}
+    played = played_with(out / "round-1" / "concepts", tmp_path / "replay", max_steps=1)
+    assert actions_by_game(played) == actions_by_game(read_results(out / "round-1" / "results.jsonl"))
 
 
 def test_a_type_without_a_win_keeps_its_evaluation_episodes_and_the_refitted_type_plays_again(tmp_path, doubles):
@@ -269,12 +271,7 @@ def test_a_type_without_a_win_keeps_its_evaluation_episodes_and_the_refitted_typ
     round1 = read_results(out / "round-1" / "results.jsonl")
     assert {r["task_id"]: r.get("evaluated_as_round") for r in round1} == {
         "fetch/test/7": None, "fetch/test/8": None, "fetch/test/9": None, "open/test/7": 0, "open/test/8": 0}
-    replay = tmp_path / "replay"
-    res = CliRunner().invoke(main, ["run", "--env", "textworld", "--split", "test", "--per-type", "0", "--games", "0",
-                                    "--max-steps", "2", "--demos-per-type", "1", "--agent", "cb-agent", "--concepts",
-                                    str(out / "round-1" / "concepts"), "--out-dir", str(replay)])
-    assert res.exit_code == 0, res.output
-    played = [r for p in replay.glob("*.jsonl") for r in read_results(p)]
+    played = played_with(out / "round-1" / "concepts", tmp_path / "replay", max_steps=2)
     assert len(played) == 5 and actions_by_game(played) == actions_by_game(round1)
 
 
