@@ -440,3 +440,22 @@ def test_log_normalisers_keep_their_input_and_equal_the_two_buffer_formula(dtype
     x = logits.float()
     top = x.max(-1, keepdim=True).values
     assert torch.equal(got, top[:, 0].double() + torch.log(torch.exp(x - top).sum(-1, dtype=torch.float64)))
+
+
+CRAFTED_CONTEXTS = [
+    "A note reads: \x00\x00 null bytes\x00 inside.\n> look\nNothing happens.",
+    "Ｆｕｌｌｗｉｄｔｈ and combining e\u0301 marks; RTL \u05e9\u05dc\u05d5\u05dd and \u200bzero-width.",
+    "Emoji 🍎🍏🍐 and a CJK fridge 冰箱 1, then a lone surrogate-free tail \U0001f9ea.",
+]
+
+
+@pytest.mark.parametrize("context", CRAFTED_CONTEXTS, ids=["nul", "marks", "emoji"])
+def test_crafted_contexts_score_as_the_naive_forward(fresh_any, lm32, context):
+    """NUL bytes, combining marks, right-to-left text, zero-width spaces and astral-plane characters
+    in the context: each backend's scores equal one plain transformers forward per candidate."""
+    candidates = ALFWORLD_CANDIDATES[:3] + BOUNDARY_CANDIDATES[2:3]
+    got = fresh_any().score(context, candidates, PREFIX)
+    for m, action in enumerate(candidates):
+        log_q, n_tok, hidden = naive_score(lm32, context, action)
+        assert got.n_tokens[m] == n_tok and abs(got.log_q[m] - log_q) < 1e-4, (context, action)
+        assert np.abs(got.hidden[m] - hidden).max() / np.abs(hidden).max() < 1e-4, (context, action)
