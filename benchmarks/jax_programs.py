@@ -85,6 +85,9 @@ def play(env_name: str, split: str, game: str | None, steps: int, dtype: str) ->
         agent.agent.decide = decide
 
         def stepped(trials: list) -> None:
+            n_steps = sum(len(t.episode.steps) for t in trials)
+            if n_steps == len(rows):  # the call after the last step (the episode ended): no step
+                return
             now, n_sent = time.perf_counter(), sent()
             rows.append({"programs": len(lm.programs.compiled), "stored": len(list(store.glob("lm-*"))),
                          "seconds": now - last["t"], "to_device": n_sent - last["sent"],

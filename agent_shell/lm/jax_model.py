@@ -283,6 +283,10 @@ class _Softmax:
         """Fold in ``keys``/``values`` [B, Hkv, n, hd] (or [Hkv, n, hd] for every row) under ``mask``
         (broadcast to [B, Hkv, Q, n]); q [B, Hkv, Q, hd], already scaled."""
         f32 = jnp.float32
+        if keys.ndim == 3 and keys.dtype == jnp.bfloat16:  # every row reads one buffer: XLA's CPU dot has no
+            # bfloat16 x bfloat16 -> float32 kernel for a batch dimension on one side only, so give it both
+            keys = jnp.broadcast_to(keys, (q.shape[0], *keys.shape))
+            values = jnp.broadcast_to(values, (q.shape[0], *values.shape))
         spec = ("bkqd,bknd->bkqn", "bkqn,bknd->bkqd") if keys.ndim == 4 else ("bkqd,knd->bkqn", "bkqn,knd->bkqd")
         scores = jnp.einsum(spec[0], q, keys, precision=precision, preferred_element_type=f32)
         scores = jnp.where(mask, scores, jnp.finfo(f32).min)

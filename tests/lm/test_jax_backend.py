@@ -77,14 +77,19 @@ def test_bfloat16_scores_are_within_the_measured_noise_and_rank_alike(lm32):
     further apart than that noise."""
     from agent_shell.lm import load_language_model
 
+    from agent_shell.lm.jax_backend import JaxLanguageModel
+
     bf16 = load_language_model(None, dtype="bfloat16", device="cpu")
     jax16 = load_language_model("jax:", dtype="bfloat16", device="cpu")
     refs, torch16, got = [], [], []
-    for n_steps in (0, 5, 14):
+    for n_steps, layout in ((0, "tree"), (5, "batched"), (14, "packed")):  # every layout's program in bfloat16
         context = make_context(n_steps)
         refs.append([_naive_score(lm32, context, a, PREFIX)[0] for a in ALFWORLD_CANDIDATES])
         torch16.append([_naive_score(bf16, context, a, PREFIX)[0] for a in ALFWORLD_CANDIDATES])
-        got.append(jax16.score(context, ALFWORLD_CANDIDATES, PREFIX).log_q)
+        view = JaxLanguageModel(jax16.decoder, jax16.tokenizer, name=jax16.name, candidate_layout=layout)
+        got.append(view.score(context, ALFWORLD_CANDIDATES, PREFIX).log_q)
+    sampled = dict(max_new_tokens=6, temperature=0.8, n=3, seed=4)  # rows reading one prompt cache, in bfloat16
+    assert jax16.generate(make_context(2), **sampled) == jax16.fork().generate(make_context(2), **sampled)
     refs, torch16, got = np.array(refs), np.array(torch16), np.array(got, np.float64)
     noise = np.abs(torch16 - refs).max()
     assert 0.01 < noise < 1.0, noise  # bfloat16's own rounding, not a broken model
