@@ -25,7 +25,7 @@
 # CAL_STEPS (their budget, default 20),
 # CAL_TRANSITIONS (transitions labelled, default 80: 220 candidate experiences here), CAL_RECOVER
 # (recovery items, default 20), ROUNDS (the improve target's rounds after round 0, default 3), ROUND_GAMES (its
-# training games per level a round, default 6), ALF_ROUNDS (the improve_alfworld target's rounds, default 1).
+# training games per level a round, default 6), ALF_ROUNDS (the improve_alfworld target's rounds, default 2).
 # The improve target resumes from its own folder ($RUNS/improve-textworld: the rounds' concepts and episodes), not
 # from the committed results file.
 set -euo pipefail
@@ -251,7 +251,7 @@ improve_alfworld() {  # `cb-agent improve` on Table 1's games (ALFWorld valid_un
       > "$out/round-0/results.jsonl"
   fi
   "$CB" improve --env alfworld --split valid_unseen --all-games "${COMMON[@]}" --max-steps "$ALF_BUDGET" \
-    --rounds "${ALF_ROUNDS:-1}" --games-per-round "${ROUND_GAMES:-6}" --out-dir "$out" --resume
+    --rounds "${ALF_ROUNDS:-2}" --games-per-round "${ROUND_GAMES:-6}" --out-dir "$out" --resume
   { gzip -dc results/table1_alfworld.results.jsonl.gz | grep -v '^{"schema":"cb-agent/episode-v1","agent":"cb-agent",'
     cat "$out"/round-*/results.jsonl; } > "$out/beside_table1.jsonl"
   finish "$out/beside_table1.jsonl" improve_alfworld
