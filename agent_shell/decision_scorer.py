@@ -118,10 +118,9 @@ class DecisionScorer:
     def __init__(self, lm: LanguageModel, features: FeatureSet | None = None):
         self.lm = lm
         self.features = features if features is not None else FeatureSet.from_spec()
-        self._default = self.features.is_default  # phi is the LM's hidden states
-        #: phi is the LM's hidden states (``lm-hidden``): a decision can be taken where they lie
-        #: (:meth:`agent_shell.agents.cb_agent.CBAgent.decide`)
-        self.reads_hidden_only: bool = self._default
+        #: phi is the LM's hidden states (``lm-hidden``): no extractor runs, and a decision can be
+        #: taken where they lie (:meth:`agent_shell.agents.cb_agent.CBAgent.decide`)
+        self.reads_hidden_only: bool = self.features.is_default
         self.layers: tuple[LayerSpec, ...] = tuple((e.layer, e.pool) for e in self.features.extractors
                                                    if isinstance(e, LMLayer))
 
@@ -151,7 +150,7 @@ class DecisionScorer:
             ValueError: see :meth:`lm_scores`; a feature block of the wrong shape or non-finite.
         """
         scores = self.lm_scores(request) if scores is None else scores
-        if self._default:
+        if self.reads_hidden_only:
             phi = np.asarray(scores.hidden, np.float32)
         else:
             phi = self.features.extract(request.decision, self.lm, scores)
@@ -166,7 +165,7 @@ class DecisionScorer:
         request order, seconds spent in the LM and the extractors)."""
         start = time.perf_counter()
         scores = [self.lm_scores(r) for r in requests] if scores is None else list(scores)
-        if self._default:
+        if self.reads_hidden_only:
             phi = [np.asarray(s.hidden, np.float32) for s in scores]
         else:
             phi, _ = self.features.extract_trajectory([r.decision for r in requests], self.lm, scores, cache_dir)

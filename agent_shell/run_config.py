@@ -54,10 +54,12 @@ class RunConfig:
             expert's action and a seeded sample of the others; 0: the whole set). ScienceWorld's
             sets of about 1,000 valid combinations need one (``scripts/make_results.sh table2``: 64).
         model: backbone name or folder (None: the offline default).
-        dtype: the backbone dtype, resolved by :func:`agent_shell.lm.dtypes.dtype_name`
-            (``"auto"`` becomes ``"bfloat16"`` or ``"float32"`` on ``device``).
-        device: where the backbone loads (:func:`agent_shell.lm.dtypes.device_name`: ``"auto"``/None
-            becomes ``"cuda"`` when torch sees a GPU, else ``"cpu"``; or ``"cuda:N"``).
+        dtype: the backbone dtype, resolved by the model's backend
+            (:func:`agent_shell.lm.factory.device_and_dtype`: ``"auto"`` becomes ``"bfloat16"`` or
+            ``"float32"`` on ``device``).
+        device: where the backbone loads (the same function: ``"auto"``/None becomes ``"cuda"`` when
+            torch sees a GPU, else ``"cpu"``; or ``"cuda:N"``; with ``jax:``, what
+            ``jax.devices()`` offers, ``"tpu"`` too).
         rendering, layout: history rendering and context layout (fitting and acting alike).
         lam: L2 strength of the concept fit (Eq. 6).
         gamma: the prior's length exponent (the concept's fit and prior-only acting).
@@ -152,7 +154,7 @@ class RunConfig:
 
     def __post_init__(self, rendering: str | None, layout: str | None, gamma: float | None,
                       action_space: str | None, seed: int | None) -> None:
-        from agent_shell.lm.dtypes import device_name, dtype_name
+        from agent_shell.lm.factory import device_and_dtype
 
         if not self.env or not isinstance(self.env, str):
             raise ValueError(f"env={self.env!r} must name an environment (envs.make_env checks which)")
@@ -195,16 +197,9 @@ class RunConfig:
         object.__setattr__(self, "concept_per_type", self.concept_per_type or self.demos_per_type)
         object.__setattr__(self, "agents", agents)
         object.__setattr__(self, "game_ids", tuple(self.game_ids))
-        from agent_shell.lm.factory import split_model_uri
-
-        if split_model_uri(self.model)[0] == "jax":  # the devices JAX sees (tpu too) and its dtype rule
-            from agent_shell.lm.jax_backend import jax_device_name, jax_dtype_name
-
-            object.__setattr__(self, "dtype", jax_dtype_name(self.dtype, self.device))
-            object.__setattr__(self, "device", jax_device_name(self.device))
-        else:
-            object.__setattr__(self, "device", device_name(self.device))
-            object.__setattr__(self, "dtype", dtype_name(self.dtype, self.device))
+        device, dtype = device_and_dtype(self.model, self.device, self.dtype)  # the model's backend's rule
+        object.__setattr__(self, "device", device)
+        object.__setattr__(self, "dtype", dtype)
         if self.device.startswith("cuda") and (self.workers > 1 or self.ray_address):
             object.__setattr__(self, "shared_lm", True)  # Ray workers hold no GPU: they share the server's
         object.__setattr__(self, "features", self.feature_set.spec)

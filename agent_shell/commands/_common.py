@@ -181,22 +181,14 @@ def config_options(*names: str, **overrides: Callable) -> Callable[[Callable], C
 def check_backbone(model: str | None, device: str | None) -> None:
     """One-line click errors, before anything loads, for a backbone that cannot load here: library
     versions outside their tested ranges (:mod:`agent_shell.lm.versions`), a model that cannot be
-    found (:func:`agent_shell.lm.factory.check_model_source`) or a CUDA device this machine lacks."""
-    from agent_shell.lm.dtypes import resolve_device
-    from agent_shell.lm.factory import check_model_source
+    found (:func:`agent_shell.lm.factory.check_model_source`) or a device this machine lacks."""
+    from agent_shell.lm.factory import check_model_source, device_and_dtype
     from agent_shell.lm.versions import check_versions
-
-    from agent_shell.lm.factory import split_model_uri
 
     try:
         check_versions()
         check_model_source(model)
-        if split_model_uri(model)[0] == "jax":  # the devices JAX sees (tpu too)
-            from agent_shell.lm.jax_backend import resolve_jax_device
-
-            resolve_jax_device(device)
-        else:
-            resolve_device(device)
+        device_and_dtype(model, device, "auto", check=True)  # the devices of the model's backend
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as err:
         raise click.ClickException(str(err)) from None
 

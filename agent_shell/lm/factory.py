@@ -48,6 +48,29 @@ def split_model_uri(name_or_path: str | os.PathLike | None) -> tuple[str, str | 
     return match.group(1), match.group(2)
 
 
+def device_and_dtype(name_or_path: str | os.PathLike | None, device: str | None, dtype: str,
+                     check: bool = False) -> tuple[str, str]:
+    """(device, dtype) as a run of this model records them: the JAX backend's (``jax:``: what
+    ``jax.devices()`` offers, tpu too, and its dtype rule there,
+    :func:`agent_shell.lm.jax_backend.jax_device_name`), else torch's
+    (:func:`agent_shell.lm.dtypes.device_name`). ``check``: also refuse a CUDA device torch does not
+    see (:func:`agent_shell.lm.dtypes.resolve_device`; JAX's names are always checked).
+
+    Raises:
+        ValueError: an unknown device or dtype, or one this machine lacks (one line).
+    """
+    if split_model_uri(name_or_path)[0] == "jax":
+        from agent_shell.lm.jax_backend import jax_device_name, jax_dtype_name
+
+        return jax_device_name(device), jax_dtype_name(dtype, device)
+    from agent_shell.lm.dtypes import device_name, dtype_name, resolve_device
+
+    if check:
+        resolve_device(device)
+    name = device_name(device)
+    return name, dtype_name(dtype, name)
+
+
 def available_backends() -> dict[str, str]:
     """Backend name -> where it comes from (``"built-in"`` or the entry point's target)."""
     from agent_shell.plugins import registered

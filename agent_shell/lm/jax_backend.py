@@ -52,7 +52,7 @@ from flax import nnx
 from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, greedy_with_drafts, reply_rows
 from agent_shell.lm.jax_model import KV, Decoder, load_decoder
 from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache
-from agent_shell.lm.layout import CANDIDATE_LAYOUTS, action_positions, candidate_tree, head_rows
+from agent_shell.lm.layout import CANDIDATE_LAYOUTS, action_positions, batched_head_rows, candidate_tree, head_rows
 from agent_shell.lm.protocol import CandidateScores, Context
 from agent_shell.lm.tokenization import TokenizedContinuation
 from agent_shell.lm.tokenized import TokenizedBackend
@@ -630,15 +630,7 @@ class JaxLanguageModel(TokenizedBackend):
         ids = np.zeros((m, width), np.int32)
         for b, g in enumerate(segs):
             ids[b, :len(g)] = g
-        head, pred_rows, targets, owner, final_rows = [], [], [], [], []
-        for b, t in enumerate(toks):  # head rows: every token of every row that predicts or ends an action
-            j_final = len(segs[b]) - 1
-            first = len(head)
-            head.extend(b * width + j for j in range(j_final - t.n_action, j_final + 1))
-            pred_rows.extend(range(first, first + t.n_action))
-            targets.extend(t.ids[t.first:])
-            owner.extend([b] * t.n_action)
-            final_rows.append(first + t.n_action)
+        head, (pred_rows, targets, owner, final_rows) = batched_head_rows(toks, s, width)
         positions = [(b, [b * width + c for c in cols]) for b, cols in action_positions(toks, s, "batched")]
         wanted = sorted({c for _, cols in positions for c in cols}) if capture else []
         shared = cache.kv if cache.kv is not None else self.programs.buffer(1, MIN_CAPACITY)

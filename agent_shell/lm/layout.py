@@ -100,6 +100,24 @@ def head_rows(toks: Sequence[TokenizedContinuation], tree: PrefixTree,
     return needed, (pred_rows, targets, owner, final_rows)
 
 
+def batched_head_rows(toks: Sequence[TokenizedContinuation], s: int,
+                      width: int) -> tuple[list[int], tuple[list[int], list[int], list[int], list[int]]]:
+    """:func:`head_rows` of the batched layout: one row of ``width`` tokens per candidate (its
+    tokens after the ``s`` shared ones, right-padded), its positions numbered ``m * width + j``.
+    Returns the sorted positions before each action token through each final action token, and
+    ``(pred_rows, targets, owner, final_rows)`` with rows indexing those positions."""
+    needed, pred_rows, targets, owner, final_rows = [], [], [], [], []
+    for m, t in enumerate(toks):
+        j_final = len(t.ids) - s - 1
+        first = len(needed)
+        needed.extend(m * width + j for j in range(j_final - t.n_action, j_final + 1))
+        pred_rows.extend(range(first, first + t.n_action))
+        targets.extend(t.ids[t.first:])
+        owner.extend([m] * t.n_action)
+        final_rows.append(first + t.n_action)
+    return needed, (pred_rows, targets, owner, final_rows)
+
+
 def action_positions(toks: Sequence[TokenizedContinuation], s: int, layout: str,
                      offset: int = 0) -> list[tuple[int, list[int]]]:
     """Per candidate, (batch row, positions of its action tokens) in the candidates' pass of
@@ -111,4 +129,5 @@ def action_positions(toks: Sequence[TokenizedContinuation], s: int, layout: str,
     return [(0, [offset + node for node in path[t.first - s:]]) for t, path in zip(toks, tree.paths)]
 
 
-__all__ = ["CANDIDATE_LAYOUTS", "PrefixTree", "action_positions", "cached_length", "candidate_tree", "head_rows"]
+__all__ = ["CANDIDATE_LAYOUTS", "PrefixTree", "action_positions", "batched_head_rows", "cached_length",
+           "candidate_tree", "head_rows"]

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from agent_shell.lm.kv_cache import Forward
-from agent_shell.lm.layout import (CANDIDATE_LAYOUTS, PrefixTree, action_positions, cached_length, candidate_tree,
-                                    head_rows)
+from agent_shell.lm.layout import (CANDIDATE_LAYOUTS, PrefixTree, action_positions, batched_head_rows, cached_length,
+                                    candidate_tree, head_rows)
 from agent_shell.lm.tokenization import TokenizedContinuation
 
 if TYPE_CHECKING:
@@ -124,14 +124,9 @@ def score_batched(forward: Forward, head: torch.nn.Module, cache: Cache, s: int,
     pos = (s + torch.arange(width, device=device))[None].expand(m_count, -1)
     logits, head_in = head_pass(forward, head, cache, input_ids.to(device), keep, position_ids=pos,
                                 attention_mask=attn.to(device))  # rows are m * width + j
-    pred_rows, targets, owner, final_rows = [], [], [], []
-    for m, t in enumerate(toks):
-        j_final = len(segs[m]) - 1
-        pred_rows.extend(m * width + j for j in range(j_final - t.n_action, j_final))
-        targets.extend(t.ids[t.first:])
-        owner.extend([m] * t.n_action)
-        final_rows.append(m * width + j_final)
-    return gather(logits, head_in, pred_rows, targets, owner, final_rows, m_count)
+    positions, (pred_rows, targets, owner, final_rows) = batched_head_rows(toks, s, width)
+    return gather(logits, head_in, [positions[i] for i in pred_rows], targets, owner,
+                  [positions[i] for i in final_rows], m_count)
 
 
 def gather(logits: torch.Tensor, head_in: torch.Tensor, pred_rows: list[int], targets: list[int],
