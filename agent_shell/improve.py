@@ -51,6 +51,7 @@ from cb_io.storage import iter_jsonl
 from envs.trajectory import Trajectory
 
 if TYPE_CHECKING:
+    from agent_shell.feature_settings import FeatureSettings
     from agent_shell.lm.protocol import LanguageModel
     from agent_shell.pipeline import Setup
     from cb_core import Concept
@@ -200,17 +201,15 @@ def won_trajectories(records: Sequence[dict], games: Sequence[str]) -> list[Traj
 # the concept data
 
 
-def own_features(lm: LanguageModel, trajectories: Sequence[Trajectory], config: RunConfig, cache: Path | None,
-                 calibrator=None) -> dict[str, TypeFeatures]:
+def own_features(lm: LanguageModel, trajectories: Sequence[Trajectory], features: FeatureSettings,
+                 cache: Path | None) -> dict[str, TypeFeatures]:
     """The decisions of the agent's won episodes as concept data: every environment step a
     decision with the agent's chosen action as the target, through the expert decisions' own
-    feature path (:func:`agent_shell.concepts.collect_features` under the run's
-    :class:`agent_shell.feature_settings.FeatureSettings`; cached alike). The one place the loop
-    computes features."""
+    feature path (:func:`agent_shell.concepts.collect_features` under the run's ``features``
+    settings; cached alike). The one place the loop computes features."""
     from agent_shell.concepts import collect_features
-    from agent_shell.feature_settings import FeatureSettings
 
-    return collect_features(lm, trajectories, FeatureSettings.from_config(config, calibrator), cache_dir=cache)
+    return collect_features(lm, trajectories, features, cache_dir=cache)
 
 
 def state_key(observation: str, candidates: Sequence[str]) -> str:
@@ -220,19 +219,16 @@ def state_key(observation: str, candidates: Sequence[str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def decision_states(trajectories: Sequence[Trajectory], config: RunConfig) -> list[str]:
-    """:func:`state_key` of every fitting decision of ``trajectories``, in the feature path's
-    order (the same filter and cap as :func:`agent_shell.concepts.decision_inputs`)."""
-    from agent_shell.candidates import drop_excluded
-    from agent_shell.expert_decisions import decision_examples
+def decision_states(trajectories: Sequence[Trajectory], features: FeatureSettings) -> list[str]:
+    """:func:`state_key` of every fitting decision of ``trajectories``, the decisions of the
+    feature path (:func:`agent_shell.concepts.decision_inputs` under ``features``), in its order."""
+    from agent_shell.concepts import decision_inputs
 
     keys = []
     for traj in trajectories:
-        examples, _ = decision_examples(traj, candidate_filter=drop_excluded, skip_expert_appended=True,
-                                        max_candidates=config.fit_candidates)
-        for e in examples:
-            last = next((s.observation for s in reversed(e.history) if s.kind == "env"), e.observation)
-            keys.append(state_key(last, e.candidates))
+        for d, _ in decision_inputs(traj, features)[0]:
+            last = next((s.observation for s in reversed(d.history) if s.kind == "env"), d.observation)
+            keys.append(state_key(last, d.candidates))
     return keys
 
 
@@ -306,9 +302,11 @@ def load_round_concepts(out: Path, k: int) -> tuple[dict[str, Concept], dict]:
 
 @dataclass
 class RoundState:
-    """What the loop carries from round to round: the concepts acting, and per type the own
-    decisions collected so far (one :class:`TypeFeatures` per round that won a game of the type)."""
+    """What the loop carries from round to round: the run's feature settings (built once), the
+    concepts acting, and per type the own decisions collected so far (one :class:`TypeFeatures`
+    per round that won a game of the type)."""
 
+    features: FeatureSettings
     concepts: dict
     own: dict[str, list[TypeFeatures]]
 
@@ -357,10 +355,13 @@ def improve(config: RunConfig, settings: ImproveSettings, out: str | Path, echo:
     n_pool = {t: len(g) for t, g in pool.items()}
     echo(f"training games: {sum(n_pool.values())} of {config.demo_split} the expert data did not use ("
          + ", ".join(f"{t} {n}" for t, n in n_pool.items()) + f"); {settings.games_per_round} per type a round")
-    expert_states = set(decision_states(setup.concept_trajectories, config))
+    from agent_shell.feature_settings import FeatureSettings
+
+    features = FeatureSettings.from_config(config, setup.calibrator)  # the run's feature settings, once
+    expert_states = set(decision_states(setup.concept_trajectories, features))
     base_meta = {**config.settings(), "model": setup.lm.name}
     lines: list[dict] = []
-    state = RoundState({}, {t: [] for t in task_types})
+    state = RoundState(features, {}, {t: [] for t in task_types})
 
     for k in range(settings.rounds + 1):
         if k == 0:
@@ -417,8 +418,8 @@ def play_and_refit(config: RunConfig, settings: ImproveSettings, out: Path, k: i
                 "concepts_dir": str(concepts_dir(out, k - 1))}
         play(config, setup, state.concepts, games, path, meta, echo, progress)
     won = won_trajectories(read_results(path), games)
-    new = own_features(setup.lm, won, config, setup.cache, setup.calibrator)
-    keys = decision_states(won, config)
+    new = own_features(setup.lm, won, state.features, setup.cache)
+    keys = decision_states(won, state.features)
     in_expert = sum(key in expert_states for key in keys)
     for task_type, tf in new.items():
         if tf.n_decisions:
@@ -443,13 +444,12 @@ def refit(config: RunConfig, settings: ImproveSettings, out: Path, k: int, setup
           new: Mapping[str, TypeFeatures], won: Sequence[Trajectory], echo: Echo) -> tuple[dict, dict]:
     """Round ``k``'s concepts from the data so far, saved with their provenance."""
     from agent_shell.concepts import fit_concepts
-    from agent_shell.feature_settings import FeatureSettings
 
     last = state.concepts
     changed = sorted(t for t, f in new.items() if f.n_decisions)
     data = {t: merged_features(t, setup.features.get(t) if settings.keep_expert_data else None, state.own.get(t, []),
                                settings.max_decisions) for t in changed}
-    fitted = fit_concepts(data, setup.lm, FeatureSettings.from_config(config, setup.calibrator), config.lam,
+    fitted = fit_concepts(data, setup.lm, state.features, config.lam,
                           config.gamma, env_name=config.env, warm=last)
     concepts = {**last, **fitted}
     _, previous = load_round_concepts(out, k - 1)
