@@ -19,6 +19,7 @@ after which step it stops compiling; the second, that a new process compiles non
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -36,33 +38,47 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _targets import machine  # noqa: E402
 
 
+@contextlib.contextmanager
+def copies_to_device() -> Iterator[Callable[[], int]]:
+    """A function counting the arrays copied to the device so far while the context is open:
+    JAX's transfer guard logs each copy on the process's standard error, kept in a file here."""
+    import jax
+
+    log = tempfile.TemporaryFile()
+    saved = os.dup(2)
+    os.dup2(log.fileno(), 2)
+    seen = {"offset": 0, "count": 0}
+
+    def count() -> int:
+        log.seek(seen["offset"])
+        new = log.read()
+        seen["offset"] += len(new)
+        seen["count"] += new.count(b"host-to-device transfer")
+        return seen["count"]
+
+    try:
+        with jax.transfer_guard_host_to_device("log_explicit"):
+            yield count
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        log.close()
+
+
 def play(env_name: str, split: str, game: str | None, steps: int, dtype: str) -> dict:
     """One episode of CB-Agent over the JAX backend in this process (the cache: ``$CB_AGENT_CACHE``):
-    per step, the programs so far, the store's executables so far and the step's seconds."""
+    per step, the programs so far, the store's executables so far, the step's seconds and its
+    copies to the device and to the host (the decision's apart)."""
     from agent_shell.lm import load_language_model
+    from agent_shell.lm.jax_backend import host_fetches
     from agent_shell.pipeline import players_of, prepare
     from agent_shell.run_config import RunConfig
     from agent_shell.scheduler import play_episode
     from cb_io.paths import cache_root
     from envs import make_env
 
-    import jax
-
-    from agent_shell.lm.jax_backend import host_fetches
-
-    counting = host_fetches()  # arrays read on the host
-    fetched = counting.__enter__()
-    log = tempfile.TemporaryFile()  # JAX's transfer guard logs each copy to the device on stderr
-    saved = os.dup(2)
-    os.dup2(log.fileno(), 2)
-    jax.config.update("jax_transfer_guard_host_to_device", "log_explicit")
-
-    def sent() -> int:
-        log.seek(0)
-        return log.read().count(b"host-to-device transfer")
-
     env = make_env(env_name)
-    try:
+    with contextlib.closing(env), host_fetches() as fetched, copies_to_device() as sent:
         game = game or env.tasks(split)[0]
         config = RunConfig(env=env_name, split=split, model="jax:", dtype=dtype, agents=("cb-agent",), budget=steps,
                            game_ids=(game,))
@@ -97,10 +113,6 @@ def play(env_name: str, split: str, game: str | None, steps: int, dtype: str) ->
             decision.update(sent=0, fetched=0)
 
         record = play_episode(env, agent, game, steps, {"split": split}, on_step=stepped)
-    finally:
-        env.close()
-        os.dup2(saved, 2)
-        counting.__exit__(None, None, None)
     return {"game": game, "steps": record["steps"], "success": record["success"], "per_step": rows,
             "programs": sorted(f"{name} {shapes}" for name, shapes in lm.programs.compiled)}
 

@@ -544,9 +544,7 @@ class JaxLanguageModel(TokenizedBackend):
         """
         from cb_core.decisions import bucket_size
 
-        toks, s = self.scoring_tokens(context, candidates, action_prefix)
-        one_pass = self._score_rows if self.candidate_layout == "batched" else self._score_in_one_pass
-        out, (pred_rows, _, owner, final_rows), _ = one_pass(toks, s, [])
+        toks, out, (_, _, owner, final_rows), _ = self._candidates_pass(context, candidates, action_prefix, [])
         m = len(toks)
         m_pad = bucket_size(m)
         log_q, hidden = self.programs.run("gather", out.token_lp, out.hidden,
@@ -575,11 +573,18 @@ class JaxLanguageModel(TokenizedBackend):
         output of decoder layer K before the final norm, negative from the end)."""
         return self.score_with_layers(context, candidates, action_prefix, [(layer, pool)]).layers[(layer, pool)]
 
-    def _score(self, context: Context, candidates: Sequence[str], action_prefix: str,
-               capture: Sequence[tuple[int, str, tuple[int, str]]]) -> CandidateScores:
+    def _candidates_pass(self, context: Context, candidates: Sequence[str], action_prefix: str,
+                         capture: Sequence[tuple[int, str, tuple[int, str]]]
+                         ) -> tuple[Sequence[TokenizedContinuation], PassOutput, Rows, Positions]:
+        """The candidates' tokens (checked) and their one pass in this backend's layout: (the
+        tokens, the pass's output, the head rows' roles, the captured tokens of each candidate)."""
         toks, s = self.scoring_tokens(context, candidates, action_prefix)
         one_pass = self._score_rows if self.candidate_layout == "batched" else self._score_in_one_pass
-        out, rows, positions = one_pass(toks, s, capture)
+        return (toks, *one_pass(toks, s, capture))
+
+    def _score(self, context: Context, candidates: Sequence[str], action_prefix: str,
+               capture: Sequence[tuple[int, str, tuple[int, str]]]) -> CandidateScores:
+        toks, out, rows, positions = self._candidates_pass(context, candidates, action_prefix, capture)
         n_tokens = np.array([t.n_action for t in toks], dtype=np.int32)
         log_q, hidden = _gather(out, rows, len(toks))
         states = {}
