@@ -1,7 +1,9 @@
 """ALFWorld (text engine) adapter: the real ALFWorld 0.4 game files played through TextWorld.
 
 Games live in ``<data>/<split>/<task_type>-<Object>-<MovableRecep|None>-<Receptacle>-<scene>/trial_*/game.tw-pddl``
-(data: ``$CB_AGENT_ALFWORLD_DATA``, else ``<repo root>/../shared/alfworld/json_2.1.1``). A task id is
+(data: the first folder of :func:`data_places` that holds a split: ``$CB_AGENT_ALFWORLD_DATA``, else
+where ``alfworld-download`` puts them, ``$ALFWORLD_DATA/json_2.1.1`` (default
+``~/.cache/alfworld/json_2.1.1``), else ``<repo root>/../shared/alfworld/json_2.1.1``). A task id is
 that ``<folder>/<trial>`` path relative to the split directory.
 
 The handcoded expert (and ALFWorld's own loader) read a ``traj_data.json`` beside the game file,
@@ -61,15 +63,53 @@ TASK_TYPES = (
 SPLITS = ("train", "valid_seen", "valid_unseen")
 #: Admissible commands that never change the world; filter them out of decision candidate sets.
 META_COMMANDS = ("look", "inventory", "help")
+#: The ALFWorld package's data folder when ``$ALFWORLD_DATA`` is unset (``alfworld.info``'s default).
+ALFWORLD_DEFAULT_DATA = "~/.cache/alfworld"
 INVALID_FEEDBACK = "Nothing happens."
 _PUT = re.compile(r"^\s*put\s+(.+?)\s+(?:in/on|in|on)\s+(.+?)\s*$", re.IGNORECASE)
 _TASK_MARK = "Your task is to:"
 
 
-def default_data_dir() -> Path:
-    """``$CB_AGENT_ALFWORLD_DATA`` or ``<repo root>/../shared/alfworld/json_2.1.1``."""
-    env = os.environ.get("CB_AGENT_ALFWORLD_DATA")
-    return Path(env) if env else shared_dir() / "alfworld" / "json_2.1.1"
+def data_places() -> list[tuple[str, Path]]:
+    """Where ALFWorld's ``json_2.1.1`` folder is looked for, in order, as (how the place is named, path).
+
+    ``$CB_AGENT_ALFWORLD_DATA`` (``~`` expanded), when set, is the only place: a folder named on
+    purpose is never passed over for another copy. Otherwise: the ALFWorld package's own data folder,
+    where ``alfworld-download`` writes (``$ALFWORLD_DATA/json_2.1.1``, default
+    :data:`ALFWORLD_DEFAULT_DATA` ``/json_2.1.1``, as ``alfworld.info`` reads it), then the folder
+    beside the checkout (``<repo root>/../shared/alfworld/json_2.1.1``).
+    """
+    override = os.environ.get("CB_AGENT_ALFWORLD_DATA")
+    if override:
+        return [("$CB_AGENT_ALFWORLD_DATA", Path(override).expanduser())]
+    package = os.environ.get("ALFWORLD_DATA")
+    return [("$ALFWORLD_DATA/json_2.1.1" if package else "ALFWorld's default ($ALFWORLD_DATA unset)",
+             Path(package or ALFWORLD_DEFAULT_DATA).expanduser() / "json_2.1.1"),
+            ("beside the checkout", shared_dir() / "alfworld" / "json_2.1.1")]
+
+
+def holds_games(folder: Path) -> bool:
+    """Whether ``folder`` is a ``json_2.1.1`` folder: it holds a split folder (:data:`SPLITS`)."""
+    return any((folder / split).is_dir() for split in SPLITS)
+
+
+def find_data_dir(places: list[tuple[str, Path]] | None = None) -> Path:
+    """The first of ``places`` (default :func:`data_places`) that :func:`holds_games`.
+
+    Raises:
+        envs.SetupError: none does; one line listing every place looked in and the command that
+            downloads the files.
+    """
+    places = data_places() if places is None else places
+    for _, folder in places:
+        if holds_games(folder):
+            return folder
+    looked = "; ".join(f"{name}: {folder}" for name, folder in places)
+    raise SetupError(
+        f"ALFWorld game files not found (looked in {looked}); download them with `alfworld-download` "
+        "(into $ALFWORLD_DATA, default ~/.cache/alfworld) or set CB_AGENT_ALFWORLD_DATA to a json_2.1.1 "
+        "folder (the one holding train/ and valid_unseen/)"
+    )
 
 
 def parse_task_folder(folder: str) -> dict:
@@ -136,11 +176,12 @@ class AlfworldEnv:
     """The ALFWorld text benchmark behind :class:`envs.protocol.Environment`.
 
     Args:
-        data_dir: the ``json_2.1.1`` folder (default :func:`default_data_dir`).
+        data_dir: the ``json_2.1.1`` folder (default: found by :func:`find_data_dir`).
         expert: ``"handcoded"`` (ALFWorld's rule-based expert, used for demonstrations) or None.
 
     Raises:
-        envs.SetupError: ``data_dir`` is missing (the message says how to point at it).
+        envs.SetupError: no game files in ``data_dir``, or in none of :func:`data_places` (the
+            message lists the places and how to get the files).
     """
 
     name = "alfworld"
@@ -150,12 +191,8 @@ class AlfworldEnv:
     expert_name = "alfworld-handcoded"
 
     def __init__(self, data_dir: str | os.PathLike | None = None, expert: str | None = "handcoded"):
-        self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
-        if not self.data_dir.is_dir():
-            raise SetupError(
-                f"ALFWorld game files not found at {self.data_dir}; set CB_AGENT_ALFWORLD_DATA to the "
-                "json_2.1.1 folder (the one holding train/ and valid_unseen/)"
-            )
+        places = None if data_dir is None else [("data_dir", Path(data_dir))]
+        self.data_dir = find_data_dir(places)
         if expert not in ("handcoded", None):
             raise ValueError(f"expert must be 'handcoded' or None, got {expert!r}")
         self.expert = expert

@@ -28,8 +28,9 @@ def test_game_files_missing_where_the_package_is_installed_is_one_line(tmp_path)
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [
-        f"Error: ALFWorld game files not found at {tmp_path / 'site-packages' / 'shared'}; set "
-        "CB_AGENT_ALFWORLD_DATA to the json_2.1.1 folder (the one holding train/ and valid_unseen/)",
+        f"Error: ALFWorld game files not found (looked in $CB_AGENT_ALFWORLD_DATA: {tmp_path / 'site-packages' / 'shared'}); "
+        "download them with `alfworld-download` (into $ALFWORLD_DATA, default ~/.cache/alfworld) or set "
+        "CB_AGENT_ALFWORLD_DATA to a json_2.1.1 folder (the one holding train/ and valid_unseen/)",
         "loaded: []"]
 
 
