@@ -1,9 +1,11 @@
 """Fixtures shared by the test folders: one local Ray cluster for the whole test run (started on
-first use; the parallel-runner and LM-server tests share it)."""
+first use; the parallel-runner and LM-server tests share it), and headless Chromium with the
+network cut off (the slow browser tests of the decision explorer and the docs site)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -36,3 +38,50 @@ def site(tmp_path, monkeypatch, request):
     monkeypatch.syspath_prepend(str(request.path.parent))
     monkeypatch.syspath_prepend(str(site))
     return site
+
+
+#: Chromium's flags for the browser tests: headless, and none of the browser's own background traffic
+#: (component updates, sync, field trials), so that every request a page makes is the page's.
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync")
+
+
+def chromium() -> str:
+    """The system Chromium's path (``CHROMIUM`` overrides), or skip saying why."""
+    path = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        pytest.skip("no chromium binary (apt-get install chromium; .ci/install does)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium: Debian's binary, driven by Playwright (no browser download)."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the browser extra: pip install -e '.[browser]'")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium(), args=list(CHROMIUM_FLAGS))
+        yield b
+        b.close()
+
+
+@pytest.fixture()
+def offline_page(browser):
+    """A page with no network: every request other than a ``file:`` one (or one under a prefix passed
+    to ``page.allow``, a local server's) is aborted and its URL kept in ``page.refused`` (a page that
+    reads offline leaves it empty); uncaught script errors are kept in ``page.errors``."""
+    context = browser.new_context()
+    page = context.new_page()
+    page.refused, page.errors, allowed = [], [], ["file:"]
+    page.allow = allowed.append
+
+    def route(r):
+        if r.request.url.startswith(tuple(allowed)):
+            r.continue_()
+        else:
+            page.refused.append(r.request.url)
+            r.abort()
+
+    context.route("**/*", route)
+    page.on("pageerror", lambda err: page.errors.append(str(err)))
+    yield page
+    context.close()

@@ -1,11 +1,8 @@
 """`cb-agent view` in a real browser (slow): headless Chromium (Debian's ``chromium``, driven by
-Playwright through that binary) opens the page from disk, filters the list to one episode, opens it,
+Playwright through that binary) opens the page from disk with the network cut off, filters the list to one episode, opens it,
 unfolds a decision and reads the candidate table: the recorded candidates, terms and choice."""
 
 from __future__ import annotations
-
-import os
-import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -16,31 +13,12 @@ from test_view import sample_records, write
 pytestmark = pytest.mark.slow
 
 
-def chromium() -> str:
-    """The system Chromium's path (``CHROMIUM`` overrides), or skip saying why."""
-    path = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        pytest.skip("no chromium binary (apt-get install chromium; .ci/install does)")
-    return path
-
-
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the browser extra: pip install -e '.[browser]'")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
-        yield b
-        b.close()
-
-
-def test_the_page_shows_the_recorded_candidates_of_a_decision(tmp_path, browser):
+def test_the_page_shows_the_recorded_candidates_of_a_decision(tmp_path, offline_page):
     records = sample_records()
     res = CliRunner().invoke(main, ["view", str(write(tmp_path / "results.jsonl", records)),
                                     "--out", str(tmp_path / "page.html")])
     assert res.exit_code == 0, res.output
-    page = browser.new_page()
-    errors = []
-    page.on("pageerror", lambda err: errors.append(str(err)))
+    page = offline_page
     page.goto((tmp_path / "page.html").as_uri())
     page.wait_for_selector("body[data-ready]")
     assert page.inner_text("#episode-count") == "4 of 4 episodes"
@@ -76,4 +54,4 @@ def test_the_page_shows_the_recorded_candidates_of_a_decision(tmp_path, browser)
     assert page.locator("#view .episode").count() == 2
     assert "first step where they differ" in page.inner_text("#diff-note")
     assert page.locator("#view .step.first-diff").count() == 2
-    assert errors == []
+    assert page.errors == [] and page.refused == []  # read from disk alone
