@@ -1,4 +1,5 @@
-"""Success tables and bar charts of episode results (``cb-agent report``, end of ``cb-agent run``).
+"""Success tables of episode results (``cb-agent report``, end of ``cb-agent run``); their bar chart
+is :mod:`agent_shell.charts`.
 
 Rates come with a 95% Wilson score interval (:func:`agent_shell.statistics.wilson_interval`), which
 stays inside [0, 1] and is sensible for the small counts of a per-type table (0 of 5 gives [0, 0.43]).
@@ -11,8 +12,8 @@ under different settings stay in different rows. Episodes that ended by an engin
 (``record["error"]``) are counted apart (``errors``), never as won or lost.
 
 Charts and tables are written to a temporary file beside their path and renamed over it
-(:func:`save_figure`, :func:`cb_io.storage.write_bytes_atomic`): a link at the path is replaced,
-never written through.
+(:func:`agent_shell.charts.save_figure`, :func:`cb_io.storage.write_bytes_atomic`): a link at the
+path is replaced, never written through.
 """
 
 from __future__ import annotations
@@ -20,16 +21,13 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from statistics import mean
 from typing import Iterable, Sequence
 
 from agent_shell.results import RUN_SETTINGS, setting
 from agent_shell.statistics import sign_test, wilson_interval
-from cb_io.storage import atomic_path
 
 ALL = "all"
-CHART_CAPTION = "bars: success rate; labels: won/n; whiskers: 95% Wilson score intervals"
 
 
 @dataclass(frozen=True)
@@ -381,66 +379,3 @@ def markdown_table(rows: Sequence[Row]) -> str:
     """The rows of :func:`rich_table` as a Markdown table (results/*.md, docs/results.md), one line
     per row, the cells of :func:`table_cells` (the ``all`` rows' won/n in bold)."""
     return _markdown(*table_cells(rows, bold_all=True))
-
-
-def chart_figure(rows: Sequence[Row], title: str = "Success rate by task type"):
-    """The grouped bar chart (task type x agent) as a matplotlib Figure: bars at the success rate, a
-    stub on the baseline for a 0% bar (so it is seen), won/n above each bar, whiskers at the 95%
-    Wilson interval, and a caption saying so."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    agents = list(dict.fromkeys(r.agent for r in rows))
-    types = [t for t in dict.fromkeys(r.task_type for r in rows) if t != ALL] + [ALL]
-    cell = {(r.agent, r.task_type): r for r in rows}
-    width = 0.8 / max(len(agents), 1)
-    x = np.arange(len(types))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(types)), 4.4))
-    for i, agent in enumerate(agents):
-        cells = [cell.get((agent, t)) for t in types]
-        rates = [100 * c.rate if c else 0.0 for c in cells]
-        # clamp: for 0/n or n/n the interval's end equals the rate only up to rounding
-        err = np.array([[100 * (c.rate - c.low), 100 * (c.high - c.rate)] if c else [0.0, 0.0] for c in cells]).T
-        err = np.maximum(err, 0.0)
-        centres = x + (i - (len(agents) - 1) / 2) * width
-        bars = ax.bar(centres, rates, width, yerr=err, capsize=2, label=agent)
-        color = bars.patches[0].get_facecolor()
-        zero = [(c - width / 2, c + width / 2) for c, cc, rate in zip(centres, cells, rates) if cc and cc.n and rate == 0]
-        if zero:  # a 0% bar has no height: draw it as a thick stub on the baseline
-            ax.hlines([0.0] * len(zero), [a for a, _ in zero], [b for _, b in zero], colors=[color], linewidth=4,
-                      label="_zero")
-        ax.bar_label(bars, labels=[f"{c.won}/{c.n}" if c else "" for c in cells], padding=2, fontsize=6)
-    ax.set_xticks(x, [t.replace("_", " ") for t in types], rotation=25, ha="right", fontsize=8)
-    ax.set_ylabel("success rate (%)")
-    ax.set_ylim(-3, 110)  # room for the won/n label above a 100% bar
-    ax.axhline(0.0, color="0.6", linewidth=0.6, zorder=0)
-    # the legend above the bars (never over a label), the title above the legend
-    ncol = min(len(agents), 2 if max(map(len, agents), default=0) > 30 else 4)
-    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=ncol, frameon=False)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.05, 1, 0.96))  # the layout makes room for the legend
-    fig.text(0.01, 0.01, CHART_CAPTION, fontsize=7, color="0.3")
-    return fig
-
-
-def save_figure(fig, path: str | Path, dpi: int) -> Path:
-    """Save a matplotlib figure at ``path`` atomically (a temporary file beside it, then one rename:
-    a link at ``path`` is replaced, its target untouched), format from the suffix (PNG without
-    one), and close it. Returns ``path``."""
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    try:
-        with atomic_path(path, suffix=path.suffix) as tmp, open(tmp, "wb") as f:
-            fig.savefig(f, format=path.suffix[1:] or "png", dpi=dpi)
-    finally:
-        plt.close(fig)
-    return path
-
-
-def bar_chart(rows: Sequence[Row], path: str | Path, title: str = "Success rate by task type") -> Path:
-    """:func:`chart_figure` saved as an image at ``path`` (format from the suffix; :func:`save_figure`)."""
-    return save_figure(chart_figure(rows, title), path, dpi=120)

@@ -59,10 +59,10 @@ def plain(tmp_path_factory):
 
 
 def test_every_report_table_regenerates_from_its_committed_results_files(plain, tmp_path, monkeypatch):
-    import agent_shell.reporting
+    import agent_shell.charts
 
     charts = []
-    monkeypatch.setattr(agent_shell.reporting, "bar_chart", lambda rows, path, title: charts.append(path) or path)
+    monkeypatch.setattr(agent_shell.charts, "bar_chart", lambda rows, path, title: charts.append(path) or path)
     differ = []
     for name, (sources, options) in TABLES.items():
         out = tmp_path / f"{name}.md"

@@ -80,7 +80,8 @@ def show(console, out, lines) -> None:
     from rich.table import Table
 
     from agent_shell.improve import ROUND_COLUMNS, evaluation_records, round_cells, round_rows
-    from agent_shell.reporting import bar_chart, describe_run, rich_table, summarize
+    from agent_shell.charts import bar_chart
+    from agent_shell.reporting import describe_run, rich_table, summarize
 
     records = evaluation_records(out)
     rows = summarize(records)

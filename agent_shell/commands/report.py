@@ -35,7 +35,8 @@ from cb_io.storage import write_bytes_atomic
 def report(results, chart_path, markdown_path, paired, common_games) -> None:
     """Summarise RESULTS (JSONL files written by `cb-agent run`)."""
 
-    from agent_shell.reporting import (bar_chart, describe_run, differing_settings, markdown_table, paired_comparisons,
+    from agent_shell.charts import bar_chart
+    from agent_shell.reporting import (describe_run, differing_settings, markdown_table, paired_comparisons,
                                        pairs_markdown, pairs_table, rich_table, running_time, summarize)
     from agent_shell.reporting import common_games as keep_common_games
     from agent_shell.results import read_results, unique_episodes

@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 @config_options(*COMMON_OPTIONS, *RUN_OPTIONS)
 def run(config: RunConfig) -> None:
     """Run agents on evaluation games; print the success table and write a chart."""
-    from agent_shell.reporting import bar_chart, describe_run, rich_table, summarize
+    from agent_shell.charts import bar_chart
+    from agent_shell.reporting import describe_run, rich_table, summarize
     from agent_shell.results import check_results_file, read_results, repair_for_resume
     from envs import make_env
 

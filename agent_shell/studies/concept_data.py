@@ -28,7 +28,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from agent_shell.concepts import TypeFeatures
-from agent_shell.reporting import save_figure
+from agent_shell.charts import save_figure
 
 
 def merge_features(parts: Sequence[TypeFeatures]) -> TypeFeatures:

@@ -25,7 +25,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import orjson
 
-from agent_shell.reporting import agent_label, chart_figure, describe_run, differing_settings, summarize, table_cells
+from agent_shell.charts import chart_figure
+from agent_shell.reporting import agent_label, describe_run, differing_settings, summarize, table_cells
 from agent_shell.results import RUN_SETTINGS, read_results, scored_candidates, setting, unique_episodes
 
 #: ``schema`` of an ``eval-decisions --out`` file (:data:`agent_shell.commands.eval_decisions.EVAL_SCHEMA`).
@@ -114,7 +115,7 @@ def read_inputs(paths: Sequence[str | Path], experts: Sequence[str | Path] = ())
 
 
 def chart_svg(rows) -> str:
-    """``report``'s bar chart (:func:`agent_shell.reporting.chart_figure`) as inline SVG text (text
+    """``report``'s bar chart (:func:`agent_shell.charts.chart_figure`) as inline SVG text (text
     kept as text, so the page stays small)."""
     import matplotlib
 

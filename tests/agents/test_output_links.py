@@ -48,7 +48,8 @@ def test_report_replaces_a_linked_chart_and_table_and_leaves_their_targets_alone
 
 
 def test_a_chart_path_without_a_suffix_is_a_png(tmp_path):
-    from agent_shell.reporting import bar_chart, summarize
+    from agent_shell.charts import bar_chart
+    from agent_shell.reporting import summarize
 
     path = bar_chart(summarize([_episode("react", "fetch/1", True)]), tmp_path / "chart")
     assert path == tmp_path / "chart" and path.read_bytes().startswith(b"\x89PNG\r\n")

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from click.testing import CliRunner
 
 from agent_shell.cli import main
-from agent_shell.reporting import bar_chart, rich_table, summarize
+from agent_shell.charts import bar_chart
+from agent_shell.reporting import rich_table, summarize
 from agent_shell.statistics import wilson_interval
 
 
@@ -164,7 +165,8 @@ def test_the_chart_shows_0_percent_bars_and_says_what_it_shows():
     import matplotlib.pyplot as plt
     from matplotlib.collections import LineCollection
 
-    from agent_shell.reporting import CHART_CAPTION, chart_figure, describe_run
+    from agent_shell.charts import CHART_CAPTION, chart_figure
+    from agent_shell.reporting import describe_run
 
     recs = [dict(record("react", "open", False), env="alfworld", split="valid_unseen", budget=20) for _ in range(5)]
     recs += [dict(record("cb-agent", "open", True), env="alfworld", split="valid_unseen", budget=20)]
@@ -173,8 +175,8 @@ def test_the_chart_shows_0_percent_bars_and_says_what_it_shows():
     fig = chart_figure(summarize(recs), f"{title}: success rate by task type")
     ax = fig.axes[0]
     assert fig.get_suptitle() == "alfworld valid_unseen, budget 20 steps: success rate by task type"
-    fig.canvas.draw()  # the legend stands above the bars, where it covers no won/n label
-    assert ax.get_legend().get_window_extent().y0 >= ax.get_window_extent().y1
+    fig.canvas.draw()  # the legend stands right of the bars, where it covers no won/n label
+    assert fig.legends[0].get_window_extent().x0 >= ax.get_window_extent().x1
     assert CHART_CAPTION in [t.get_text() for t in fig.texts] and "95% Wilson" in CHART_CAPTION
     assert ax.get_ylim()[0] < 0  # room below the baseline for the stub
     stubs = [c for c in ax.collections if isinstance(c, LineCollection) and c.get_label() == "_zero"]
