@@ -56,8 +56,8 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context):
         """Run the sub-command; an environment that cannot start where it is installed
-        (:class:`envs.SetupError`, e.g. its game files not found) is one error line, no traceback."""
-        from envs.protocol import SetupError
+        (:class:`cb_io.records.SetupError`, e.g. its game files not found) is one error line, no traceback."""
+        from cb_io.records import SetupError
 
         try:
             return super().invoke(ctx)

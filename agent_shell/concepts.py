@@ -48,8 +48,8 @@ from agent_shell.history import REVIEWED, SEEDED_RENDERINGS
 from agent_shell.lm.formatting import PLAIN
 from agent_shell.features import DecisionInput, check_extractors, recorded_extractors
 from agent_shell.lm.protocol import CandidateScores, Context, LanguageModel, backbone_dtype
+from cb_io.records import Trajectory
 from cb_io.storage import atomic_folder, atomic_path, write_bytes_atomic
-from envs.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from cb_core import Concept

@@ -1,7 +1,7 @@
 """Text contexts of the agents: the task, the interaction history, demonstrations, prompts.
 
 Every agent context is built here from small pure functions of plain data (strings and steps
-with ``kind`` / ``action`` / ``observation`` attributes, e.g. :class:`envs.trajectory.Step`),
+with ``kind`` / ``action`` / ``observation`` attributes, e.g. :class:`cb_io.records.Step`),
 so that concept fitting and acting see byte-identical text (seed App. B: one formatting for
 fitting and acting; the rendering and layout are recorded in every concept's metadata).
 
@@ -31,7 +31,7 @@ A *reference* (reference-history recovery) is a recorded stretch of steps shown 
 of the history and marked as not executed in the current environment.
 
 This module imports nothing from the LM (its :data:`~agent_shell.lm.protocol.Context` type only for
-annotations) or cb_core, and from the environments only the think-step convention (:mod:`envs.episode`).
+annotations), cb_core or the games; of the records (:mod:`cb_io.records`) only the think-step convention.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 from agent_shell.history import (CHECK_REMINDER, EXPERIENCE_LABEL, INTERVENTIONS, RENDERINGS, REVIEWED, HistoryView,
                                  StepLike,
                                  action_line, check_rendering, demo_rendering, render)
-from envs.episode import THINK_FEEDBACK, THINK_PREFIX
+from cb_io.records import THINK_FEEDBACK, THINK_PREFIX
 
 if TYPE_CHECKING:
     from agent_shell.lm.protocol import Context

@@ -18,8 +18,8 @@ from typing import Callable, Collection, Sequence
 
 from agent_shell.context import render_demo
 from cb_io.paths import cache_dir
+from cb_io.records import Trajectory
 from envs.protocol import Environment
-from envs.trajectory import Trajectory
 
 
 def tasks_by_type(env: Environment, split: str) -> dict[str, list[str]]:
@@ -50,9 +50,9 @@ def expert_demos(env: Environment, per_type: int, split: str = "train", path: st
     Returns the chosen trajectories, grouped by type in sorted order. Raises ValueError for
     ``per_type < 1``.
     """
-    from envs.collect import collect_expert_trajectories
+    from cb_io.records import read_trajectories
     from cb_io.storage import repair_jsonl
-    from envs.trajectory import read_trajectories
+    from envs.collect import collect_expert_trajectories
 
     if per_type < 1:
         raise ValueError(f"per_type must be >= 1, got {per_type}")

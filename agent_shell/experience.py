@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 from agent_shell.context import render_history, render_task
-from agent_shell.lm.formatting import PLAIN
 from agent_shell.history import StepLike
+from agent_shell.lm.formatting import PLAIN
 from agent_shell.lm.protocol import LanguageModel
+from cb_io.records import Step, Trajectory
 from cb_io.storage import write_json_atomic
-from envs.trajectory import Step, Trajectory
 
 
 #: The reply that keeps nothing.

@@ -15,7 +15,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from envs.trajectory import Step, Trajectory
+from cb_io.records import Step, Trajectory
 
 
 @dataclass(frozen=True)

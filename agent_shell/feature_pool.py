@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 from agent_shell.pipeline import Setup, prepare
 from agent_shell.run_config import RunConfig
-from envs.trajectory import Trajectory
+from cb_io.records import Trajectory
 
 if TYPE_CHECKING:
     from agent_shell.concepts import TypeFeatures

@@ -6,7 +6,7 @@ prompt, CB-Agent's scoring context, Reflexion's reflection prompt, concept fitti
 one, so fitting and acting see the same text.
 
 Each rendering is a small pure function ``(steps, experiences, seed) -> HistoryView`` of the
-steps (objects with ``kind`` / ``action`` / ``observation``, e.g. :class:`envs.trajectory.Step`):
+steps (objects with ``kind`` / ``action`` / ``observation``, e.g. :class:`cb_io.records.Step`):
 
 * ``raw`` - the ordinary alternating action / observation history.
 * ``causal`` - each returned observation is labelled as the outcome of the action that preceded
@@ -27,8 +27,8 @@ steps (objects with ``kind`` / ``action`` / ``observation``, e.g. :class:`envs.t
 
 A :class:`HistoryView` is layout-free; :mod:`agent_shell.context` lays it out as one text
 prompt (``"> action\\nobservation"`` lines) or as alternating assistant / user chat messages.
-This module imports nothing from the LM or cb_core, and from the environments only the
-think-step prefix (:data:`envs.episode.THINK_PREFIX`).
+This module imports nothing from the LM, cb_core or the games; of the records
+(:mod:`cb_io.records`) only the think-step prefix (:data:`~cb_io.records.THINK_PREFIX`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from envs.episode import THINK_PREFIX
+from cb_io.records import THINK_PREFIX
 #: The Check rendering's reminder, shown after the history (no advice on what to do).
 CHECK_REMINDER = ("Before the next action, check the history above again: what did each earlier "
                   "action actually lead to?")
@@ -49,7 +49,7 @@ RECENT = 3
 
 
 class StepLike(Protocol):
-    """What a rendering reads from a step (duck-typed; :class:`envs.trajectory.Step` fits)."""
+    """What a rendering reads from a step (duck-typed; :class:`cb_io.records.Step` fits)."""
 
     kind: str  # "think" or "env"
     action: str

@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 from agent_shell.concepts import TypeFeatures
 from agent_shell.results import ResumableJsonl, read_results, unique_episodes
 from agent_shell.run_config import RunConfig
+from cb_io.records import Trajectory
 from cb_io.storage import iter_jsonl
-from envs.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from agent_shell.feature_settings import FeatureSettings

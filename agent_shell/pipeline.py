@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Callable, Collection, Mapping, Sequence, Union
 from agent_shell.history import REVIEWED
 from agent_shell.lm.protocol import LanguageModel
 from agent_shell.run_config import RunConfig
+from cb_io.records import Trajectory
 from envs.protocol import Environment
-from envs.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from agent_shell.agents import ReActAgent, Reflexion

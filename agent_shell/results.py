@@ -169,7 +169,7 @@ def error_record(agent_name: str, task_id: str, task_type: str, trials: Sequence
                  wall_s: float, meta: dict[str, Any], err: BaseException) -> dict[str, Any]:
     """The results line of an episode that an engine fault ended: the trials played so far (none when
     the first reset failed), ``success`` False, and ``error`` (type, one-line message, trial, step)."""
-    from envs.protocol import one_line
+    from cb_io.records import one_line
 
     if trials:
         record = episode_record(agent_name, task_id, trials, wall_s, meta)

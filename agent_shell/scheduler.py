@@ -14,13 +14,13 @@ same records, another line order). A resumed run drops the finished episodes and
 
 Retry rule: an episode is independent of the others (its agent, task, budget and seed decide its
 actions), so an attempt that ends in an exception is played again from scratch, at the front of the
-queue: an exception raised while playing it (anything but :class:`envs.EngineError`), or its Ray
+queue: an exception raised while playing it (anything but :class:`cb_io.records.EngineError`), or its Ray
 worker dying (killed, out of memory, a crashed engine taking the process down). ``KeyboardInterrupt``
 is never caught. After ``max_attempts`` failed attempts the episode is stored as an error record.
 
-Error-record rule: an engine fault (:class:`envs.EngineError`) ends its episode at once, without a
+Error-record rule: an engine fault (:class:`cb_io.records.EngineError`) ends its episode at once, without a
 retry (the same fault would come again), and so does the episode's wall-clock limit
-(``time_limit``, :func:`envs.episode.time_limit`: an :class:`envs.EpisodeTimeout` raised in the
+(``time_limit``, :func:`envs.episode.time_limit`: an :class:`cb_io.records.EpisodeTimeout` raised in the
 process playing it, whichever executor that is; a step that never returns is such a fault):
 :func:`play_episode` returns its
 :func:`agent_shell.results.error_record` (``success`` False, the trials so far, ``error``: type,
@@ -181,7 +181,7 @@ def play_episodes(executor: Executor, agent_names: Sequence[str], task_ids: Sequ
         progress: a rich progress (:func:`make_progress`) to update, one bar per agent, or None.
         echo: called with one plain line per finished, retried or failed episode.
         time_limit: wall-clock seconds per episode (all its trials), past which it ends as an error
-            record (:class:`envs.EpisodeTimeout`); None: no limit.
+            record (:class:`cb_io.records.EpisodeTimeout`); None: no limit.
         keep_errors: with ``resume``, count the episodes whose record is an error record as
             finished instead of playing them again.
 
@@ -290,8 +290,8 @@ def play_episode(env: Environment, agent: Reflexion, task_id: str, max_steps: in
     """Play one episode (all trials) of ``agent`` on ``task_id`` and return its results record
     (:func:`agent_shell.results.episode_record`); ``on_step(trials)`` runs after every step.
     ``meta["split"]``, when given, is the split the task must belong to. An
-    :class:`envs.EngineError`, or the episode running past ``time_limit`` seconds of wall-clock
-    time (:class:`envs.EpisodeTimeout`; None: no limit), ends the episode and its
+    :class:`cb_io.records.EngineError`, or the episode running past ``time_limit`` seconds of wall-clock
+    time (:class:`cb_io.records.EpisodeTimeout`; None: no limit), ends the episode and its
     :func:`agent_shell.results.error_record` is returned; any other exception propagates. Writes
     nothing. A limit is kept on the main thread only (:func:`envs.episode.play_within`)."""
     from envs.episode import Episode, import_engines, play_within

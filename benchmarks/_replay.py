@@ -16,8 +16,8 @@ def recorded_episodes(results: str, episodes: int, tiny: bool) -> tuple[list[dic
     started). Raises SystemExit on a file without records."""
     from agent_shell.demos import expert_demos, rendered_demos
     from agent_shell.results import read_results
+    from cb_io.records import Trajectory
     from envs import make_env
-    from envs.trajectory import Trajectory
 
     records = read_results(results)[:episodes]
     if not records:
@@ -35,8 +35,8 @@ def recorded_episodes(results: str, episodes: int, tiny: bool) -> tuple[list[dic
 
 
 def task_start(traj):
-    """The :class:`envs.protocol.TaskStart` of a recorded trajectory."""
-    from envs.protocol import TaskStart
+    """The :class:`cb_io.records.TaskStart` of a recorded trajectory."""
+    from cb_io.records import TaskStart
 
     return TaskStart(traj.task_id, traj.task_type, traj.instruction, traj.observation)
 

@@ -148,7 +148,7 @@ def recorded_calls(n: int) -> list[tuple[str, list[str]]]:
     from agent_shell import context as ctx
     from agent_shell.candidates import fixed_action_space
     from cb_io.paths import cache_dir
-    from envs.trajectory import read_trajectories
+    from cb_io.records import read_trajectories
 
     calls = []
     for traj in read_trajectories(cache_dir() / "expert" / "alfworld" / "train.jsonl"):

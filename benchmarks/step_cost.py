@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     from agent_shell.lm.scoring import cached_length, candidate_tree, packed_pass
     from agent_shell.lm.tokenization import common_prefix_len
     from cb_io.paths import cache_dir
-    from envs.trajectory import read_trajectories
+    from cb_io.records import read_trajectories
 
     path = Path(args.expert) if args.expert else cache_dir() / "expert" / "alfworld" / "train.jsonl"
     trajectories = [t for t in read_trajectories(path) if t.won]

@@ -47,8 +47,8 @@ import zlib
 from pathlib import Path
 
 from cb_io.paths import cache_dir, shared_dir
+from cb_io.records import SetupError, StepResult, TaskStart, one_line
 from cb_io.storage import atomic_path
-from envs.protocol import SetupError, StepResult, TaskStart, one_line
 from envs.textworld import forget_registration
 
 #: The six ALFWorld task types (the prefix of a game folder's name).

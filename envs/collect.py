@@ -1,6 +1,6 @@
 """Expert trajectory collection: play each task with the adapter's expert and append it to JSONL.
 
-Each finished task becomes one :class:`~envs.trajectory.Trajectory` line, appended atomically
+Each finished task becomes one :class:`~cb_io.records.Trajectory` line, appended atomically
 (:func:`~cb_io.storage.append_jsonl`) as soon as the task ends, so an interrupted collection
 loses at most the task in flight; with ``resume=True`` the tasks already stored are skipped.
 Every environment step keeps the full candidate set the expert chose from (seed Sec. 3.2), and every
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+from cb_io.records import Trajectory, completed_task_ids, one_line
+from cb_io.storage import append_jsonl
 from envs.episode import Episode
 from envs.episode import time_limit as limit
-from envs.protocol import Environment, one_line
-from cb_io.storage import append_jsonl
-from envs.trajectory import Trajectory, completed_task_ids
+from envs.protocol import Environment
 
 
 @dataclass

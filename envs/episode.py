@@ -2,14 +2,15 @@
 
 The seed's ReAct loop (Sec. 2.3) lets the agent either think or act. A think step (text starting
 with ``think:``) never reaches the engine: its feedback is ``OK.``, but it is still an interaction
-step and uses one unit of the step budget. Every step is recorded as a
-:class:`~envs.trajectory.Step`; environment steps carry the full candidate set of the state they
-were taken from, so a finished episode converts losslessly into a :class:`~envs.trajectory.Trajectory`.
+step and uses one unit of the step budget (the vocabulary, :data:`~cb_io.records.THINK_PREFIX` and
+:data:`~cb_io.records.THINK_FEEDBACK`, is defined with the records). Every step is recorded as a
+:class:`~cb_io.records.Step`; environment steps carry the full candidate set of the state they
+were taken from, so a finished episode converts losslessly into a :class:`~cb_io.records.Trajectory`.
 
 Every engine call (reset, step, candidates, expert) that raises anything but ValueError (bad input)
-is re-raised as :class:`~envs.protocol.EngineError` with a one-line message naming the step, so a
+is re-raised as :class:`~cb_io.records.EngineError` with a one-line message naming the step, so a
 caller that plays many episodes can record the fault and go on. :func:`time_limit` bounds an
-episode's wall-clock time the same way (:class:`~envs.protocol.EpisodeTimeout`): ALFWorld's and
+episode's wall-clock time the same way (:class:`~cb_io.records.EpisodeTimeout`): ALFWorld's and
 TextWorld's engines run in the caller's process with no limit of their own. :func:`play_within`
 is the rule of every such caller: play within the limit, else the caller's failure record.
 """
@@ -23,23 +24,18 @@ import threading
 from types import FrameType
 from typing import Callable, Iterable, Iterator, TypeVar
 
-from envs.protocol import EngineError, Environment, EpisodeTimeout, StepResult, TaskStart, one_line
-from envs.trajectory import Step, Trajectory
+from cb_io.records import (THINK_FEEDBACK, EngineError, EpisodeTimeout, Step, StepResult, TaskStart, Trajectory,
+                           is_think, one_line)
+from envs.protocol import Environment
 
 #: Default wall-clock limit of one episode, seconds (``--episode-timeout`` of every command that
 #: plays episodes): far above a slow CPU backbone's 50-step ALFWorld episode, far below a night.
 EPISODE_TIMEOUT_S = 3600.0
 
-#: Prefix that marks a think step (seed Sec. 2.3), in an agent's text and in the transcript; the
-#: one definition of the project (the agent shell's renderings and reply parsing use it).
-THINK_PREFIX = "think:"
-#: Feedback of a think step; it never reaches the engine.
-THINK_FEEDBACK = "OK."
-
 
 @contextlib.contextmanager
 def time_limit(seconds: float | None, what: str = "episode") -> Iterator[None]:
-    """Raise :class:`~envs.protocol.EpisodeTimeout` in the ``with`` block once it has run
+    """Raise :class:`~cb_io.records.EpisodeTimeout` in the ``with`` block once it has run
     ``seconds`` of wall-clock time (None or 0: no limit), and again every second until the block
     is left (a broad ``except`` inside cannot swallow it for good).
 
@@ -98,8 +94,8 @@ T = TypeVar("T")
 def play_within(seconds: float | None, play: Callable[[], T], on_fault: Callable[[EngineError], T],
                 what: str = "episode") -> T:
     """``play()`` within ``seconds`` of wall-clock time (:func:`time_limit`; None or 0: no limit),
-    or ``on_fault(err)`` when it raises an :class:`~envs.protocol.EngineError`: an engine fault,
-    or the limit passed (:class:`~envs.protocol.EpisodeTimeout`). The one rule of every caller that
+    or ``on_fault(err)`` when it raises an :class:`~cb_io.records.EngineError`: an engine fault,
+    or the limit passed (:class:`~cb_io.records.EpisodeTimeout`). The one rule of every caller that
     plays many episodes: a faulty or hung episode becomes that caller's failure record (an error
     record, a skipped item) and the caller goes on with the next. Any other exception propagates.
 
@@ -111,11 +107,6 @@ def play_within(seconds: float | None, play: Callable[[], T], on_fault: Callable
             return play()
     except EngineError as err:
         return on_fault(err)
-
-
-def is_think(text: str) -> bool:
-    """True when ``text`` is a think step (``think:`` prefix, case-insensitive, leading blanks ignored)."""
-    return text.lstrip().lower().startswith(THINK_PREFIX)
 
 
 def check_tasks(env: Environment, split: str, task_ids: Iterable[str]) -> list[str]:

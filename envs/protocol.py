@@ -1,10 +1,11 @@
-"""The one environment protocol every benchmark adapter implements.
+"""The one environment protocol every benchmark adapter implements, on the records of
+:mod:`cb_io.records`.
 
-An episode is: ``reset(task_id)`` -> :class:`TaskStart`, then ``step(action)`` -> :class:`StepResult`
-until ``done`` or the step budget is spent. ``candidates()`` is the environment-supplied candidate
-set (ALFWorld's admissible commands, ScienceWorld's valid action-object combinations, TextWorld's
-admissible commands) in the current state. Think steps are handled by :class:`envs.episode.Episode`
-and never reach an adapter (seed Sec. 2.3).
+An episode is: ``reset(task_id)`` -> :class:`~cb_io.records.TaskStart`, then ``step(action)`` ->
+:class:`~cb_io.records.StepResult` until ``done`` or the step budget is spent. ``candidates()`` is
+the environment-supplied candidate set (ALFWorld's admissible commands, ScienceWorld's valid
+action-object combinations, TextWorld's admissible commands) in the current state. Think steps
+are handled by :class:`envs.episode.Episode` and never reach an adapter (seed Sec. 2.3).
 
 Success is the benchmark's own definition (``won`` for ALFWorld and TextWorld, score 100 for
 ScienceWorld), never ``done``.
@@ -20,83 +21,15 @@ engine's (see each adapter's docstring for its grammar).
 
 Task ids, splits and task types can be checked without starting the engine (``tasks``,
 ``split_of``, ``task_type_of``); bad ones raise ValueError with a one-line message naming the id and
-what is valid. Engine failures inside an episode surface as :class:`EngineError`.
+what is valid. Engine failures inside an episode surface as :class:`~cb_io.records.EngineError`, an
+environment that cannot start as :class:`~cb_io.records.SetupError`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-
-@dataclass(frozen=True)
-class TaskStart:
-    """What the agent sees when a task begins.
-
-    Attributes:
-        task_id: the adapter's stable name of the task (a game path, a task/variation pair).
-        task_type: the task family a concept is fitted for (ALFWorld: one of six types).
-        instruction: the goal in words ("Your task is to: put a clean mug in coffeemachine.").
-        observation: the initial observation o0 (without the instruction where the engine
-            lets us separate them).
-    """
-
-    task_id: str
-    task_type: str
-    instruction: str
-    observation: str
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """The engine's answer to one environment action.
-
-    Attributes:
-        observation: the feedback text.
-        done: the episode is over (won, lost, or the engine stopped it).
-        won: the benchmark's success criterion is met.
-        score: the engine's score (ScienceWorld: 0..100, -100 after a wrong ``focus on``).
-        info: adapter-specific extras (JSON-serialisable).
-    """
-
-    observation: str
-    done: bool
-    won: bool
-    score: float = 0.0
-    info: dict = field(default_factory=dict)
-
-
-class EngineError(RuntimeError):
-    """A third-party engine (simulator, interpreter, JVM) failed inside an episode.
-
-    The message is one line (the engine's own first line, e.g. a Java exception's class and
-    message, never its stack trace); the original exception is ``__cause__``. Callers that play many
-    episodes record it and go on (``cb-agent run`` writes an error episode, ``collect`` a failed task).
-    """
-
-
-class SetupError(FileNotFoundError):
-    """An environment cannot start where it is installed: what it needs (its game files, an engine
-    program) is not found. The message is one line that says what to set; the command line prints it
-    as that one line (no traceback)."""
-
-
-class EpisodeTimeout(EngineError):
-    """An episode ran past its wall-clock limit (:func:`envs.episode.time_limit`): an engine step
-    that never returns, or an episode far slower than any other; recorded like an engine fault."""
-
-
-def one_line(err: BaseException, limit: int = 300) -> str:
-    """``"<Type>: <message>"`` of ``err`` on one line: stack-trace lines (``at ...``, ``File ...``) and
-    blank lines dropped, the rest joined, cut at ``limit`` characters."""
-    kept = []
-    for raw in str(err).splitlines():
-        line = raw.strip(" \t:")
-        if line and not line.startswith(("at ", "File ", "Traceback", "^")):
-            kept.append(line)
-    text = " ".join(kept) or "(no message)"
-    text = text if len(text) <= limit else text[: limit - 3] + "..."
-    return text if isinstance(err, EngineError) else f"{type(err).__name__}: {text}"
+from cb_io.records import StepResult, TaskStart
 
 
 @runtime_checkable

@@ -28,7 +28,7 @@ other variation without a word, or fail with a Java stack trace while making the
   are replayed (``info["jvm_restarts"]`` counts them). The episode log lives in Python
   (:class:`envs.episode.Episode`) and is never lost. The simulator is stochastic: a replay may
   differ from the original run (``info["replay_diverged"]`` says so). Errors raised by the simulator
-  reach the caller as one-line :class:`~envs.protocol.EngineError` (the Java exception's class and
+  reach the caller as one-line :class:`~cb_io.records.EngineError` (the Java exception's class and
   message, not its stack trace).
 - Chained commands: the simulator's parser matches the whole input against its action templates, so
   ``open door to kitchen then go to kitchen`` (or with ``.``, ``,``, ``;``, `` and ``, a line break) is
@@ -44,8 +44,8 @@ import json
 import re
 
 from cb_io.paths import cache_dir
+from cb_io.records import EngineError, EpisodeTimeout, StepResult, TaskStart, one_line
 from cb_io.storage import write_json_atomic
-from envs.protocol import EngineError, EpisodeTimeout, StepResult, TaskStart, one_line
 
 SPLITS = ("train", "dev", "test")
 #: scienceworld version -> task name -> (train, dev, test) variation counts; each split is a

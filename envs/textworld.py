@@ -43,7 +43,7 @@ import tempfile
 from pathlib import Path
 
 from cb_io.paths import cache_dir
-from envs.protocol import StepResult, TaskStart
+from cb_io.records import StepResult, TaskStart
 
 SPLITS = ("train", "test")
 COOKING_FLAGS = ("--recipe", "3", "--take", "2", "--go", "6", "--open", "--cook", "--cut", "--drop")

@@ -1,5 +1,7 @@
 """The packages' import graph has no circle, counting every import: module-level ones, those under
-``if TYPE_CHECKING:`` and those inside functions; and reading results imports no agent."""
+``if TYPE_CHECKING:`` and those inside functions; reading results imports no agent; and the agent
+shell imports the games (``envs``) only where it plays one, reading the records (``cb_io.records``)
+everywhere else."""
 
 from __future__ import annotations
 
@@ -97,13 +99,105 @@ def test_reading_results_imports_no_agent_and_no_configuration():
     assert out.stdout.strip() == "[]"
 
 
-def test_files_and_numerics_import_no_other_layer_and_the_lm_layer_no_game():
-    """cb_io and cb_core import nothing else of the project; the LM backends, the feature
-    extractors and the embedder write their files through cb_io and import no game."""
+def test_files_records_and_numerics_import_no_other_layer():
+    """cb_io (the files and the records beneath the games and the agents) and cb_core import
+    nothing else of the project (the LM layer's import of no game: the tests below)."""
     known = modules()
     for name, path in known.items():
         found = imports(path, known)
         if name.split(".")[0] in ("cb_io", "cb_core"):
             assert {m.split(".")[0] for m in found} <= {name.split(".")[0]}, (name, found)
-        if name.startswith(("agent_shell.lm", "agent_shell.features", "agent_shell.embeddings")):
-            assert not any(m.split(".")[0] == "envs" for m in found), (name, found)
+
+
+#: The modules of the agent shell that play a game (or make the environment one is played on), and
+#: so may import the games (``envs``), each with what it plays. Every other module reads the records
+#: beneath both (:mod:`cb_io.records`) and never imports the games.
+PLAYS_GAMES = {
+    "agent_shell.scheduler": "the episode runner of a run: plays each (agent, game) episode",
+    "agent_shell.parallel": "the scheduler's Ray executor: each actor makes its environment and plays jobs",
+    "agent_shell.run_config": "the run's environment: its default split, task checks and selection, time limit",
+    "agent_shell.pipeline": "makes the environment, checks the task ids, collects the demonstrations",
+    "agent_shell.feature_pool": "makes the environment whose expert trajectories it pools",
+    "agent_shell.demos": "collects a missing expert demonstration by letting the expert play",
+    "agent_shell.improve": "makes the environment and plays each round's games",
+    "agent_shell.calibration.expert_distance": "replays a recorded prefix and lets the expert play on",
+    "agent_shell.studies.recovery": "restores an episode at a recorded step and plays on",
+    "agent_shell.studies.recorded": "plays a study's cells under the episode runner's wall-clock rule",
+    "agent_shell.ical.execution": "executes an ICAL program in the game",
+    "agent_shell.ical.constrained": "plays the scratch game of constrained decoding",
+    "agent_shell.ical.noisy": "plays the noisy trajectories",
+    "agent_shell.ical.learn": "replays a record and plays ICAL's games within their time limit",
+    "agent_shell.commands._common": "the shared options: the environment names and the episode time limit",
+    "agent_shell.commands._ical": "makes the environment of the ical commands",
+    "agent_shell.commands._study": "makes the environment of a study",
+    "agent_shell.commands.calibrate": "makes the environment of the labelling study",
+    "agent_shell.commands.collect": "makes the environment and collects expert trajectories",
+    "agent_shell.commands.concepts_tsne": "makes the environment of the concept pool",
+    "agent_shell.commands.eval_decisions": "makes the environment whose decisions it scores",
+    "agent_shell.commands.ical": "makes the environment of ICAL's learning and acting",
+    "agent_shell.commands.improve": "makes the environment of the improve loop",
+    "agent_shell.commands.run": "makes the environment of a run",
+    "agent_shell.commands.tasks": "makes the environment whose tasks it lists",
+}
+
+#: What reads the records only, whatever the list above says: the agents, the feature extractors,
+#: the LM layer, the decision scorer, the renderings and contexts, and calibration (a name stands
+#: for the module and everything under it).
+READS_RECORDS_ONLY = ("agent_shell.agents", "agent_shell.features", "agent_shell.lm", "agent_shell.embeddings",
+                      "agent_shell.decision_scorer", "agent_shell.history", "agent_shell.context",
+                      "agent_shell.candidates", "agent_shell.calibration")
+
+
+def game_importers(known: dict[str, Path], shell: str = "agent_shell", games: str = "envs") -> dict[str, set[str]]:
+    """The modules of ``shell`` that import anything of ``games`` anywhere in their text, and what."""
+    out = {}
+    for name, path in known.items():
+        if name.split(".")[0] == shell:
+            found = {m for m in imports(path, known) if m.split(".")[0] == games}
+            if found:
+                out[name] = found
+    return out
+
+
+def under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_the_finder_sees_a_game_imported_only_for_type_checking_or_inside_a_function(tmp_path):
+    """The walker itself: an agent module that names the games only under TYPE_CHECKING, and one
+    that imports them inside a function, are both game importers; a records reader is not."""
+    for package in ("shell", "shell/agents", "games", "records"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "games" / "episode.py").write_text("class Episode: ...\n")
+    (tmp_path / "records" / "steps.py").write_text("class Step: ...\n")
+    (tmp_path / "shell" / "agents" / "typed.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from games.episode import Episode\n")
+    (tmp_path / "shell" / "agents" / "late.py").write_text("def play():\n    import games\n")
+    (tmp_path / "shell" / "reader.py").write_text("from records.steps import Step\n")
+    known = {}
+    for path in tmp_path.rglob("*.py"):
+        parts = path.relative_to(tmp_path).with_suffix("").parts
+        known[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    found = game_importers(known, "shell", "games")
+    assert found == {"shell.agents.typed": {"games.episode"}, "shell.agents.late": {"games"}}
+    assert under("shell.agents.typed", ("shell.agents",)) and not under("shell.agentsx", ("shell.agents",))
+
+
+def test_only_the_modules_that_play_a_game_import_the_games():
+    """Every module of the agent shell that imports ``envs`` (module level, TYPE_CHECKING or in a
+    function) is listed in PLAYS_GAMES with what it plays, and every listed module still does."""
+    importers = game_importers(modules())
+    unlisted = {m: sorted(f) for m, f in importers.items() if m not in PLAYS_GAMES}
+    assert not unlisted, f"import the records (cb_io.records), not the games, or list what it plays: {unlisted}"
+    stale = sorted(set(PLAYS_GAMES) - set(importers))
+    assert not stale, f"no longer imports envs: drop from PLAYS_GAMES: {stale}"
+
+
+def test_agents_features_lm_scorer_renderings_and_calibration_import_no_game():
+    """The agents, feature extractors, LM layer, decision scorer, renderings, contexts and the
+    calibrator read the records only; the one listed exception is the judge that replays games."""
+    importers = game_importers(modules())
+    offenders = {m: sorted(f) for m, f in importers.items() if under(m, READS_RECORDS_ONLY)}
+    assert offenders == {"agent_shell.calibration.expert_distance": ["envs.episode", "envs.protocol"]}
+    assert {m for m in PLAYS_GAMES if under(m, READS_RECORDS_ONLY)} == {"agent_shell.calibration.expert_distance"}

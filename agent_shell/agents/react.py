@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from agent_shell import context as ctx
 from agent_shell.agents.config import AgentConfig
-from agent_shell.agents.step import AgentLog, AgentStop, Decision, EpisodeDone, LimitReached, View, WindowFull
+from agent_shell.agents.step import (AgentLog, AgentStop, Decision, EpisodeDone, EpisodeLike, LimitReached, View,
+                                    WindowFull)
 from agent_shell.candidates import FALLBACK_ACTION, read_reply
 from agent_shell.decision_scorer import decision_context
 from agent_shell.experience import Review, review_transition
 from agent_shell.history import REVIEWED
 from agent_shell.lm.protocol import Context, ContextWindowFull, LanguageModel
-from envs.episode import Episode
 
 if TYPE_CHECKING:
     from agent_shell.calibration.calibrator import Calibrator
@@ -70,8 +70,8 @@ class ReActAgent:
         self.reviewer = lm if reviewer is None else reviewer
 
     # -- the episode loop ------------------------------------------------------------------
-    def run(self, episode: Episode, *, memory: Sequence[str] = (), reference: ctx.Reference | None = None,
-            log: AgentLog | None = None, on_step: Callable[[Episode, AgentLog], None] | None = None) -> AgentLog:
+    def run(self, episode: EpisodeLike, *, memory: Sequence[str] = (), reference: ctx.Reference | None = None,
+            log: AgentLog | None = None, on_step: Callable[[EpisodeLike, AgentLog], None] | None = None) -> AgentLog:
         """Play ``episode`` until done or out of budget and return the trial's log.
 
         Args:
@@ -93,7 +93,7 @@ class ReActAgent:
                 if on_step is not None:
                     on_step(episode, log)
 
-    def step(self, episode: Episode, log: AgentLog, reference: ctx.Reference | None = None) -> None:
+    def step(self, episode: EpisodeLike, log: AgentLog, reference: ctx.Reference | None = None) -> None:
         """One step: decide (:meth:`next_action`), execute, record, then review the transition
         (renderings "experience" and "calibrator"). Raises EpisodeDone / LimitReached at the end,
         and WindowFull (recorded in ``log.window_full``) when the backbone's context window cannot

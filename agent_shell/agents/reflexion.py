@@ -13,16 +13,15 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from agent_shell.agents.react import ReActAgent
-from agent_shell.agents.step import AgentLog, View
+from agent_shell.agents.step import AgentLog, EpisodeLike, View
 from agent_shell.context import context_text
-from envs.episode import Episode
 
 
 @dataclass
 class Trial:
     """One trial: the finished episode, the agent's log, and the reflection written after it."""
 
-    episode: Episode
+    episode: EpisodeLike
     log: AgentLog
     reflection: str | None = None
 
@@ -53,7 +52,7 @@ class Reflexion:
         self.trials = trials
         self.name = agent.name if trials == 1 else f"reflexion-{agent.name}"
 
-    def reflect(self, episode: Episode, memory: list[str], log: AgentLog | None = None) -> str:
+    def reflect(self, episode: EpisodeLike, memory: list[str], log: AgentLog | None = None) -> str:
         """The LM's reflection on a failed trial (its transcript under the agent's rendering,
         then the instruction; always one text, also in the chat layout)."""
         log = log if log is not None else AgentLog()
@@ -65,7 +64,7 @@ class Reflexion:
                                        temperature=0.0, n=1, seed=cfg.seed)[0]
         return " ".join(reply.split())
 
-    def run(self, new_episode: Callable[[], Episode],
+    def run(self, new_episode: Callable[[], EpisodeLike],
             on_step: Callable[[list[Trial]], None] | None = None) -> ReflexionResult:
         """Play trials on fresh episodes from ``new_episode()`` until one is won.
 
@@ -77,7 +76,7 @@ class Reflexion:
             trial = Trial(episode=new_episode(), log=AgentLog(memory=list(memory)))
             result.trials.append(trial)
 
-            def save(_episode: Episode, log: AgentLog, trial: Trial = trial) -> None:
+            def save(_episode: EpisodeLike, log: AgentLog, trial: Trial = trial) -> None:
                 trial.log = log
                 if on_step is not None:
                     on_step(result.trials)

@@ -1,27 +1,67 @@
 """One agent step as data: what the agent sees (:class:`View`), what it decides (:class:`Decision`),
-and what a trial records (:class:`AgentLog`); the exceptions that end a step loop.
+and what a trial records (:class:`AgentLog`); the exceptions that end a step loop; what an agent
+needs of the episode it plays (:class:`EpisodeLike`).
 
 Every agent answers :meth:`agent_shell.agents.react.ReActAgent.next_action` ``(view) -> Decision``
 without touching an environment; the loop (:meth:`~agent_shell.agents.react.ReActAgent.run`)
 executes the decision and records it, and the studies (:mod:`agent_shell.studies`) ask the same
 question of recorded histories.
 
-Imports no LM, no game engine and not cb_core.
+Imports no LM, no game (the records only: :mod:`cb_io.records`) and not cb_core.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Literal, Mapping, Protocol, Sequence
 
 from agent_shell.context import Reference
 from agent_shell.history import THINK_PREFIX, StepLike
-from envs.episode import Episode
-from envs.protocol import TaskStart
+from cb_io.records import Step, StepResult, TaskStart, Trajectory
 
 if TYPE_CHECKING:
     from agent_shell.experience import Review
+
+
+class EpisodeLike(Protocol):
+    """What an agent reads from and does to the episode it plays, and the record a trial keeps of
+    it (duck-typed; the games' episode, :class:`envs.episode.Episode`, fits): the task, the steps
+    so far (thoughts included), the state's candidate set, the budget (``max_steps`` steps in all,
+    ``budget_left`` of them left), one step at a time, and the episode so far as a
+    :class:`~cb_io.records.Trajectory`.
+
+    ``think(thought)`` records a think step (feedback ``OK.``, one unit of budget, no engine call);
+    ``act(text)`` executes one environment action (``text`` starting ``think:`` is a think step).
+    Both return the :class:`~cb_io.records.StepResult`, and raise when the episode is over or the
+    engine failed (:class:`~cb_io.records.EngineError`).
+    """
+
+    @property
+    def start(self) -> TaskStart: ...
+
+    @property
+    def steps(self) -> Sequence[Step]: ...
+
+    @property
+    def done(self) -> bool: ...
+
+    @property
+    def won(self) -> bool: ...
+
+    @property
+    def max_steps(self) -> int: ...
+
+    @property
+    def budget_left(self) -> int: ...
+
+    def candidates(self) -> list[str]: ...
+
+    def think(self, thought: str) -> StepResult: ...
+
+    def act(self, text: str) -> StepResult: ...
+
+    def trajectory(self, meta: dict | None = None) -> Trajectory: ...
 
 
 class AgentStop(Exception):
@@ -76,7 +116,7 @@ class View:
         object.__setattr__(self, "experiences", MappingProxyType(dict(self.experiences or {})))
 
     @classmethod
-    def of(cls, episode: Episode, memory: Sequence[str] = (), experiences: Mapping[int, str] | None = None,
+    def of(cls, episode: EpisodeLike, memory: Sequence[str] = (), experiences: Mapping[int, str] | None = None,
            reference: Reference | None = None) -> "View":
         """The view of a live episode's current state."""
         return cls(episode.start, tuple(episode.steps), tuple(episode.candidates()), tuple(memory),
@@ -232,5 +272,5 @@ class AgentLog:
         return out
 
 
-__all__ = ["AgentLog", "AgentStop", "Decision", "EpisodeDone", "LimitReached", "TERM_DECIMALS", "View", "WindowFull",
-           "rounded"]
+__all__ = ["AgentLog", "AgentStop", "Decision", "EpisodeDone", "EpisodeLike", "LimitReached", "TERM_DECIMALS", "View",
+           "WindowFull", "rounded"]

@@ -107,7 +107,8 @@ def label(results, actors, judge, k, temperature, content_screening, max_transit
 def _label(todo, trials, actors, judge_name, k, temperature, content_screening, max_expert_steps, out, resume,
            config: RunConfig, echo: Callable[[str], None]) -> None:
     from agent_shell.agents import AgentConfig, CBAgent, ReActAgent
-    from agent_shell.calibration import ExpertDistanceJudge, LMJudge
+    from agent_shell.calibration import LMJudge
+    from agent_shell.calibration.expert_distance import ExpertDistanceJudge
     from agent_shell.studies.labels import ContentScreen, label_record, run_labels
     from agent_shell.pipeline import prepare
     from agent_shell.run_config import check_not_demos

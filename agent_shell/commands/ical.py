@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from agent_shell.ical.learn import LearnConfig
     from agent_shell.ical.memory import Lambdas, Memory
     from agent_shell.lm.protocol import LanguageModel
+    from cb_io.records import Trajectory
     from envs.protocol import Environment
-    from envs.trajectory import Trajectory
 
 
 @click.group()
@@ -58,8 +58,8 @@ def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, see
           episode_timeout) -> None:
     """Collect noisy trajectories: agent trials from results files and corrupted expert trajectories."""
     from agent_shell.ical.noisy import add_trials, corrupted_expert, corrupted_id, noisy_id
+    from cb_io.records import read_trajectories
     from cb_io.storage import append_jsonl
-    from envs.trajectory import read_trajectories
 
     if not runs and not expert_per_type:
         raise click.UsageError("give --from-run FILE and/or --expert-per-type N")
@@ -117,8 +117,9 @@ def abstract(noisy_path, env_name, model, dtype, device, memory_dir, out_path, r
     from agent_shell.ical.learn import abstract_record
     from agent_shell.ical.memory import examples_for
     from agent_shell.ical.noisy import noisy_id, read_noisy
-    from envs import EngineError, make_env, one_line
+    from cb_io.records import EngineError, one_line
     from cb_io.storage import append_jsonl
+    from envs import make_env
 
     trajs = read_noisy(noisy_path)
     out = Path(out_path)

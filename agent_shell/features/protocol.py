@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from agent_shell.lm.protocol import CandidateScores, Context, LanguageModel
 
-#: Feedback of a think step (agent_shell.history.THINK_FEEDBACK); think steps are no transitions.
+#: The kind of a think step (:class:`cb_io.records.Step`); think steps are no transitions.
 _THINK = "think"
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from agent_shell.ical.memory import Example, Lambdas, Memory
 
 if TYPE_CHECKING:
-    from envs.protocol import TaskStart
+    from cb_io.records import TaskStart
 
 #: ``--demos`` value prefix that selects an ICAL memory.
 DEMOS_PREFIX = "ical:"
@@ -61,7 +61,7 @@ class RetrievedDemos:
         self._cache: dict[str, list[str]] = {}
 
     def for_task(self, start: TaskStart) -> list[str]:
-        """The rendered demonstrations for a task (a :class:`envs.protocol.TaskStart`), cached."""
+        """The rendered demonstrations for a task (a :class:`cb_io.records.TaskStart`), cached."""
         from agent_shell.context import render_demo
 
         if start.task_id not in self._cache:

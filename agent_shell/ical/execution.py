@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from agent_shell.ical.program import Program
-from envs.trajectory import Trajectory
+from cb_io.records import Trajectory
 
 if TYPE_CHECKING:
     from envs.protocol import Environment

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from agent_shell.ical.execution import Execution, Feedback, execute
 from agent_shell.ical.memory import Example
 from agent_shell.ical.program import ABSTRACTIONS_HEADER, Parsed, parse_program
-from envs.trajectory import Trajectory
+from cb_io.records import Trajectory
 
 if TYPE_CHECKING:
     from agent_shell.lm.protocol import LanguageModel
@@ -147,7 +147,7 @@ class LearnConfig:
             the program text) or "chat" (short chat requests, :class:`agent_shell.ical.constrained.ChatNotes`).
         episode_timeout: wall-clock seconds each game played for an input may take (the replay
             of its record, the scratch game of constrained decoding, each execution), past which
-            :class:`envs.EpisodeTimeout` is raised (:func:`envs.episode.time_limit`); None: no
+            :class:`cb_io.records.EpisodeTimeout` is raised (:func:`envs.episode.time_limit`); None: no
             limit. Not a setting of the outputs (it changes no program that finishes in time).
     """
 
@@ -220,7 +220,7 @@ def allowed_actions(*trajectories: Trajectory) -> set[str]:
 def final_candidates(env: Environment, noisy: Trajectory, time_limit: float | None = None) -> list[str]:
     """The candidate set after the noisy trajectory's last step (a trajectory stores the sets
     *before* each action only), found by replaying its environment actions in a fresh game
-    within ``time_limit`` seconds (:class:`envs.EpisodeTimeout` past it; None: no limit); []
+    within ``time_limit`` seconds (:class:`cb_io.records.EpisodeTimeout` past it; None: no limit); []
     when the replay wins."""
     from envs.episode import Episode, time_limit as limit
 
@@ -269,7 +269,7 @@ def write_program(lm: LanguageModel, env: Environment, noisy: Trajectory, prompt
 def run_round(outcome: Outcome, kind: str, output: str, parsed: Parsed, env: Environment, noisy: Trajectory,
               feedback: Feedback | None, seconds: float, time_limit: float | None = None) -> Execution | None:
     """Record one round: a parsed program is executed (within ``time_limit`` seconds:
-    :class:`envs.EpisodeTimeout` past it, and nothing recorded); an unparsable one is not."""
+    :class:`cb_io.records.EpisodeTimeout` past it, and nothing recorded); an unparsable one is not."""
     from envs.episode import time_limit as limit
 
     execution = None
@@ -306,11 +306,11 @@ def learn_example(lm: LanguageModel, env: Environment, noisy: Trajectory, exampl
     Returns:
         :class:`Outcome` with every round and, when an execution won, the kept example. A game of
         the input that runs past ``config.episode_timeout`` or whose engine fails
-        (:class:`envs.EngineError`) ends the input, not kept: reason ``engine: time limit`` or
+        (:class:`cb_io.records.EngineError`) ends the input, not kept: reason ``engine: time limit`` or
         ``engine: fault``, ``error`` naming it, the rounds before it recorded.
     """
     from agent_shell.ical.noisy import noisy_id
-    from envs.protocol import EngineError, EpisodeTimeout, one_line
+    from cb_io.records import EngineError, EpisodeTimeout, one_line
 
     nid = noisy_id(noisy)
     outcome = Outcome(nid, noisy.task_type)
@@ -377,8 +377,8 @@ def abstract_record(lm: LanguageModel, env: Environment, noisy: Trajectory, exam
         ``backbone``; the parse).
 
     Raises:
-        envs.EngineError: a game it plays (the record's replay, constrained decoding's scratch
-            game) failed or ran past ``config.episode_timeout`` (:class:`envs.EpisodeTimeout`).
+        cb_io.records.EngineError: a game it plays (the record's replay, constrained decoding's scratch
+            game) failed or ran past ``config.episode_timeout`` (:class:`cb_io.records.EpisodeTimeout`).
     """
     from agent_shell.ical.noisy import noisy_id
 

@@ -34,8 +34,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from agent_shell.ical.program import Program
-from envs.protocol import TaskStart
-from envs.trajectory import Trajectory
+from cb_io.records import TaskStart, Trajectory
 
 #: Bumped when an example field changes meaning or is removed; readers refuse newer versions.
 EXAMPLE_SCHEMA_VERSION = 1

@@ -10,7 +10,7 @@
   answer: the expert's own actions (``meta["reference_actions"]``) and each corruption
   (``meta["corruptions"]``).
 
-Every noisy trajectory is an :class:`envs.trajectory.Trajectory` whose ``meta["noisy_id"]`` names
+Every noisy trajectory is an :class:`cb_io.records.Trajectory` whose ``meta["noisy_id"]`` names
 it stably (the key of resumable ICAL outputs) and ``meta["noisy_source"]`` says where it came from.
 """
 
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from envs.trajectory import Trajectory
+from cb_io.records import Trajectory
 
 if TYPE_CHECKING:
     from envs.protocol import Environment
@@ -180,8 +180,8 @@ def corrupted_expert(env: Environment, experts: Sequence[Trajectory], seed: int 
     """
     import warnings
 
+    from cb_io.records import one_line
     from envs.episode import play_within
-    from envs.protocol import one_line
 
     if n_corruptions < 1:
         raise ValueError(f"n_corruptions must be >= 1, got {n_corruptions}")
@@ -265,7 +265,7 @@ def read_noisy(path: str | os.PathLike) -> list[Trajectory]:
         ValueError: the file holds none, or a line is not a trajectory (naming file and line).
         FileNotFoundError: no such file.
     """
-    from envs.trajectory import read_trajectories
+    from cb_io.records import read_trajectories
 
     trajs = read_trajectories(path)
     if not trajs:

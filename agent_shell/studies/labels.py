@@ -309,12 +309,12 @@ def run_labels(items: Sequence[Transition], out: str | Path, label: Callable[[Tr
     Returns the records written by this call.
 
     A transition whose label cannot be computed because a game it plays failed or ran past its
-    wall-clock limit (``label`` raised :class:`envs.EngineError`, e.g. the expert-distance judge's
-    :class:`envs.EpisodeTimeout`) writes no line: it is skipped with one line to ``on_skip``
+    wall-clock limit (``label`` raised :class:`cb_io.records.EngineError`, e.g. the expert-distance judge's
+    :class:`cb_io.records.EpisodeTimeout`) writes no line: it is skipped with one line to ``on_skip``
     (default: a warning) naming it, and a resumed labelling tries it again."""
     import warnings
 
-    from envs.protocol import EngineError, one_line
+    from cb_io.records import EngineError, one_line
 
     skip = on_skip or (lambda msg: warnings.warn(msg, stacklevel=3))
     written = []

@@ -1,7 +1,7 @@
 """What the studies share: recorded trials read from results files, and study lines on disk.
 
 Both studies read results files written by ``cb-agent run`` (:func:`agent_shell.results.episode_record`:
-``trials[i]["trajectory"]`` is an :class:`envs.trajectory.Trajectory` record) and write one JSON
+``trials[i]["trajectory"]`` is an :class:`cb_io.records.Trajectory` record) and write one JSON
 line per (item, condition, rendering, actor) cell, appended atomically by one process at a time
 (:class:`agent_shell.results.ResumableJsonl`); a rerun with ``resume=True`` skips every finished
 key, so an interrupted study loses and duplicates nothing (:func:`run_cells`).
@@ -16,9 +16,8 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from agent_shell.agents import ReActAgent
 from agent_shell.results import ResumableJsonl, read_results
-from envs.protocol import TaskStart
+from cb_io.records import TaskStart, Trajectory
 from cb_io.storage import iter_jsonl
-from envs.trajectory import Trajectory
 
 #: A cell of a study: (item key, condition ("" for the probe), rendering, actor).
 Key = tuple[str, str, str, str]
@@ -37,7 +36,7 @@ class RecordedTrial:
         source: the results file it came from.
         agent: the agent that played it (the record's ``agent``).
         trial: its index in the record's ``trials``.
-        trajectory: the played :class:`envs.trajectory.Trajectory`.
+        trajectory: the played :class:`cb_io.records.Trajectory`.
     """
 
     source: str
@@ -170,11 +169,11 @@ def run_cells(out: Path, study: str, cells: Sequence[tuple[Item, str, str, str]]
 
     Each cell's ``line`` runs within ``time_limit`` seconds of wall-clock time
     (:func:`envs.episode.play_within`; None: no limit). A cell whose engine faults or runs past
-    the limit (:class:`envs.EngineError`) writes no line: it is skipped with one line to
+    the limit (:class:`cb_io.records.EngineError`) writes no line: it is skipped with one line to
     ``on_skip`` (default: a warning) naming its key and the fault, counts as done for
     ``on_record(None)``, and a resumed study plays it again."""
+    from cb_io.records import one_line
     from envs.episode import play_within
-    from envs.protocol import one_line
 
     lines = study_file(out, study)
     todo = {(i.key, c, r, a) for i, c, r, a in cells}

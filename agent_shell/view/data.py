@@ -72,7 +72,7 @@ def accuracy_cells(rows: Sequence[Mapping[str, Any]], model: str | None) -> list
 
 def read_inputs(paths: Sequence[str | Path], experts: Sequence[str | Path] = ()) -> Inputs:
     """Read results files (plain or ``.gz``) and eval-decisions files, and the expert trajectory
-    files ``experts`` (JSONL of :class:`envs.trajectory.Trajectory`, as ``cb-agent collect`` and the
+    files ``experts`` (JSONL of :class:`cb_io.records.Trajectory`, as ``cb-agent collect`` and the
     cache write them; won ones only). Every warning of the readers (a torn or malformed line,
     naming it) is warned again and kept in ``notes``.
 
@@ -96,7 +96,7 @@ def read_inputs(paths: Sequence[str | Path], experts: Sequence[str | Path] = ())
             out.heldout += [dict(d, model=data.get("model")) for d in data.get("decisions", [])]
             out.accuracy += accuracy_cells(data.get("rows", []), data.get("model"))
     for path in experts:
-        from envs.trajectory import read_trajectories
+        from cb_io.records import read_trajectories
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

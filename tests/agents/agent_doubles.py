@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from agent_shell.lm.protocol import CandidateScores
-from envs.protocol import StepResult, TaskStart
+from cb_io.records import StepResult, TaskStart
 
 
 def _seed(*parts: str) -> int:

@@ -2,9 +2,8 @@
 trials, scripted review replies and label lines (as ``cb-agent calibrate label`` writes them)."""
 
 from agent_shell.experience import NO_UPDATE
-from envs.protocol import TaskStart
+from cb_io.records import Step, TaskStart, Trajectory
 from cb_io.storage import append_jsonl
-from envs.trajectory import Step, Trajectory
 
 START = TaskStart("a/1", "fetch", "Your task is to: solve a/1.", "You are in a small room.")
 DEMOS = {"fetch": ["DEMO-FETCH"], "open": ["DEMO-OPEN"]}

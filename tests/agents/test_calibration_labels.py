@@ -7,7 +7,8 @@ import pytest
 
 from agent_doubles import FakeLM, ScriptedEnv
 from agent_shell.agents import AgentConfig, CBAgent, ReActAgent
-from agent_shell.calibration import ExpertDistanceJudge, LMJudge, Pair, judge_pair, split_tasks
+from agent_shell.calibration import LMJudge, Pair, judge_pair, split_tasks
+from agent_shell.calibration.expert_distance import ExpertDistanceJudge
 from agent_shell.studies.labels import (ContentScreen, label_counts, label_record, mine_transitions, propose,
                                         read_labels, retained, run_labels, transition_label)
 from agent_shell.experience import NO_UPDATE

@@ -5,7 +5,7 @@ import pytest
 from agent_shell import context as ctx
 from agent_shell.candidates import (FALLBACK_ACTION, FormatError, drop_excluded, fixed_action_space,
                                     parse_actions, parse_reply)
-from envs.trajectory import Step
+from cb_io.records import Step
 
 
 def env_step(action, obs):

@@ -18,8 +18,8 @@ import cb_core
 from agent_shell.candidates import fixed_action_space
 from agent_shell.cli import main
 from agent_shell.results import read_results
+from cb_io.records import read_trajectories
 from envs import make_env
-from envs.trajectory import read_trajectories
 
 BUDGET = 5
 

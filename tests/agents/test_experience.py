@@ -184,7 +184,7 @@ def test_chat_layout_carries_the_experience_in_the_user_message():
 
 # -- expert trajectories ---------------------------------------------------------------------------
 def expert_trajectory(task="a/1"):
-    from envs.trajectory import Step
+    from cb_io.records import Step
 
     ep = Episode(ScriptedEnv(), task, 10, expert=True)
     ep.act("think: find the key")

@@ -189,7 +189,7 @@ def test_joint_cb_agent_chooses_under_a_history_concept_as_cb_agent_does():
     candidates CB-Agent picks on the same view: alpha reads the novelty block of the true history."""
     from agent_shell.agents import AgentConfig, View
     from agent_shell.agents.joint import JointCBAgent
-    from envs.protocol import TaskStart
+    from cb_io.records import TaskStart
 
     alpha = np.zeros(6, np.float32)
     alpha[2:5] = -10.0

@@ -9,7 +9,7 @@ import pytest
 from agent_shell import context as ctx
 from agent_shell import history as hist
 from agent_shell.agents import AgentConfig
-from envs.trajectory import Step
+from cb_io.records import Step
 
 INSTRUCTION = "Your task is to: open the door."
 O0 = "You are in a room."

@@ -14,8 +14,8 @@ import pytest
 
 from agent_shell.ical import Example, Lambdas, Memory, Program, retrieval_scores, top_k
 from agent_shell.ical.program import Annotation
+from cb_io.records import Step, Trajectory
 from cb_io.storage import append_jsonl
-from envs.trajectory import Step, Trajectory
 
 
 class TableEmbedder:

@@ -175,7 +175,7 @@ def test_fitting_contexts_are_the_acting_contexts_for_every_rendering_under_a_se
 
     from agent_shell.concepts import decision_inputs
     from agent_shell.history import RENDERINGS, REVIEWED, SEEDED_RENDERINGS
-    from envs.protocol import TaskStart
+    from cb_io.records import TaskStart
 
     (traj,) = expert_demos(ScriptedEnv(WALK, expert_looks=True), per_type=1, split="train", path=tmp_path / "e.jsonl",
                            max_steps=30)

@@ -15,8 +15,8 @@ import envs
 from agent_doubles import FakeLM, ScriptedEnv
 from agent_shell.cli import main
 from agent_shell.results import read_results
+from cb_io.records import Trajectory
 from cb_io.storage import FileBusy, append_jsonl
-from envs.trajectory import Trajectory
 from test_runner import kill_reply, kill_run_args, run_script
 
 ROOT = Path(__file__).parents[2]

@@ -14,10 +14,10 @@ from click.testing import CliRunner
 import agent_shell.lm
 import envs
 from agent_doubles import FakeLM, ScriptedEnv, play_agent
-from agent_shell.cli import main
 from agent_shell.agents import build_agent
+from agent_shell.cli import main
 from agent_shell.results import longest_repeat_cycle, loop_statistics, read_results
-from envs.trajectory import Step
+from cb_io.records import Step
 
 DEMOS = {"fetch": ["d"], "open": ["d"]}
 TASKS = ["a/1", "a/2", "b/1"]

@@ -16,9 +16,9 @@ from agent_shell.commands import probe as probe_cmd
 from agent_shell.commands import recover as recover_cmd
 from agent_shell.commands._common import RENDERING_NAMES
 from agent_shell.experience import review_prompt
-from envs.episode import Episode
+from cb_io.records import Step, Trajectory
 from cb_io.storage import append_jsonl
-from envs.trajectory import Step, Trajectory
+from envs.episode import Episode
 
 DEMOS = {"fetch": ["DEMO-FETCH"], "open": ["DEMO-OPEN"]}
 CANDS = ["look", "inventory", "go to window 1", "go to desk 1", "examine wall 1"]

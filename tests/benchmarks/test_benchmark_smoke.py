@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from envs.trajectory import Step, Trajectory
+from cb_io.records import Step, Trajectory
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 

@@ -8,7 +8,8 @@ from click.testing import CliRunner
 
 from agent_shell.candidates import drop_excluded
 from agent_shell.expert_decisions import decision_examples
-from envs import make_env, read_trajectories
+from cb_io.records import read_trajectories
+from envs import make_env
 from envs.alfworld import META_COMMANDS
 from envs.collect import collect_expert_trajectories, select_tasks
 

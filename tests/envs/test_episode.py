@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agent_shell.expert_decisions import decision_examples
-from envs import Episode, EpisodeOver, StepResult, TaskStart, is_think
+from cb_io.records import StepResult, TaskStart, is_think
+from envs import Episode, EpisodeOver
 
 
 class ScriptedEnv:
@@ -110,7 +111,7 @@ class FaultyEnv(ScriptedEnv):
 
 
 def test_an_engine_fault_is_one_engine_error_and_records_nothing():
-    from envs import EngineError
+    from cb_io.records import EngineError
 
     ep = Episode(FaultyEnv(), "t", max_steps=4)
     ep.act("noop")
@@ -149,7 +150,8 @@ def test_scienceworld_passes_an_episode_time_limit_through_without_restarting_it
     No JVM starts: the engine call is replaced by one that blocks."""
     import threading
 
-    from envs import EpisodeTimeout, time_limit
+    from cb_io.records import EpisodeTimeout
+    from envs import time_limit
     from envs.scienceworld import ScienceWorldEnv
 
     env = ScienceWorldEnv()
@@ -167,7 +169,8 @@ def test_a_time_limit_never_fires_inside_an_import(tmp_path, monkeypatch):
     import sys
     import time
 
-    from envs import EpisodeTimeout, time_limit
+    from cb_io.records import EpisodeTimeout
+    from envs import time_limit
 
     (tmp_path / "slow_engine_module.py").write_text("import time\ntime.sleep(1.5)\nREADY = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -132,7 +132,7 @@ def test_agent_episodes_load_no_gold_path_and_chained_inputs_are_invalid(env):
 
 
 def test_java_errors_become_one_line():
-    from envs import EngineError, one_line
+    from cb_io.records import EngineError, one_line
 
     class Py4JJavaError(Exception):
         pass

@@ -9,14 +9,8 @@ import pytest
 
 from agent_shell.candidates import drop_excluded
 from agent_shell.expert_decisions import capped_candidates, decision_examples
+from cb_io.records import SCHEMA_VERSION, Step, Trajectory, completed_task_ids, read_trajectories
 from cb_io.storage import append_jsonl
-from envs.trajectory import (
-    SCHEMA_VERSION,
-    Step,
-    Trajectory,
-    completed_task_ids,
-    read_trajectories,
-)
 
 
 def make_trajectory(task_id="t1") -> Trajectory:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agent_shell.context import scoring_context
-from envs.trajectory import Step
+from cb_io.records import Step
 
 STEPS = [Step("env", "go to cabinet 1", "The cabinet 1 is closed.", ["go to cabinet 1"], False, False, 0.0),
          Step("think", "think: I should open it.", "OK.", None, False, False, 0.0),

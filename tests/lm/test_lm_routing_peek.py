@@ -12,8 +12,7 @@ from agent_shell.agents import AgentConfig, CBAgent, ReActAgent, View
 from agent_shell.agents.cb_agent import ROUTE_PEEK_TOKENS
 from agent_shell.candidates import FormatError, parse_reply
 from agent_shell.context import render_demo
-from envs.protocol import TaskStart
-from envs.trajectory import Step
+from cb_io.records import Step, TaskStart
 
 
 def env(action, observation):

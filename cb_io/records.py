@@ -1,18 +1,36 @@
-"""Versioned expert-trajectory schema, atomic JSONL storage, and decision examples (seed Eq. 5).
+"""The records of a played task, beneath both the games (:mod:`envs`) and the agents (:mod:`agent_shell`).
 
-A :class:`Trajectory` is one played task: the instruction, the initial observation o0, and every
-step in order. A :class:`Step` is either a think step (``kind="think"``, feedback ``OK.``, no
-candidates) or an environment step (``kind="env"``) that carries the *full* environment-supplied
-candidate set the action was chosen from, saved with the step (seed Sec. 3.2).
+What crosses between a game and whoever plays it is plain data, defined here once:
 
-Storage is JSON Lines, one trajectory per line (:mod:`cb_io.storage`): :func:`~cb_io.storage.append_jsonl`
-makes a record durable before it returns, and a crash can leave at most one torn *final* line,
-which the reader reports by line number.
+* the ReAct think vocabulary (seed Sec. 2.3): :data:`THINK_PREFIX` marks a think step in an
+  agent's text and in the transcript, :data:`THINK_FEEDBACK` is its feedback, :func:`is_think`
+  tells one;
+* :class:`TaskStart` (what a task shows when it begins) and :class:`StepResult` (the engine's
+  answer to one environment action);
+* :class:`Step` and :class:`Trajectory`, the versioned schema of a played task
+  (:data:`SCHEMA_VERSION`), stored as JSON Lines, one trajectory per line, and read back with
+  :func:`read_trajectories` and :func:`completed_task_ids`;
+* the faults a caller of a game sees and records: :class:`EngineError` (with
+  :class:`EpisodeTimeout`), :class:`SetupError`, and :func:`one_line`, the one-line message an
+  error record keeps.
 
-:func:`agent_shell.expert_decisions.decision_examples` (the concept's data, in the agent shell)
-turns a trajectory into the decisions of seed Eq. (5).
+A :class:`Step` is either a think step (``kind="think"``, feedback ``OK.``, no candidates) or an
+environment step (``kind="env"``) that carries the *full* environment-supplied candidate set the
+action was chosen from, saved with the step (seed Sec. 3.2). Storage goes through
+:mod:`cb_io.storage`: :func:`~cb_io.storage.append_jsonl` makes a record durable before it
+returns, and a crash can leave at most one torn *final* line, which the reader reports by line
+number.
 
-This module imports no game engine.
+The games (:mod:`envs`) implement their protocol (:class:`envs.protocol.Environment`) and the
+episode runner (:class:`envs.episode.Episode`) on these records; the agents, the renderings, the
+concept's data (:func:`agent_shell.expert_decisions.decision_examples`, seed Eq. 5), the results
+and the studies read them without importing the games.
+
+Why in :mod:`cb_io`: the records are what the project's files hold (a trajectory file is these
+records, an episode's results line carries its trajectory and names its fault), and they must sit
+beneath both the games and the agents; :mod:`cb_io` already sits beneath every layer and imports
+nothing else of the project, and :mod:`cb_core` is the numerical core (no records, no I/O), so
+the records need no layer of their own. Imports :mod:`cb_io.storage` and the standard library only.
 """
 
 from __future__ import annotations
@@ -23,6 +41,98 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 from cb_io.storage import MalformedLine, iter_jsonl
+
+# --------------------------------------------------------------------------------------------
+# the think vocabulary
+
+#: Prefix that marks a think step (seed Sec. 2.3), in an agent's text and in the transcript; the
+#: one definition of the project (the games' episodes, the renderings and reply parsing use it).
+THINK_PREFIX = "think:"
+#: Feedback of a think step; it never reaches the engine.
+THINK_FEEDBACK = "OK."
+
+
+def is_think(text: str) -> bool:
+    """True when ``text`` is a think step (``think:`` prefix, case-insensitive, leading blanks ignored)."""
+    return text.lstrip().lower().startswith(THINK_PREFIX)
+
+
+# --------------------------------------------------------------------------------------------
+# a task's start, a step's result, and the faults of a game
+
+
+@dataclass(frozen=True)
+class TaskStart:
+    """What the agent sees when a task begins.
+
+    Attributes:
+        task_id: the adapter's stable name of the task (a game path, a task/variation pair).
+        task_type: the task family a concept is fitted for (ALFWorld: one of six types).
+        instruction: the goal in words ("Your task is to: put a clean mug in coffeemachine.").
+        observation: the initial observation o0 (without the instruction where the engine
+            lets us separate them).
+    """
+
+    task_id: str
+    task_type: str
+    instruction: str
+    observation: str
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The engine's answer to one environment action.
+
+    Attributes:
+        observation: the feedback text.
+        done: the episode is over (won, lost, or the engine stopped it).
+        won: the benchmark's success criterion is met.
+        score: the engine's score (ScienceWorld: 0..100, -100 after a wrong ``focus on``).
+        info: adapter-specific extras (JSON-serialisable).
+    """
+
+    observation: str
+    done: bool
+    won: bool
+    score: float = 0.0
+    info: dict = field(default_factory=dict)
+
+
+class EngineError(RuntimeError):
+    """A third-party engine (simulator, interpreter, JVM) failed inside an episode.
+
+    The message is one line (the engine's own first line, e.g. a Java exception's class and
+    message, never its stack trace); the original exception is ``__cause__``. Callers that play many
+    episodes record it and go on (``cb-agent run`` writes an error episode, ``collect`` a failed task).
+    """
+
+
+class SetupError(FileNotFoundError):
+    """An environment cannot start where it is installed: what it needs (its game files, an engine
+    program) is not found. The message is one line that says what to set; the command line prints it
+    as that one line (no traceback)."""
+
+
+class EpisodeTimeout(EngineError):
+    """An episode ran past its wall-clock limit (:func:`envs.episode.time_limit`): an engine step
+    that never returns, or an episode far slower than any other; recorded like an engine fault."""
+
+
+def one_line(err: BaseException, limit: int = 300) -> str:
+    """``"<Type>: <message>"`` of ``err`` on one line: stack-trace lines (``at ...``, ``File ...``) and
+    blank lines dropped, the rest joined, cut at ``limit`` characters."""
+    kept = []
+    for raw in str(err).splitlines():
+        line = raw.strip(" \t:")
+        if line and not line.startswith(("at ", "File ", "Traceback", "^")):
+            kept.append(line)
+    text = " ".join(kept) or "(no message)"
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return text if isinstance(err, EngineError) else f"{type(err).__name__}: {text}"
+
+
+# --------------------------------------------------------------------------------------------
+# steps and trajectories
 
 #: Bumped whenever a field changes meaning or is removed; readers reject newer versions.
 SCHEMA_VERSION = 1
