@@ -97,7 +97,7 @@ def find_data_dir(places: list[tuple[str, Path]] | None = None) -> Path:
     """The first of ``places`` (default :func:`data_places`) that :func:`holds_games`.
 
     Raises:
-        envs.SetupError: none does; one line listing every place looked in and the command that
+        cb_io.records.SetupError: none does; one line listing every place looked in and the command that
             downloads the files.
     """
     places = data_places() if places is None else places
@@ -180,7 +180,7 @@ class AlfworldEnv:
         expert: ``"handcoded"`` (ALFWorld's rule-based expert, used for demonstrations) or None.
 
     Raises:
-        envs.SetupError: no game files in ``data_dir``, or in none of :func:`data_places` (the
+        cb_io.records.SetupError: no game files in ``data_dir``, or in none of :func:`data_places` (the
             message lists the places and how to get the files).
     """
 

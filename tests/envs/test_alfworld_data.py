@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import cb_io.paths
+from cb_io.records import SetupError
 from envs.alfworld import AlfworldEnv
-from envs.protocol import SetupError
 
 GAME = "pick_and_place_simple-Apple-None-Box-{}/trial_T1"
 
