@@ -20,6 +20,13 @@ stores in the directory:
 Like JAX's own cache, the store is trusted code: loading an executable can run anything, so the
 directory must be the user's own. Call :func:`enable_persistent_cache` from entry points, never
 from library maths.
+
+The store keeps its folder tidy and says when it cannot keep anything: a write killed part-way
+leaves a temporary file beside the executables, which the next :func:`enable_persistent_cache`
+removes once it is older than :data:`LEFTOVER_AGE_S` (no write of one executable takes that long,
+so a live write of another process is never touched); a directory that cannot be a folder (a file
+in its place) or a store that refuses a file is one warning line per process, and the programs are
+then compiled in each process instead.
 """
 
 from __future__ import annotations
@@ -30,10 +37,16 @@ import hashlib
 import json
 import os
 import threading
+import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["enable_persistent_cache", "call_compiled", "seal", "unseal"]
+__all__ = ["LEFTOVER_AGE_S", "enable_persistent_cache", "call_compiled", "seal", "unseal"]
+
+#: Seconds after which a file in the store's folder that is no stored executable (a temporary file
+#: of a write that was killed) is removed.
+LEFTOVER_AGE_S = 3600.0
 
 _EXECUTABLES: Path | None = None
 _WRITE: Callable[[Path, bytes], None] | None = None  # the caller's atomic writer
@@ -42,9 +55,12 @@ _COMPILING = threading.Lock()  # one fresh compile at a time (it switches JAX's 
 
 
 def enable_persistent_cache(directory: str | os.PathLike,
-                            write_file: Callable[[Path, bytes], None]) -> Path:
+                            write_file: Callable[[Path, bytes], None]) -> Path | None:
     """Turn on JAX's persistent compilation cache and cb_core's executable store in
-    ``directory`` (created if needed). Returns the directory.
+    ``directory`` (created if needed), after removing the store's leftovers (temporary files of
+    killed writes older than :data:`LEFTOVER_AGE_S`). Returns the directory, or None when it
+    cannot be a folder (a file in its place, no permission): one warning line, and nothing is
+    stored.
 
     Args:
         directory: the cache folder (the user's own: its executables are run).
@@ -56,12 +72,52 @@ def enable_persistent_cache(directory: str | os.PathLike,
 
     global _EXECUTABLES, _WRITE
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        _cannot_store(directory, err)
+        return None
+    executables = directory / "executables"
+    if executables.exists() and not executables.is_dir():
+        _cannot_store(executables, FileExistsError(f"{executables} is a file, not a folder"))
+    _remove_leftovers(executables)
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    _EXECUTABLES, _WRITE = directory / "executables", write_file
+    _EXECUTABLES, _WRITE = executables, write_file
     return directory
+
+
+_WARNED: set[Path] = set()  # folders this process has said it cannot store in
+
+
+def _cannot_store(folder: Path, err: BaseException) -> None:
+    """One warning line per process and folder: compiled programs are not kept there."""
+    if folder in _WARNED:
+        return
+    _WARNED.add(folder)
+    reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
+    if isinstance(err, (FileExistsError, NotADirectoryError)):
+        reason = "a file stands where its folder should be"
+    warnings.warn(f"compiled programs are not kept in {folder} ({reason}): each new process compiles them "
+                  "again; remove or fix it to keep them", stacklevel=3)
+
+
+def _remove_leftovers(folder: Path) -> None:
+    """Remove the files in the store's folder that are no stored executable (``*.bin``) and older
+    than :data:`LEFTOVER_AGE_S`: temporary files of writes that were killed part-way."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:  # no folder yet, or not a folder
+        return
+    now = time.time()
+    for entry in entries:
+        try:
+            if (not entry.name.endswith(".bin") and entry.is_file(follow_symlinks=False)
+                    and now - entry.stat(follow_symlinks=False).st_mtime > LEFTOVER_AGE_S):
+                os.unlink(entry.path)
+        except OSError:  # removed meanwhile by another process, or not ours to remove
+            pass
 
 
 _DIGEST = hashlib.sha256().digest_size  # bytes of the digest at the start of a stored file
@@ -183,7 +239,11 @@ def call_compiled(name: str, jitted: Callable, static: tuple, args: tuple, out_e
         compiled = _LOADED[path] = jitted.lower(*static, *args).compile()
     try:
         blob, _, _ = serialize_executable.serialize(compiled)
-        _WRITE(path, seal(blob))
-    except (ValueError, NotImplementedError, OSError):
-        pass  # not serializable here: run it anyway
+    except (ValueError, NotImplementedError):
+        blob = None  # not serializable here: run it anyway
+    if blob is not None:
+        try:
+            _WRITE(path, seal(blob))
+        except OSError as err:  # a file in the folder's place, no permission, a full disk: run it anyway
+            _cannot_store(_EXECUTABLES, err)
     return compiled(*args)

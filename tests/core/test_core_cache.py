@@ -1,5 +1,6 @@
 """The compiled-program store (:mod:`cb_core.cache`): a one-off fit process loads the fit from it,
-and a damaged stored file is compiled again instead of crashing or changing the result."""
+a damaged stored file is compiled again instead of crashing or changing the result, the store
+removes the leftovers of killed writes, and a store that cannot keep files says so in one line."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -191,3 +193,67 @@ def test_a_stored_executable_that_fails_to_run_is_compiled_again(tmp_path, monke
     assert path.read_bytes() == before  # stored again, whole
 
 
+
+
+@pytest.fixture()
+def fresh_store(monkeypatch):
+    """The store's process state as a new process has it, restored afterwards; JAX's own
+    configuration left as it is (:func:`cb_core.cache.enable_persistent_cache` would set it)."""
+    import jax
+
+    from cb_core import cache as store
+
+    for name, value in (("_EXECUTABLES", None), ("_WRITE", None), ("_LOADED", {}), ("_WARNED", set())):
+        monkeypatch.setattr(store, name, value, raising=False)
+    monkeypatch.setattr(jax.config, "update", lambda name, value: None)
+    return store
+
+
+def test_a_cache_folder_that_is_a_file_is_one_warning_and_no_store(tmp_path, fresh_store):
+    """``<cache>/jax`` a file: one warning line naming it, not a FileExistsError; nothing is
+    stored and the programs run."""
+    from cb_io.storage import write_bytes_atomic
+
+    (tmp_path / "jax").write_text("not a folder")
+    with pytest.warns(UserWarning) as caught:
+        assert fresh_store.enable_persistent_cache(tmp_path / "jax", write_bytes_atomic) is None
+    (warning,) = caught
+    assert str(tmp_path / "jax") in str(warning.message) and "\n" not in str(warning.message)
+    assert fresh_store._EXECUTABLES is None  # nothing is stored, and the calls still run
+    double = __import__("jax").jit(lambda x: 2 * x)
+    np.testing.assert_array_equal(np.asarray(fresh_store.call_compiled("d", double, (), (np.ones(3),), 0)), 2.0)
+
+
+def test_a_store_that_cannot_take_a_file_says_so_once(tmp_path, fresh_store):
+    """``executables`` a file: one warning line (not one per program, not none), and every
+    program still runs."""
+    import jax
+
+    from cb_io.storage import write_bytes_atomic
+
+    (tmp_path / "jax").mkdir()
+    (tmp_path / "jax" / "executables").write_text("not a folder")
+    x = np.arange(4.0, dtype=np.float32)
+    with pytest.warns(UserWarning) as caught:
+        fresh_store.enable_persistent_cache(tmp_path / "jax", write_bytes_atomic)
+        for scale in (2.0, 3.0):
+            program = jax.jit(lambda s, v: s * v, static_argnums=0)
+            out = fresh_store.call_compiled(f"scale{scale}", program, (scale,), (x,), 0)
+            np.testing.assert_array_equal(np.asarray(out), scale * x)
+    assert len(caught) == 1 and str(tmp_path / "jax" / "executables") in str(caught[0].message)
+
+
+def test_the_store_removes_the_leftovers_of_killed_writes(tmp_path, fresh_store):
+    """Temporary files of writes killed part-way (older than LEFTOVER_AGE_S) go; a fresh one (a
+    write in progress elsewhere) and the stored executables stay."""
+    from cb_io.storage import write_bytes_atomic
+
+    folder = tmp_path / "jax" / "executables"
+    folder.mkdir(parents=True)
+    old = time.time() - fresh_store.LEFTOVER_AGE_S - 60
+    for name in ("tmpk1ll3d.tmp", "tmpa8c2.tmp", "lm-qwen2-stream-0123.bin"):
+        (folder / name).write_bytes(b"x" * 10)
+        os.utime(folder / name, (old, old))
+    (folder / "tmpwr1t1ng.tmp").write_bytes(b"x")  # another process's write, now
+    fresh_store.enable_persistent_cache(tmp_path / "jax", write_bytes_atomic)
+    assert sorted(p.name for p in folder.iterdir()) == ["lm-qwen2-stream-0123.bin", "tmpwr1t1ng.tmp"]
