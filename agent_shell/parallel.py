@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from agent_shell.lm.protocol import BackboneFault
 from agent_shell.scheduler import Failure, Job, failure_of, play_job
 from cb_io.storage import OutputError
 
@@ -182,7 +183,7 @@ class RayExecutor:
             return job, failure_of(err, "worker died: ")
         except RayTaskError as err:
             self.idle.append(actor)
-            if isinstance(getattr(err, "cause", None), OutputError):  # no episode's fault: the run stops
+            if isinstance(getattr(err, "cause", None), (OutputError, BackboneFault)):  # the run stops
                 raise err.cause from None
             return job, failure_of(err)
         self.idle.append(actor)

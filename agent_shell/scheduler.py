@@ -30,7 +30,10 @@ is counted apart from won and lost; ``--resume`` plays such an episode again (a 
 what ended it: a broken engine, a hung step) and its new record replaces the error record
 (:func:`agent_shell.results.unique_episodes`), unless ``keep_errors`` (``--keep-errors``).
 An output that cannot be written (:class:`cb_io.storage.OutputError`: a full or read-only disk) is no
-episode's fault: it stops the run at once, and ``--resume`` continues it.
+episode's fault: it stops the run at once, and ``--resume`` continues it. Nor is a fault of the
+backbone itself (:class:`agent_shell.lm.protocol.BackboneFault`: a pass whose shapes do not fit its
+weights, ids past its embedding table): every episode would meet it again, so it stops the run at
+once too, with its one-line message, instead of retrying each episode and storing error records.
 
 Partial-file rule: while an episode runs, the process playing it rewrites its state after every
 step to ``<results>.partial/<agent>/<task>.json`` (:func:`partial_path`; temp file + rename), so a
@@ -55,6 +58,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 
+from agent_shell.lm.protocol import BackboneFault
 from agent_shell.results import (check_results_file, episode_record, error_record, store_record,
                                  trial_record)
 from envs.episode import EPISODE_TIMEOUT_S
@@ -365,8 +369,8 @@ def failed_record(agent_name: str, task_id: str, task_type: str | None, errors: 
 
 class InProcessExecutor:
     """Plays the jobs in this process, one at a time, with ``agents`` (agent name -> agent) on
-    ``env``. An exception other than ``KeyboardInterrupt`` or an :class:`cb_io.storage.OutputError` (which stops the
-    run) ends the attempt as a :class:`Failure`."""
+    ``env``. An exception other than ``KeyboardInterrupt``, an :class:`cb_io.storage.OutputError` or an
+    :class:`agent_shell.lm.protocol.BackboneFault` (both stop the run) ends the attempt as a :class:`Failure`."""
 
     slots = 1
     local_files = True
@@ -386,7 +390,7 @@ class InProcessExecutor:
         job = self.pending.popleft()
         try:
             return job, play_job(self.env, self.agents, job, self.max_steps, self.meta, self.on_step, self.time_limit)
-        except OutputError:  # an output that cannot be written is no episode's fault: the run stops
+        except (OutputError, BackboneFault):  # no episode's fault, and no retry helps: the run stops
             raise
         except Exception as err:  # noqa: BLE001 - retried by the scheduler's rule, then recorded
             return job, failure_of(err)

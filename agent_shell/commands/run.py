@@ -87,6 +87,7 @@ def _play(config: RunConfig, env: Environment, task_ids: list[str], type_of: Cal
           settings: dict[str, Any], console: Console) -> None:
     """Set up (demonstrations, features, concepts, backbone) and play ``config``'s unfinished
     episodes of ``task_ids``, sequentially or on Ray workers, appending to its results file."""
+    from agent_shell.lm.protocol import BackboneFault
     from agent_shell.progress import interactive
     from agent_shell.scheduler import InProcessExecutor, make_progress, play_episodes
     from cb_io.storage import OutputError
@@ -121,7 +122,7 @@ def _play(config: RunConfig, env: Environment, task_ids: list[str], type_of: Cal
                                           task_ids, results_path, config.budget, resume=config.resume, meta=meta,
                                           task_type_of=type_of, progress=progress, echo=say,
                                           time_limit=config.episode_timeout, keep_errors=config.keep_errors)
-    except OutputError as err:  # a full or read-only disk: no episode's fault; --resume continues
+    except (OutputError, BackboneFault) as err:  # a full disk (--resume continues), a broken backbone
         raise click.ClickException(str(err)) from None
     for name, summary in summaries.items():
         if summary.skipped:

@@ -94,6 +94,22 @@ class ContextWindowFull(ValueError):
     an agent can end the episode (:class:`agent_shell.agents.step.WindowFull`) rather than fail."""
 
 
+class BackboneFault(RuntimeError):
+    """A fault of the backbone itself that the same call meets again, whatever the episode: a
+    forward pass whose shapes do not fit its weights, an index past its embedding table. No retry
+    helps, so the scheduler ends the run with its one-line message instead of retrying every
+    episode (:mod:`agent_shell.scheduler`). Backends raise it from the error of their pass
+    (:meth:`of`)."""
+
+    @classmethod
+    def of(cls, err: BaseException, what: str) -> "BackboneFault":
+        """The fault of ``what`` (e.g. ``"the JAX decoder's stream pass"``) that raised ``err``:
+        one line, the error's type and first line."""
+        reason = (str(err).strip().splitlines() or [""])[0][:300]
+        return cls(f"{what} cannot run: {type(err).__name__}: {reason} (a fault of the backbone, not of the "
+                   "episode: the run stops)")
+
+
 def check_candidates(candidates: Sequence[str]) -> list[str]:
     """The candidate set as a list, after the checks every backend's ``score`` makes.
 

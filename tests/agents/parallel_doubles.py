@@ -6,7 +6,9 @@ an episode's record does not depend on which episodes the worker played before).
 tasks whose first ``kills`` resets SIGKILL the worker process (counted in files under
 ``marker_dir``, shared by all workers); ``raise_on``: tasks whose every reset raises (an engine
 fault); ``fail_on``: tasks whose every LM call raises (an exception that is no engine fault);
-``hang_on``: tasks whose second engine step never returns (an engine that hangs).
+``broken_on``: tasks whose every LM call meets a fault of the backbone itself
+(:class:`agent_shell.lm.protocol.BackboneFault`); ``hang_on``: tasks whose second engine step
+never returns (an engine that hangs).
 """
 
 from __future__ import annotations
@@ -45,13 +47,17 @@ class FaultyEnv(HangingEnv):
         return super().reset(task_id)
 
 
-def make_players(kill_on=(), kills=1, raise_on=(), marker_dir=None, fail_on=(), hang_on=()):
+def make_players(kill_on=(), kills=1, raise_on=(), marker_dir=None, fail_on=(), hang_on=(), broken_on=()):
     env = FaultyEnv(kill_on, kills, raise_on, marker_dir, hang_on)
 
     def reply(prompt, temperature, n):
+        from agent_shell.lm.protocol import BackboneFault
+
         task = next((t for t in fail_on if f"solve {t}." in prompt), None)
         if task is not None:
             raise RuntimeError(f"the LM failed on {task}")
+        if any(f"solve {t}." in prompt for t in broken_on):
+            raise BackboneFault.of(TypeError("cannot reshape array"), "the JAX decoder's stream pass")
         return loop_reply(prompt, temperature, n)
 
     return env, {name: build_agent(name, FakeLM(reply), DEMOS) for name in AGENTS}

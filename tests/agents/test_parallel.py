@@ -170,6 +170,19 @@ def test_a_repeatedly_failing_episode_becomes_an_error_record(cluster, sequentia
     assert again["react"].records == [] and len(read_results(out)) == 5
 
 
+def test_a_fault_of_the_backbone_on_a_worker_stops_the_run(cluster, tmp_path):
+    """A worker's backbone that cannot run (:class:`agent_shell.lm.protocol.BackboneFault`) stops
+    the run with the fault itself, as in process: no retry, no error record."""
+    from agent_shell.lm.protocol import BackboneFault
+
+    out = tmp_path / "results.jsonl"
+    lines: list[str] = []
+    with pytest.raises(BackboneFault, match="stream pass cannot run"):
+        on_ray(functools.partial(make_players, broken_on=("a/2",)), ["react"], TASKS, out, echo=lines.append)
+    assert not any("retried" in line or "FAILED" in line for line in lines), lines
+    assert all("error" not in r for r in read_results(out))
+
+
 class RecordingRayExecutor(RayExecutor):
     """The Ray executor, noting the episodes in the order the driver hands them to the workers."""
 

@@ -347,3 +347,49 @@ def test_in_process_a_failed_attempt_is_played_again_then_recorded_as_an_error(t
     assert failed[0]["success"] is False and failed[0]["steps"] == 0 and failed[0]["task_type"] == "unknown"
     assert error["attempts"] == 3 and error["reasons"] == ["RuntimeError: CUDA out of memory"] * 3
     assert error["type"] == "RuntimeError" and error["message"] == "RuntimeError: CUDA out of memory"
+
+
+class BrokenBackboneLM(FakeLM):
+    """Every generate call meets a fault of the backbone itself (as a pass whose shapes do not fit
+    its weights raises it)."""
+
+    calls = 0
+
+    def generate(self, *args, **kw):
+        from agent_shell.lm.protocol import BackboneFault
+
+        self.calls += 1
+        raise BackboneFault.of(TypeError("cannot reshape array of shape (1, 192, 32) into shape (1, 192, 2, 8)"),
+                               "the JAX decoder's stream pass")
+
+
+def test_a_fault_of_the_backbone_stops_the_run_at_once_without_retries(tmp_path):
+    """No retry helps a backbone that cannot run: the first attempt's fault leaves the scheduler
+    with its one line, no episode is played again and no error record is stored."""
+    from agent_shell.lm.protocol import BackboneFault
+    from agent_shell.scheduler import InProcessExecutor, play_episodes
+
+    lm = BrokenBackboneLM(replies=loop_reply)
+    agent = build_agent("react", lm, DEMOS)
+    lines: list[str] = []
+    with pytest.raises(BackboneFault) as err:
+        play_episodes(InProcessExecutor(ScriptedEnv(), {agent.name: agent}), [agent.name], ["a/1", "b/1"],
+                      tmp_path / "results.jsonl", 4, echo=lines.append)
+    assert lm.calls == 1 and lines == [] and read_results(tmp_path / "results.jsonl") == []
+    assert "\n" not in str(err.value) and "cannot reshape" in str(err.value)
+
+
+def test_cb_agent_run_with_a_broken_backbone_ends_in_one_line(tmp_path, monkeypatch):
+    """``cb-agent run`` whose backbone cannot run ends with the fault's one line after the first
+    attempt: no episode retried, none stored as an error record."""
+    monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(envs, "make_env", lambda name, **kw: ScriptedEnv(expert_looks=True))
+    monkeypatch.setattr(agent_shell.lm, "load_language_model", lambda *a, **k: BrokenBackboneLM(loop_reply))
+    res = CliRunner().invoke(main, ["run", "--env", "textworld", "--split", "test", "--all-games", "--agent",
+                                    "react", "--max-steps", "4", "--demos-per-type", "1", "--out-dir",
+                                    str(tmp_path / "out")])
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 1, res.output
+    assert lines[-1].startswith("Error: the JAX decoder's stream pass cannot run"), res.output
+    assert not any("retried" in line or "FAILED" in line for line in lines), res.output
+    assert read_results(tmp_path / "out" / "results.jsonl") == []
