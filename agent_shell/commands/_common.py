@@ -12,6 +12,8 @@ import click
 
 from agent_shell.agents import agent_names
 from agent_shell.history import RENDERINGS
+from agent_shell.lm.jax_platforms import JaxPlatformError
+from agent_shell.lm.protocol import BackboneFault
 from agent_shell.run_config import ACTION_SPACES, RunConfig
 from envs.episode import EPISODE_TIMEOUT_S
 from envs.registry import ENVIRONMENTS
@@ -160,6 +162,8 @@ def config_options(*names: str, **overrides: Callable) -> Callable[[Callable], C
                 values.update(per_type=0, games=0)
             try:
                 config = RunConfig(**values)
+            except JaxPlatformError as err:  # the machine's setting, not an option
+                raise click.ClickException(str(err)) from None
             except ValueError as err:
                 raise click.UsageError(str(err)) from None
             if "cache_dir" in names:  # one line now, not a traceback from deep inside a later step
@@ -215,8 +219,9 @@ def task_error(env: Environment, split: str, err: ValueError) -> click.ClickExce
 
 @contextlib.contextmanager
 def cli_errors() -> Iterator[None]:
-    """Run library calls (:mod:`agent_shell.pipeline`), turning the ValueError or FileNotFoundError
-    they raise into a one-line click error (the message's lines joined); an unknown split or task id
+    """Run library calls (:mod:`agent_shell.pipeline`), turning the ValueError, FileNotFoundError,
+    :class:`cb_io.storage.OutputError` or :class:`agent_shell.lm.protocol.BackboneFault` they raise
+    into a one-line click error (the message's lines joined); an unknown split or task id
     (:class:`agent_shell.pipeline.UnknownTasks`) also says how to list the valid ids."""
     from agent_shell.pipeline import UnknownTasks
 
@@ -224,5 +229,5 @@ def cli_errors() -> Iterator[None]:
         yield
     except UnknownTasks as err:
         raise task_error(err.env, err.split, err) from None
-    except (ValueError, FileNotFoundError, OutputError) as err:
+    except (ValueError, FileNotFoundError, OutputError, BackboneFault) as err:
         raise click.ClickException(" ".join(str(err).split())) from None

@@ -85,7 +85,9 @@ def check_model_source(name_or_path: str | os.PathLike | None) -> None:
     The offline default needs its package; a path must be a HuggingFace model folder (it holds a
     ``config.json``); a hub name must already be in the HuggingFace cache (runs have no network);
     ``vllm:`` needs vLLM; ``jax:`` needs flax and a folder whose architecture the JAX decoder
-    implements (:func:`agent_shell.lm.jax_model.read_config`). Third-party backends check their
+    implements (:func:`agent_shell.lm.model_config.read_config`). A folder (or cached hub model) of
+    the PyTorch or JAX backend is checked against its weights
+    (:func:`agent_shell.lm.model_folder.check_model_folder`). Third-party backends check their
     own arguments.
 
     Raises:
@@ -94,6 +96,8 @@ def check_model_source(name_or_path: str | os.PathLike | None) -> None:
         ModuleNotFoundError: ``vllm:`` without vLLM, or ``jax:`` without flax (one line: the pip command).
         agent_shell.lm.jax_model.UnsupportedModel: ``jax:`` with an architecture the JAX decoder does
             not implement (one line naming the supported ones).
+        agent_shell.lm.model_config.BadModelFolder: a folder that disagrees with its weights or holds
+            a broken file (one line naming the file, the field and both values).
     """
     from agent_shell.lm.default_model import DEFAULT_MODEL_ALIASES, ModelNotFoundError, find_default_gguf
 
@@ -122,10 +126,10 @@ def check_model_source(name_or_path: str | os.PathLike | None) -> None:
             raise ModelNotFoundError(f"model folder {arg!r} holds no config.json: pass a HuggingFace model folder "
                                      "(config.json, weights, tokenizer files), or leave --model out for the "
                                      "offline default")
-        if backend == "jax":
-            from agent_shell.lm.jax_model import read_config
+        if backend in ("hf", "jax"):
+            from agent_shell.lm.model_folder import check_model_folder
 
-            read_config(path)
+            check_model_folder(path, backend)
         return
     if path.exists():
         raise ModelNotFoundError(f"model {arg!r} is a file: pass its HuggingFace model folder (config.json, "
@@ -135,9 +139,14 @@ def check_model_source(name_or_path: str | os.PathLike | None) -> None:
                                  "weights, tokenizer files), or leave --model out for the offline default")
     from huggingface_hub import try_to_load_from_cache
 
-    if not isinstance(try_to_load_from_cache(arg, "config.json"), str):
+    config = try_to_load_from_cache(arg, "config.json")
+    if not isinstance(config, str):
         raise ModelNotFoundError(f"model {arg!r} is neither a local folder nor in the HuggingFace cache, and runs do "
                                  f"not download: fetch it first (hf download {arg}) or pass a local model folder")
+    if backend in ("hf", "jax"):
+        from agent_shell.lm.model_folder import check_model_folder
+
+        check_model_folder(Path(config).parent, backend)
 
 
 def load_language_model(

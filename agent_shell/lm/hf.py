@@ -31,7 +31,7 @@ import torch
 from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, decode, eos_ids, sampler
 from agent_shell.lm.dtypes import resolve_device, resolve_dtype
 from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache, restore, snapshot, truncatable
-from agent_shell.lm.protocol import CandidateScores, Context
+from agent_shell.lm.protocol import BackboneFault, CandidateScores, Context
 from agent_shell.lm.scoring import (CANDIDATE_LAYOUTS, action_positions, captured_output, pool_states, score_batched,
                                     score_packed)
 from agent_shell.lm.shared_prefix import SharedPrefix
@@ -115,12 +115,19 @@ class HFLanguageModel(TokenizedBackend):
 
         Raises:
             FileNotFoundError: the model cannot be loaded from ``path`` (one line saying why).
+            agent_shell.lm.model_config.BadModelFolder: the folder disagrees with its weights, holds
+                a broken file (:func:`agent_shell.lm.model_folder.check_model_folder`) or weights
+                that are not finite.
             ValueError: an unknown dtype or device, or a CUDA device this machine lacks.
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from agent_shell.lm.model_folder import check_model_folder, refuse_nonfinite
+
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
+        if os.path.isdir(path):
+            check_model_folder(path, "hf")  # the folder against its weights, before anything loads
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path))
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, attn_implementation="sdpa",
@@ -128,6 +135,8 @@ class HFLanguageModel(TokenizedBackend):
         except OSError as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise FileNotFoundError(f"cannot load a causal LM from {str(path)!r}: {reason}") from err
+        refuse_nonfinite(path, ((n, int((~torch.isfinite(t)).sum())) for n, t in model.state_dict().items()
+                                if t.is_floating_point()))
         return cls(model, tokenizer, name=name or str(path), **kwargs)
 
     def fork(self) -> "HFLanguageModel":
@@ -151,7 +160,12 @@ class HFLanguageModel(TokenizedBackend):
     def _forward(self, input_ids: torch.Tensor, cache: Cache, **kwargs: Any) -> CausalLMOutputWithPast:
         # every forward of the backend goes through here: never record an autograd graph (a
         # kept KV cache would otherwise hold every earlier step's activations alive)
-        return self.model(input_ids=input_ids, use_cache=True, **{self._cache_kw: cache}, **kwargs)
+        try:
+            return self.model(input_ids=input_ids, use_cache=True, **{self._cache_kw: cache}, **kwargs)
+        except torch.OutOfMemoryError:
+            raise
+        except (IndexError, RuntimeError) as err:  # shapes that do not fit, ids past the embedding table
+            raise BackboneFault.of(err, "the PyTorch forward pass") from err
 
     # ------------------------------------------------------------------ scoring
     @torch.inference_mode()

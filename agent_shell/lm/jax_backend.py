@@ -51,9 +51,10 @@ from flax import nnx
 
 from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, greedy_with_drafts, reply_rows
 from agent_shell.lm.jax_model import KV, Decoder, load_decoder
+from agent_shell.lm.jax_platforms import check_jax_platforms
 from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache
 from agent_shell.lm.layout import CANDIDATE_LAYOUTS, action_positions, batched_head_rows, candidate_tree, head_rows
-from agent_shell.lm.protocol import CandidateScores, Context
+from agent_shell.lm.protocol import BackboneFault, CandidateScores, Context
 from agent_shell.lm.tokenization import TokenizedContinuation
 from agent_shell.lm.tokenized import TokenizedBackend
 
@@ -87,8 +88,11 @@ def resolve_jax_device(device: str | None = None) -> jax.Device:
     ``"cuda"``/``"gpu"``, ``"tpu"``, each optionally ``:N``.
 
     Raises:
-        ValueError: another name, or a device JAX does not see here (one line listing what it sees).
+        ValueError: another name, a device JAX does not see here (one line listing what it sees),
+            or a ``JAX_PLATFORMS`` setting JAX cannot start
+            (:func:`agent_shell.lm.jax_platforms.check_jax_platforms`).
     """
+    check_jax_platforms()
     name = "auto" if device is None else str(device).strip().lower()
     if name == "auto":
         return jax.devices()[0]
@@ -293,7 +297,12 @@ class Programs:
 
     def run(self, name: str, *args: Any) -> Any:
         """Pass ``name`` on ``args`` (after the state), recording its shapes; through the
-        executable store when one is enabled."""
+        executable store when one is enabled.
+
+        Raises:
+            agent_shell.lm.protocol.BackboneFault: the pass cannot be traced for these weights
+                (shapes that do not fit): every later call would fail alike.
+        """
         from cb_core.cache import call_compiled
 
         shapes = tuple((tuple(np.shape(a)), str(getattr(a, "dtype", ""))) for a in jax.tree.leaves(args))
@@ -301,7 +310,10 @@ class Programs:
         jitted = self._jitted[name]
         example = {"stream": (KV(0, 0), 0, 0, 0, 0), "rows": (KV(0, 0), 0, 0, 0, 0), "sample": (KV(0, 0), 0),
                    "grow": KV(0, 0), "gather": (0, 0)}[name]
-        return call_compiled(f"{self._name}-{name}", jitted, (), (self.state, *args), example)
+        try:
+            return call_compiled(f"{self._name}-{name}", jitted, (), (self.state, *args), example)
+        except (TypeError, ValueError, IndexError) as err:  # raised while tracing: the same shapes fail again
+            raise BackboneFault.of(err, f"the JAX decoder's {name} pass") from err
 
     def buffer(self, batch: int, slots: int) -> KV:
         """An empty KV buffer: keys and values [L, batch, Hkv, slots, hd] in the model's dtype."""
@@ -454,22 +466,25 @@ class JaxLanguageModel(TokenizedBackend):
         Raises:
             FileNotFoundError: no config.json, no safetensors weights or no tokenizer in ``path``.
             agent_shell.lm.jax_model.UnsupportedModel: an architecture the decoder does not implement.
+            agent_shell.lm.model_config.BadModelFolder: the folder disagrees with its weights or
+                holds a broken file (:func:`agent_shell.lm.model_folder.check_model_folder`).
             ValueError: an unknown dtype or device.
         """
         from transformers import AutoTokenizer
 
-        from agent_shell.lm.jax_model import read_config
+        from agent_shell.lm.model_config import generation_eos
+        from agent_shell.lm.model_folder import check_model_folder
 
         dev = resolve_jax_device(device)
         jdtype = resolve_jax_dtype(dtype, dev)
-        read_config(path)  # an unsupported architecture is refused before anything loads
+        check_model_folder(path, "jax")  # the folder against its weights, before anything loads
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path))
         except OSError as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise FileNotFoundError(f"cannot load a tokenizer from {str(path)!r}: {reason}") from err
         decoder = load_decoder(path, dtype=jdtype, device=dev)
-        return cls(decoder, tokenizer, name=name or str(path), eos_token_ids=_generation_eos(path), **kwargs)
+        return cls(decoder, tokenizer, name=name or str(path), eos_token_ids=generation_eos(path), **kwargs)
 
     def fork(self) -> "JaxLanguageModel":
         """A view of the same weights and compiled programs with its own, empty prefix KV cache
@@ -749,17 +764,6 @@ def host_fetches() -> Iterator[list[tuple[int, ...]]]:
         yield seen
     finally:
         ArrayImpl._value, np.asarray, np.array = value, asarray, array
-
-
-def _generation_eos(path: str | os.PathLike) -> list[int]:
-    """End-of-sequence ids of a folder's ``generation_config.json`` (none when it has none)."""
-    import json
-
-    file = Path(path) / "generation_config.json"
-    if not file.is_file():
-        return []
-    value = json.loads(file.read_text()).get("eos_token_id")
-    return [value] if isinstance(value, int) else list(value or [])
 
 
 def load_jax_model(arg: str | None, *, dtype: str = "auto", device: str | None = None,

@@ -10,7 +10,10 @@ query, key and value projections; Qwen3 normalises each head's queries and keys 
 the head dimension) before the rotation. RoPE variants: ``default``, ``linear`` and ``llama3``
 (Llama 3.1's frequency-band scaling). Anything else (another architecture, sliding-window
 attention, another activation, another RoPE type, partial rotary dimensions) is refused by
-:func:`read_config` in one line naming what is supported.
+:func:`read_config` in one line naming what is supported. The folder is read as transformers reads
+it (:mod:`agent_shell.lm.model_config`: its settings through ``AutoConfig``, the LM head as
+transformers ties or unties it) and checked against its weights first
+(:mod:`agent_shell.lm.model_folder`).
 
 The decoder layers are stacked (every weight has a leading layer axis) and run with
 ``nnx.scan``, so a compiled program's size does not grow with the depth. One pass
@@ -37,175 +40,72 @@ Must not import the agents, the environments or torch.
 
 from __future__ import annotations
 
-import json
 import os
+import warnings
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-#: model_type -> the transformers class whose folders this module reads.
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-#: RoPE types (``rope_parameters["rope_type"]`` / ``rope_scaling["rope_type"]``) computed here.
-ROPE_TYPES = ("default", "linear", "llama3")
+from agent_shell.lm.model_config import (ARCHITECTURES, EMBED, HEAD, ROPE_TYPES, DecoderConfig, UnsupportedModel,
+                                         layer_tensors, read_config)
+from agent_shell.lm.model_folder import check_tensor_shapes, refuse_nonfinite, tensor_shapes, weight_files
 
-
-class UnsupportedModel(ValueError):
-    """A model folder whose architecture or settings the JAX decoder does not implement."""
-
-
-@dataclass(frozen=True)
-class DecoderConfig:
-    """The settings of a decoder, read from ``config.json`` (:func:`read_config`).
-
-    Attributes:
-        model_type: ``"llama"``, ``"qwen2"`` or ``"qwen3"``.
-        vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim:
-            the shapes (``head_dim`` defaults to hidden_size / num_heads).
-        rms_norm_eps: the RMSNorm epsilon.
-        rope_theta: the RoPE base; ``rope_type`` and ``rope_scaling`` its variant and parameters.
-        tie_word_embeddings: the LM head is the token embedding matrix.
-        qkv_bias, o_bias, mlp_bias: which projections have biases.
-        qk_norm: RMSNorm over each head's queries and keys (Qwen3).
-        max_position_embeddings: the context window.
-    """
-
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_type: str
-    rope_scaling: tuple[tuple[str, float], ...]
-    tie_word_embeddings: bool
-    qkv_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    qk_norm: bool
-    max_position_embeddings: int
-
-    def inv_freq(self) -> np.ndarray:
-        """float32 [head_dim / 2]: the rotary inverse frequencies, computed as transformers
-        computes them (float32 throughout, so the rotation angles agree bit for bit)."""
-        dim = self.head_dim
-        with jax.default_device(jax.devices("cpu")[0]):
-            inv = 1.0 / (jnp.float32(self.rope_theta) ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
-            p = dict(self.rope_scaling)
-            if self.rope_type == "linear":
-                inv = inv / jnp.float32(p["factor"])
-            elif self.rope_type == "llama3":
-                factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
-                old = p["original_max_position_embeddings"]
-                low_wavelen, high_wavelen = old / low, old / high
-                wavelen = 2 * np.pi / inv
-                scaled = jnp.where(wavelen > low_wavelen, inv / factor, inv)
-                smooth = (old / wavelen - low) / (high - low)
-                smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-                medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-                inv = jnp.where(medium, smoothed, scaled)
-            return np.asarray(inv, dtype=np.float32)
-
-
-def _rope(config: Mapping[str, Any], where: str) -> tuple[float, str, tuple[tuple[str, float], ...]]:
-    """(theta, type, scaling parameters) from transformers 5's ``rope_parameters`` or the older
-    ``rope_theta`` + ``rope_scaling`` fields."""
-    params = dict(config.get("rope_parameters") or {})
-    if "rope_theta" not in params and "rope_theta" in config:
-        params["rope_theta"] = config["rope_theta"]
-    params.update(config.get("rope_scaling") or {})
-    kind = params.pop("rope_type", params.pop("type", "default")) or "default"
-    theta = params.pop("rope_theta", 10000.0)
-    if kind not in ROPE_TYPES:
-        raise UnsupportedModel(f"{where}: RoPE type {kind!r} is not implemented by the JAX decoder "
-                               f"(supported: {', '.join(ROPE_TYPES)})")
-    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise UnsupportedModel(f"{where}: partial rotary dimensions are not implemented by the JAX decoder")
-    need = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
-                                              "original_max_position_embeddings")}.get(kind, ())
-    missing = [k for k in need if k not in params]
-    if missing:
-        raise UnsupportedModel(f"{where}: RoPE type {kind!r} needs {', '.join(missing)} in its parameters")
-    scaling = tuple(sorted((k, float(v)) for k, v in params.items() if isinstance(v, (int, float))
-                           and not isinstance(v, bool)))
-    return float(theta), kind, scaling
-
-
-def read_config(folder: str | os.PathLike) -> DecoderConfig:
-    """The :class:`DecoderConfig` of a HuggingFace model folder's ``config.json``.
-
-    Raises:
-        FileNotFoundError: no ``config.json`` in ``folder``.
-        UnsupportedModel: an architecture or setting the decoder does not implement, in one line
-            naming what is supported.
-    """
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{str(folder)!r} holds no config.json: pass a HuggingFace model folder")
-    config = json.loads(path.read_text())
-    config = config.get("text_config", config) if config.get("model_type") not in ARCHITECTURES else config
-    kind = config.get("model_type")
-    where = f"model {str(folder)!r}"
-    if kind not in ARCHITECTURES:
-        raise UnsupportedModel(f"{where} is a {kind!r} model; the JAX backend supports "
-                               f"{', '.join(f'{k} ({v})' for k, v in ARCHITECTURES.items())}")
-    if config.get("hidden_act", "silu") != "silu":
-        raise UnsupportedModel(f"{where}: activation {config['hidden_act']!r} is not implemented (silu only)")
-    layer_types = config.get("layer_types") or []
-    if config.get("use_sliding_window") or any(t != "full_attention" for t in layer_types):
-        raise UnsupportedModel(f"{where}: sliding-window attention is not implemented by the JAX decoder "
-                               "(full attention only)")
-    theta, rope_type, scaling = _rope(config, where)
-    heads = int(config["num_attention_heads"])
-    bias = bool(config.get("attention_bias", False))
-    return DecoderConfig(
-        model_type=kind, vocab_size=int(config["vocab_size"]), hidden_size=int(config["hidden_size"]),
-        intermediate_size=int(config["intermediate_size"]), num_layers=int(config["num_hidden_layers"]),
-        num_heads=heads, num_kv_heads=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_type=rope_type,
-        rope_scaling=scaling, tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        qkv_bias=True if kind == "qwen2" else bias, o_bias=False if kind == "qwen2" else bias,
-        mlp_bias=bool(config.get("mlp_bias", False)) if kind == "llama" else False, qk_norm=kind == "qwen3",
-        max_position_embeddings=int(config.get("max_position_embeddings") or 0))
+def inv_freq(config: DecoderConfig) -> np.ndarray:
+    """float32 [head_dim / 2]: the rotary inverse frequencies of ``config``, computed as
+    transformers computes them (float32 throughout, so the rotation angles agree bit for bit)."""
+    dim = config.head_dim
+    with jax.default_device(jax.devices("cpu")[0]):
+        inv = 1.0 / (jnp.float32(config.rope_theta) ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+        p = dict(config.rope_scaling)
+        if config.rope_type == "linear":
+            inv = inv / jnp.float32(p["factor"])
+        elif config.rope_type == "llama3":
+            factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
+            old = p["original_max_position_embeddings"]
+            low_wavelen, high_wavelen = old / low, old / high
+            wavelen = 2 * np.pi / inv
+            scaled = jnp.where(wavelen > low_wavelen, inv / factor, inv)
+            smooth = (old / wavelen - low) / (high - low)
+            smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+            medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+            inv = jnp.where(medium, smoothed, scaled)
+        return np.asarray(inv, dtype=np.float32)
 
 
 # ---------------------------------------------------------------------------------------- weights
-def _weight_files(folder: Path) -> list[Path]:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [folder / n for n in names]
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{str(folder)!r} holds no safetensors weights (model.safetensors or an index)")
-    return files
-
-
 def read_weights(folder: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Every tensor of a model folder's safetensors files (sharded or not), by name, as numpy
-    arrays in their stored dtype (bfloat16 as ``ml_dtypes.bfloat16``), memory-mapped where the
-    library allows.
+    """Every tensor of a model folder's safetensors files (sharded or not,
+    :func:`agent_shell.lm.model_folder.weight_files`), by name, as numpy arrays in their stored
+    dtype (bfloat16 as ``ml_dtypes.bfloat16``), memory-mapped where the library allows.
 
     Raises:
         FileNotFoundError: no safetensors weights in ``folder``.
+        agent_shell.lm.model_config.BadModelFolder: a file that is no whole safetensors file.
     """
     from safetensors import safe_open
 
+    files = weight_files(folder)
+    if not files:
+        raise FileNotFoundError(f"{str(folder)!r} holds no safetensors weights (model.safetensors or an index)")
+    tensor_shapes(folder)  # a truncated file or an LFS pointer: one line naming it
     weights: dict[str, np.ndarray] = {}
-    for path in _weight_files(Path(folder)):
+    for path in files:
         with safe_open(str(path), framework="np") as f:
             for name in f.keys():
                 weights[name] = f.get_tensor(name)
     return weights
+
+
+def nonfinite_counts(weights: Mapping[str, Any]) -> Iterator[tuple[str, int]]:
+    """(name, how many entries are NaN or infinite) of each floating-point tensor, lazily."""
+    for name, w in weights.items():
+        a = np.asarray(w)
+        if np.issubdtype(a.dtype, np.floating) or a.dtype.name == "bfloat16":
+            yield name, int(a.size - np.count_nonzero(np.isfinite(a)))
 
 
 # ---------------------------------------------------------------------------------------- modules
@@ -392,44 +292,42 @@ class Decoder(nnx.Module):
         device: where the weights go (default: JAX's default device).
 
     Raises:
-        KeyError: a tensor the config implies is missing from ``weights`` (naming it).
+        agent_shell.lm.model_config.BadModelFolder: a tensor the config implies is missing from
+            ``weights`` or of another shape, or an untied head that is not stored
+            (:func:`agent_shell.lm.model_folder.check_tensor_shapes`; one line naming it).
     """
 
     def __init__(self, config: DecoderConfig, weights: Mapping[str, Any], dtype: Any = jnp.float32,
-                 device: jax.Device | None = None):
+                 device: jax.Device | None = None, where: str | os.PathLike = "the weights"):
         self.config = config
         self.dtype = jnp.dtype(dtype)
         precision = jax.lax.Precision.HIGHEST if self.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
         self.precision = precision
+        # the head as transformers resolves it: stored embeddings and head of other values are both kept
+        tied = check_tensor_shapes(where, config, {n: (np.shape(w), "") for n, w in weights.items()},
+                                   lambda: np.array_equal(np.asarray(weights[EMBED]), np.asarray(weights[HEAD])))
+        if config.tie_word_embeddings and not tied:
+            warnings.warn(f"{where}: config.json ties the LM head (tie_word_embeddings true), but the weights hold "
+                          f"an {HEAD} other than {EMBED}: the stored head is used, as transformers uses it",
+                          stacklevel=2)
 
         def get(name: str) -> jax.Array:
-            if name not in weights:
-                raise KeyError(f"the weights hold no tensor {name!r} (a {config.model_type} model needs it)")
             return jax.device_put(np.asarray(weights[name]).astype(self.dtype), device)
 
         def stacked(suffix: str) -> jax.Array:
             return jnp.stack([get(f"model.layers.{i}.{suffix}") for i in range(config.num_layers)])
 
-        names = ["input_layernorm.weight", "post_attention_layernorm.weight"]
-        for proj, bias in (("q_proj", config.qkv_bias), ("k_proj", config.qkv_bias), ("v_proj", config.qkv_bias),
-                           ("o_proj", config.o_bias)):
-            names += [f"self_attn.{proj}.weight"] + ([f"self_attn.{proj}.bias"] if bias else [])
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            names += [f"mlp.{proj}.weight"] + ([f"mlp.{proj}.bias"] if config.mlp_bias else [])
-        if config.qk_norm:
-            names += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
-        layer_weights = {name: stacked(name) for name in names}
+        layer_weights = {name: stacked(name) for name in layer_tensors(config)}
 
         @nnx.vmap(in_axes=0, out_axes=0)
         def make(w: dict[str, jax.Array]) -> Block:
             return Block(config, w, precision)
 
         self.blocks = make(layer_weights)
-        self.embed = nnx.Param(get("model.embed_tokens.weight"))
+        self.embed = nnx.Param(get(EMBED if EMBED in weights else HEAD))
         self.norm = RMSNorm(get("model.norm.weight"), config.rms_norm_eps)
-        tied = config.tie_word_embeddings or "lm_head.weight" not in weights
-        self.lm_head = None if tied else nnx.Param(get("lm_head.weight"))
-        self.inv_freq = nnx.Variable(jax.device_put(config.inv_freq(), device))
+        self.lm_head = None if tied else nnx.Param(get(HEAD))
+        self.inv_freq = nnx.Variable(jax.device_put(inv_freq(config), device))
 
     def head_weight(self) -> jax.Array:
         """The LM head's [V, D] weight (the embeddings when tied)."""
@@ -486,15 +384,20 @@ class Decoder(nnx.Module):
 
 def load_decoder(folder: str | os.PathLike, dtype: Any = jnp.float32, device: jax.Device | None = None,
                  read: Callable[[str | os.PathLike], Mapping[str, Any]] = read_weights) -> Decoder:
-    """The :class:`Decoder` of a HuggingFace model folder.
+    """The :class:`Decoder` of a HuggingFace model folder, read as transformers reads it
+    (:func:`agent_shell.lm.model_config.read_config`).
 
     Raises:
         FileNotFoundError: no config.json or no safetensors weights.
         UnsupportedModel: an architecture or setting the decoder does not implement.
+        agent_shell.lm.model_config.BadModelFolder: a broken file, a tensor that disagrees with the
+            config, or weights that are not finite (:func:`agent_shell.lm.model_folder.refuse_nonfinite`).
     """
     config = read_config(folder)
-    return Decoder(config, read(folder), dtype=dtype, device=device)
+    weights = read(folder)
+    refuse_nonfinite(folder, nonfinite_counts(weights))
+    return Decoder(config, weights, dtype=dtype, device=device, where=folder)
 
 
 __all__ = ["ARCHITECTURES", "ROPE_TYPES", "KV", "Block", "Decoder", "DecoderConfig", "Linear", "RMSNorm",
-           "UnsupportedModel", "load_decoder", "read_config", "read_weights"]
+           "UnsupportedModel", "inv_freq", "load_decoder", "nonfinite_counts", "read_config", "read_weights"]

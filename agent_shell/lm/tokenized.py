@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 #: The pools of inner-layer features (:meth:`TokenizedBackend.check_layers`).
 POOLS = ("last", "mean")
+#: The longest window (tokens) a backend takes from a model's configuration: past it, a
+#: configuration's ``max_position_embeddings`` is a placeholder (a tokenizer's unset
+#: ``model_max_length`` is 10**30), not a window.
+MAX_WINDOW = 10**7
 
 
 class TokenizedBackend:
@@ -57,7 +61,7 @@ class TokenizedBackend:
             ValueError: no window can be told.
         """
         window = window or getattr(tokenizer, "model_max_length", None)
-        if not window or window > 10**7:
+        if not window or window > MAX_WINDOW:
             raise ValueError(f"cannot tell the context window of {name!r}; pass max_context_tokens")
         self.tokenizer = tokenizer
         self.name = name
@@ -183,4 +187,4 @@ class TokenizedBackend:
         return out
 
 
-__all__ = ["POOLS", "TokenizedBackend"]
+__all__ = ["MAX_WINDOW", "POOLS", "TokenizedBackend"]
