@@ -60,11 +60,8 @@ def fit(decisions, out, lam, gamma, eps, method, max_iter, tol, float64, certify
     if not no_cache:
         from cb_io.paths import cache_root  # the project's one cache root (no engine is imported)
 
-        try:  # the fit needs no cache: without one it compiles again, as JAX's own cache does
-            enable_persistent_cache(cache_root() / "jax", write_bytes_atomic)
-        except OSError as err:
-            click.echo(f"warning: the compile cache {cache_root() / 'jax'} cannot be used ({err.strerror}: "
-                       f"{err.filename}); fitting without it", err=True)
+        # the fit needs no cache: without one (a warning line) it compiles again, as JAX's own cache does
+        enable_persistent_cache(cache_root() / "jax", write_bytes_atomic)
     timings = {"import_s": time.perf_counter() - start}
     solver = {"subspace": cb_core.Subspace, "newton": cb_core.Newton, "lbfgs": cb_core.LBFGS,
               "adam": cb_core.Adam}[method]

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -178,7 +179,11 @@ def test_the_jax_decoder_reads_a_folder_as_transformers_does(tiny, tmp_path, cas
     folder = copy_of(tiny[kind], tmp_path / "model")
     make(folder)
     torch_lm = load_language_model(str(folder), dtype="float32", device="cpu")
-    jax_lm = load_language_model(f"jax:{folder}", dtype="float32", device="cpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jax_lm = load_language_model(f"jax:{folder}", dtype="float32", device="cpu")
+    said = [str(w.message) for w in caught if "the stored head is used" in str(w.message)]
+    assert len(said) == (make is stored_head_under_tie), said  # one line says the head is not tied
     window = AutoConfig.from_pretrained(folder).max_position_embeddings
     assert jax_lm.max_context_tokens == torch_lm.max_context_tokens == window
     context = make_context(2)
@@ -197,9 +202,11 @@ def test_a_generation_config_transformers_cannot_read_is_ignored_by_both_backend
 
     folder = copy_of(tiny["qwen2"], tmp_path / "model")
     (folder / "generation_config.json").write_text(content)
-    with pytest.warns(UserWarning, match=r"generation_config\.json .*ignored"):
-        jax_lm = load_language_model(f"jax:{folder}", dtype="float32", device="cpu")
-    torch_lm = load_language_model(str(folder), dtype="float32", device="cpu")
+    loaded = {}
+    for backend in ("jax", "torch"):
+        with pytest.warns(UserWarning, match=rf"{folder / 'generation_config.json'} .*ignored"):
+            loaded[backend] = load_language_model(uri(backend, folder), dtype="float32", device="cpu")
+    jax_lm, torch_lm = loaded["jax"], loaded["torch"]
     assert torch_lm.model.generation_config.eos_token_id == json.loads((folder / "config.json").read_text())[
         "eos_token_id"]
     assert jax_lm._eos_ids == torch_lm._eos_ids
