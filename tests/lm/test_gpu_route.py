@@ -146,10 +146,13 @@ def test_pyproject_states_the_tested_ranges_and_both_cuda_majors():
 
 # ---------------------------------------------------------------------------------------- set-up errors
 def _no_loading(monkeypatch):
+    import agent_shell.commands.run  # imported here, so that it binds the real set_up once the patches go
+
     def refuse(*args, **kwargs):
         raise AssertionError("something heavy loaded before the one-line error")
 
     monkeypatch.setattr("agent_shell.pipeline.set_up", refuse)
+    monkeypatch.setattr(agent_shell.commands.run, "set_up", refuse)
     monkeypatch.setattr("agent_shell.lm.load_language_model", refuse)
 
 
