@@ -8,7 +8,11 @@ evaluation (:func:`decision_accuracy`) and the calibrator
   alike (the run's seed is required: the shuffle renderings read it);
 * a :class:`DecisionRequest` is one decision as the feature extractors see it
   (:class:`agent_shell.features.DecisionInput`) plus the inner LM layers its features want;
-* :meth:`DecisionScorer.score` scores one request (acting), :meth:`DecisionScorer.score_many` a
+* :meth:`DecisionScorer.decide` takes one request's decision under a concept (acting): through the
+  backend's :meth:`~agent_shell.lm.protocol.LanguageModel.decide` when the features are its hidden
+  states (the pass and the decision on its device, one fetch after the argmax), else from the
+  scored features on the host through the same kernel;
+* :meth:`DecisionScorer.score` scores one request, :meth:`DecisionScorer.score_many` a
   list of them (fitting; the shape of lm-evaluation-harness's ``loglikelihood(requests)``). The LM
   runs once per request: the ``lm-layer:K`` states come from the same forward pass as log q and
   the last-layer hidden states when the backend can capture them
@@ -35,7 +39,7 @@ from agent_shell import context as ctx
 from agent_shell.features import DecisionInput, FeatureSet
 from agent_shell.features.lm_states import LMLayer
 from agent_shell.history import StepLike
-from agent_shell.lm.protocol import CandidateScores, Context, LanguageModel
+from agent_shell.lm.protocol import CandidateScores, Context, Decided, DeviceScores, LanguageModel
 
 if TYPE_CHECKING:
     from cb_core import Concept, Decisions
@@ -118,8 +122,8 @@ class DecisionScorer:
     def __init__(self, lm: LanguageModel, features: FeatureSet | None = None):
         self.lm = lm
         self.features = features if features is not None else FeatureSet.from_spec()
-        #: phi is the LM's hidden states (``lm-hidden``): no extractor runs, and a decision can be
-        #: taken where they lie (:meth:`agent_shell.agents.cb_agent.CBAgent.decide`)
+        #: phi is the LM's hidden states (``lm-hidden``): no extractor runs, and a decision is
+        #: taken where they lie (:meth:`decide`)
         self.reads_hidden_only: bool = self.features.is_default
         self.layers: tuple[LayerSpec, ...] = tuple((e.layer, e.pool) for e in self.features.extractors
                                                    if isinstance(e, LMLayer))
@@ -155,6 +159,26 @@ class DecisionScorer:
         else:
             phi = self.features.extract(request.decision, self.lm, scores)
         return ScoredDecision(request.decision.candidates, scores, phi)
+
+    def decide(self, request: DecisionRequest, concept: Concept) -> Decided:
+        """The request's decision under ``concept`` (Eq. 3, Eq. 7: the terms and their argmax).
+
+        With phi = the LM's hidden states and no inner layers asked for, the backend decides
+        (:meth:`agent_shell.lm.protocol.LanguageModel.decide`: on its device, one fetch); otherwise
+        the request is scored on the host (:meth:`score`) and its features decided on by the same
+        kernel (:func:`agent_shell.lm.decision.decide_scores`).
+
+        Raises:
+            ValueError: what :meth:`score` raises; features whose width differs from the concept's
+                d; non-finite scores (naming the candidate).
+        """
+        d = request.decision
+        if self.reads_hidden_only and not request.layers:
+            return self.lm.decide(d.context, d.candidates, d.action_prefix, concept)
+        from agent_shell.lm.decision import decide_scores
+
+        scored = self.score(request)
+        return decide_scores(concept, DeviceScores.padded(scored.scores, scored.phi))
 
     def score_many(self, requests: Sequence[DecisionRequest], scores: Sequence[CandidateScores] | None = None,
                    cache_dir=None) -> tuple[list[ScoredDecision], float]:
@@ -271,5 +295,5 @@ def accuracy_cell(row: dict, name: str) -> str:
     return f"{100 * row[f'acc_{name}']:.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
 
 
-__all__ = ["DecisionRequest", "DecisionScorer", "LayerSpec", "ScoredDecision", "accuracy_cell", "batch_log_probs",
+__all__ = ["Decided", "DecisionRequest", "DecisionScorer", "LayerSpec", "ScoredDecision", "accuracy_cell", "batch_log_probs",
            "batch_terms", "choices", "decision_accuracy", "decision_context"]

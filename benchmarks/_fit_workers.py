@@ -18,6 +18,8 @@ import types
 
 import numpy as np
 
+import _targets
+
 SEED_LR, SEED_STEPS, SEED_TOL = 0.01, 1500, 1e-4
 #: Set by :class:`Worker` to the thread count every method is pinned to (numpy's BLAS, XLA, torch).
 THREADS_ENV = "CB_FIT_SPEED_THREADS"
@@ -25,19 +27,13 @@ THREADS_ENV = "CB_FIT_SPEED_THREADS"
 
 def pinned_env(threads: int | None) -> dict[str, str]:
     """The environment of a worker whose numerics run on ``threads`` threads, alike for every
-    method: OpenBLAS / OpenMP / MKL (numpy, scipy, torch's intra-op pool) and XLA's CPU client
-    (its Eigen pool and intra-op parallelism); None: the libraries' own defaults (every CPU)."""
-    env = dict(os.environ)
+    method (:func:`_targets.pinned_env`), with :data:`THREADS_ENV` telling the worker the count;
+    None: the libraries' own defaults (every CPU)."""
+    env = _targets.pinned_env(threads)
     if threads is None:
         env.pop(THREADS_ENV, None)
-        return env
-    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", THREADS_ENV):
-        env[name] = str(threads)
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "multi_thread_eigen" not in f
-             and "intra_op_parallelism_threads" not in f]
-    flags += [f"--xla_cpu_multi_thread_eigen={'false' if threads == 1 else 'true'}",
-              f"intra_op_parallelism_threads={threads}"]
-    env["XLA_FLAGS"] = " ".join(flags)
+    else:
+        env[THREADS_ENV] = str(threads)
     return env
 
 

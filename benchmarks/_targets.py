@@ -42,6 +42,32 @@ def rotated(items: Sequence, k: int) -> list:
     return [*items[k:], *items[:k]]
 
 
+def pinned_env(threads: int | None, env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default this process's environment) with every numeric library on ``threads``
+    threads alike: OpenMP / OpenBLAS / MKL (numpy, scipy, torch's intra-op pool) and XLA's CPU
+    client (its Eigen pool and intra-op parallelism); None: the libraries' own defaults (every CPU).
+    Read when the libraries load: a child process's environment, or this one's before any import."""
+    env = dict(os.environ if env is None else env)
+    if threads is None:
+        return env
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[name] = str(threads)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "multi_thread_eigen" not in f
+             and "intra_op_parallelism_threads" not in f]
+    flags += [f"--xla_cpu_multi_thread_eigen={'false' if threads == 1 else 'true'}",
+              f"intra_op_parallelism_threads={threads}"]
+    env["XLA_FLAGS"] = " ".join(flags)
+    return env
+
+
+def pin_threads(threads: int) -> None:
+    """Pin this process as :func:`pinned_env` pins a child: its environment (before torch or JAX is
+    imported) and its CPU affinity (its first ``threads`` allowed CPUs, as ``taskset`` would)."""
+    os.environ.update(pinned_env(threads))
+    allowed = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, set(allowed[:threads]))
+
+
 def cpu_flags() -> dict:
     """The CPU's bfloat16-relevant flags from /proc/cpuinfo (empty off Linux)."""
     try:
@@ -57,4 +83,5 @@ def machine() -> dict:
     return {"cpus": os.cpu_count(), "load_average": list(os.getloadavg()), "cpu_flags": cpu_flags()}
 
 
-__all__ = ["BF16_FLAGS", "cpu_flags", "machine", "median_ratio", "rotated", "verdict", "verdict_line"]
+__all__ = ["BF16_FLAGS", "cpu_flags", "machine", "median_ratio", "pin_threads", "pinned_env", "rotated", "verdict",
+           "verdict_line"]

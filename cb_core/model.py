@@ -43,7 +43,7 @@ __all__ = [
     "MATMUL_PRECISION", "compiled",
     "Problem", "prepare", "masked_logsumexp", "scores", "problem_log_probs", "problem_objective",
     "value_and_grad", "value_and_grad_at", "hvp", "problem_features", "problem_hessian", "features", "prior_log_probs",
-    "log_probs", "objective", "gradient", "hessian", "Terms", "problem_terms", "terms", "DeviceDecision",
+    "log_probs", "objective", "gradient", "hessian", "Terms", "problem_terms", "terms", "DeviceDecision", "decide_padded",
 ]
 
 
@@ -324,6 +324,11 @@ def _k_decide(alpha, hidden, log_q, n_tokens, count, gamma, eps) -> DeviceDecisi
     finite = jnp.all(jnp.isfinite(jnp.where(mask[:, None], hidden, 0.0))) & jnp.all(jnp.isfinite(jnp.where(mask, log_q, 0.0)))
     chosen = jnp.argmax(jnp.where(mask, t.log_p, -jnp.inf)).astype(jnp.int32)
     return DeviceDecision(t, chosen, finite)
+
+
+#: The decision kernel of one padded candidate set (:func:`_k_decide`, a compiled function), for a
+#: program that takes its decision inside itself (an LM backend's scoring pass, then the decision).
+decide_padded = _k_decide
 
 
 @compiled

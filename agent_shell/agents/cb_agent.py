@@ -153,50 +153,18 @@ class CBAgent(ReActAgent):
                         sampled=self.config.action_space != "fixed")
 
     def decide(self, task_type: str, request: DecisionRequest) -> tuple[int, np.ndarray, np.ndarray, np.ndarray | None]:
-        """(the chosen candidate, then :meth:`terms`): the argmax of log P over the request's
-        candidates (the lowest index on ties).
-
-        A backend that keeps its scores on its device (``score_on_device``, the JAX backend),
-        with features that are its hidden states (``lm-hidden``), decides there: the LM pass, the
-        features' standardisation, log P under the concept and the argmax run on the device, and
-        the chosen index and the terms are fetched once, after the argmax
-        (:meth:`cb_core.Concept.decide`). Otherwise the scores come to the host first.
+        """(the chosen candidate, log P, the prior term, the concept term): the argmax of log P over
+        the request's candidates (the lowest index on ties) under the concept of ``task_type``,
+        through :meth:`agent_shell.decision_scorer.DecisionScorer.decide` (on the backend's device
+        when it has one: one fetch, after the argmax). The prior-only control has no concept term
+        (None).
 
         Raises:
-            ValueError: as :meth:`terms`.
+            ValueError: no concept for ``task_type``; what scoring, the extractors or the kernel raise.
         """
-        on_device = getattr(self.decision_scorer.lm, "score_on_device", None)
-        if callable(on_device) and self.decision_scorer.reads_hidden_only and not request.layers:
-            import jax
-
-            d = request.decision
-            scores = on_device(d.context, d.candidates, d.action_prefix)
-            concept = self.concept_of(task_type, int(scores.hidden.shape[1]))
-            out = concept.decide(scores.hidden, scores.log_q, scores.n_tokens, scores.count)
-            chosen, finite, terms = jax.device_get((out.chosen, out.finite, out.terms))  # one fetch, after the argmax
-            if not finite:  # names the culprit from the fetched scores, as the host path does
-                fetched = scores.fetched()
-                concept.terms(fetched.hidden, fetched.log_q, fetched.n_tokens)
-                raise ValueError("non-finite scores from the backend's device")
-            m = scores.count
-            logp, prior, concept_term = (np.asarray(x[:m], np.float32) for x in terms)
-            return int(chosen), logp, prior, None if self.concepts is None else concept_term
-        logp, prior, concept_term = self.terms(task_type, request)
-        return int(np.argmax(logp)), logp, prior, concept_term
-
-    def terms(self, task_type: str, request: DecisionRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(log P(a | x), the prior term log Qbar(a | x), the concept term alpha . phi(x, a; A)) over
-        one candidate set (seed Eq. 3) with the concept of ``task_type``, each float32 [M]: one LM
-        pass over the request (:class:`agent_shell.decision_scorer.DecisionScorer`), a concept
-        reading :attr:`features`. log P is the concept's own kernel (the action is its argmax);
-        the prior-only control (alpha = 0) has no concept term (None).
-
-        Raises:
-            ValueError: no concept for ``task_type``; what scoring or the extractors raise.
-        """
-        scored = self.decision_scorer.score(request)
-        terms = scored.terms(self.concept_of(task_type, scored.phi.shape[1]))  # one cb_core kernel
-        return terms.log_p, terms.prior, None if self.concepts is None else terms.concept_term
+        decided = self.decision_scorer.decide(request, self.concept_of(task_type, self.scoring_lm.hidden_size))
+        term = None if self.concepts is None else decided.concept_term
+        return decided.chosen, decided.log_p, decided.prior, term
 
     def concept_of(self, task_type: str, hidden_size: int) -> Concept:
         """The :class:`cb_core.Concept` acting for a task type (it carries its own gamma and eps);

@@ -52,7 +52,7 @@ def device_and_dtype(name_or_path: str | os.PathLike | None, device: str | None,
                      check: bool = False) -> tuple[str, str]:
     """(device, dtype) as a run of this model records them: the JAX backend's (``jax:``: what
     ``jax.devices()`` offers, tpu too, and its dtype rule there,
-    :func:`agent_shell.lm.jax_backend.jax_device_name`), else torch's
+    :func:`agent_shell.lm.jax_devices.jax_device_name`), else torch's
     (:func:`agent_shell.lm.dtypes.device_name`). ``check``: also refuse a CUDA device torch does not
     see (:func:`agent_shell.lm.dtypes.resolve_device`; JAX's names are always checked).
 
@@ -60,7 +60,7 @@ def device_and_dtype(name_or_path: str | os.PathLike | None, device: str | None,
         ValueError: an unknown device or dtype, or one this machine lacks (one line).
     """
     if split_model_uri(name_or_path)[0] == "jax":
-        from agent_shell.lm.jax_backend import jax_device_name, jax_dtype_name
+        from agent_shell.lm.jax_devices import jax_device_name, jax_dtype_name
 
         return jax_device_name(device), jax_dtype_name(dtype, device)
     from agent_shell.lm.dtypes import device_name, dtype_name, resolve_device
@@ -170,7 +170,7 @@ def load_language_model(
             slower (measured); or ``"bfloat16"``, ``"float32"`` (exactness tests), ``"float16"``.
         device: ``"auto"``/None (CUDA when available, else CPU), ``"cpu"``, ``"cuda"`` or
             ``"cuda:N"`` (:func:`agent_shell.lm.dtypes.resolve_device`); for ``jax:`` whatever
-            ``jax.devices()`` offers (``tpu`` too, :func:`agent_shell.lm.jax_backend.resolve_jax_device`).
+            ``jax.devices()`` offers (``tpu`` too, :func:`agent_shell.lm.jax_devices.resolve_jax_device`).
         kwargs: passed to :class:`agent_shell.lm.hf.HFLanguageModel` (``candidate_layout``,
             ``reuse_cache``, ``max_context_tokens``) or :class:`agent_shell.lm.jax_backend.JaxLanguageModel`.
 

@@ -31,7 +31,7 @@ import torch
 from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, decode, eos_ids, sampler
 from agent_shell.lm.dtypes import resolve_device, resolve_dtype
 from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache, restore, snapshot, truncatable
-from agent_shell.lm.protocol import BackboneFault, CandidateScores, Context
+from agent_shell.lm.protocol import BackboneFault, CandidateScores, Context, DeviceScores
 from agent_shell.lm.scoring import (CANDIDATE_LAYOUTS, action_positions, captured_output, pool_states, score_batched,
                                     score_packed)
 from agent_shell.lm.shared_prefix import SharedPrefix
@@ -219,11 +219,42 @@ class HFLanguageModel(TokenizedBackend):
         (k,) = self.check_layers([(layer, "last")], len(layers))
         return self.model.get_input_embeddings() if k == 0 else layers[k - 1]
 
+    @torch.inference_mode()
+    def score_on_device(self, context: Context, candidates: Sequence[str], action_prefix: str) -> DeviceScores:
+        """:meth:`score`'s log q and hidden states left on the model's device, padded to
+        :func:`cb_core.decisions.bucket_size` (M) slots and handed to JAX without a copy (DLPack):
+        what :meth:`decide` reads. The same pass as :meth:`score`, with no value read back to the
+        host and no synchronisation before the decision.
+
+        Raises:
+            ValueError, ContextWindowFull: as :meth:`score`.
+        """
+        from cb_core.decisions import bucket_size
+
+        from agent_shell.lm.decision import as_jax
+
+        toks, log_q, hidden, _ = self._pass(context, candidates, action_prefix)
+        m = len(toks)
+        pad = bucket_size(m) - m
+        n_tokens = np.ones(m + pad, np.int32)
+        n_tokens[:m] = [t.n_action for t in toks]
+        return DeviceScores(as_jax(torch.nn.functional.pad(log_q, (0, pad))),
+                            as_jax(torch.nn.functional.pad(hidden, (0, 0, 0, pad))), n_tokens, m)
+
     def _score(self, context: Context, candidates: Sequence[str], action_prefix: str,
                capture: Sequence[tuple[torch.nn.Module, str, tuple[int, str]]] = ()) -> CandidateScores:
         """:meth:`score`, and for each ``capture`` entry ``(module, pool, key)`` the module's output
         in the candidates' pass at each candidate's action tokens, pooled (float32 [M, d]), in
         ``layers[key]``."""
+        toks, log_q, hidden, states = self._pass(context, candidates, action_prefix, capture)
+        return CandidateScores(log_q=log_q.cpu().numpy(), n_tokens=np.array([t.n_action for t in toks], np.int32),
+                               hidden=hidden.cpu().numpy(), layers=states)
+
+    def _pass(self, context: Context, candidates: Sequence[str], action_prefix: str,
+              capture: Sequence[tuple[torch.nn.Module, str, tuple[int, str]]] = ()
+              ) -> tuple[Sequence[TokenizedContinuation], torch.Tensor, torch.Tensor, dict]:
+        """The candidates' tokens and their pass: (toks, log_q [M] and hidden [M, d] float32 on the
+        device, the captured layers' pooled states on the host)."""
         self.check_layers([(0, pool) for _, pool, _ in capture], 0)
         toks, s = self.scoring_tokens(context, candidates, action_prefix)  # s: all shared tokens but the last
         offset = 0  # context tokens leading the candidates' pass (tree and packed layouts)
@@ -240,20 +271,19 @@ class HFLanguageModel(TokenizedBackend):
                 finally:
                     if saved is not None:
                         restore(cache, saved)
-        n_tokens = np.array([t.n_action for t in toks], dtype=np.int32)
         states = {}
         if capture:  # outputs[-1]: the candidates' pass, [B, T, d]
             positions = action_positions(toks, s, self.candidate_layout, offset)
             states = {key: pool_states(outputs[-1], positions, pool)
                       for (_, pool, key), outputs in zip(capture, hooked)}
-        return CandidateScores(log_q=log_q, n_tokens=n_tokens, hidden=hidden, layers=states)
+        return toks, log_q, hidden, states
 
     def _score_in_one_pass(self, toks: Sequence[TokenizedContinuation],
-                           s: int) -> tuple[tuple[np.ndarray, np.ndarray], int]:
+                           s: int) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
         """Tree (or packed) scoring with the context's uncached tokens in the same forward pass as the
         candidates (one pass per step, as its floor); the stream then keeps the context's ``s``
         tokens. A context with more than :data:`PREFILL_CHUNK` new tokens encodes the excess first.
-        Returns ((log_q, hidden), the number of context tokens leading that pass)."""
+        Returns ((log_q, hidden) on the device, the number of context tokens leading that pass)."""
         ids = toks[0].ids
         cache, start = self.cache.start(ids[:s])
         lo = max(start, s - PREFILL_CHUNK)

@@ -9,20 +9,21 @@ code (:class:`~agent_shell.lm.tokenized.TokenizedBackend`, :mod:`~agent_shell.lm
 passes differ. So the two backends score the same tokens in the same layout, and their numbers
 agree to float32 rounding (the tests of ``tests/lm`` run on both backends).
 
-**Static shapes.** Every pass runs a compiled program whose shapes are rounded up to buckets
-(:func:`bucket`: 1, 2, 4, 8, 16, 24, 32, 48, ..., 512 tokens, rows and head rows, then multiples
-of 256; KV buffers of a power of two slots, at least 256), padded with tokens no real token
-attends to. Attention reads a buffer's filled slots only (a run-time length), so a program serves
-every context its buffer holds. An episode compiles a bounded number of programs
-(:attr:`JaxLanguageModel.programs` counts them); with :func:`cb_core.cache.enable_persistent_cache`
-on, they are kept as digest-checked serialized executables (:func:`cb_core.cache.call_compiled`)
-and a new process loads them instead of compiling.
+The parts live in one module each: :mod:`~agent_shell.lm.jax_devices` (where the weights live, in
+which dtype), :mod:`~agent_shell.lm.buckets` (the sizes passes are padded to),
+:mod:`~agent_shell.lm.jax_programs` (the compiled programs, one store per decoder) and
+:mod:`~agent_shell.lm.jax_kv` (the streams' KV buffers). This class wires them to one decoder and
+tokenizer.
 
-**Caches.** A stream's keys and values live in one buffer per stream ([L, 1, Hkv, C, hd]) that a
-pass updates in place (donated); pinned heads keep the buffer they were taken from, and a stream
-that starts from a head copies it before its first write (:class:`JaxKV`). Sampled replies read
-the prompt's buffer once for all rows, their own tokens going to a small per-row buffer (the
-cascade/Hydragen decomposition of :mod:`agent_shell.lm.shared_prefix`).
+**Static shapes.** Every pass runs a compiled program whose shapes are rounded up to buckets,
+padded with tokens no real token attends to; attention reads a buffer's filled slots only (a
+run-time length), so a program serves every context its buffer holds, and an episode compiles a
+bounded number of programs (:attr:`JaxLanguageModel.programs` counts them).
+
+**A decision is one program** (:meth:`JaxLanguageModel.decide`): the context's new tokens and the
+candidates' prefix tree in one pass over the stream's donated buffer, each candidate's log q and
+hidden state gathered, the concept's terms and their argmax, and the record the results keep packed
+into one array: the one fetch of a step's decision, after the argmax.
 
 Not implemented (refused in one line): the shared LM server's batched calls
 (:mod:`agent_shell.lm.batched`, ``--shared-lm``). Sampled replies draw from JAX's random streams,
@@ -33,374 +34,38 @@ Must not import the agents, the environments or torch.
 
 from __future__ import annotations
 
-import bisect
-import contextlib
 import copy
-import hashlib
 import os
 import secrets
-import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
+from agent_shell.lm.buckets import MIN_CAPACITY, bucket, capacity, padded
+from agent_shell.lm.decision import unpacked
 from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, greedy_with_drafts, reply_rows
-from agent_shell.lm.jax_model import KV, Decoder, load_decoder
-from agent_shell.lm.jax_platforms import check_jax_platforms
+from agent_shell.lm.jax_devices import resolve_jax_device, resolve_jax_dtype
+from agent_shell.lm.jax_kv import JaxKV, StreamKV
+from agent_shell.lm.jax_model import Decoder, load_decoder
+from agent_shell.lm.jax_programs import Pass, PassOutput, Programs, Shape, host_fetches
 from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache
 from agent_shell.lm.layout import CANDIDATE_LAYOUTS, action_positions, batched_head_rows, candidate_tree, head_rows
-from agent_shell.lm.protocol import BackboneFault, CandidateScores, Context
+from agent_shell.lm.protocol import CandidateScores, Context, Decided, DeviceScores
 from agent_shell.lm.tokenization import TokenizedContinuation
 from agent_shell.lm.tokenized import TokenizedBackend
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-#: Sizes a pass's tokens, rows, head rows and token pairs are rounded up to: 1, 2, 4, 8, 16, 24, 32,
-#: 48, ..., 384, 512 (powers of two and three times powers of two), then every multiple of 256: at
-#: most a third is padding, and at most an eighth past 2,048 (a long context's first pass).
-BUCKETS = tuple(sorted({1, 2, 4} | {2**k for k in range(3, 10)} | {3 * 2**k for k in range(3, 8)}
-                       | {256 * k for k in range(2, 4097)}))
-#: The fewest slots a stream's KV buffer holds (buffers grow by doubling). Attention reads only a
-#: buffer's filled slots, so a roomy buffer costs memory (about 47 MB for the default backbone in
-#: float32), not time, and an episode's growing context crosses fewer capacities (each a program).
-MIN_CAPACITY = 1024
+    from cb_core import Concept
 
-
-def bucket(n: int) -> int:
-    """The smallest size in :data:`BUCKETS` that holds ``n`` (>= 1) items."""
-    return int(BUCKETS[bisect.bisect_left(BUCKETS, max(n, 1))])
-
-
-def capacity(n: int, least: int = MIN_CAPACITY) -> int:
-    """The slots of a KV buffer holding ``n`` tokens: a power of two, at least ``least``."""
-    return max(least, 1 << max(n - 1, 0).bit_length())
-
-
-# ---------------------------------------------------------------------------------------- devices
-def resolve_jax_device(device: str | None = None) -> jax.Device:
-    """The JAX device named by ``device``: None/``"auto"`` (JAX's default device), ``"cpu"``,
-    ``"cuda"``/``"gpu"``, ``"tpu"``, each optionally ``:N``.
-
-    Raises:
-        ValueError: another name, a device JAX does not see here (one line listing what it sees),
-            or a ``JAX_PLATFORMS`` setting JAX cannot start
-            (:func:`agent_shell.lm.jax_platforms.check_jax_platforms`).
-    """
-    check_jax_platforms()
-    name = "auto" if device is None else str(device).strip().lower()
-    if name == "auto":
-        return jax.devices()[0]
-    kind, _, index = name.partition(":")
-    platform = {"cuda": "gpu", "gpu": "gpu", "cpu": "cpu", "tpu": "tpu"}.get(kind)
-    if platform is None or (index and not index.isdigit()):
-        raise ValueError(f"device={device!r} is not one of auto, cpu, cuda, gpu, tpu (optionally :N)")
-    try:
-        found = jax.devices(platform)
-    except RuntimeError:
-        found = []
-    seen = ", ".join(sorted({str(d.platform) for d in jax.devices()}))
-    if not found:
-        raise ValueError(f"device={device!r}: JAX sees no {platform} device here (it sees: {seen})")
-    k = int(index or 0)
-    if k >= len(found):
-        raise ValueError(f"device={device!r}: JAX sees {len(found)} {platform} device(s), numbered 0 to "
-                         f"{len(found) - 1}")
-    return found[k]
-
-
-def jax_device_name(device: str | None = None) -> str:
-    """:func:`resolve_jax_device` as the name recorded and passed on: ``"cpu"``, ``"cuda"``,
-    ``"tpu"``, with ``":N"`` past the first device of a kind (``"auto"`` becomes the kind JAX
-    uses by default).
-
-    Raises:
-        ValueError: as :func:`resolve_jax_device`.
-    """
-    found = resolve_jax_device(device)
-    kind = {"gpu": "cuda"}.get(found.platform, found.platform)
-    index = jax.devices(found.platform).index(found)
-    return kind if index == 0 else f"{kind}:{index}"
-
-
-def jax_dtype_name(dtype: str, device: str | None = None) -> str:
-    """:func:`resolve_jax_dtype` on the device ``device`` names, as the name recorded in results
-    and concepts (``"float32"``, ``"bfloat16"``).
-
-    Raises:
-        ValueError: an unknown dtype or device.
-    """
-    return str(jnp.dtype(resolve_jax_dtype(dtype, resolve_jax_device(device))))
-
-
-def resolve_jax_dtype(dtype: str, device: jax.Device) -> Any:
-    """``"auto"``, ``"float32"``/``"fp32"`` or ``"bfloat16"``/``"bf16"`` as a JAX dtype on ``device``.
-
-    ``"auto"`` follows :func:`agent_shell.lm.dtypes.resolve_dtype`: bfloat16 on GPUs and TPUs and
-    on CPUs with native bfloat16 matmuls (:func:`agent_shell.lm.dtypes.native_bfloat16`), float32
-    on other CPUs.
-
-    Raises:
-        ValueError: another name (float16 is not offered: the decoder runs float32 or bfloat16).
-    """
-    name = str(dtype).lower().removeprefix("torch.")
-    if name == "auto":
-        if device.platform != "cpu":
-            return jnp.bfloat16
-        from agent_shell.lm.dtypes import native_bfloat16
-
-        return jnp.bfloat16 if native_bfloat16("cpu") else jnp.float32
-    named = {"float32": jnp.float32, "fp32": jnp.float32, "bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16}
-    if name not in named:
-        raise ValueError(f"dtype={dtype!r} is not 'auto', 'float32' or 'bfloat16' (the JAX backend's dtypes)")
-    return named[name]
-
-
-# ---------------------------------------------------------------------------------------- caches
-@dataclass
-class StreamKV:
-    """A stream's KV buffer (batch 1, [L, 1, Hkv, C, hd] keys and values, or None before the first
-    pass) and how many of its slots hold the stream's tokens. ``owned``: no pinned head shares the
-    buffer, so a pass may update it in place."""
-
-    kv: KV | None = None
-    length: int = 0
-    owned: bool = True
-
-
-class JaxKV:
-    """:class:`agent_shell.lm.kv_cache.CacheOps` of :class:`StreamKV` buffers (every layer is full
-    attention: a cache is cut back by its length alone)."""
-
-    def new(self) -> StreamKV:
-        return StreamKV()
-
-    def snapshot(self, cache: StreamKV) -> tuple[KV | None, int]:
-        cache.owned = False  # the snapshot keeps the buffer: later passes write into a copy
-        return cache.kv, cache.length
-
-    def from_snapshot(self, saved: tuple[KV | None, int], length: int) -> StreamKV:
-        return StreamKV(saved[0], min(length, saved[1]), owned=False)
-
-    def cut(self, cache: StreamKV, length: int) -> None:
-        cache.length = min(cache.length, length)
-
-    def truncatable(self, cache: StreamKV) -> bool:
-        return True
-
-    def encode(self, forward: Any, cache: StreamKV, ids: Sequence[int], start: int) -> PassOutput:
-        return forward(ids, cache, start)
-
-
-@dataclass
-class PassOutput:
-    """What a pass returns (device arrays, fetched on demand): the head rows' hidden states
-    (float32 [K, D], the LM head's input), greedy's token after each head row [K], the token
-    pairs' log-probabilities float32 [P] and the captured layers' states float32 [NL, R, D]."""
-
-    hidden: jax.Array
-    greedy: jax.Array
-    token_lp: jax.Array
-    captured: jax.Array
-
-    def first_greedy(self) -> int:
-        """Greedy's token after the first head row (a prefill chunk's last token)."""
-        return int(np.asarray(self.greedy)[0])
-
-
-def _source_digest() -> str:
-    """SHA-256 of this module's and the decoder's source: part of every stored program's name."""
-    digest = hashlib.sha256()
-    for module in (Path(__file__), Path(__file__).with_name("jax_model.py")):
-        digest.update(module.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-# ---------------------------------------------------------------------------------------- programs
-class Programs:
-    """The compiled passes of one decoder, shared by every view (fork) of it.
-
-    Each pass is a ``jax.jit`` function of the decoder's state (its weights) and arrays of bucketed
-    shapes; :attr:`compiled` records every (pass, shapes) met, i.e. every program compiled or
-    loaded by this process. With :func:`cb_core.cache.enable_persistent_cache` on, programs go
-    through :func:`cb_core.cache.call_compiled` (stored, digest-checked executables).
-    """
-
-    _of: "weakref.WeakKeyDictionary[Decoder, Programs]" = weakref.WeakKeyDictionary()
-
-    @classmethod
-    def of(cls, decoder: Decoder) -> "Programs":
-        """The programs of ``decoder`` (made once per decoder: every backend on it shares them)."""
-        if decoder not in cls._of:
-            cls._of[decoder] = cls(decoder)
-        return cls._of[decoder]
-
-    def __init__(self, decoder: Decoder):
-        self.config = decoder.config
-        self.dtype = decoder.dtype
-        self.device: jax.Device = next(iter(decoder.embed[...].devices()))
-        self.graphdef, self.state = nnx.split(decoder)
-        self.compiled: dict[tuple, int] = {}
-        self._name = f"lm-{self.config.model_type}-" + hashlib.sha256(
-            (repr(self.config) + str(self.dtype) + _source_digest()).encode()).hexdigest()[:16]
-        graphdef = self.graphdef
-
-        def outputs(model: Decoder, x: jax.Array, head: jax.Array, pair_row: jax.Array, pair_target: jax.Array):
-            """(hidden [K, D], greedy [K], token log-probs [P]) at the head rows of x [N, D]."""
-            normed, logits = model.head(x[head])
-            top = logits.max(-1, keepdims=True)
-            log_norm = top[:, 0] + jnp.log(jnp.exp(logits - top).sum(-1))
-            token_lp = logits[pair_row, pair_target] - log_norm[pair_row]
-            return normed.astype(jnp.float32), jnp.argmax(logits, -1).astype(jnp.int32), token_lp
-
-        def stream(state, kv, ids, positions, at, mask, head, pair_row, pair_target, capture, layers):
-            model = nnx.merge(graphdef, state)
-            x, kv, captured = model(ids, positions, kv, at, mask, capture=capture)
-            hidden, greedy, token_lp = outputs(model, x.reshape(-1, x.shape[-1]), head, pair_row, pair_target)
-            return kv, hidden, greedy, token_lp, captured[layers]
-
-        def rows(state, kv, shared, shared_len, ids, positions, at, mask, head, pair_row, pair_target, capture,
-                 layers):
-            model = nnx.merge(graphdef, state)
-            x, kv, captured = model(ids, positions, kv, at, mask, shared=shared, shared_len=shared_len,
-                                    capture=capture)
-            hidden, greedy, token_lp = outputs(model, x.reshape(-1, x.shape[-1]), head, pair_row, pair_target)
-            return kv, hidden, greedy, token_lp, captured[layers]
-
-        def sample(state, kv, shared, shared_len, ids, positions, at, key, step, temperature):
-            model = nnx.merge(graphdef, state)
-            x, kv, _ = model(ids, positions, kv, at, jnp.ones((1, 1, 1), bool), shared=shared, shared_len=shared_len)
-            _, logits = model.head(x[:, -1])
-            drawn = jax.random.categorical(jax.random.fold_in(key, step), logits / temperature, axis=-1)
-            return kv, drawn.astype(jnp.int32)
-
-        def gather(state, token_lp, hidden, owner, final_rows):
-            """(log q [M_pad] float32, hidden [M_pad, D]) of a scoring pass's outputs, on the device:
-            each candidate's token log-probabilities summed (pairs of ``owner`` M_pad are padding)
-            and the LM head input at its final action token."""
-            m_pad = final_rows.shape[0]
-            log_q = jax.ops.segment_sum(token_lp, owner, num_segments=m_pad + 1)[:m_pad]
-            return log_q, hidden[final_rows]
-
-        def grow(state, kv, slots):
-            pad = [(0, 0)] * 3 + [(0, slots.shape[0] - kv.keys.shape[3]), (0, 0)]
-            return KV(jnp.pad(kv.keys, pad), jnp.pad(kv.values, pad))
-
-        self._jitted = {"stream": jax.jit(stream, donate_argnums=1), "rows": jax.jit(rows, donate_argnums=1),
-                        "sample": jax.jit(sample, donate_argnums=1), "grow": jax.jit(grow),
-                        "gather": jax.jit(gather)}
-
-    def run(self, name: str, *args: Any) -> Any:
-        """Pass ``name`` on ``args`` (after the state), recording its shapes; through the
-        executable store when one is enabled.
-
-        Raises:
-            agent_shell.lm.protocol.BackboneFault: the pass cannot be traced for these weights
-                (shapes that do not fit): every later call would fail alike.
-        """
-        from cb_core.cache import call_compiled
-
-        shapes = tuple((tuple(np.shape(a)), str(getattr(a, "dtype", ""))) for a in jax.tree.leaves(args))
-        self.compiled[(name, shapes)] = self.compiled.get((name, shapes), 0) + 1
-        jitted = self._jitted[name]
-        example = {"stream": (KV(0, 0), 0, 0, 0, 0), "rows": (KV(0, 0), 0, 0, 0, 0), "sample": (KV(0, 0), 0),
-                   "grow": KV(0, 0), "gather": (0, 0)}[name]
-        try:
-            return call_compiled(f"{self._name}-{name}", jitted, (), (self.state, *args), example)
-        except (TypeError, ValueError, IndexError) as err:  # raised while tracing: the same shapes fail again
-            raise BackboneFault.of(err, f"the JAX decoder's {name} pass") from err
-
-    def buffer(self, batch: int, slots: int) -> KV:
-        """An empty KV buffer: keys and values [L, batch, Hkv, slots, hd] in the model's dtype."""
-        c = self.config
-        shape = (c.num_layers, batch, c.num_kv_heads, slots, c.head_dim)
-        with jax.default_device(self.device):
-            return KV(jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype))
-
-    def writable(self, cache: StreamKV, need: int) -> KV:
-        """``cache``'s buffer, holding at least ``need`` slots, that a pass may update in place
-        (grown, or copied when a pinned head shares it)."""
-        if cache.kv is None:
-            return self.buffer(1, capacity(need))
-        slots = cache.kv.keys.shape[3]
-        if need > slots:
-            return self.run("grow", cache.kv, np.zeros(capacity(need), np.int8))
-        if not cache.owned:
-            return KV(cache.kv.keys.copy(), cache.kv.values.copy())
-        return cache.kv
-
-
-@dataclass(frozen=True)
-class Pass:
-    """One stream pass's inputs before padding: ``tokens`` at ``positions``, written after the
-    ``at`` tokens the stream holds; ``allowed`` [n, n] which of them each one sees; the LM head
-    at ``head`` (indices into the tokens); the (head row, target token) pairs whose
-    log-probabilities are wanted; the token indices whose inner states are captured, and at
-    which layers (0..L)."""
-
-    tokens: list[int]
-    positions: list[int]
-    at: int
-    allowed: np.ndarray
-    head: list[int]
-    pairs: tuple[list[int], list[int]] = ([], [])
-    capture: list[int] = field(default_factory=list)
-    layers: list[int] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class DeviceScores:
-    """A candidate set's scores on the backend's device (:meth:`JaxLanguageModel.score_on_device`),
-    padded to M_pad slots of which the first ``count`` are the candidates.
-
-    Attributes:
-        log_q: [M_pad] float32 device array, summed action-token log-probabilities (nats; 0 in
-            padded slots).
-        hidden: [M_pad, D] float32 device array, the LM head input at each final action token.
-        n_tokens: [M_pad] int32 numpy, action token counts (1 in padded slots).
-        count: M.
-    """
-
-    log_q: jax.Array
-    hidden: jax.Array
-    n_tokens: np.ndarray
-    count: int
-
-    def fetched(self) -> CandidateScores:
-        """The scores on the host, unpadded (as :meth:`JaxLanguageModel.score` returns them)."""
-        log_q, hidden = jax.device_get((self.log_q, self.hidden))
-        m = self.count
-        return CandidateScores(log_q=np.asarray(log_q[:m], np.float32), n_tokens=self.n_tokens[:m].copy(),
-                               hidden=np.asarray(hidden[:m], np.float32))
-
-
-#: :func:`agent_shell.lm.layout.head_rows`' roles of the head rows: (rows predicting action
-#: tokens, those tokens, their candidates, each candidate's final row), rows indexing the head rows.
-Rows = tuple[list[int], list[int], list[int], list[int]]
 #: Per candidate, (row, the indices of its action tokens among the pass's tokens).
 Positions = list[tuple[int, list[int]]]
-
-
-def _gather(out: PassOutput, rows: Rows, m_count: int) -> tuple[np.ndarray, np.ndarray]:
-    """(log_q [M] float32, the token log-probabilities summed in float64; hidden [M, D] float32)
-    from a scoring pass's outputs."""
-    pred_rows, _, owner, final_rows = rows
-    token_lp = np.asarray(out.token_lp)[:len(pred_rows)].astype(np.float64)
-    log_q = np.zeros(m_count, np.float64)
-    np.add.at(log_q, np.asarray(owner, np.int64), token_lp)
-    hidden = np.asarray(out.hidden)[np.asarray(final_rows, np.int64)]
-    return log_q.astype(np.float32), hidden.astype(np.float32)
-
-
-def _padded(values: Sequence[int], size: int, fill: int = 0) -> np.ndarray:
-    out = np.full(size, fill, np.int32)
-    out[:len(values)] = values
-    return out
+#: An inner layer wanted from the candidates' pass: (its index 0..L, pool, the caller's key).
+Capture = Sequence[tuple[int, str, tuple[int, str]]]
 
 
 class JaxLanguageModel(TokenizedBackend):
@@ -408,19 +73,12 @@ class JaxLanguageModel(TokenizedBackend):
     :class:`agent_shell.lm.hf.HFLanguageModel` does (the same arguments, layouts and numbers).
 
     Args:
-        decoder: a loaded :class:`agent_shell.lm.jax_model.Decoder`.
-        tokenizer: its HuggingFace tokenizer.
-        name: backbone identifier recorded in concept metadata.
+        decoder: a loaded :class:`agent_shell.lm.jax_model.Decoder`; ``tokenizer``: its tokenizer.
         eos_token_ids: end-of-sequence ids of the model's generation config (the tokenizer's are
             added).
         max_context_tokens: the window; default the config's ``max_position_embeddings``.
-        candidate_layout: ``"tree"`` (default), ``"packed"`` or ``"batched"``
-            (:mod:`agent_shell.lm.scoring`).
-        reuse_cache: keep the last context's KV cache and reuse its common prefix next call, and
-            keep pinned prompt heads.
-        max_heads: how many pinned heads are kept.
-        draft_tokens: greedy single replies are verified in drafts of at most this many tokens
-            looked up in the prompt; 0 decodes one token per pass.
+        name, candidate_layout, reuse_cache, max_heads, draft_tokens: as
+            :class:`agent_shell.lm.hf.HFLanguageModel`'s.
 
     Raises:
         ValueError: unknown candidate layout, negative ``draft_tokens``, or an unknown window.
@@ -448,7 +106,7 @@ class JaxLanguageModel(TokenizedBackend):
         value = getattr(tokenizer, "eos_token_id", None)
         eos.update([value] if isinstance(value, int) else (value or []))
         self._eos_ids = frozenset(eos)
-        self.cache = PrefixCache(None, self.device, reuse_cache, HeadStore(max_heads), ops=JaxKV())
+        self.cache = PrefixCache(None, self.device, reuse_cache, HeadStore(max_heads), ops=JaxKV(self.programs))
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -490,7 +148,7 @@ class JaxLanguageModel(TokenizedBackend):
         """A view of the same weights and compiled programs with its own, empty prefix KV cache
         (the pinned heads are shared)."""
         twin = copy.copy(self)
-        twin.cache = PrefixCache(None, self.device, self.reuse_cache, self.cache.heads, ops=JaxKV())
+        twin.cache = PrefixCache(None, self.device, self.reuse_cache, self.cache.heads, ops=JaxKV(self.programs))
         return twin
 
     @property
@@ -508,33 +166,25 @@ class JaxLanguageModel(TokenizedBackend):
         """A causal pass over ``ids`` after the ``start`` tokens ``cache`` holds (a chunk of a
         context or prompt); the head runs at its last token."""
         n = len(ids)
-        return self._run(cache, Pass(list(ids), list(range(start, start + n)), start, np.tril(np.ones((n, n), bool)),
-                                     [n - 1]))
+        return PassOutput(*self._run(cache, Pass(list(ids), list(range(start, start + n)), start,
+                                                 np.tril(np.ones((n, n), bool)), [n - 1])))
 
-    def _run(self, cache: StreamKV, p: Pass) -> PassOutput:
-        """Run pass ``p`` on ``cache`` (batch 1), padded to its buckets; ``cache`` then holds
-        ``p.at`` + the pass's tokens (cut it back to keep fewer)."""
-        n = len(p.tokens)
-        t = bucket(n)
-        kv = self.programs.writable(cache, p.at + t)
-        mask = np.zeros((1, t, t), bool)
-        mask[0, :n, :n] = p.allowed
-        mask[0, np.arange(n, t), np.arange(n, t)] = True  # padding tokens see themselves only
-        positions = _padded(p.positions, t, p.positions[-1] if p.positions else 0)
-        k = n_pairs = bucket(max(len(p.head), len(p.pairs[0])))  # one size for both: fewer programs
-        rows, targets = p.pairs
-        column = _padded(rows, n_pairs)
-        kv, hidden, greedy, token_lp, captured = self.programs.run(
-            "stream", kv, _padded(p.tokens, t)[None], positions[None], np.int32(p.at), mask, _padded(p.head, k),
-            column, _padded(targets, n_pairs), _padded(p.capture, bucket(len(p.capture)) if p.capture else 0),
-            np.asarray(p.layers, np.int32))
-        cache.kv, cache.length, cache.owned = kv, p.at + n, True
-        return PassOutput(hidden, greedy, token_lp, captured)
+    def _run(self, cache: StreamKV, p: Pass, program: str = "stream", concept: jax.Array | None = None,
+             **candidates: Any) -> list:
+        """Run pass ``p`` on ``cache`` (batch 1) with ``program`` (``stream``, ``score`` or ``decide``;
+        ``candidates``: :meth:`Pass.arrays`' candidate rows), padded to its buckets; ``cache`` then
+        holds ``p.at`` + the pass's tokens (cut it back to keep fewer). Returns the program's outputs
+        after the buffer."""
+        shape, ints, mask = p.arrays(**candidates)
+        kv = self.cache.ops.writable(cache, p.at + shape.t)
+        kv, *out = self.programs.run(program, shape, kv, ints, mask, *(() if concept is None else (concept,)))
+        cache.kv, cache.length, cache.owned = kv, p.at + len(p.tokens), True
+        return out
 
     # ------------------------------------------------------------------ scoring
     def score(self, context: Context, candidates: Sequence[str], action_prefix: str) -> CandidateScores:
         """Score each candidate as a continuation of ``render(context, action_prefix)``
-        (:meth:`agent_shell.lm.hf.HFLanguageModel.score`).
+        (:meth:`agent_shell.lm.hf.HFLanguageModel.score`): :meth:`score_on_device`, fetched.
 
         Returns:
             CandidateScores with ``log_q`` [M] float32 (nats), ``n_tokens`` [M] int32 and
@@ -549,25 +199,39 @@ class JaxLanguageModel(TokenizedBackend):
 
     def score_on_device(self, context: Context, candidates: Sequence[str], action_prefix: str) -> DeviceScores:
         """:meth:`score`'s log q and hidden states left on the backend's device, padded to
-        :func:`cb_core.decisions.bucket_size` (M) slots: what :meth:`cb_core.Concept.decide` reads,
-        so a decision is taken before anything is fetched. The same pass as :meth:`score`; the
-        token log-probabilities are summed in float32 on the device (``score`` sums them in
-        float64 on the host: the two agree to float32 rounding).
+        :func:`cb_core.decisions.bucket_size` (M) slots: one program (the pass and the gather),
+        nothing fetched. The token log-probabilities are summed in float32 on the device.
 
         Raises:
             ValueError, ContextWindowFull: as :meth:`score`.
         """
+        toks, log_q, hidden, _, _ = self._scores(context, candidates, action_prefix, [])
+        return DeviceScores(log_q, hidden, padded([t.n_action for t in toks], log_q.shape[0], fill=1), len(toks))
+
+    def decide(self, context: Context, candidates: Sequence[str], action_prefix: str, concept: Concept) -> Decided:
+        """:meth:`agent_shell.lm.protocol.LanguageModel.decide` in ONE program (tree and packed
+        layouts): the context's new tokens and the candidates' tree in one pass over the stream's
+        donated buffer, the gather, the concept's decision and its packed record, which is the one
+        array fetched. The batched layout scores first (:meth:`score_on_device`), then decides.
+
+        Raises:
+            ValueError, ContextWindowFull: as :meth:`score`; a concept whose d is not hidden_size;
+                non-finite scores (naming the candidate).
+        """
         from cb_core.decisions import bucket_size
 
-        toks, out, (_, _, owner, final_rows), _ = self._candidates_pass(context, candidates, action_prefix, [])
-        m = len(toks)
-        m_pad = bucket_size(m)
-        log_q, hidden = self.programs.run("gather", out.token_lp, out.hidden,
-                                          _padded(owner, int(out.token_lp.shape[0]), fill=m_pad),
-                                          _padded(final_rows, m_pad))
-        n_tokens = np.ones(m_pad, np.int32)
-        n_tokens[:m] = [t.n_action for t in toks]
-        return DeviceScores(log_q, hidden, n_tokens, m)
+        if self.candidate_layout == "batched":
+            return super().decide(context, candidates, action_prefix, concept)
+        vector = self.programs.concept(concept, self.hidden_size)
+        toks, s = self.scoring_tokens(context, candidates, action_prefix)
+        m, m_pad = len(toks), bucket_size(len(toks))
+        cache, p, (_, _, owner, final_rows), _ = self._tree_pass(toks, s, [])
+        n_tokens = [t.n_action for t in toks]
+        record, log_q, hidden = self._run(cache, p, "decide", vector, m=m_pad, owner=owner, final=final_rows,
+                                          n_tokens=n_tokens, count=m)
+        self._keep_context(cache, toks, s)
+        scores = DeviceScores(log_q, hidden, padded(n_tokens, m_pad, fill=1), m)
+        return unpacked(np.asarray(record), m, scores.fetched, concept)
 
     def score_with_layers(self, context: Context, candidates: Sequence[str], action_prefix: str,
                           layers: Sequence[tuple[int, str]]) -> CandidateScores:
@@ -588,35 +252,44 @@ class JaxLanguageModel(TokenizedBackend):
         output of decoder layer K before the final norm, negative from the end)."""
         return self.score_with_layers(context, candidates, action_prefix, [(layer, pool)]).layers[(layer, pool)]
 
-    def _candidates_pass(self, context: Context, candidates: Sequence[str], action_prefix: str,
-                         capture: Sequence[tuple[int, str, tuple[int, str]]]
-                         ) -> tuple[Sequence[TokenizedContinuation], PassOutput, Rows, Positions]:
-        """The candidates' tokens (checked) and their one pass in this backend's layout: (the
-        tokens, the pass's output, the head rows' roles, the captured tokens of each candidate)."""
-        toks, s = self.scoring_tokens(context, candidates, action_prefix)
-        one_pass = self._score_rows if self.candidate_layout == "batched" else self._score_in_one_pass
-        return (toks, *one_pass(toks, s, capture))
-
     def _score(self, context: Context, candidates: Sequence[str], action_prefix: str,
-               capture: Sequence[tuple[int, str, tuple[int, str]]]) -> CandidateScores:
-        toks, out, rows, positions = self._candidates_pass(context, candidates, action_prefix, capture)
-        n_tokens = np.array([t.n_action for t in toks], dtype=np.int32)
-        log_q, hidden = _gather(out, rows, len(toks))
+               capture: Capture) -> CandidateScores:
+        toks, log_q, hidden, captured, positions = self._scores(context, candidates, action_prefix, capture)
+        m = len(toks)
+        log_q, hidden = jax.device_get((log_q, hidden))
         states = {}
         if capture:
             wanted = sorted({c for _, cols in positions for c in cols})
             at = {c: i for i, c in enumerate(wanted)}
-            captured = np.asarray(out.captured)
+            captured = np.asarray(captured)
             for j, (_, pool, key) in enumerate(capture):
                 rows = [captured[j, [at[c] for c in cols]] for _, cols in positions]
                 states[key] = np.stack([r.mean(0) if pool == "mean" else r[-1] for r in rows]).astype(np.float32)
-        return CandidateScores(log_q=log_q, n_tokens=n_tokens, hidden=hidden, layers=states)
+        return CandidateScores(log_q=np.asarray(log_q[:m], np.float32), hidden=np.asarray(hidden[:m], np.float32),
+                               n_tokens=np.array([t.n_action for t in toks], np.int32), layers=states)
 
-    def _score_in_one_pass(self, toks: Sequence[TokenizedContinuation], s: int,
-                           capture: Sequence[tuple[int, str, tuple[int, str]]]) -> tuple[PassOutput, Rows, Positions]:
+    def _scores(self, context: Context, candidates: Sequence[str], action_prefix: str, capture: Capture
+                ) -> tuple[Sequence[TokenizedContinuation], jax.Array, jax.Array, jax.Array, Positions]:
+        """The candidates' tokens (checked) and their one program in this backend's layout: (the
+        tokens, log q [M_pad] and hidden [M_pad, D] on the device, the captured layers' states, the
+        captured tokens of each candidate)."""
+        from cb_core.decisions import bucket_size
+
+        toks, s = self.scoring_tokens(context, candidates, action_prefix)
+        m_pad = bucket_size(len(toks))
+        if self.candidate_layout == "batched":
+            return (toks, *self._score_rows(toks, s, capture, m_pad))
+        cache, p, (_, _, owner, final_rows), positions = self._tree_pass(toks, s, capture)
+        log_q, hidden, captured = self._run(cache, p, "score", m=m_pad, owner=owner, final=final_rows)
+        self._keep_context(cache, toks, s)
+        return toks, log_q, hidden, captured, positions
+
+    def _tree_pass(self, toks: Sequence[TokenizedContinuation], s: int,
+                   capture: Capture) -> tuple[StreamKV, Pass, tuple[list[int], ...], Positions]:
         """The tree (or packed) pass, the context's uncached tokens leading it
-        (:meth:`agent_shell.lm.hf.HFLanguageModel._score_in_one_pass`): (its output, the head
-        rows' roles, the captured tokens of each candidate)."""
+        (:meth:`agent_shell.lm.hf.HFLanguageModel._score_in_one_pass`), ready to run on the stream's
+        cache (encoded up to the pass's first token): (the cache, the pass, the head rows' roles,
+        the captured tokens of each candidate)."""
         ids = toks[0].ids
         cache, start = self.cache.start(ids[:s])
         lo = max(start, s - PREFILL_CHUNK)
@@ -626,42 +299,44 @@ class JaxLanguageModel(TokenizedBackend):
         needed, rows = head_rows(toks, tree, s)
         n_head, n = s - lo, s - lo + len(tree.tokens)
         allowed = np.zeros((n, n), bool)
-        allowed[:n_head, :n_head] = np.tril(np.ones((n_head, n_head), bool))
+        allowed[:n_head, :n_head] = np.tri(n_head, dtype=bool)
         allowed[n_head:, :n_head] = True
         allowed[n_head:, n_head:] = tree.ancestry()
         positions = action_positions(toks, s, self.candidate_layout, n_head) if capture else []
         wanted = sorted({c for _, cols in positions for c in cols})
         pred_rows, targets, _, _ = rows
-        out = self._run(cache, Pass(list(ids[lo:s]) + tree.tokens, list(range(lo, s)) + [s + d for d in tree.depths],
-                                    lo, allowed, [n_head + node for node in needed], (pred_rows, targets), wanted,
-                                    [k for k, _, _ in capture]))
+        p = Pass(list(ids[lo:s]) + tree.tokens, list(range(lo, s)) + [s + d for d in tree.depths], lo, allowed,
+                 [n_head + node for node in needed], (pred_rows, targets), wanted, [k for k, _, _ in capture])
+        return cache, p, rows, positions
+
+    def _keep_context(self, cache: StreamKV, toks: Sequence[TokenizedContinuation], s: int) -> None:
         self.cache.ops.cut(cache, s)  # the context stays, the candidates go
         if s and self.cache.reusable(cache):
-            self.cache.keep(cache, ids[:s])
-        return out, rows, positions
+            self.cache.keep(cache, toks[0].ids[:s])
 
-    def _score_rows(self, toks: Sequence[TokenizedContinuation], s: int,
-                    capture: Sequence[tuple[int, str, tuple[int, str]]]) -> tuple[PassOutput, Rows, Positions]:
+    def _score_rows(self, toks: Sequence[TokenizedContinuation], s: int, capture: Capture,
+                    m_pad: int) -> tuple[jax.Array, jax.Array, jax.Array, Positions]:
         """The batched layout: one right-padded row per candidate over the context's cache, read
         once for all rows."""
         cache = self.cache.prefill(toks[0].ids[:s], self._forward)
         segs = [t.ids[s:] for t in toks]
-        width, m = bucket(max(len(g) for g in segs)), bucket(len(segs))
-        ids = np.zeros((m, width), np.int32)
+        width, n_rows = bucket(max(len(g) for g in segs)), bucket(len(segs))
+        ids = np.zeros((n_rows, width), np.int32)
         for b, g in enumerate(segs):
             ids[b, :len(g)] = g
         head, (pred_rows, targets, owner, final_rows) = batched_head_rows(toks, s, width)
         positions = [(b, [b * width + c for c in cols]) for b, cols in action_positions(toks, s, "batched")]
         wanted = sorted({c for _, cols in positions for c in cols}) if capture else []
-        shared = cache.kv if cache.kv is not None else self.programs.buffer(1, MIN_CAPACITY)
-        k = n_pairs = bucket(max(len(head), len(pred_rows)))  # one size for both: fewer programs
-        _, hidden, greedy, token_lp, captured = self.programs.run(
-            "rows", self.programs.buffer(m, width), shared, np.int32(s), ids,
-            np.broadcast_to(s + np.arange(width, dtype=np.int32), (m, width)).copy(), np.int32(0),
-            np.tril(np.ones((1, width, width), bool)), _padded(head, k), _padded(pred_rows, n_pairs),
-            _padded(targets, n_pairs), _padded(wanted, bucket(len(wanted)) if wanted else 0),
-            np.asarray([k for k, _, _ in capture], np.int32))
-        return PassOutput(hidden, greedy, token_lp, captured), (pred_rows, targets, owner, final_rows), positions
+        shared = cache.kv if cache.kv is not None else self.cache.ops.buffer(1, MIN_CAPACITY)
+        k = bucket(max(len(head), len(pred_rows)))  # one size for both: fewer programs
+        c = bucket(len(wanted)) if wanted else 0
+        layers = np.asarray([k for k, _, _ in capture], np.int32)
+        ints = np.concatenate([ids.reshape(-1), np.int32([s]), padded(head, k), padded(pred_rows, k),
+                               padded(targets, k), padded(owner, k, fill=m_pad), padded(final_rows, m_pad),
+                               padded(wanted, c), layers])
+        _, log_q, hidden, captured = self.programs.run("rows", Shape((n_rows, width), k, c, len(layers), m_pad),
+                                                       self.cache.ops.buffer(n_rows, width), shared, ints)
+        return log_q, hidden, captured, positions
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompt: Context, max_new_tokens: int = 64, stop: Sequence[str] = (), temperature: float = 0.0,
@@ -688,9 +363,9 @@ class JaxLanguageModel(TokenizedBackend):
 
         def verify(feed: list[int], cached: int) -> list[int]:
             m = len(feed)
-            out = self._run(cache, Pass(feed, list(range(cached, cached + m)), cached, np.tril(np.ones((m, m), bool)),
-                                        list(range(m))))
-            return np.asarray(out.greedy)[:m].tolist()
+            _, greedy, _, _ = self._run(cache, Pass(feed, list(range(cached, cached + m)), cached,
+                                                    np.tril(np.ones((m, m), bool)), list(range(m))))
+            return np.asarray(greedy)[:m].tolist()
 
         def cut(length: int) -> None:
             self.cache.ops.cut(cache, length)
@@ -712,14 +387,14 @@ class JaxLanguageModel(TokenizedBackend):
         row feeds the last prompt token and its own draws, reading the prompt's buffer in place."""
         cache, start = self.cache.start(ids[:-1])
         self.cache.encode(cache, ids[:-1], start, self._forward)
-        shared = cache.kv if cache.kv is not None else self.programs.buffer(1, MIN_CAPACITY)
-        state = {"rows": self.programs.buffer(n, capacity(budget, least=1))}
+        shared = cache.kv if cache.kv is not None else self.cache.ops.buffer(1, MIN_CAPACITY)
+        state = {"rows": self.cache.ops.buffer(n, capacity(budget, least=1))}
         key = jax.random.PRNGKey(secrets.randbits(63) if seed is None else int(seed))
         base = len(ids) - 1
 
         def advance(tokens: list[int], step: int) -> list[int]:
             state["rows"], drawn = self.programs.run(
-                "sample", state["rows"], shared, np.int32(base), np.asarray(tokens, np.int32)[:, None],
+                "sample", (), state["rows"], shared, np.int32(base), np.asarray(tokens, np.int32)[:, None],
                 np.full((n, 1), base + step, np.int32), np.int32(step), key, np.int32(step),
                 np.float32(temperature))
             return np.asarray(drawn).tolist()
@@ -730,40 +405,6 @@ class JaxLanguageModel(TokenizedBackend):
         if self.cache.reusable(cache) and len(ids) > 1:
             self.cache.keep(cache, ids[:-1])
         return texts
-
-
-@contextlib.contextmanager
-def host_fetches() -> Iterator[list[tuple[int, ...]]]:
-    """Count the JAX arrays whose values reach the host while the context is open: a list that
-    grows by the shape of each one (a diagnostic for measurements and tests, not for runs).
-
-    Counted: every first read of an array's value (``int``, ``float``, ``.tolist()``,
-    ``jax.device_get``, ...) and every ``np.asarray`` / ``np.array`` of a JAX array (on a CPU
-    NumPy reads those through the buffer protocol, below any Python hook). Not thread-safe:
-    it patches ``jax.Array``'s value and NumPy's two constructors for the duration.
-    """
-    from jax._src.array import ArrayImpl
-
-    seen: list[tuple[int, ...]] = []
-    value, asarray, array = ArrayImpl._value, np.asarray, np.array
-
-    def read(self):
-        if self._npy_value is None:
-            seen.append(tuple(self.shape))
-        return value.fget(self)
-
-    def converting(make):
-        def convert(obj, *args, **kwargs):
-            if isinstance(obj, jax.Array):
-                seen.append(tuple(obj.shape))
-            return make(obj, *args, **kwargs)
-        return convert
-
-    ArrayImpl._value, np.asarray, np.array = property(read), converting(asarray), converting(array)
-    try:
-        yield seen
-    finally:
-        ArrayImpl._value, np.asarray, np.array = value, asarray, array
 
 
 def load_jax_model(arg: str | None, *, dtype: str = "auto", device: str | None = None,
@@ -791,6 +432,4 @@ def load_jax_model(arg: str | None, *, dtype: str = "auto", device: str | None =
     return JaxLanguageModel.from_pretrained(path, name=arg, dtype=dtype, device=device, **kwargs)
 
 
-__all__ = ["BUCKETS", "DeviceScores", "JaxKV", "JaxLanguageModel", "Programs", "StreamKV", "bucket", "capacity",
-           "host_fetches", "jax_device_name", "jax_dtype_name", "load_jax_model", "resolve_jax_device",
-           "resolve_jax_dtype"]
+__all__ = ["JaxLanguageModel", "host_fetches", "load_jax_model"]

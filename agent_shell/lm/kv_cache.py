@@ -18,7 +18,7 @@ their tensors safely.
 
 The bookkeeping (:class:`PrefixCache`, :class:`HeadStore`) is the same for every kind of cache;
 what a cache is and how a pass writes into it is a :class:`CacheOps`: :class:`TransformersKV`
-here, :class:`agent_shell.lm.jax_backend.JaxKV` for the JAX backend. Imports torch only where a
+here, :class:`agent_shell.lm.jax_kv.JaxKV` for the JAX backend. Imports torch only where a
 transformers cache is made or fed.
 
 Must not import the agents or the environments.
@@ -134,7 +134,7 @@ def truncatable(cache: Cache | None) -> bool:
 
 class CacheOps(Protocol):
     """What :class:`PrefixCache` needs of one kind of KV cache (:class:`TransformersKV` for the
-    PyTorch backend, :class:`agent_shell.lm.jax_backend.JaxKV` for the JAX one): the bookkeeping
+    PyTorch backend, :class:`agent_shell.lm.jax_kv.JaxKV` for the JAX one): the bookkeeping
     of which tokens a cache holds, which prefix to reuse and which heads to pin is the same."""
 
     def new(self) -> Any:

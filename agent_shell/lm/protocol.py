@@ -3,7 +3,12 @@
 CB-Agent needs three numbers per candidate action ``a`` in a text context ``x`` (seed App. B):
 the summed log-probability of ``a``'s tokens given ``x`` (log Q(a|x)), their count L(a), and the
 last-layer hidden state at ``a``'s final token. ReAct routing, thoughts and open action spaces
-need free generation. The text between a context and a candidate (the *action prefix*, e.g.
+need free generation.
+
+A decision under a concept (Eq. 3, Eq. 7) is the protocol's too (:meth:`LanguageModel.decide`):
+a backend with a device of its own scores the candidates and decides there, fetching to the host
+only what the results record, after the argmax; any other backend inherits the host decision
+by subclassing :class:`LanguageModel`. The text between a context and a candidate (the *action prefix*, e.g.
 the transcript's ``"\\n> "``) belongs to the caller's layout (:func:`agent_shell.context.action_prefix`),
 so :meth:`LanguageModel.score` takes it as an argument.
 
@@ -12,10 +17,12 @@ Must not import the agents or the environments.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence, Union, runtime_checkable
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, Union, runtime_checkable
 
-import numpy as np
+from agent_shell.lm.scores import CandidateScores, Decided, DeviceScores
+
+if TYPE_CHECKING:
+    from cb_core import Concept
 
 #: A context or prompt: one text, or chat messages (``{"role": ..., "content": ...}`` dicts, roles
 #: system / user / assistant) that a backend lays out with its chat template and a generation
@@ -24,28 +31,13 @@ import numpy as np
 Context = Union[str, Sequence[Mapping[str, str]]]
 
 
-@dataclass(frozen=True)
-class CandidateScores:
-    """Scores of M candidate actions after one context.
-
-    Attributes:
-        log_q: [M] float32, summed natural-log probabilities of each action's tokens (nats).
-        n_tokens: [M] int32, number of action tokens counted (>= 1).
-        hidden: [M, d] float32, last-layer hidden state at each action's final token.
-        layers: (layer, pool) -> [M, d] float32, inner-layer states taken from the same forward
-            pass when they were asked for (:meth:`agent_shell.lm.hf.HFLanguageModel.score_with_layers`;
-            feature blocks ``lm-layer:K[:pool]``); empty otherwise.
-    """
-
-    log_q: np.ndarray
-    n_tokens: np.ndarray
-    hidden: np.ndarray
-    layers: Mapping[tuple[int, str], np.ndarray] = field(default_factory=dict)
-
-
 @runtime_checkable
 class LanguageModel(Protocol):
-    """A frozen language model that scores candidate sets and generates text."""
+    """A frozen language model that scores candidate sets, decides among them and generates text.
+
+    A backend implements :meth:`score`, :meth:`generate` and :meth:`fork`; :meth:`decide` is
+    inherited by subclassing this class (the host decision) unless the backend decides on a device
+    of its own (the PyTorch and JAX backends)."""
 
     name: str  # identifies the backbone in concept metadata
     hidden_size: int  # d
@@ -59,6 +51,21 @@ class LanguageModel(Protocol):
                 than the model's window.
         """
         ...
+
+    def decide(self, context: Context, candidates: Sequence[str], action_prefix: str, concept: Concept) -> Decided:
+        """The decision among ``candidates`` under ``concept`` (seed Eq. 3 and Eq. 7, phi = the
+        hidden states of :meth:`score`): log P, the prior and concept terms and their argmax,
+        computed where the scores are (on the backend's device: one fetch to the host, after the
+        argmax, of what the results record). This body scores on the host and decides with the
+        concept's kernel (:func:`agent_shell.lm.decision.decide_scores`).
+
+        Raises:
+            ValueError: what :meth:`score` raises; features whose width differs from the concept's
+                d; non-finite scores (naming the candidate).
+        """
+        from agent_shell.lm.decision import decide_scores
+
+        return decide_scores(concept, DeviceScores.padded(self.score(context, candidates, action_prefix)))
 
     def generate(
         self,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -50,18 +50,50 @@ def head_pass(forward: Forward, head: torch.nn.Module, cache: Cache, input_ids: 
     return out.logits.reshape(-1, out.logits.shape[-1]), captured[0].reshape(-1, d)
 
 
+class HeadIndex(NamedTuple):
+    """Where :func:`gather_on_device` reads a pass's LM-head outputs, as int64 device tensors:
+    ``rows`` [P] the head rows predicting the action tokens ``targets`` [P] of candidates ``owner``
+    [P]; ``used`` [U] those rows once each, ``inverse`` [P] each pair's place among them; ``final``
+    [M] each candidate's final row."""
+
+    rows: torch.Tensor
+    targets: torch.Tensor
+    owner: torch.Tensor
+    used: torch.Tensor
+    inverse: torch.Tensor
+    final: torch.Tensor
+
+
+def to_device(device: torch.device, *arrays: Sequence[int]) -> list[torch.Tensor]:
+    """Integer arrays as int64 tensors on ``device`` in ONE host-to-device copy (views of it)."""
+    sizes = [len(a) for a in arrays]
+    flat = np.concatenate([np.asarray(a, np.int64).reshape(-1) for a in arrays]) if arrays else np.zeros(0, np.int64)
+    on_device = torch.from_numpy(flat).to(device)
+    return list(torch.split(on_device, sizes))
+
+
+def head_index_arrays(pred_rows: Sequence[int], targets: Sequence[int], owner: Sequence[int],
+                      final_rows: Sequence[int]) -> list[np.ndarray]:
+    """:class:`HeadIndex`'s arrays on the host, in its order (each distinct row once: a prefix
+    tree's shared nodes predict tokens of several candidates)."""
+    used, inverse = np.unique(np.asarray(pred_rows, np.int64), return_inverse=True)
+    return [np.asarray(pred_rows, np.int64), np.asarray(targets, np.int64), np.asarray(owner, np.int64), used,
+            inverse.reshape(-1), np.asarray(final_rows, np.int64)]
+
+
 @dataclass(frozen=True)
 class PackedPass:
     """The inputs of :func:`score_packed`'s one forward pass over a cache holding ``start`` tokens:
     ``input_ids`` [1, n] (the context's uncached tokens, then the tree's nodes), ``positions``
     [1, n], the additive 4D ``mask`` [1, 1, n, start + n], ``keep`` (the rows where the LM head
-    runs) and :func:`gather`'s ``rows``."""
+    runs) and :func:`gather_on_device`'s ``index`` into them; two host-to-device copies in all (the
+    integers, and the tree's boolean mask)."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     mask: torch.Tensor
     keep: torch.Tensor
-    rows: tuple[list[int], list[int], list[int], list[int]]
+    index: HeadIndex
 
 
 def packed_pass(toks: Sequence[TokenizedContinuation], s: int, start: int, layout: str, dtype: torch.dtype,
@@ -73,77 +105,84 @@ def packed_pass(toks: Sequence[TokenizedContinuation], s: int, start: int, layou
     n_head = len(head_ids)
     tree = candidate_tree(toks, s, layout)
     n = n_head + len(tree.tokens)
-    allowed = torch.zeros(n, n, dtype=torch.bool)
-    allowed[:n_head, :n_head] = torch.ones(n_head, n_head, dtype=torch.bool).tril()  # the context: causal
+    allowed = np.zeros((n, n), bool)
+    allowed[:n_head, :n_head] = np.tri(n_head, dtype=bool)  # the context: causal
     allowed[n_head:, :n_head] = True  # every candidate sees the whole context
-    allowed[n_head:, n_head:] = torch.from_numpy(tree.ancestry())
-    mask = torch.zeros(1, 1, n, start + n, dtype=dtype)
-    mask[0, 0, :, start:].masked_fill_(~allowed, torch.finfo(dtype).min)
-    positions = torch.cat([torch.arange(start, s), s + torch.tensor(tree.depths, dtype=torch.long)])
+    allowed[n_head:, n_head:] = tree.ancestry()
     needed, rows = head_rows(toks, tree, s)
-    return PackedPass(input_ids=torch.tensor([head_ids + tree.tokens], device=device),
-                      positions=positions.to(device)[None], mask=mask.to(device),
-                      keep=torch.tensor([n_head + node for node in needed], device=device), rows=rows)
+    ids, positions, keep, *index = to_device(device, head_ids + tree.tokens,
+                                             np.concatenate([np.arange(start, s), s + np.asarray(tree.depths, np.int64)]),
+                                             [n_head + node for node in needed], *head_index_arrays(*rows))
+    mask = torch.zeros(1, 1, n, start + n, dtype=dtype, device=device)
+    mask[0, 0, :, start:].masked_fill_(~torch.from_numpy(allowed).to(device), torch.finfo(dtype).min)
+    return PackedPass(input_ids=ids[None], positions=positions[None], mask=mask, keep=keep, index=HeadIndex(*index))
 
 
 def score_packed(forward: Forward, head: torch.nn.Module, cache: Cache, s: int,
                  toks: Sequence[TokenizedContinuation], dtype: torch.dtype,
                  device: torch.device, start: int | None = None,
-                 layout: str = "tree") -> tuple[np.ndarray, np.ndarray]:
-    """(log_q [M] float32, hidden [M, d] float32) with the candidates' tokens after the ``s``
-    context tokens in one row: their prefix tree's nodes (``layout="tree"``) or every candidate's
-    whole segment (``"packed"``), laid out by :func:`packed_pass`.
+                 layout: str = "tree") -> tuple[torch.Tensor, torch.Tensor]:
+    """(log_q [M] float32, hidden [M, d] float32), tensors on ``device``, with the candidates' tokens
+    after the ``s`` context tokens in one row: their prefix tree's nodes (``layout="tree"``) or
+    every candidate's whole segment (``"packed"``), laid out by :func:`packed_pass`.
 
     ``cache`` holds the first ``start`` (default ``s``) tokens; the context's remaining tokens
     ``toks[0].ids[start:s]`` lead the same row (causal among themselves, seen by every
     candidate), so the context's new tokens and all candidates cost one forward pass. The cache
     then holds the context and the candidates: cut it back to ``s`` tokens to keep the context.
+    Nothing is read back to the host.
     """
     p = packed_pass(toks, s, s if start is None else start, layout, dtype, device)
     logits, head_in = head_pass(forward, head, cache, p.input_ids, p.keep, position_ids=p.positions,
                                 attention_mask=p.mask)
-    return gather(logits, head_in, *p.rows, len(toks))
+    return gather_on_device(logits, head_in, p.index, len(toks))
 
 
 def score_batched(forward: Forward, head: torch.nn.Module, cache: Cache, s: int,
                   toks: Sequence[TokenizedContinuation], pad_id: int | None,
-                  device: torch.device) -> tuple[np.ndarray, np.ndarray]:
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """As :func:`score_packed`, with one right-padded row per candidate (the cache is repeated)."""
     segs = [t.ids[s:] for t in toks]
     width = max(len(g) for g in segs)
     m_count = len(segs)
-    input_ids = torch.full((m_count, width), pad_id if pad_id is not None else 0, dtype=torch.long)
-    attn = torch.zeros(m_count, s + width, dtype=torch.long)
+    input_ids = np.full((m_count, width), pad_id if pad_id is not None else 0, np.int64)
+    attn = np.zeros((m_count, s + width), np.int64)
     attn[:, :s] = 1
     for m, g in enumerate(segs):
-        input_ids[m, :len(g)] = torch.tensor(g)
+        input_ids[m, :len(g)] = g
         attn[m, s:s + len(g)] = 1
     if m_count > 1 and s > 0:
         cache.batch_repeat_interleave(m_count)
+    positions, (pred_rows, targets, owner, final_rows) = batched_head_rows(toks, s, width)
+    ids, attn_t, *index = to_device(device, input_ids.reshape(-1), attn.reshape(-1),
+                                    *head_index_arrays([positions[i] for i in pred_rows], targets, owner,
+                                                       [positions[i] for i in final_rows]))
     keep = torch.arange(width, device=device)
     pos = (s + torch.arange(width, device=device))[None].expand(m_count, -1)
-    logits, head_in = head_pass(forward, head, cache, input_ids.to(device), keep, position_ids=pos,
-                                attention_mask=attn.to(device))  # rows are m * width + j
-    positions, (pred_rows, targets, owner, final_rows) = batched_head_rows(toks, s, width)
-    return gather(logits, head_in, [positions[i] for i in pred_rows], targets, owner,
-                  [positions[i] for i in final_rows], m_count)
+    logits, head_in = head_pass(forward, head, cache, ids.view(m_count, width), keep, position_ids=pos,
+                                attention_mask=attn_t.view(m_count, s + width))  # rows are m * width + j
+    return gather_on_device(logits, head_in, HeadIndex(*index), m_count)
+
+
+def gather_on_device(logits: torch.Tensor, head_in: torch.Tensor, index: HeadIndex,
+                     m_count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log_q [M] float32, hidden [M, d] float32) where ``logits`` [K, V] and ``head_in`` [K, d] lie:
+    each candidate's token log-probabilities summed in float64 (log p(t) = logit_t - logsumexp of
+    its row, every distinct row normalised once, :func:`log_normalisers`) and its LM-head input at
+    its final row. No value is read back to the host."""
+    log_norm = log_normalisers(logits[index.used])
+    token_lp = logits[index.rows, index.targets].double() - log_norm[index.inverse]
+    log_q = torch.zeros(m_count, dtype=torch.float64, device=logits.device).index_add_(0, index.owner, token_lp)
+    return log_q.float(), head_in[index.final].float()
 
 
 def gather(logits: torch.Tensor, head_in: torch.Tensor, pred_rows: list[int], targets: list[int],
            owner: list[int], final_rows: list[int], m_count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sum each candidate's token log-probabilities (rows ``pred_rows`` predict ``targets``,
-    candidate ``owner``) and take its hidden state at ``final_rows``."""
-    dev = logits.device
-    rows = torch.tensor(pred_rows, device=dev)
-    # every distinct row's log-normaliser once (a prefix tree's shared nodes predict tokens of
-    # several candidates), then log p(t) = logit_t - logsumexp(logits) in float64
-    used, inverse = torch.unique(rows, return_inverse=True)
-    log_norm = log_normalisers(logits[used])
-    token_lp = logits[rows, torch.tensor(targets, device=dev)].double() - log_norm[inverse]
-    log_q = torch.zeros(m_count, dtype=torch.float64, device=dev)
-    log_q.index_add_(0, torch.tensor(owner, device=dev), token_lp)
-    hidden = head_in[torch.tensor(final_rows, device=dev)].float()
-    return log_q.float().cpu().numpy(), hidden.cpu().numpy()
+    """:func:`gather_on_device` of host index lists (rows ``pred_rows`` predict ``targets`` of
+    candidate ``owner``; ``final_rows``), its results on the host as numpy float32."""
+    index = HeadIndex(*to_device(logits.device, *head_index_arrays(pred_rows, targets, owner, final_rows)))
+    log_q, hidden = gather_on_device(logits, head_in, index, m_count)
+    return log_q.cpu().numpy(), hidden.cpu().numpy()
 
 
 def log_normalisers(logits: torch.Tensor) -> torch.Tensor:
@@ -181,6 +220,6 @@ def pool_states(states: torch.Tensor, positions: Sequence[tuple[int, list[int]]]
     return torch.stack(rows).cpu().numpy()
 
 
-__all__ = ["CANDIDATE_LAYOUTS", "PackedPass", "PrefixTree", "action_positions", "cached_length", "candidate_tree",
-           "captured_output", "gather", "head_pass", "head_rows", "log_normalisers", "packed_pass", "pool_states",
-           "score_batched", "score_packed"]
+__all__ = ["CANDIDATE_LAYOUTS", "HeadIndex", "PackedPass", "PrefixTree", "action_positions", "cached_length",
+           "candidate_tree", "captured_output", "gather", "gather_on_device", "head_index_arrays", "head_pass",
+           "head_rows", "log_normalisers", "packed_pass", "pool_states", "score_batched", "score_packed", "to_device"]

@@ -14,11 +14,26 @@ memories, replies, candidates) are ordinary text. A text whose special tokens al
 markers is tokenized as a whole, exactly as before; a text that forges one is tokenized piece by
 piece between the markers, each piece with special-token parsing off.
 
+**Spliced tokenization.** An agent's texts grow: each step's scoring context and routing prompt
+extend the last ones, and a candidate set appends 30 actions to one context. With a fast
+tokenizer whose pre-tokenizer splits text into pieces that BPE never merges across (the byte-level
+tokenizers of Llama 3, Qwen2 and SmolLM2), the tokens before a *line start* (a character after a
+newline that is not whitespace: every such pre-tokenizer begins a piece there) do not depend on
+the text after it, and the tokens after it are those of the text from there on. So a text that
+shares its beginning with a kept tokenization (:data:`KEPT_TEXTS`) is tokenized from the last line
+start before the shared part's end, and ``base + action`` from the last line start of ``base``,
+the kept tokens before it reused. Each splice is checked, not assumed: the re-tokenized tail must
+reproduce the kept tokens (ids and character spans) over the stretch it shares with them (up to
+:data:`MARGIN` characters before its end), and the context's tail alone must reproduce the
+context's own tokens; a tokenizer or a text for which a check fails is tokenized whole, as before.
+
 Must not import the agents or the environments.
 """
 
 from __future__ import annotations
 
+import bisect
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -45,16 +60,73 @@ class TokenizedContinuation:
         return len(self.ids) - self.first
 
 
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two id sequences."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+def common_prefix_len(a: Sequence, b: Sequence) -> int:
+    """Length of the longest common prefix of two sequences (token ids, or two strings), compared
+    in halving slices at C speed rather than item by item (a prefix cache compares contexts of
+    thousands of tokens several times a step)."""
+    if not isinstance(a, str) or not isinstance(b, str):
+        a, b = (x if isinstance(x, tuple) else tuple(x) for x in (a, b))
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:  # a[:lo] == b[:lo]; the first difference is before hi
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 Markers = Sequence[tuple[int, int]]
+#: How many tokenized texts a :class:`Tokenization` keeps for later texts to be spliced onto (a
+#: stream's last scoring context and routing prompt, a fork's, a review's).
+KEPT_TEXTS = 8
+#: Characters before the end of a shared stretch whose tokens a splice checks but does not trust
+#: (a piece that reaches the end of a text can merge with what follows it).
+MARGIN = 16
+#: The fewest characters a text must share with a kept one for a splice to be tried.
+MIN_SHARED = 256
+
+
+@dataclass(frozen=True)
+class _Tokenized:
+    """A rendered text's tokenization: ids, character spans, and the spans' starts (for bisect)."""
+
+    text: str
+    markers: tuple[tuple[int, int], ...] | None
+    ids: list[int]
+    spans: list[tuple[int, int]]
+    starts: list[int]
+
+    @classmethod
+    def of(cls, text: str, markers: Markers | None, ids: list[int], spans: list) -> "_Tokenized":
+        spans = [tuple(x) for x in spans]
+        return cls(text, None if markers is None else tuple(markers), ids, spans, [a for a, _ in spans])
+
+    def line_cut(self, limit: int) -> tuple[int, int] | None:
+        """(k, p): token k starts at character p <= ``limit``, a line start (after a newline, not
+        whitespace) where the token before ends; the last such place (None: none)."""
+        at = self.text.rfind("\n", 0, limit)
+        while at >= 0:
+            p = at + 1
+            if p < len(self.text) and not self.text[p].isspace():
+                k = bisect.bisect_left(self.starts, p)
+                if 0 < k < len(self.ids) and self.starts[k] == p and self.spans[k - 1][1] <= p:
+                    return k, p
+            at = self.text.rfind("\n", 0, at)
+        return None
+
+
+def _shifted(markers: Markers | None, p: int) -> list[tuple[int, int]] | None:
+    """``markers`` after character p, counted from p (None: none; a marker across p: not splittable)."""
+    if markers is None:
+        return None
+    if any(a < p < b for a, b in markers):
+        raise _NoSplice
+    return [(a - p, b - p) for a, b in markers if a >= p]
+
+
+class _NoSplice(Exception):
+    """A text that is tokenized whole (a splice is not possible or its check failed)."""
 
 
 class Tokenization:
@@ -71,18 +143,72 @@ class Tokenization:
         self.special_ids = frozenset(getattr(tokenizer, "all_special_ids", ()))
         self.control_ids = frozenset(special_tokens(tokenizer))  # the ids a text can yield as special tokens
         self.offsets = bool(getattr(tokenizer, "is_fast", False))
+        # splices need character spans and a tokenizer that adds nothing after a text
+        self.splices = self.offsets and self._adds_nothing_after()
+        self._kept: OrderedDict[tuple, _Tokenized] = OrderedDict()
+
+    def _adds_nothing_after(self) -> bool:
+        with_specials = self.tokenizer(["a\nb"], add_special_tokens=True)["input_ids"][0]
+        plain = self.tokenizer(["a\nb"], add_special_tokens=False)["input_ids"][0]
+        return list(with_specials[len(with_specials) - len(plain):]) == list(plain)
 
     def encode(self, text: str, markers: Markers | None = None) -> list[int]:
         """Token ids of a rendered text whose only special tokens are at ``markers`` (None: a
         plain text, no special token read from it)."""
+        if self.splices:
+            return list(self._whole(text, markers).ids)
         ((ids, _),) = self._encode([text], markers)
         return ids
 
-    def _encode(self, texts: Sequence[str], markers: Markers | None) -> list[tuple[list[int], list | None]]:
-        """(ids, character offsets or None without a fast tokenizer) of each text, BOS deduplicated."""
+    def _whole(self, text: str, markers: Markers | None) -> _Tokenized:
+        """The tokenization of ``text`` (as :meth:`_encode` gives it), spliced onto the kept text
+        that shares the most of its beginning when one shares at least :data:`MIN_SHARED` characters;
+        kept for later texts."""
+        key = (text, None if markers is None else tuple(markers))
+        found = self._kept.get(key)
+        if found is None:
+            found = self._spliced_whole(text, markers)
+            if found is None:
+                ((ids, spans),) = self._encode([text], markers)
+                found = _Tokenized.of(text, markers, ids, spans)
+            self._kept[key] = found
+            while len(self._kept) > KEPT_TEXTS:
+                self._kept.popitem(last=False)
+        self._kept.move_to_end(key)
+        return found
+
+    def _spliced_whole(self, text: str, markers: Markers | None) -> _Tokenized | None:
+        """:meth:`_whole` by a splice onto a kept text, or None (nothing to splice onto, or the check
+        failed)."""
+        shared, kept = max(((common_prefix_len(k.text, text), k) for k in self._kept.values()
+                            if (k.markers is None) == (markers is None)), default=(0, None), key=lambda x: x[0])
+        if kept is None or shared < MIN_SHARED:
+            return None
+        cut = kept.line_cut(shared - MARGIN)
+        if cut is None:
+            return None
+        k, p = cut
+        try:
+            tail_markers = _shifted(markers, p)
+            if markers is not None and [m for m in markers if m[0] < p] != [m for m in kept.markers if m[0] < p]:
+                return None
+        except _NoSplice:
+            return None
+        ((ids, spans),) = self._encode([text[p:]], tail_markers, specials=False)
+        sure = bisect.bisect_right([b for _, b in kept.spans[k:]], shared - MARGIN)  # kept tokens the tail must repeat
+        if sure < 1 or ids[:sure] != kept.ids[k:k + sure] \
+                or [(a + p, b + p) for a, b in spans[:sure]] != kept.spans[k:k + sure]:
+            return None
+        return _Tokenized.of(text, markers, kept.ids[:k] + list(ids), kept.spans[:k] + [(a + p, b + p) for a, b in spans])
+
+    def _encode(self, texts: Sequence[str], markers: Markers | None,
+                specials: bool = True) -> list[tuple[list[int], list | None]]:
+        """(ids, character offsets or None without a fast tokenizer) of each text, BOS deduplicated;
+        ``specials=False``: a plain text gets no special tokens either (a text's tail)."""
         tok, offsets = self.tokenizer, self.offsets
         if markers is None:  # a plain text: nothing in it is special
-            enc = tok(list(texts), add_special_tokens=True, split_special_tokens=True, return_offsets_mapping=offsets)
+            enc = tok(list(texts), add_special_tokens=specials, split_special_tokens=True,
+                      return_offsets_mapping=offsets)
             out = [(list(ids), list(enc["offset_mapping"][k]) if offsets else None)
                    for k, ids in enumerate(enc["input_ids"])]
         else:
@@ -138,6 +264,12 @@ class Tokenization:
         Raises:
             ValueError: an action that yields no token of its own.
         """
+        out = self._spliced_continuations(base, actions, markers) if self.splices else None
+        if out is not None:
+            for action, tok in zip(actions, out):
+                if tok.n_action < 1:
+                    raise ValueError(f"candidate {action!r} yields no tokens of its own after the context")
+            return out
         fulls = [base + a for a in actions]
         out = []
         if self.offsets:
@@ -158,5 +290,32 @@ class Tokenization:
                 raise ValueError(f"candidate {action!r} yields no tokens of its own after the context")
         return out
 
+    def _spliced_continuations(self, base: str, actions: Sequence[str],
+                               markers: Markers | None) -> list[TokenizedContinuation] | None:
+        """:meth:`continuations` with ``base`` tokenized once (:meth:`_whole`) and only its last
+        lines re-tokenized with each action, or None (no line start to cut at, or a check failed)."""
+        whole = self._whole(base, markers)
+        cut = whole.line_cut(len(base) - 1)  # the last line start: "> " of a transcript's action line
+        if cut is None:
+            return None
+        k, p = cut
+        try:
+            tail_markers = _shifted(markers, p)
+        except _NoSplice:
+            return None
+        tail = base[p:]
+        *encoded, (ids_b, spans_b) = self._encode([tail + a for a in actions] + [tail], tail_markers, specials=False)
+        if ids_b != whole.ids[k:] or [(a + p, b + p) for a, b in spans_b] != whole.spans[k:]:
+            return None
+        sure = bisect.bisect_right([b for _, b in spans_b], len(tail) - MARGIN)  # the context's own tokens
+        head, out = whole.ids[:k], []
+        for ids, spans in encoded:
+            if ids[:sure] != ids_b[:sure]:
+                return None
+            first = next((i for i, (_, end) in enumerate(spans) if end > len(tail)), len(ids))
+            out.append(TokenizedContinuation(tuple(head + list(ids)), k + first))
+        return out
 
-__all__ = ["Markers", "TokenizedContinuation", "Tokenization", "common_prefix_len"]
+
+__all__ = ["KEPT_TEXTS", "MARGIN", "MIN_SHARED", "Markers", "TokenizedContinuation", "Tokenization",
+           "common_prefix_len"]

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from agent_shell.lm.formatting import PLAIN, Formatter
 from agent_shell.lm.layout import cached_length
-from agent_shell.lm.protocol import Context, ContextWindowFull, check_candidates
+from agent_shell.lm.protocol import Context, ContextWindowFull, Decided, DeviceScores, LanguageModel, check_candidates
 from agent_shell.lm.tokenization import Markers, Tokenization, TokenizedContinuation
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from agent_shell.lm.kv_cache import PrefixCache
+    from cb_core import Concept
 
 #: The pools of inner-layer features (:meth:`TokenizedBackend.check_layers`).
 POOLS = ("last", "mean")
@@ -33,9 +34,10 @@ POOLS = ("last", "mean")
 MAX_WINDOW = 10**7
 
 
-class TokenizedBackend:
+class TokenizedBackend(LanguageModel):
     """Rendering, tokenization and the checks made before a pass, for a backend with a HuggingFace
-    tokenizer. A subclass calls :meth:`_set_text` in its constructor.
+    tokenizer, and the decision on its device (:meth:`decide`). A subclass calls :meth:`_set_text`
+    in its constructor and implements :meth:`score_on_device`.
 
     Attributes:
         name: the backbone's name (concept metadata, error messages).
@@ -102,6 +104,18 @@ class TokenizedBackend:
         """
         ids = self.encode(*self.formatter.rendered(head))
         return len(ids) if self.cache.pin(ids, self._forward) else 0
+
+    def score_on_device(self, context: Context, candidates: Sequence[str], action_prefix: str) -> DeviceScores:
+        """:meth:`score`'s log q and hidden states on the backend's device, padded, as JAX arrays."""
+        raise NotImplementedError
+
+    def decide(self, context: Context, candidates: Sequence[str], action_prefix: str, concept: Concept) -> Decided:
+        """:meth:`agent_shell.lm.protocol.LanguageModel.decide` on the backend's device: the scores of
+        :meth:`score_on_device` (nothing fetched), then the decision kernel where they lie
+        (:func:`agent_shell.lm.decision.decide_scores`: one array fetched, after the argmax)."""
+        from agent_shell.lm.decision import decide_scores
+
+        return decide_scores(concept, self.score_on_device(context, candidates, action_prefix))
 
     def reset_cache(self) -> None:
         """Forget the stored prefix cache (e.g. at the start of an unrelated episode)."""

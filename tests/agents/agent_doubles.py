@@ -1,6 +1,7 @@
 """Small deterministic test doubles for the agent tests: a language model and an environment.
 
-* :class:`FakeLM` implements the LanguageModel protocol. ``score`` derives log q and hidden
+* :class:`FakeLM` implements the LanguageModel protocol (its decisions: the protocol's host
+  decision). ``score`` derives log q and hidden
   states from a hash of (context, candidate), so equal inputs give equal numbers; ``generate``
   replays a script of replies (or calls a function of the prompt) and records every prompt.
 * :class:`ScriptedEnv` implements the Environment protocol: each task is won by playing its
@@ -18,7 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from agent_shell.lm.protocol import CandidateScores
+from agent_shell.lm.protocol import CandidateScores, LanguageModel
 from cb_io.records import StepResult, TaskStart
 
 
@@ -31,7 +32,7 @@ def _text(context) -> str:
     return context if isinstance(context, str) else json.dumps(list(context), sort_keys=True)
 
 
-class FakeLM:
+class FakeLM(LanguageModel):
     """Hash-based scores; scripted replies.
 
     Args:

@@ -51,17 +51,22 @@ def test_scored_decision_terms_are_eq3_with_the_concepts_gamma_and_eps():
         scored.terms(cb_core.Concept(np.zeros(4, np.float32), 0.8, 1e-6))
 
 
-def test_one_decision_runs_one_kernel_one_validation_one_padding(monkeypatch):
-    """A CB-Agent decision under a concept: the candidate set is validated once, padded once and
-    scored by one compiled cb_core call that gives log P, the prior and the concept term; no other
-    kernel runs. The action is the argmax of that call's log P."""
+def test_one_decision_runs_one_kernel_and_fetches_one_array(monkeypatch):
+    """A CB-Agent decision under a concept: one compiled call (cb_core's decision kernel and the
+    packing of its record) gives log P, the prior and the concept term, no other cb_core kernel
+    or host validation runs, and one array comes back to the host. The action is the argmax of
+    that call's log P, and the terms equal cb_core's host kernel (Concept.terms) on the same scores."""
     import dataclasses
+
+    import jax
 
     import cb_core.concept as concept_module
     import cb_core.decisions as decisions_module
     import cb_core.model as model_module
     from agent_doubles import ScriptedEnv
     from agent_shell.agents import CBAgent, View
+    from agent_shell.lm import decision as decision_module
+    from agent_shell.lm.jax_backend import host_fetches
     from envs.episode import Episode
 
     lm = FakeLM(hidden_size=6)
@@ -72,24 +77,27 @@ def test_one_decision_runs_one_kernel_one_validation_one_padding(monkeypatch):
     agent.next_action(view)  # compiled once, outside the count
     calls = {}
 
-    def counted(module, name):
+    def counted(module, name, make=lambda original, count: lambda *a, **k: (count(), original(*a, **k))[1]):
         original = getattr(module, name)
+        monkeypatch.setattr(module, name, make(original, lambda: calls.__setitem__(name, calls.get(name, 0) + 1)))
 
-        def wrapper(*args, **kwargs):
-            calls[name] = calls.get(name, 0) + 1
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(module, name, wrapper)
-
-    for name in ("_k_terms", "_check_candidate_set", "to_padded"):
+    for name in ("_k_terms", "_k_decide", "_check_candidate_set", "to_padded"):
         counted(concept_module, name)
     for name in ("_k_log_probs", "_k_prior", "_k_features", "to_padded"):
         counted(model_module, name)
     counted(decisions_module, "validate_decisions")
-    decision = agent.next_action(view)
-    assert calls == {"_k_terms": 1, "_check_candidate_set": 1, "to_padded": 1}
+    counted(decision_module, "_program", lambda original, count: lambda: (lambda *a: (count(), original()(*a))[1]))
+    with host_fetches() as fetched:
+        decision = agent.next_action(view)
+        jax.effects_barrier()
+    assert calls == {"_program": 1}
+    assert len(fetched) == 1 and fetched[0] == (3 * 8 + 2,)  # the packed record of M_pad = 8 slots
     assert decision.kind == "env" and decision.chosen == int(np.argmax(decision.log_probs))
     assert decision.concept_term is not None and len(decision.prior) == len(decision.candidates)
+    scores = lm.score(agent.scoring_context(view), decision.candidates, "\n> ")
+    want = cb_core.Concept(alpha, 0.8, 1e-6).terms(scores.hidden, scores.log_q, scores.n_tokens)
+    for got, ref in zip((decision.log_probs, decision.prior, decision.concept_term), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_many_decisions_score_as_one_at_a_time():

@@ -7,7 +7,8 @@ A package registers its factory in its ``pyproject.toml``::
 
 and ``cb-agent run --model tiny:ARG`` (or ``load_language_model("tiny:ARG")``) selects it. The
 factory gets the text after ``tiny:`` plus ``dtype``, ``device`` and any extra keyword arguments,
-and returns an object of the :class:`agent_shell.lm.protocol.LanguageModel` protocol. This one
+and returns an object of the :class:`agent_shell.lm.protocol.LanguageModel` protocol (subclassing
+it gives the protocol's host decision, :meth:`~agent_shell.lm.protocol.LanguageModel.decide`). This one
 scores a candidate by its letters: log q = -(number of characters) / scale nats, hidden = the
 counts of a..h, and always replies ``reply``.
 """
@@ -16,10 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent_shell.lm.protocol import CandidateScores
+from agent_shell.lm.protocol import CandidateScores, LanguageModel
 
 
-class TinyLM:
+class TinyLM(LanguageModel):
     hidden_size = 8
 
     def __init__(self, scale: float, reply: str = " look"):

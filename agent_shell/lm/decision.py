@@ -1,0 +1,107 @@
+"""A decision of Eq. 3 taken where its scores lie, and fetched to the host once.
+
+cb_core's decision kernel (:data:`cb_core.model.decide_padded`: the standardised features, the
+prior and concept terms, log P and the argmax of one padded candidate set) runs on the scores of
+:class:`agent_shell.lm.protocol.DeviceScores` where they are (a JAX device, or the host), and its
+outputs are packed into one float32 array (:func:`packed`): the one array fetched to the host,
+after the argmax, holding what the results record (:func:`unpacked`). The JAX backend traces the
+same kernel and packing into its scoring program
+(:meth:`agent_shell.lm.jax_backend.JaxLanguageModel.decide`); the PyTorch backend hands its
+scores to it through DLPack (:meth:`agent_shell.lm.hf.HFLanguageModel.decide`).
+
+Imports JAX and cb_core only when a decision is taken; must not import the agents, the
+environments or torch.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from agent_shell.lm.scores import CandidateScores, Decided, DeviceScores
+
+if TYPE_CHECKING:
+    import jax
+
+    from cb_core import Concept
+    from cb_core.model import DeviceDecision
+
+
+def packed(decision: DeviceDecision) -> jax.Array:
+    """float32 [3 * M_pad + 2]: log P, the prior and the concept term (each [M_pad]), then the chosen
+    index and 1.0 when every real candidate's inputs are finite (else 0.0). Traceable."""
+    import jax.numpy as jnp
+
+    t = decision.terms
+    flags = jnp.stack([decision.chosen.astype(jnp.float32), decision.finite.astype(jnp.float32)])
+    return jnp.concatenate([t.log_p.astype(jnp.float32), t.prior.astype(jnp.float32),
+                            t.concept_term.astype(jnp.float32), flags])
+
+
+def unpacked(record: np.ndarray, count: int, culprit: Callable[[], CandidateScores], concept: Concept) -> Decided:
+    """The :class:`Decided` of a fetched :func:`packed` record over ``count`` candidates.
+
+    Raises:
+        ValueError: the record says an input was not finite: the scores (``culprit()``, fetched only
+            then) go through the host's checks, which name the candidate.
+    """
+    m_pad = (record.shape[0] - 2) // 3
+    if record[-1] != 1.0:
+        scores = culprit()
+        concept.terms(scores.hidden, scores.log_q, scores.n_tokens)  # names the culprit
+        raise ValueError("non-finite scores from the backend's device")
+    log_p, prior, term = (record[k * m_pad:k * m_pad + count] for k in range(3))
+    return Decided(int(record[-2]), log_p.copy(), prior.copy(), term.copy())
+
+
+@functools.cache
+def _program() -> Callable:
+    import jax
+
+    from cb_core.model import decide_padded
+
+    return jax.jit(lambda alpha, hidden, log_q, n_tokens, count, gamma, eps:
+                   packed(decide_padded(alpha, hidden, log_q, n_tokens, count, gamma, eps)))
+
+
+def concept_arguments(concept: Concept, width: int) -> tuple[np.ndarray, np.float32, np.float32]:
+    """(alpha float32 [d + 1], gamma, eps) of ``concept`` for a decision program on features of
+    ``width`` columns.
+
+    Raises:
+        ValueError: ``width`` differs from the concept's d.
+    """
+    if width != concept.hidden_size:
+        raise ValueError(f"features of width {width} differ from the concept's d = {concept.hidden_size}")
+    return np.asarray(concept.alpha, np.float32), np.float32(concept.gamma), np.float32(concept.eps)
+
+
+def decide_scores(concept: Concept, scores: DeviceScores) -> Decided:
+    """The decision of Eq. 3 under ``concept`` on padded ``scores`` (features = ``scores.hidden``),
+    computed where they lie: one compiled call, one array fetched.
+
+    Raises:
+        ValueError: features whose width differs from the concept's d; non-finite scores (naming
+            the candidate).
+    """
+    alpha, gamma, eps = concept_arguments(concept, int(scores.hidden.shape[1]))
+    record = _program()(alpha, scores.hidden, scores.log_q, scores.n_tokens, np.int32(scores.count), gamma, eps)
+    return unpacked(np.asarray(record), scores.count, scores.fetched, concept)
+
+
+def as_jax(array: Any) -> Any:
+    """A torch tensor as a JAX array on the matching device without a copy (DLPack), a numpy array as
+    it is; a tensor on a device JAX does not see here comes to the host first."""
+    import jax
+
+    if isinstance(array, np.ndarray):
+        return array
+    try:
+        return jax.dlpack.from_dlpack(array)
+    except (RuntimeError, TypeError, ValueError):  # no JAX device of the tensor's kind: through the host
+        return array.cpu().numpy()
+
+
+__all__ = ["as_jax", "concept_arguments", "decide_scores", "packed", "unpacked"]
