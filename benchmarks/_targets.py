@@ -7,9 +7,11 @@ its printout). Not a benchmark itself (no ``main``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
-from typing import Sequence
+import sys
+from typing import Iterator, Sequence
 
 #: the CPU flags that decide whether bfloat16 matrix products run natively
 BF16_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
@@ -60,12 +62,30 @@ def pinned_env(threads: int | None, env: dict[str, str] | None = None) -> dict[s
     return env
 
 
-def pin_threads(threads: int) -> None:
-    """Pin this process as :func:`pinned_env` pins a child: its environment (before torch or JAX is
-    imported) and its CPU affinity (its first ``threads`` allowed CPUs, as ``taskset`` would)."""
+@contextlib.contextmanager
+def pinned(threads: int | None) -> Iterator[None]:
+    """This process pinned as :func:`pinned_env` pins a child, for the block: its environment (read
+    by torch and JAX when they load, so enter it before importing them), its CPU affinity (its
+    first ``threads`` allowed CPUs, as ``taskset`` would) and, when torch is already loaded, torch's
+    pool; None: unchanged. All are put back after."""
+    if threads is None:
+        yield
+        return
+    env, allowed = dict(os.environ), os.sched_getaffinity(0)
+    torch = sys.modules.get("torch")  # already loaded: its pool is set directly
+    before = torch.get_num_threads() if torch is not None else None
     os.environ.update(pinned_env(threads))
-    allowed = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, set(allowed[:threads]))
+    os.sched_setaffinity(0, set(sorted(allowed)[:threads]))
+    if torch is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
+        os.environ.clear()
+        os.environ.update(env)
+        if torch is not None:
+            torch.set_num_threads(before)
 
 
 def cpu_flags() -> dict:
@@ -83,5 +103,5 @@ def machine() -> dict:
     return {"cpus": os.cpu_count(), "load_average": list(os.getloadavg()), "cpu_flags": cpu_flags()}
 
 
-__all__ = ["BF16_FLAGS", "cpu_flags", "machine", "median_ratio", "pin_threads", "pinned_env", "rotated", "verdict",
+__all__ = ["BF16_FLAGS", "cpu_flags", "machine", "median_ratio", "pinned", "pinned_env", "rotated", "verdict",
            "verdict_line"]

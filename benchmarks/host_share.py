@@ -21,8 +21,9 @@ imports is checked) on one backend: PyTorch (``hf``) or JAX (``jax:``), float32 
 plays ``--warmup`` untimed steps (the JAX backend compiles there), ``--steps`` timed ones and
 ``--count-steps`` more under counters, on one growing episode (a 1,000-token task, one step of
 history added per step, the same 30 candidates, the same random concept). Every leg is pinned
-alike: one CPU (the process's affinity, as ``taskset -c 0``), one thread for torch, OpenMP and
-BLAS, and XLA's CPU client on one thread (no Eigen pool). The legs of a backend alternate their
+alike (:func:`_targets.pinned`): one CPU (the process's affinity: its first allowed CPU, as
+``taskset -c 0``), one thread for torch, OpenMP and BLAS, and XLA's CPU client on one thread (no
+Eigen pool). The legs of a backend alternate their
 order from repeat to repeat; each ratio is the median over repeats of the paired ratio of the
 legs' median step times (this checkout over the other), printed unrounded and compared unrounded
 with the target (at most 1/5). Both legs must take the same actions (checked: the script fails
@@ -66,10 +67,9 @@ from typing import Any, Callable, Iterator
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _targets import machine, median_ratio, pinned_env, rotated, verdict, verdict_line  # noqa: E402
+from _targets import machine, median_ratio, pinned, rotated, verdict, verdict_line  # noqa: E402
 
 TARGET = 0.2  # this checkout's step time over the other's, at most
-CPU = 0  # every leg runs on this CPU alone
 BACKENDS = ("torch", "jax")
 TASK_TYPE = "pick"
 
@@ -244,12 +244,10 @@ def jax_counts(counts: collections.Counter, host_fetches: Callable) -> Iterator[
 
 # ----------------------------------------------------------------------------------- one leg
 def leg(spec: dict, backend: str, warmup: int, steps: int, count_steps: int) -> dict:
-    """One checkout's steps in this process: their seconds, actions and counts."""
-    os.sched_setaffinity(0, {CPU})
+    """One checkout's steps in this process (pinned: :func:`_targets.pinned`): their seconds, actions
+    and counts."""
     import numpy as np
-    import torch
 
-    torch.set_num_threads(1)
     import agent_shell
     import cb_core
     from agent_shell.agents import AgentConfig, CBAgent
@@ -302,7 +300,11 @@ def leg(spec: dict, backend: str, warmup: int, steps: int, count_steps: int) -> 
     counts["ops"] = counts["torch_ops"] + counts["jax_programs"]
     per_step = {key: counts[key] / count_steps for key in ("ops", "torch_ops", "jax_programs", "syncs", "to_device",
                                                            "to_host", "tokenizer_calls", "tokenized_chars", "compiled")}
+    import torch
+
     return {"code": str(Path(agent_shell.__file__).resolve().parents[1]), "backend": backend,
+            "pinned": {"cpus": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
+                       "xla_flags": os.environ.get("XLA_FLAGS", "")},
             "step_s": statistics.median(r["seconds"] for r in timed),
             "route_s": statistics.median(r["route"] or 0.0 for r in timed),
             "choose_s": statistics.median(r["choose"] or 0.0 for r in timed),
@@ -312,8 +314,8 @@ def leg(spec: dict, backend: str, warmup: int, steps: int, count_steps: int) -> 
 
 def run_leg(root: Path, spec_file: Path, backend: str, args: argparse.Namespace) -> dict:
     """A leg in a fresh process importing the checkout at ``root``, pinned to one CPU and thread."""
-    env = pinned_env(1)
-    env.update(PYTHONPATH=str(root), TOKENIZERS_PARALLELISM="false", CB_AGENT_CACHE=str(spec_file.parent / "cache"))
+    env = dict(os.environ, PYTHONPATH=str(root), TOKENIZERS_PARALLELISM="false",
+               CB_AGENT_CACHE=str(spec_file.parent / "cache"))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--leg", str(spec_file), "--backends", backend,
            "--warmup", str(args.warmup), "--steps", str(args.steps), "--count-steps", str(args.count_steps)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(root))
@@ -346,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     backends = args.backends.split(",")
     if args.leg:
         spec = json.loads(Path(args.leg).read_text())
-        print(json.dumps(leg(spec, backends[0], args.warmup, args.steps, args.count_steps)))
+        with pinned(1):  # one CPU, one thread: torch, OpenMP, BLAS and XLA alike, before they load
+            print(json.dumps(leg(spec, backends[0], args.warmup, args.steps, args.count_steps)))
         return 0
     unknown = sorted(set(backends) - set(BACKENDS))
     if unknown:
@@ -359,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(here))
     figures: dict = {"candidates": args.candidates, "context_tokens": args.context_tokens, "warmup": args.warmup,
                      "steps": args.steps, "count_steps": args.count_steps, "repeats": args.repeats,
-                     "dtype": "float32", "threads": 1, "cpu": CPU, "roots": {k: str(v) for k, v in roots.items()},
+                     "dtype": "float32", "threads": 1, "roots": {k: str(v) for k, v in roots.items()},
                      "target_ratio": TARGET, "machine_before": machine()}
     verdicts = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -376,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"per step {legs[name][-1]['per_step']}", flush=True)
             row: dict = {}
             for name, runs in legs.items():
-                row[name] = {"step_s": [x["step_s"] for x in runs], "route_s": [x["route_s"] for x in runs],
+                row[name] = {"pinned": runs[0]["pinned"], "step_s": [x["step_s"] for x in runs],
+                             "route_s": [x["route_s"] for x in runs],
                              "choose_s": [x["choose_s"] for x in runs], "max_step_s": [x["max_step_s"] for x in runs],
                              "per_step": runs[0]["per_step"],
                              "compiled_in_timed_steps": [x["compiled_in_timed_steps"] for x in runs],

@@ -35,6 +35,9 @@ are not the demonstrations): CB-Agent's step with each candidate layout of
 timed once a step, as one more path of the rotation, and counted in each), the floor, the old
 floor and the routing floor (their own cached streams; the step floor's time is the floor's plus
 the routing floor's, round by round).
+Every path runs on ``--threads`` threads (default 1) on as many CPUs: torch's, OpenMP's and BLAS's
+pools and XLA's CPU client alike (:func:`_targets.pinned`, entered before torch and JAX load), so
+the JAX path cannot use a core the PyTorch paths do not.
 With ``--backend jax`` one more path joins the rotation: the same step (routing peek and
 scoring, first layout) by a CB-Agent over the JAX backend (:mod:`agent_shell.lm.jax_backend`, the
 same weights in the same dtype, its own pinned heads and streams); ``ratio_jax_step_to_torch_step``
@@ -55,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -64,7 +68,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _targets import machine, median_ratio, rotated, verdict, verdict_line  # noqa: E402
+from _targets import machine, median_ratio, pinned, rotated, verdict, verdict_line  # noqa: E402
 
 TARGET = 1.3  # CB-Agent's step over the floor (and over the step floor), at most
 FLOORS = {"floor": "tree", "old_floor": "packed"}  # floor name -> layout of its candidates
@@ -85,13 +89,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="write the figures here as JSON")
     parser.add_argument("--backend", choices=("torch", "jax"), default="torch",
                         help="jax: also time the step by the JAX backend, beside the PyTorch one")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads of every path alike, on as many CPUs: torch, OpenMP, BLAS and XLA's CPU client "
+                             "(0: each library's own default, every CPU)")
     parser.add_argument("--warmup", action="store_true",
                         help="replay every step once, untimed, before the timed rounds (every path: the JAX "
                              "backend compiles its programs there; the PyTorch paths fill their caches alike)")
     args = parser.parse_args(argv)
     if args.tiny:
         args.episodes, args.steps, args.rounds = 1, 3, 1
+    with pinned(args.threads or None):  # before torch and JAX load: XLA reads its pool's size then
+        return measure(args)
 
+
+def measure(args: argparse.Namespace) -> int:
+    """The timed replay of :func:`main`'s arguments."""
     import torch
 
     from agent_shell import context as ctx
@@ -234,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     n, n_all = counts["steps"], counts["steps"] * args.rounds
     figures = {"steps": n, "rounds": args.rounds, "warmup": bool(args.warmup),
                "dtype": str(lm.dtype).removeprefix("torch."),
-               "threads": torch.get_num_threads(), "target_ratio": TARGET,
+               "threads": torch.get_num_threads(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+               "target_ratio": TARGET,
                **{f"mean_{key}_per_step": counts[key] / n for key in
                   ("new_context_tokens", "stream_new_context_tokens", "candidate_tokens", "tree_nodes",
                    "route_new_tokens", "route_context_tokens", "scoring_context_tokens")}}

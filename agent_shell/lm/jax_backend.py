@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import os
 import secrets
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -169,15 +170,13 @@ class JaxLanguageModel(TokenizedBackend):
         return PassOutput(*self._run(cache, Pass(list(ids), list(range(start, start + n)), start,
                                                  np.tril(np.ones((n, n), bool)), [n - 1])))
 
-    def _run(self, cache: StreamKV, p: Pass, program: str = "stream", concept: jax.Array | None = None,
-             **candidates: Any) -> list:
-        """Run pass ``p`` on ``cache`` (batch 1) with ``program`` (``stream``, ``score`` or ``decide``;
-        ``candidates``: :meth:`Pass.arrays`' candidate rows), padded to its buckets; ``cache`` then
-        holds ``p.at`` + the pass's tokens (cut it back to keep fewer). Returns the program's outputs
-        after the buffer."""
-        shape, ints, mask = p.arrays(**candidates)
+    def _run(self, cache: StreamKV, p: Pass) -> list:
+        """Run pass ``p`` on ``cache`` (batch 1) with its program (:attr:`Pass.program`), padded to its
+        buckets; ``cache`` then holds ``p.at`` + the pass's tokens (cut it back to keep fewer).
+        Returns the program's outputs after the buffer."""
+        shape, ints, mask = p.arrays()
         kv = self.cache.ops.writable(cache, p.at + shape.t)
-        kv, *out = self.programs.run(program, shape, kv, ints, mask, *(() if concept is None else (concept,)))
+        kv, *out = self.programs.run(p.program, shape, kv, ints, mask, *(() if p.concept is None else (p.concept,)))
         cache.kv, cache.length, cache.owned = kv, p.at + len(p.tokens), True
         return out
 
@@ -227,8 +226,8 @@ class JaxLanguageModel(TokenizedBackend):
         m, m_pad = len(toks), bucket_size(len(toks))
         cache, p, (_, _, owner, final_rows), _ = self._tree_pass(toks, s, [])
         n_tokens = [t.n_action for t in toks]
-        record, log_q, hidden = self._run(cache, p, "decide", vector, m=m_pad, owner=owner, final=final_rows,
-                                          n_tokens=n_tokens, count=m)
+        record, log_q, hidden = self._run(cache, replace(p, m=m_pad, owner=owner, final=final_rows, n_tokens=n_tokens,
+                                                         concept=vector))
         self._keep_context(cache, toks, s)
         scores = DeviceScores(log_q, hidden, padded(n_tokens, m_pad, fill=1), m)
         return unpacked(np.asarray(record), m, scores.fetched, concept)
@@ -280,7 +279,7 @@ class JaxLanguageModel(TokenizedBackend):
         if self.candidate_layout == "batched":
             return (toks, *self._score_rows(toks, s, capture, m_pad))
         cache, p, (_, _, owner, final_rows), positions = self._tree_pass(toks, s, capture)
-        log_q, hidden, captured = self._run(cache, p, "score", m=m_pad, owner=owner, final=final_rows)
+        log_q, hidden, captured = self._run(cache, replace(p, m=m_pad, owner=owner, final=final_rows))
         self._keep_context(cache, toks, s)
         return toks, log_q, hidden, captured, positions
 

@@ -65,7 +65,12 @@ class Pass:
     ``at`` tokens the stream holds; ``allowed`` [n, n] which of them each one sees; the LM head
     at ``head`` (indices into the tokens); the (head row, target token) pairs whose
     log-probabilities are wanted; the token indices whose inner states are captured, and at
-    which layers (0..L)."""
+    which layers (0..L).
+
+    A candidates' pass also names its ``m`` candidate slots (M_pad): each pair's candidate
+    (``owner``) and each candidate's final head row (``final``), and for a decision each
+    candidate's token count (``n_tokens``) and the ``concept`` (its device vector,
+    :meth:`Programs.concept`). Its :attr:`program` follows."""
 
     tokens: list[int]
     positions: list[int]
@@ -75,13 +80,21 @@ class Pass:
     pairs: tuple[list[int], list[int]] = ([], [])
     capture: list[int] = field(default_factory=list)
     layers: list[int] = field(default_factory=list)
+    m: int = 0
+    owner: Sequence[int] = ()
+    final: Sequence[int] = ()
+    n_tokens: Sequence[int] = ()
+    concept: Any = None
 
-    def arrays(self, m: int = 0, owner: Sequence[int] = (), final: Sequence[int] = (),
-               n_tokens: Sequence[int] = (), count: int | None = None) -> tuple[Shape, np.ndarray, np.ndarray]:
+    @property
+    def program(self) -> str:
+        """``decide`` (a concept given), ``score`` (candidates given) or ``stream``."""
+        return "decide" if self.concept is not None else "score" if self.m else "stream"
+
+    def arrays(self) -> tuple[Shape, np.ndarray, np.ndarray]:
         """(the static shape, the int32 inputs in one array, the bool mask [t, t]), padded to buckets:
-        padding tokens see themselves only, padded pairs belong to candidate ``m`` (dropped). With
-        ``m`` > 0: each pair's candidate, each candidate's final head row; with ``count``: each
-        candidate's token count (1 in padded slots) and the count."""
+        padding tokens see themselves only, padded pairs belong to candidate ``m`` (dropped), padded
+        candidates count one token."""
         n = len(self.tokens)
         t, k = bucket(n), bucket(max(len(self.head), len(self.pairs[0])))  # one size for both: fewer programs
         c = bucket(len(self.capture)) if self.capture else 0
@@ -90,13 +103,14 @@ class Pass:
         mask[np.arange(n, t), np.arange(n, t)] = True
         parts = [padded(self.tokens, t), padded(self.positions, t, self.positions[-1] if self.positions else 0),
                  np.int32([self.at]), padded(self.head, k), padded(self.pairs[0], k), padded(self.pairs[1], k)]
-        if count is None:
+        decides = self.concept is not None
+        if not decides:
             parts += [padded(self.capture, c), np.asarray(self.layers, np.int32)]
-        if m:
-            parts += [padded(owner, k, fill=m), padded(final, m)]
-        if count is not None:
-            parts += [padded(n_tokens, m, fill=1), np.int32([count])]
-        return Shape(t, k, c, len(self.layers), m), np.concatenate(parts), mask
+        if self.m:
+            parts += [padded(self.owner, k, fill=self.m), padded(self.final, self.m)]
+        if decides:
+            parts += [padded(self.n_tokens, self.m, fill=1), np.int32([len(self.final)])]
+        return Shape(t, k, c, len(self.layers), self.m), np.concatenate(parts), mask
 
 
 @dataclass

@@ -19,7 +19,7 @@ import uuid
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from agent_shell.lm.protocol import CandidateScores, Context
+from agent_shell.lm.protocol import CandidateScores, Context, LanguageModel
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -139,7 +139,7 @@ class LMServer:
         return self.lm.pin_prefix(head)
 
 
-class RemoteLM:
+class RemoteLM(LanguageModel):
     """A :class:`LanguageModel` whose calls go to an :class:`LMServer` actor (one stream per view).
 
     Args:
