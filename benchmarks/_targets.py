@@ -29,6 +29,21 @@ def verdict_line(v: dict) -> str:
     return f"{v['name']} = {v['value']!r} (target {v['target']}): {'MET' if v['met'] else 'NOT MET'}"
 
 
+def report(figures: dict, out: str | None) -> int:
+    """Print ``figures`` as JSON and a :func:`verdict_line` per entry of its ``verdicts``, write the
+    JSON to ``out`` too when given; 0 (the exit status)."""
+    import json
+    from pathlib import Path
+
+    text = json.dumps(figures, indent=1)
+    print(text)
+    for v in figures.get("verdicts", []):
+        print(verdict_line(v))
+    if out:
+        Path(out).write_text(text)
+    return 0
+
+
 def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:
     """The median of the paired ratios ``numerators[i] / denominators[i]`` (paired: each pair was
     measured in the same round, so a slower machine in one round moves both)."""
@@ -103,5 +118,5 @@ def machine() -> dict:
     return {"cpus": os.cpu_count(), "load_average": list(os.getloadavg()), "cpu_flags": cpu_flags()}
 
 
-__all__ = ["BF16_FLAGS", "cpu_flags", "machine", "median_ratio", "pinned", "pinned_env", "rotated", "verdict",
+__all__ = ["BF16_FLAGS", "cpu_flags", "machine", "median_ratio", "pinned", "pinned_env", "report", "rotated", "verdict",
            "verdict_line"]

@@ -67,7 +67,7 @@ from typing import Any, Callable, Iterator
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _targets import machine, median_ratio, pinned, rotated, verdict, verdict_line  # noqa: E402
+from _targets import machine, median_ratio, pinned, report, rotated, verdict  # noqa: E402
 
 TARGET = 0.2  # this checkout's step time over the other's, at most
 BACKENDS = ("torch", "jax")
@@ -401,12 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             figures[backend] = row
     figures["verdicts"] = verdicts
     figures["machine_after"] = machine()
-    print(json.dumps({k: v for k, v in figures.items()}, indent=1))
-    for v in verdicts:
-        print(verdict_line(v))
-    if args.out:
-        Path(args.out).write_text(json.dumps(figures, indent=1))
-    return 0
+    return report(figures, args.out)
 
 
 if __name__ == "__main__":

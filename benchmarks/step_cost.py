@@ -57,7 +57,6 @@ passes are counted by one counter wrapped around every view's forward, floors in
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -68,7 +67,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _targets import machine, median_ratio, pinned, rotated, verdict, verdict_line  # noqa: E402
+from _targets import machine, median_ratio, pinned, report, rotated, verdict  # noqa: E402
 
 TARGET = 1.3  # CB-Agent's step over the floor (and over the step floor), at most
 FLOORS = {"floor": "tree", "old_floor": "packed"}  # floor name -> layout of its candidates
@@ -286,12 +285,7 @@ def measure(args: argparse.Namespace) -> int:
                             f"{figures['dtype']}", figures[f"ratio_{layouts[0]}_to_step_floor"], TARGET, at_most=True))
     figures["verdicts"] = verdicts
     figures["machine"] = machine()
-    print(json.dumps(figures, indent=1))
-    for v in verdicts:
-        print(verdict_line(v))
-    if args.out:
-        Path(args.out).write_text(json.dumps(figures, indent=1))
-    return 0
+    return report(figures, args.out)
 
 
 if __name__ == "__main__":

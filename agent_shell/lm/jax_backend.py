@@ -264,7 +264,7 @@ class JaxLanguageModel(TokenizedBackend):
             for j, (_, pool, key) in enumerate(capture):
                 rows = [captured[j, [at[c] for c in cols]] for _, cols in positions]
                 states[key] = np.stack([r.mean(0) if pool == "mean" else r[-1] for r in rows]).astype(np.float32)
-        return CandidateScores(log_q=np.asarray(log_q[:m], np.float32), hidden=np.asarray(hidden[:m], np.float32),
+        return CandidateScores(log_q=np.array(log_q[:m], np.float32), hidden=np.array(hidden[:m], np.float32),
                                n_tokens=np.array([t.n_action for t in toks], np.int32), layers=states)
 
     def _scores(self, context: Context, candidates: Sequence[str], action_prefix: str, capture: Capture

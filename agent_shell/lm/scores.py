@@ -70,8 +70,8 @@ class DeviceScores:
     def fetched(self) -> CandidateScores:
         """The scores on the host, unpadded (as :meth:`LanguageModel.score` returns them)."""
         m = self.count
-        return CandidateScores(log_q=np.asarray(self.log_q, np.float32)[:m], n_tokens=self.n_tokens[:m].copy(),
-                               hidden=np.asarray(self.hidden, np.float32)[:m])
+        return CandidateScores(log_q=np.array(self.log_q, np.float32)[:m], n_tokens=self.n_tokens[:m].copy(),
+                               hidden=np.array(self.hidden, np.float32)[:m])
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ NOT_IN_THE_DEFAULT_SUITE = {
     "vllm_agreement": "tests/lm/test_vllm_gpu.py (gpu marker: needs CUDA and the vllm extra)",
     "compile_cache": "test_compile_cache_tiny (slow marker: fresh processes that import JAX and compile)",
     "jax_programs": "test_jax_programs_tiny (slow marker: two fresh processes that load both backends and a game)",
+    "host_share": "test_host_share_tiny (slow marker: four fresh processes that load torch, JAX and a model)",
     "gpu_check": "tests/lm/test_gpu_check.py (slow marker: --quick on the CPU)",
     "explorer_open": "tests/agents/test_view_browser.py (slow marker: headless Chromium)",
 }
@@ -396,3 +397,37 @@ def test_jax_programs_tiny(tmp_path):
     assert data["programs"] >= data["episode_programs"] >= 3 and data["second_within_first"]
     assert first["per_step"][-1]["stored"] == data["programs"]  # each program compiled once, and stored
     assert data["compiled_by_second_process"] == 0
+
+
+@pytest.mark.slow
+def test_host_share_tiny(tmp_path):
+    """Slow: this checkout against itself (``--base`` the same root), both backends, one repeat:
+    every leg pinned to one CPU and thread, both legs of a backend take the same actions (the
+    script refuses otherwise), the ratio is the paired one and its verdict compares it unrounded;
+    each step is counted (tokenizer calls, ops or programs, one fetch at least). The benchmark's
+    tokenizer keeps the default one's ids below its size and decodes back to the same text."""
+    from transformers import AutoTokenizer
+
+    from agent_shell.lm.default_model import default_model_dir
+
+    module = load("host_share")
+    full = AutoTokenizer.from_pretrained(default_model_dir())
+    small = module.small_tokenizer(full, 512)
+    text = "You open the drawer 3. In it, you see a café crème and a 冰箱.\n> go to cabinet 12"
+    ids = small(text)["input_ids"]
+    assert max(ids) < 512 and small.decode(ids) == text and len(ids) > len(full(text)["input_ids"])
+    out = tmp_path / "host_share.json"
+    assert module.main(["--tiny", "--base", str(ROOT), "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    for backend in ("torch", "jax"):
+        row = data[backend]
+        assert row["same_actions"] and row["this"]["actions"] == row["base"]["actions"]
+        assert row["ratio"] == row["this"]["step_s"][0] / row["base"]["step_s"][0]
+        assert row["verdict"]["met"] == (row["ratio"] <= 0.2) and row["verdict"]["value"] == row["ratio"]
+        for leg in ("this", "base"):
+            pinned = row[leg]["pinned"]
+            assert len(pinned["cpus"]) == 1 and pinned["torch_threads"] == 1
+            assert "intra_op_parallelism_threads=1" in pinned["xla_flags"]
+            counts = row[leg]["per_step"]
+            assert counts["tokenizer_calls"] >= 2 and counts["syncs"] >= 1 and counts["ops"] >= 2
+        assert (row["this"]["per_step"]["torch_ops"] > 0) == (backend == "torch")
