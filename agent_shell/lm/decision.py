@@ -16,6 +16,7 @@ environments or torch.
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -56,26 +57,43 @@ def unpacked(record: np.ndarray, count: int, culprit: Callable[[], CandidateScor
     return Decided(int(record[-2]), log_p.copy(), prior.copy(), term.copy())
 
 
+def decision(vector: jax.Array, hidden: jax.Array, log_q: jax.Array, ints: jax.Array) -> DeviceDecision:
+    """cb_core's decision kernel on one padded candidate set, traceable: ``vector`` the concept's
+    alpha, gamma and eps (:func:`concept_vector`), ``hidden`` [M_pad, d], ``log_q`` [M_pad], ``ints``
+    int32 [M_pad + 1] the token counts and then M."""
+    from cb_core.model import decide_padded
+
+    m_pad, d = hidden.shape
+    return decide_padded(vector[:d + 1], hidden, log_q, ints[:m_pad], ints[m_pad], vector[d + 1], vector[d + 2])
+
+
 @functools.cache
 def _program() -> Callable:
     import jax
 
-    from cb_core.model import decide_padded
-
-    return jax.jit(lambda alpha, hidden, log_q, n_tokens, count, gamma, eps:
-                   packed(decide_padded(alpha, hidden, log_q, n_tokens, count, gamma, eps)))
+    return jax.jit(lambda vector, hidden, log_q, ints: packed(decision(vector, hidden, log_q, ints)))
 
 
-def concept_arguments(concept: Concept, width: int) -> tuple[np.ndarray, np.float32, np.float32]:
-    """(alpha float32 [d + 1], gamma, eps) of ``concept`` for a decision program on features of
-    ``width`` columns.
+_VECTORS: "weakref.WeakKeyDictionary[Concept, dict]" = weakref.WeakKeyDictionary()
+
+
+def concept_vector(concept: Concept, width: int, device: Any = None) -> jax.Array:
+    """float32 [d + 3] on ``device`` (default JAX's default device): ``concept``'s alpha, then gamma
+    and eps, put there once per concept and device, for a decision on features of ``width`` columns.
 
     Raises:
         ValueError: ``width`` differs from the concept's d.
     """
+    import jax
+
     if width != concept.hidden_size:
         raise ValueError(f"features of width {width} differ from the concept's d = {concept.hidden_size}")
-    return np.asarray(concept.alpha, np.float32), np.float32(concept.gamma), np.float32(concept.eps)
+    device = jax.devices()[0] if device is None else device
+    on = _VECTORS.setdefault(concept, {})
+    if device not in on:
+        values = np.concatenate([np.asarray(concept.alpha, np.float32), [concept.gamma, concept.eps]])
+        on[device] = jax.device_put(values.astype(np.float32), device)
+    return on[device]
 
 
 def decide_scores(concept: Concept, scores: DeviceScores) -> Decided:
@@ -86,8 +104,10 @@ def decide_scores(concept: Concept, scores: DeviceScores) -> Decided:
         ValueError: features whose width differs from the concept's d; non-finite scores (naming
             the candidate).
     """
-    alpha, gamma, eps = concept_arguments(concept, int(scores.hidden.shape[1]))
-    record = _program()(alpha, scores.hidden, scores.log_q, scores.n_tokens, np.int32(scores.count), gamma, eps)
+    devices = getattr(scores.hidden, "devices", None)
+    vector = concept_vector(concept, int(scores.hidden.shape[1]), next(iter(devices())) if devices else None)
+    ints = np.append(np.asarray(scores.n_tokens, np.int32), np.int32(scores.count))
+    record = _program()(vector, scores.hidden, scores.log_q, ints)
     return unpacked(np.asarray(record), scores.count, scores.fetched, concept)
 
 
@@ -104,4 +124,4 @@ def as_jax(array: Any) -> Any:
         return array.cpu().numpy()
 
 
-__all__ = ["as_jax", "concept_arguments", "decide_scores", "packed", "unpacked"]
+__all__ = ["as_jax", "concept_vector", "decide_scores", "decision", "packed", "unpacked"]

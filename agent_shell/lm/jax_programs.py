@@ -182,15 +182,13 @@ class Programs:
         return cls._of[decoder]
 
     def __init__(self, decoder: Decoder):
-        from agent_shell.lm.decision import packed
-        from cb_core.model import decide_padded
+        from agent_shell.lm.decision import decision, packed
 
         self.config = decoder.config
         self.dtype = decoder.dtype
         self.device: jax.Device = next(iter(decoder.embed[...].devices()))
         self.graphdef, self.state = nnx.split(decoder)
         self.compiled: dict[tuple, int] = {}
-        self._concepts: "weakref.WeakKeyDictionary[Concept, jax.Array]" = weakref.WeakKeyDictionary()
         self._name = f"lm-{self.config.model_type}-" + hashlib.sha256(
             (repr(self.config) + str(self.dtype) + _source_digest()).encode()).hexdigest()[:16]
         graphdef = self.graphdef
@@ -217,10 +215,7 @@ class Programs:
             _, kv, (hidden, _, token_lp), parts, _ = candidates_pass(shape, state, kv, ints[:-shape.m - 1], mask,
                                                                     False)
             log_q, features = gather(token_lp, hidden, parts[6], parts[7])
-            n_tokens, count = _split(ints[-shape.m - 1:], (shape.m, 1))
-            d = features.shape[1]
-            out = decide_padded(concept[:d + 1], features, log_q, n_tokens, count[0], concept[d + 1], concept[d + 2])
-            return kv, packed(out), log_q, features
+            return kv, packed(decision(concept, features, log_q, ints[-shape.m - 1:])), log_q, features
 
         def rows(shape, state, kv, shared, ints):
             (n_rows, width), k, c, n_layers, m = shape
@@ -270,19 +265,14 @@ class Programs:
             raise BackboneFault.of(err, f"the JAX decoder's {name} pass") from err
 
     def concept(self, concept: Concept, width: int) -> jax.Array:
-        """float32 [d + 3] on the device: ``concept``'s alpha, gamma and eps (put there once per concept)
-        for features of ``width`` columns.
+        """:func:`agent_shell.lm.decision.concept_vector` on this decoder's device.
 
         Raises:
             ValueError: ``width`` differs from the concept's d.
         """
-        from agent_shell.lm.decision import concept_arguments
+        from agent_shell.lm.decision import concept_vector
 
-        alpha, gamma, eps = concept_arguments(concept, width)
-        if concept not in self._concepts:
-            self._concepts[concept] = jax.device_put(np.concatenate([alpha, [gamma, eps]]).astype(np.float32),
-                                                     self.device)
-        return self._concepts[concept]
+        return concept_vector(concept, width, self.device)
 
 
 @contextlib.contextmanager

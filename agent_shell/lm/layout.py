@@ -74,8 +74,11 @@ class PrefixTree:
 def cached_length(toks: Sequence[TokenizedContinuation]) -> int:
     """``s``: the tokens every candidate's sequence shares before its first action token, but the
     last, so every candidate's segment starts with a token whose output predicts its first (or
-    only) action token. The first ``s`` tokens are the context a pass can take from the cache."""
-    return min(min(t.first for t in toks), min(common_prefix_len(toks[0].ids, t.ids) for t in toks)) - 1
+    only) action token. The first ``s`` tokens are the context a pass can take from the cache.
+    The ids are compared after the prefix the candidates are known to share (``shared``)."""
+    known = min(t.shared for t in toks)
+    first = toks[0].ids[known:]
+    return min(min(t.first for t in toks), known + min(common_prefix_len(first, t.ids[known:]) for t in toks)) - 1
 
 
 def candidate_tree(toks: Sequence[TokenizedContinuation], s: int, layout: str) -> PrefixTree:

@@ -50,10 +50,13 @@ class TokenizedContinuation:
     Attributes:
         ids: token ids of ``render(context, prefix) + action`` (special tokens included).
         first: index in ``ids`` of the first action token; ``ids[first:]`` are the action's tokens.
+        shared: how many leading ids every candidate of the same set is known to share (a lower
+            bound of their common prefix: the context's tokens a splice kept; 0 when unknown).
     """
 
     ids: tuple[int, ...]
     first: int
+    shared: int = 0
 
     @property
     def n_action(self) -> int:
@@ -207,7 +210,9 @@ class Tokenization:
         if sure < 1 or ids[:sure] != kept.ids[k:k + sure] \
                 or [(a + p, b + p) for a, b in spans[:sure]] != kept.spans[k:k + sure]:
             return None
-        return _Tokenized.of(text, markers, kept.ids[:k] + list(ids), kept.spans[:k] + [(a + p, b + p) for a, b in spans])
+        spans = [(a + p, b + p) for a, b in spans]
+        return _Tokenized(text, None if markers is None else tuple(markers), kept.ids[:k] + list(ids),
+                          kept.spans[:k] + spans, kept.starts[:k] + [a for a, _ in spans])
 
     def _encode(self, texts: Sequence[str], markers: Markers | None,
                 specials: bool = True) -> list[tuple[list[int], list | None]]:
@@ -321,7 +326,7 @@ class Tokenization:
             if ids[:sure] != ids_b[:sure]:
                 return None
             first = next((i for i, (_, end) in enumerate(spans) if end > len(tail)), len(ids))
-            out.append(TokenizedContinuation(tuple(head + list(ids)), k + first))
+            out.append(TokenizedContinuation(tuple(head + list(ids)), k + first, k))
         return out
 
 
