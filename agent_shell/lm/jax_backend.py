@@ -327,13 +327,13 @@ class JaxLanguageModel(TokenizedBackend):
         positions = [(b, [b * width + c for c in cols]) for b, cols in action_positions(toks, s, "batched")]
         wanted = sorted({c for _, cols in positions for c in cols}) if capture else []
         shared = cache.kv if cache.kv is not None else self.cache.ops.buffer(1, MIN_CAPACITY)
-        k = bucket(max(len(head), len(pred_rows)))  # one size for both: fewer programs
+        k, p = bucket(len(head)), bucket(len(pred_rows))
         c = bucket(len(wanted)) if wanted else 0
         layers = np.asarray([k for k, _, _ in capture], np.int32)
-        ints = np.concatenate([ids.reshape(-1), np.int32([s]), padded(head, k), padded(pred_rows, k),
-                               padded(targets, k), padded(owner, k, fill=m_pad), padded(final_rows, m_pad),
+        ints = np.concatenate([ids.reshape(-1), np.int32([s]), padded(head, k), padded(pred_rows, p),
+                               padded(targets, p), padded(owner, p, fill=m_pad), padded(final_rows, m_pad),
                                padded(wanted, c), layers])
-        _, log_q, hidden, captured = self.programs.run("rows", Shape((n_rows, width), k, c, len(layers), m_pad),
+        _, log_q, hidden, captured = self.programs.run("rows", Shape((n_rows, width), k, p, c, len(layers), m_pad),
                                                        self.cache.ops.buffer(n_rows, width), shared, ints)
         return log_q, hidden, captured, positions
 

@@ -49,11 +49,12 @@ if TYPE_CHECKING:
 
 
 class Shape(NamedTuple):
-    """A pass's static sizes: ``t`` tokens, ``k`` head rows and token pairs, ``c`` captured tokens
-    at ``l`` layers, ``m`` candidate slots (M_pad; 0 for a stream pass)."""
+    """A pass's static sizes: ``t`` tokens, ``k`` head rows, ``p`` token pairs, ``c`` captured
+    tokens at ``l`` layers, ``m`` candidate slots (M_pad; 0 for a stream pass)."""
 
     t: int
     k: int
+    p: int
     c: int = 0
     l: int = 0
     m: int = 0
@@ -96,21 +97,21 @@ class Pass:
         padding tokens see themselves only, padded pairs belong to candidate ``m`` (dropped), padded
         candidates count one token."""
         n = len(self.tokens)
-        t, k = bucket(n), bucket(max(len(self.head), len(self.pairs[0])))  # one size for both: fewer programs
+        t, k, p = bucket(n), bucket(len(self.head)), bucket(len(self.pairs[0]))  # the head runs at k rows only
         c = bucket(len(self.capture)) if self.capture else 0
         mask = np.zeros((t, t), bool)
         mask[:n, :n] = self.allowed
         mask[np.arange(n, t), np.arange(n, t)] = True
         parts = [padded(self.tokens, t), padded(self.positions, t, self.positions[-1] if self.positions else 0),
-                 np.int32([self.at]), padded(self.head, k), padded(self.pairs[0], k), padded(self.pairs[1], k)]
+                 np.int32([self.at]), padded(self.head, k), padded(self.pairs[0], p), padded(self.pairs[1], p)]
         decides = self.concept is not None
         if not decides:
             parts += [padded(self.capture, c), np.asarray(self.layers, np.int32)]
         if self.m:
-            parts += [padded(self.owner, k, fill=self.m), padded(self.final, self.m)]
+            parts += [padded(self.owner, p, fill=self.m), padded(self.final, self.m)]
         if decides:
             parts += [padded(self.n_tokens, self.m, fill=1), np.int32([len(self.final)])]
-        return Shape(t, k, c, len(self.layers), self.m), np.concatenate(parts), mask
+        return Shape(t, k, p, c, len(self.layers), self.m), np.concatenate(parts), mask
 
 
 @dataclass
@@ -194,8 +195,8 @@ class Programs:
         graphdef = self.graphdef
 
         def candidates_pass(shape, state, kv, ints, mask, capture: bool):
-            t, k, c, n_layers, m = shape
-            parts = _split(ints, (t, t, 1, k, k, k) + ((c, n_layers) if capture else ()) + ((k, m) if m else ()))
+            t, k, p, c, n_layers, m = shape
+            parts = _split(ints, (t, t, 1, k, p, p) + ((c, n_layers) if capture else ()) + ((p, m) if m else ()))
             tokens, positions, at, head, pair_row, pair_target = parts[:6]
             model = nnx.merge(graphdef, state)
             x, kv, captured = model(tokens[None], positions[None], kv, at[0], mask[None],
@@ -218,9 +219,9 @@ class Programs:
             return kv, packed(decision(concept, features, log_q, ints[-shape.m - 1:])), log_q, features
 
         def rows(shape, state, kv, shared, ints):
-            (n_rows, width), k, c, n_layers, m = shape
+            (n_rows, width), k, p, c, n_layers, m = shape
             ids, shared_len, head, pair_row, pair_target, owner, final, capture, layers = _split(
-                ints, (n_rows * width, 1, k, k, k, k, m, c, n_layers))
+                ints, (n_rows * width, 1, k, p, p, p, m, c, n_layers))
             model = nnx.merge(graphdef, state)
             positions = shared_len[0] + jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (n_rows, width))
             x, kv, captured = model(ids.reshape(n_rows, width), positions, kv, jnp.int32(0),
