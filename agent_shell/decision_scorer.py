@@ -295,5 +295,5 @@ def accuracy_cell(row: dict, name: str) -> str:
     return f"{100 * row[f'acc_{name}']:.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
 
 
-__all__ = ["Decided", "DecisionRequest", "DecisionScorer", "LayerSpec", "ScoredDecision", "accuracy_cell", "batch_log_probs",
+__all__ = ["DecisionRequest", "DecisionScorer", "LayerSpec", "ScoredDecision", "accuracy_cell", "batch_log_probs",
            "batch_terms", "choices", "decision_accuracy", "decision_context"]

@@ -43,7 +43,8 @@ __all__ = [
     "MATMUL_PRECISION", "compiled",
     "Problem", "prepare", "masked_logsumexp", "scores", "problem_log_probs", "problem_objective",
     "value_and_grad", "value_and_grad_at", "hvp", "problem_features", "problem_hessian", "features", "prior_log_probs",
-    "log_probs", "objective", "gradient", "hessian", "Terms", "problem_terms", "terms", "DeviceDecision", "decide_padded",
+    "log_probs", "objective", "gradient", "hessian", "Terms", "problem_terms", "terms", "DeviceDecision",
+    "decide_padded",
 ]
 
 

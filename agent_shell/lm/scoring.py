@@ -110,8 +110,8 @@ def packed_pass(toks: Sequence[TokenizedContinuation], s: int, start: int, layou
     allowed[n_head:, :n_head] = True  # every candidate sees the whole context
     allowed[n_head:, n_head:] = tree.ancestry()
     needed, rows = head_rows(toks, tree, s)
-    ids, positions, keep, *index = to_device(device, head_ids + tree.tokens,
-                                             np.concatenate([np.arange(start, s), s + np.asarray(tree.depths, np.int64)]),
+    positions = np.concatenate([np.arange(start, s), s + np.asarray(tree.depths, np.int64)])
+    ids, positions, keep, *index = to_device(device, head_ids + tree.tokens, positions,
                                              [n_head + node for node in needed], *head_index_arrays(*rows))
     mask = torch.zeros(1, 1, n, start + n, dtype=dtype, device=device)
     mask[0, 0, :, start:].masked_fill_(~torch.from_numpy(allowed).to(device), torch.finfo(dtype).min)

@@ -48,7 +48,7 @@ NOT_IN_THE_DEFAULT_SUITE = {
     "vllm_agreement": "tests/lm/test_vllm_gpu.py (gpu marker: needs CUDA and the vllm extra)",
     "compile_cache": "test_compile_cache_tiny (slow marker: fresh processes that import JAX and compile)",
     "jax_programs": "test_jax_programs_tiny (slow marker: two fresh processes that load both backends and a game)",
-    "host_share": "test_host_share_tiny (slow marker: four fresh processes that load torch, JAX and a model)",
+    "host_share": "test_host_share_tiny (slow marker: four fresh processes loading torch, JAX and a model)",
     "gpu_check": "tests/lm/test_gpu_check.py (slow marker: --quick on the CPU)",
     "explorer_open": "tests/agents/test_view_browser.py (slow marker: headless Chromium)",
 }
