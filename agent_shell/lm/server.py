@@ -141,6 +141,9 @@ class LMServer:
 
 class RemoteLM(LanguageModel):
     """A :class:`LanguageModel` whose calls go to an :class:`LMServer` actor (one stream per view).
+    The server batches the streams' ``score`` calls into shared passes and returns each one's
+    scores, so a decision is the protocol's host decision on them
+    (:meth:`agent_shell.lm.protocol.LanguageModel.decide`, inherited).
 
     Args:
         server: the actor handle (picklable: pass it to env workers).

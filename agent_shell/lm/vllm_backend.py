@@ -54,6 +54,8 @@ INSTALL_HINT = ("the vllm backend needs vLLM and a CUDA GPU: pip install 'cb-age
 
 class VLLMLanguageModel(LanguageModel):
     """A frozen LM served by vLLM: prompt log-probabilities for log Q, LAST pooling for the hidden state.
+    vLLM returns both to the host, so a decision is the protocol's host decision
+    (:meth:`agent_shell.lm.protocol.LanguageModel.decide`, inherited).
 
     Args:
         generator: a ``vllm.LLM`` (generation runner, prefix caching on).

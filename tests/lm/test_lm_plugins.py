@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -40,6 +41,54 @@ def test_unknown_broken_and_non_lm_backends_fail_with_one_clear_line(site):
     install_plugin(site, "notlm", "builtins:dict")
     with pytest.raises(ValueError, match="'notlm': its factory returned a dict"):
         load_language_model("notlm:")
+
+
+UNDECIDED = '''
+import numpy as np
+from agent_shell.lm.protocol import CandidateScores, LanguageModel
+
+class Scores:
+    name, hidden_size = "undecided", 2
+    def score(self, context, candidates, action_prefix):
+        return CandidateScores(np.array([-1.0, -3.0][:len(candidates)], np.float32),
+                               np.ones(len(candidates), np.int32),
+                               np.array([[1.0, 0.0], [0.0, 1.0]][:len(candidates)], np.float32))
+    def generate(self, prompt, max_new_tokens=64, stop=(), temperature=0.0, n=1, seed=None):
+        return [""] * n
+    def fork(self):
+        return self
+
+class Subclassed(Scores, LanguageModel):
+    pass
+
+def load(arg, *, dtype="auto", device=None):
+    return Subclassed() if arg == "subclassed" else Scores()
+'''
+
+
+def test_a_plugin_without_decide_is_told_to_subclass_and_a_subclass_inherits_the_host_decision(site):
+    """A backend object with score / generate / fork but no ``decide`` is refused in one line naming
+    ``decide`` and the subclassing that gives it; the same class subclassing the protocol decides on
+    its scores: log P = log softmax(prior + alpha . phi) over the set, computed here by hand."""
+    import cb_core
+
+    (site / "undecided_backend.py").write_text(UNDECIDED)
+    install_plugin(site, "undecided", "undecided_backend:load")
+    with pytest.raises(ValueError, match=r"'undecided': its factory returned a Scores, which lacks .*decide.*"
+                                         r"subclassing agent_shell\.lm\.protocol\.LanguageModel gives decide"):
+        load_language_model("undecided:")
+    lm = load_language_model("undecided:subclassed")
+    alpha = np.array([0.5, -2.0, 0.25], np.float32)  # (weights of the two features, bias)
+    decided = lm.decide("ctx", ["a", "b"], "\n> ", cb_core.Concept(alpha, 0.8, 1e-6))
+    # one token each: prior = log softmax(log q); the features standardised over the set (population
+    # std): (+1, -1) and (-1, +1); the bias coordinate is M ** -0.5
+    prior = np.array([-1.0, -3.0]) - np.logaddexp(-1.0, -3.0)
+    term = np.array([0.5 - (-2.0), -0.5 + (-2.0)]) + 0.25 / np.sqrt(2)
+    log_p = prior + term - np.logaddexp(*(prior + term))
+    np.testing.assert_allclose(decided.prior, prior, atol=1e-5)
+    np.testing.assert_allclose(decided.concept_term, term, atol=1e-5)
+    np.testing.assert_allclose(decided.log_p, log_p, atol=1e-5)
+    assert decided.chosen == 0
 
 
 def test_a_plugin_cannot_take_a_builtin_name(site):
