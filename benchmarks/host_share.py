@@ -125,7 +125,10 @@ def build_inputs(folder: Path, vocab: int, width: int, context_tokens: int, n_ca
 
 def history_step(k: int, candidates: list[str]) -> Any:
     """Step ``k`` of the episode's history (the same text in every leg, whatever was chosen)."""
-    from envs.trajectory import Step
+    try:
+        from cb_io.records import Step
+    except ImportError:  # a checkout from before cb_io.records held the records
+        from envs.trajectory import Step
 
     return Step("env", f"open drawer {k}", f"You open the drawer {k}. In it, you see a mug {k}.", candidates,
                 False, False, 0.0)
