@@ -110,7 +110,7 @@ def measure(args: argparse.Namespace) -> int:
     from agent_shell.candidates import fixed_action_space
     from agent_shell.demos import rendered_demos
     from agent_shell.lm import load_language_model
-    from agent_shell.lm.kv_cache import restore, snapshot
+    from agent_shell.lm.torch_kv import restore, snapshot
     from agent_shell.lm.scoring import cached_length, candidate_tree, packed_pass
     from agent_shell.lm.tokenization import common_prefix_len
     from cb_io.paths import cache_dir

@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from agent_shell.lm.decoding import check_generation, extend_reply, sampler
-from agent_shell.lm.kv_cache import PrefixCache, Snapshot, new_cache, snapshot
+from agent_shell.lm.kv_cache import PrefixCache
+from agent_shell.lm.torch_kv import Snapshot, new_cache, snapshot
 from agent_shell.lm.protocol import CandidateScores, Context, ContextWindowFull, check_candidates
 from agent_shell.lm.scoring import cached_length, candidate_tree, gather, head_pass, head_rows
 from agent_shell.lm.tokenization import TokenizedContinuation

@@ -24,7 +24,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from agent_shell.lm.kv_cache import Forward
+from agent_shell.lm.torch_kv import Forward
 
 if TYPE_CHECKING:
     import torch
@@ -124,7 +124,7 @@ def decode(forward: Forward, tokenizer: PreTrainedTokenizerBase, stop_ids: froze
     With ``prompt_ids`` (the prompt's ``length`` token ids), a greedy single reply (``rows == 1``,
     ``temperature == 0``) is decoded with prompt-lookup drafts of at most ``draft_tokens``
     tokens (see the module docstring), which needs a cache that :func:`restore` can cut back
-    (:func:`agent_shell.lm.kv_cache.truncatable`). Several rows (``rows > 1``) read the prompt's
+    (:func:`agent_shell.lm.torch_kv.truncatable`). Several rows (``rows > 1``) read the prompt's
     cache once through ``shared`` (:mod:`agent_shell.lm.shared_prefix`; their own tokens go to a
     new per-row cache), else from ``rows`` copies of it. Either way the cache may hold more than
     the prompt afterwards: the caller restores the prompt's keys and values."""
@@ -201,7 +201,7 @@ def _decode_with_drafts(forward: Forward, tokenizer: PreTrainedTokenizerBase, st
     extended in place by the reply's)."""
     import torch
 
-    from agent_shell.lm.kv_cache import restore, snapshot
+    from agent_shell.lm.torch_kv import restore, snapshot
 
     def verify(feed: list[int], cached: int) -> list[int]:
         tokens = torch.tensor([feed], device=device)

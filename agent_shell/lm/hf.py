@@ -9,7 +9,8 @@ For a context x and candidate actions a_1..a_M it returns, per candidate (seed A
 
 The parts live in one module each: :mod:`~agent_shell.lm.formatting` (the conditioning text),
 :mod:`~agent_shell.lm.tokenization` (token accounting at the context/action boundary),
-:mod:`~agent_shell.lm.kv_cache` (the prefix cache reused across calls),
+:mod:`~agent_shell.lm.kv_cache` (the prefix cache reused across calls, over transformers' caches:
+:mod:`~agent_shell.lm.torch_kv`),
 :mod:`~agent_shell.lm.scoring` (all candidates in one pass, shared prefixes once) and
 :mod:`~agent_shell.lm.decoding` (generation); :mod:`~agent_shell.lm.dtypes` holds the dtype rule.
 This class wires them to one model and tokenizer.
@@ -30,7 +31,8 @@ import torch
 
 from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, decode, eos_ids, sampler
 from agent_shell.lm.dtypes import resolve_device, resolve_dtype
-from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache, restore, snapshot, truncatable
+from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache
+from agent_shell.lm.torch_kv import TransformersKV, restore, snapshot, truncatable
 from agent_shell.lm.protocol import BackboneFault, CandidateScores, Context, DeviceScores
 from agent_shell.lm.scoring import (CANDIDATE_LAYOUTS, action_positions, captured_output, pool_states, score_batched,
                                     score_packed)
@@ -104,7 +106,7 @@ class HFLanguageModel(TokenizedBackend):
         if self._head is None:
             raise ValueError(f"{name!r} has no output embeddings (LM head)")
         self._eos_ids = eos_ids(model, tokenizer)
-        self.cache = PrefixCache(model, self.device, reuse_cache, HeadStore(max_heads))
+        self.cache = PrefixCache(TransformersKV(model, self.device), reuse_cache, HeadStore(max_heads))
         self._shared = SharedPrefix.of(model) if shared_prefix else None
 
     # ------------------------------------------------------------------ construction
@@ -160,7 +162,7 @@ class HFLanguageModel(TokenizedBackend):
         call; a fork per stream keeps each stream's prefix.
         """
         twin = copy.copy(self)
-        twin.cache = PrefixCache(self.model, self.device, self.reuse_cache, self.cache.heads)
+        twin.cache = PrefixCache(TransformersKV(self.model, self.device), self.reuse_cache, self.cache.heads)
         return twin
 
     @property

@@ -107,7 +107,7 @@ class JaxLanguageModel(TokenizedBackend):
         value = getattr(tokenizer, "eos_token_id", None)
         eos.update([value] if isinstance(value, int) else (value or []))
         self._eos_ids = frozenset(eos)
-        self.cache = PrefixCache(None, self.device, reuse_cache, HeadStore(max_heads), ops=JaxKV(self.programs))
+        self.cache = PrefixCache(JaxKV(self.programs), reuse_cache, HeadStore(max_heads))
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -149,7 +149,7 @@ class JaxLanguageModel(TokenizedBackend):
         """A view of the same weights and compiled programs with its own, empty prefix KV cache
         (the pinned heads are shared)."""
         twin = copy.copy(self)
-        twin.cache = PrefixCache(None, self.device, self.reuse_cache, self.cache.heads, ops=JaxKV(self.programs))
+        twin.cache = PrefixCache(JaxKV(self.programs), self.reuse_cache, self.cache.heads)
         return twin
 
     @property

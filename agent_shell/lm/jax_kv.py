@@ -13,7 +13,7 @@ Must not import the agents, the environments or torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +23,8 @@ from agent_shell.lm.buckets import capacity
 from agent_shell.lm.jax_model import KV
 
 if TYPE_CHECKING:
-    from agent_shell.lm.jax_programs import Programs
+    from agent_shell.lm.jax_programs import PassOutput, Programs
+    from agent_shell.lm.kv_cache import Forward
 
 
 @dataclass
@@ -38,9 +39,9 @@ class StreamKV:
 
 
 class JaxKV:
-    """:class:`agent_shell.lm.kv_cache.CacheOps` of :class:`StreamKV` buffers for one decoder's
-    ``programs`` (every layer is full attention: a cache is cut back by its length alone), and the
-    buffers a pass writes into."""
+    """:class:`agent_shell.lm.kv_cache.CacheOps` of :class:`StreamKV` buffers (``CacheOps[StreamKV,
+    tuple[KV | None, int], PassOutput]``) for one decoder's ``programs`` (every layer is full
+    attention: a cache is cut back by its length alone), and the buffers a pass writes into."""
 
     def __init__(self, programs: Programs):
         self.programs = programs
@@ -61,7 +62,7 @@ class JaxKV:
     def truncatable(self, cache: StreamKV) -> bool:
         return True
 
-    def encode(self, forward: Any, cache: StreamKV, ids: Sequence[int], start: int) -> Any:
+    def encode(self, forward: Forward[PassOutput], cache: StreamKV, ids: Sequence[int], start: int) -> PassOutput:
         return forward(ids, cache, start)
 
     def buffer(self, batch: int, slots: int) -> KV:

@@ -1,91 +1,80 @@
 """The prefix KV cache: a context's keys and values, kept and reused by the next call.
 
-A backend keeps the transformers cache of the last context it encoded, with the token ids it
-covers. The next call reuses the longest common token prefix and encodes only the rest, so an
-episode whose context grows step by step encodes only its new tokens. Scoring and decoding
-extend the cache temporarily and put it back (:func:`snapshot` / :func:`restore`). One cache
-serves one stream of related contexts: a second stream (scoring contexts beside routing
-prompts) needs a second cache, which :meth:`agent_shell.lm.hf.HFLanguageModel.fork` gives.
+A backend keeps the KV cache of the last context it encoded, with the token ids it covers. The
+next call reuses the longest common token prefix and encodes only the rest, so an episode whose
+context grows step by step encodes only its new tokens. Scoring and decoding extend the cache
+temporarily and cut it back. One cache serves one stream of related contexts: a second stream
+(scoring contexts beside routing prompts) needs a second cache, which a backend's ``fork`` gives.
 
 *Pinned heads* (:class:`HeadStore`) outlive the stream: the fixed head of a prompt (the ReAct
 header and the demonstrations of a task type) is encoded once, pinned, and every later context
 that starts with it (every episode of that task type, whatever ran in between) starts from its
 keys and values instead of re-encoding it. A prefill starts from whichever of the stream and
 the pinned heads shares the longest token prefix with the new context. Forks share one store.
-Keys and values are never changed in place (transformers' ``DynamicLayer`` grows them by
-concatenation and :func:`restore` only slices), so a head and the caches built on it share
-their tensors safely.
 
-The bookkeeping (:class:`PrefixCache`, :class:`HeadStore`) is the same for every kind of cache;
-what a cache is and how a pass writes into it is a :class:`CacheOps`: :class:`TransformersKV`
-here, :class:`agent_shell.lm.jax_kv.JaxKV` for the JAX backend. Imports torch only where a
-transformers cache is made or fed.
+The bookkeeping (:class:`PrefixCache`, :class:`HeadStore`) is the same for every kind of cache
+and knows none: what a cache is, what a snapshot of it keeps and how a pass writes into it is a
+:class:`CacheOps` (:class:`agent_shell.lm.torch_kv.TransformersKV` for the PyTorch backend,
+:class:`agent_shell.lm.jax_kv.JaxKV` for the JAX one), whose types the bookkeeping carries
+through as type parameters.
 
-Must not import the agents or the environments.
+Must not import the agents, the environments, torch or JAX.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import Callable, Generic, Protocol, Sequence, TypeVar, runtime_checkable
 
 from agent_shell.lm.tokenization import common_prefix_len
-
-if TYPE_CHECKING:
-    import torch
-    from transformers import PreTrainedModel
-    from transformers.cache_utils import Cache
-    from transformers.modeling_outputs import CausalLMOutputWithPast
 
 #: Longest stretch of new context tokens encoded in one forward pass (bounds attention memory).
 PREFILL_CHUNK = 2048
 
-#: ``forward(input_ids [B, T], cache, **model kwargs) -> model output`` with ``use_cache=True``.
-Forward = Callable[..., "CausalLMOutputWithPast"]
-#: A cache's per-layer (keys [B, heads, T, d], values [B, heads, T, d]), as :func:`snapshot` takes them.
-Snapshot = list[tuple["torch.Tensor | None", "torch.Tensor | None"]]
+#: A kind of KV cache (transformers' ``Cache``, :class:`agent_shell.lm.jax_kv.StreamKV`).
+CacheT = TypeVar("CacheT")
+#: What a snapshot of such a cache keeps (its keys and values, never copied).
+SavedT = TypeVar("SavedT")
+#: A pass's output (a transformers model output, :class:`agent_shell.lm.jax_programs.PassOutput`).
+OutputT = TypeVar("OutputT")
+#: A backend's causal pass over a chunk of tokens into a cache, as its :class:`CacheOps` calls it.
+Forward = Callable[..., OutputT]
 
 
-def new_cache(model: PreTrainedModel) -> Cache:
-    """An empty transformers ``DynamicCache`` for ``model``."""
-    from transformers import DynamicCache
+@runtime_checkable
+class CacheOps(Protocol[CacheT, SavedT, OutputT]):
+    """What :class:`PrefixCache` needs of one kind of KV cache: the bookkeeping of which tokens a
+    cache holds, which prefix to reuse and which heads to pin is the same for every kind."""
 
-    try:
-        return DynamicCache(config=model.config)
-    except TypeError:  # older signature
-        return DynamicCache()
+    def new(self) -> CacheT:
+        """An empty batch-1 cache."""
+        ...
 
+    def snapshot(self, cache: CacheT) -> SavedT:
+        """What :meth:`from_snapshot` rebuilds ``cache`` from (its keys and values, never copied)."""
+        ...
 
-def from_snapshot(model: PreTrainedModel, saved: Snapshot, length: int) -> Cache:
-    """A new cache holding the first ``length`` tokens of ``saved`` (a :func:`snapshot`); the
-    tensors are sliced, not copied."""
-    cache = new_cache(model)
-    if len(cache.layers) != len(saved):
-        raise ValueError(f"a cache of {len(cache.layers)} layers cannot take a snapshot of {len(saved)}")
-    for layer, (k, v) in zip(cache.layers, saved):
-        try:
-            layer.lazy_initialization(k, v)
-        except TypeError:  # transformers releases whose layers take the keys only
-            layer.lazy_initialization(k)
-        layer.keys, layer.values = k[..., :length, :], v[..., :length, :]
-    return cache
+    def from_snapshot(self, saved: SavedT, length: int) -> CacheT:
+        """A new cache holding the first ``length`` tokens of ``saved``."""
+        ...
 
+    def cut(self, cache: CacheT, length: int) -> None:
+        """Keep only the first ``length`` tokens of ``cache``."""
+        ...
 
-def snapshot(cache: Cache) -> Snapshot:
-    """The cache's per-layer (keys, values), to be put back with :func:`restore`."""
-    return [(layer.keys, layer.values) for layer in cache.layers]
+    def truncatable(self, cache: CacheT) -> bool:
+        """Whether :meth:`cut` can roll ``cache`` back (full-attention layers only)."""
+        ...
 
-
-def restore(cache: Cache, saved: Snapshot, length: int | None = None) -> None:
-    """Put ``saved`` (from :func:`snapshot`) back into ``cache``, cut to ``length`` tokens if given."""
-    for layer, (k, v) in zip(cache.layers, saved):
-        if length is not None and k is not None:
-            k, v = k[..., :length, :], v[..., :length, :]
-        layer.keys, layer.values = k, v
+    def encode(self, forward: Forward[OutputT], cache: CacheT, ids: Sequence[int], start: int) -> OutputT:
+        """One pass of ``forward`` over ``ids`` at positions ``start, start + 1, ...`` into ``cache``
+        (which holds ``start`` tokens); the pass's output, with the next-token logits of its last token."""
+        ...
 
 
-class HeadStore:
-    """Pinned prompt heads: token ids -> per-layer (keys, values), least recently used dropped first.
+class HeadStore(Generic[SavedT]):
+    """Pinned prompt heads: token ids -> a snapshot of their cache (a :meth:`CacheOps.snapshot`),
+    least recently used dropped first.
 
     Args:
         max_heads: how many heads are kept (one per task type is typical: ALFWorld has 6).
@@ -95,7 +84,7 @@ class HeadStore:
         if max_heads < 1:
             raise ValueError(f"max_heads={max_heads}: keep at least one head")
         self.max_heads = max_heads
-        self._heads: OrderedDict[tuple[int, ...], Snapshot] = OrderedDict()
+        self._heads: OrderedDict[tuple[int, ...], SavedT] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._heads)
@@ -103,15 +92,15 @@ class HeadStore:
     def __contains__(self, ids: Sequence[int]) -> bool:
         return tuple(ids) in self._heads
 
-    def add(self, ids: Sequence[int], saved: Snapshot) -> None:
-        """Pin ``saved`` (a :func:`snapshot` covering exactly ``ids``)."""
+    def add(self, ids: Sequence[int], saved: SavedT) -> None:
+        """Pin ``saved`` (a snapshot covering exactly ``ids``)."""
         ids = tuple(ids)
         self._heads[ids] = saved
         self._heads.move_to_end(ids)
         while len(self._heads) > self.max_heads:
             self._heads.popitem(last=False)
 
-    def best(self, ids: Sequence[int]) -> tuple[int, Snapshot | None]:
+    def best(self, ids: Sequence[int]) -> tuple[int, SavedT | None]:
         """(length, keys and values) of the pinned head sharing the longest token prefix with ``ids``;
         (0, None) when none shares a token."""
         best_len, best = 0, None
@@ -124,90 +113,23 @@ class HeadStore:
         return best_len, best
 
 
-def truncatable(cache: Cache | None) -> bool:
-    """Whether every layer of ``cache`` is a plain full-attention layer (transformers'
-    ``DynamicLayer``), whose keys and values :func:`restore` can cut to a shorter prefix; a
-    sliding-window or linear-attention layer cannot be rolled back."""
-    layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
-
-
-class CacheOps(Protocol):
-    """What :class:`PrefixCache` needs of one kind of KV cache (:class:`TransformersKV` for the
-    PyTorch backend, :class:`agent_shell.lm.jax_kv.JaxKV` for the JAX one): the bookkeeping
-    of which tokens a cache holds, which prefix to reuse and which heads to pin is the same."""
-
-    def new(self) -> Any:
-        """An empty batch-1 cache."""
-
-    def snapshot(self, cache: Any) -> Any:
-        """What :meth:`from_snapshot` rebuilds ``cache`` from (its keys and values, never copied)."""
-
-    def from_snapshot(self, saved: Any, length: int) -> Any:
-        """A new cache holding the first ``length`` tokens of ``saved``."""
-
-    def cut(self, cache: Any, length: int) -> None:
-        """Keep only the first ``length`` tokens of ``cache``."""
-
-    def truncatable(self, cache: Any) -> bool:
-        """Whether :meth:`cut` can roll ``cache`` back (full-attention layers only)."""
-
-    def encode(self, forward: Forward, cache: Any, ids: Sequence[int], start: int) -> Any:
-        """One pass of ``forward`` over ``ids`` at positions ``start, start + 1, ...`` into ``cache``
-        (which holds ``start`` tokens); the pass's output, with the next-token logits of its last token."""
-
-
-class TransformersKV:
-    """:class:`CacheOps` of transformers' caches, for ``model`` on ``device``."""
-
-    def __init__(self, model: PreTrainedModel, device: torch.device):
-        self.model = model
-        self.device = device
-
-    def new(self) -> Cache:
-        return new_cache(self.model)
-
-    def snapshot(self, cache: Cache) -> Snapshot:
-        return snapshot(cache)
-
-    def from_snapshot(self, saved: Snapshot, length: int) -> Cache:
-        return from_snapshot(self.model, saved, length)
-
-    def cut(self, cache: Cache, length: int) -> None:
-        restore(cache, snapshot(cache), length)
-
-    def truncatable(self, cache: Cache) -> bool:
-        return truncatable(cache)
-
-    def encode(self, forward: Forward, cache: Cache, ids: Sequence[int], start: int) -> CausalLMOutputWithPast:
-        import torch
-
-        chunk = torch.tensor([tuple(ids)], device=self.device)
-        pos = torch.arange(start, start + len(ids), device=self.device)[None]
-        return forward(chunk, cache, position_ids=pos, logits_to_keep=1)
-
-
-class PrefixCache:
+class PrefixCache(Generic[CacheT, SavedT, OutputT]):
     """The stored prefix cache of one backend view: the token ids it covers and the cache (batch 1),
     beside the pinned heads it shares with its forks.
 
     Args:
-        model: the causal LM (for empty caches).
-        device: where token tensors go.
+        ops: the cache kind's operations.
         reuse: keep the last context's cache and reuse its common prefix next call (and the heads).
         heads: the pinned heads to start from (default: a new, empty store).
-        ops: the cache kind's operations (default: :class:`TransformersKV` of ``model`` on ``device``).
     """
 
-    def __init__(self, model: Any, device: Any, reuse: bool = True, heads: HeadStore | None = None,
-                 ops: CacheOps | None = None):
-        self.model = model
-        self.device = device
-        self.ops: CacheOps = ops if ops is not None else TransformersKV(model, device)
+    def __init__(self, ops: CacheOps[CacheT, SavedT, OutputT], reuse: bool = True,
+                 heads: HeadStore[SavedT] | None = None):
+        self.ops = ops
         self.reuse = reuse
-        self.heads = heads if heads is not None else HeadStore()
+        self.heads: HeadStore[SavedT] = heads if heads is not None else HeadStore()
         self.ids: tuple[int, ...] = ()
-        self.cache: Cache | None = None
+        self.cache: CacheTT | None = None
         #: tokens encoded by :meth:`prefill` so far (what prefix reuse saves shows here)
         self.encoded_tokens = 0
 
@@ -215,15 +137,15 @@ class PrefixCache:
         """Forget the stored cache (e.g. at the start of an unrelated episode)."""
         self.cache, self.ids = None, ()
 
-    def reusable(self, cache: Cache) -> bool:
+    def reusable(self, cache: CacheT) -> bool:
         """Only plain full-attention layers can be truncated to a shorter prefix."""
         return self.reuse and self.ops.truncatable(cache)
 
-    def keep(self, cache: Cache, ids: Sequence[int]) -> None:
+    def keep(self, cache: CacheT, ids: Sequence[int]) -> None:
         """Store ``cache`` as covering exactly ``ids``."""
         self.cache, self.ids = cache, tuple(ids)
 
-    def start(self, ids: Sequence[int]) -> tuple[Cache, int]:
+    def start(self, ids: Sequence[int]) -> tuple[CacheT, int]:
         """(cache, n): a batch-1 cache already holding the first ``n`` tokens of ``ids`` (the longest
         prefix the stored cache or a pinned head shares with them; an empty cache and 0 when none
         does), for the caller to encode ``ids[n:]`` itself. The stored cache is detached: store
@@ -242,7 +164,7 @@ class PrefixCache:
             cache = self.ops.new()
         return cache, start
 
-    def reusable_prefix(self, ids: Sequence[int]) -> tuple[int, Snapshot | None]:
+    def reusable_prefix(self, ids: Sequence[int]) -> tuple[int, SavedT | None]:
         """(n, head): how many leading tokens of ``ids`` :meth:`start` would take from the stored
         cache or a pinned head instead of encoding them, and that head's keys and values when a
         pinned head holds more of them than the stored cache (None: the stored cache, or nothing
@@ -254,8 +176,8 @@ class PrefixCache:
             return head_len, head
         return start, None
 
-    def encode(self, cache: Any, ids: Sequence[int], start: int, forward: Forward,
-               stop: int | None = None) -> Any:
+    def encode(self, cache: CacheT, ids: Sequence[int], start: int, forward: Forward[OutputT],
+               stop: int | None = None) -> OutputT | None:
         """Encode ``ids[start:stop]`` (default: to the end) into ``cache`` (which holds ``ids[:start]``)
         in chunks of at most :data:`PREFILL_CHUNK` tokens; returns the last chunk's model output
         (its logits at the chunk's last token), or None when there was nothing to encode."""
@@ -266,7 +188,7 @@ class PrefixCache:
             out = self.ops.encode(forward, cache, ids[lo:min(lo + PREFILL_CHUNK, stop)], lo)
         return out
 
-    def prefill(self, ids: Sequence[int], forward: Forward) -> Cache:
+    def prefill(self, ids: Sequence[int], forward: Forward[OutputT]) -> CacheT:
         """A batch-1 cache holding exactly ``ids``, reusing the stored cache's common prefix.
 
         The stored cache is detached while it is being changed, so an exception never leaves a
@@ -280,7 +202,7 @@ class PrefixCache:
             self.keep(cache, ids)
         return cache
 
-    def pin(self, ids: Sequence[int], forward: Forward) -> bool:
+    def pin(self, ids: Sequence[int], forward: Forward[OutputT]) -> bool:
         """Encode ``ids`` (starting from the best stored prefix) and pin them as a head; False when
         this cache keeps nothing (``reuse=False`` or a cache type that cannot be cut)."""
         ids = tuple(ids)
@@ -296,5 +218,4 @@ class PrefixCache:
         return True
 
 
-__all__ = ["PREFILL_CHUNK", "CacheOps", "HeadStore", "PrefixCache", "Snapshot", "TransformersKV", "from_snapshot",
-           "new_cache", "restore", "snapshot"]
+__all__ = ["PREFILL_CHUNK", "CacheOps", "CacheT", "Forward", "HeadStore", "OutputT", "PrefixCache", "SavedT"]

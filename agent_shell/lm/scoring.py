@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from agent_shell.lm.kv_cache import Forward
+from agent_shell.lm.torch_kv import Forward
 from agent_shell.lm.layout import (CANDIDATE_LAYOUTS, PrefixTree, action_positions, batched_head_rows, cached_length,
                                     candidate_tree, head_rows)
 from agent_shell.lm.tokenization import TokenizedContinuation

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
-from agent_shell.lm.kv_cache import new_cache, truncatable
+from agent_shell.lm.torch_kv import new_cache, truncatable
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -8,6 +8,7 @@ import numpy as np
 from agent_shell.context import action_prefix
 from agent_shell.lm.batched import ScoreRequest, score_many
 from agent_shell.lm.kv_cache import HeadStore, PrefixCache
+from agent_shell.lm.torch_kv import TransformersKV
 
 PREFIX = action_prefix("text")
 STEP = "> go to cabinet {i}\nYou arrive at cabinet {i}. In it, you see a mug {j} and a dishsponge {i}."
@@ -31,7 +32,7 @@ def test_one_pass_for_all_requests_equals_one_call_each(lm32, fresh):
     # the reference: one call each with right-padded rows (no packing, no prefix tree)
     ref = [fresh(reuse_cache=False, candidate_layout="batched").score(c, cands, PREFIX) for c, cands in REQUESTS]
     heads = HeadStore()
-    streams = [PrefixCache(lm32.model, lm32.device, True, heads) for _ in REQUESTS]
+    streams = [PrefixCache(TransformersKV(lm32.model, lm32.device), True, heads) for _ in REQUESTS]
     calls = []
     lm = fresh()
     real = lm._forward
@@ -68,7 +69,7 @@ def test_replies_decoded_together_equal_one_generate_call_each(fresh):
 
     ref = [fresh(reuse_cache=False).generate(p, n_new, stop, temp, 1, seed) for p, n_new, stop, temp, seed in GENERATIONS]
     lm = fresh()
-    streams = [PrefixCache(lm.model, lm.device, True, HeadStore()) for _ in GENERATIONS]
+    streams = [PrefixCache(TransformersKV(lm.model, lm.device), True, HeadStore()) for _ in GENERATIONS]
     calls = []
     real = lm._forward
     lm._forward = lambda *a, **k: calls.append(a[0].shape) or real(*a, **k)

@@ -79,7 +79,7 @@ def test_seeded_sampling_is_reproducible(fresh_any):
 def test_sampled_rows_over_a_shared_prompt_equal_rows_over_copies_of_it(fresh, lm32):
     """Shared-prefix attention (the prompt's cache read once for all rows) gives the rows' logits
     of the copying path, replies and all, and leaves the prompt's cache as it was."""
-    from agent_shell.lm.kv_cache import new_cache
+    from agent_shell.lm.torch_kv import new_cache
     from agent_shell.lm.shared_prefix import PromptKV, SharedPrefix, attention, supports
 
     model = lm32.model

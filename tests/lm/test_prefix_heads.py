@@ -106,3 +106,23 @@ def test_reusable_prefix_is_what_the_next_call_does_not_encode(fresh_any):
         assert lm.cache.encoded_tokens - before == len(ids) - n
         stream = ids
     assert fresh_any(reuse_cache=False).cache.reusable_prefix(ids) == (0, None)
+
+
+def test_the_prefix_cache_is_backend_neutral_and_both_backends_cache_ops_satisfy_its_protocol(fresh_any):
+    """The bookkeeping module loads neither torch nor JAX; each backend's prefix cache runs on an
+    operations object of the ``CacheOps`` protocol, with the protocol's methods and parameters."""
+    import inspect
+    import subprocess
+    import sys
+
+    from agent_shell.lm.kv_cache import CacheOps
+
+    loaded = subprocess.run([sys.executable, "-c", "import sys, agent_shell.lm.kv_cache; "
+                             "print(sorted({'torch', 'jax', 'transformers'} & set(sys.modules)))"],
+                            capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]", loaded.stdout
+    ops = fresh_any().cache.ops
+    assert isinstance(ops, CacheOps)
+    for name in ("new", "snapshot", "from_snapshot", "cut", "truncatable", "encode"):
+        want = list(inspect.signature(getattr(CacheOps, name)).parameters)
+        assert list(inspect.signature(getattr(type(ops), name)).parameters) == want, name
