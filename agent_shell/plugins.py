@@ -15,7 +15,7 @@ Imports nothing of ours.
 from __future__ import annotations
 
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, Iterable
+from typing import Iterable
 
 
 def registered(group: str, reserved: Iterable[str] = ()) -> dict[str, EntryPoint]:
@@ -29,8 +29,8 @@ def registered(group: str, reserved: Iterable[str] = ()) -> dict[str, EntryPoint
     return found
 
 
-def load_registered(group: str, name: str, reserved: Iterable[str] = (), what: str = "plug-in") -> Any:
-    """The object registered as ``name`` in ``group``.
+def load_registered(group: str, name: str, reserved: Iterable[str] = (), what: str = "plug-in") -> object:
+    """The object registered as ``name`` in ``group`` (what it must be is the seam's to check).
 
     Raises:
         ValueError: no such name (the message lists the registered ones and the group), or the

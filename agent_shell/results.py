@@ -66,7 +66,7 @@ SETTING_DEFAULTS: dict[str, Any] = {"rendering": "raw", "layout": "text", "featu
                                    "concept_round": 0}
 
 
-def setting(record: Mapping[str, Any], key: str) -> Any:
+def setting(record: Mapping[str, Any], key: str) -> object:
     """The record's value of setting ``key``: the recorded one, else the default of
     :data:`SETTING_DEFAULTS`, else None."""
     if key in record:

@@ -156,7 +156,7 @@ def config_options(*names: str, **overrides: Callable) -> Callable[[Callable], C
 
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
-        def command(**kwargs: Any) -> Any:
+        def command(**kwargs: Any) -> object:
             values = {name: kwargs.pop(name) for name in names if name in fields}
             if kwargs.pop("all_games", False):
                 values.update(per_type=0, games=0)

@@ -94,6 +94,9 @@ def make_extractor(spec: str) -> FeatureExtractor:
     """
     base, _, arg = spec.strip().partition(":")
     factory = BUILTIN.get(base) or load_registered(ENTRY_POINT_GROUP, base, BUILTIN, what="feature extractor")
+    if not callable(factory):
+        raise ValueError(f"feature extractor {spec!r}: its entry point gives a {type(factory).__name__}, not a "
+                         "factory")
     extractor = factory(arg or None)
     if not _is_extractor(extractor):
         raise ValueError(f"feature extractor {spec!r}: its factory returned a {type(extractor).__name__}, which "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from agent_shell.lm.scores import CandidateScores, Decided, DeviceScores
 
 if TYPE_CHECKING:
     import jax
+    import torch
 
     from cb_core import Concept
     from cb_core.model import DeviceDecision
@@ -77,7 +78,7 @@ def _program() -> Callable:
 _VECTORS: "weakref.WeakKeyDictionary[Concept, dict]" = weakref.WeakKeyDictionary()
 
 
-def concept_vector(concept: Concept, width: int, device: Any = None) -> jax.Array:
+def concept_vector(concept: Concept, width: int, device: jax.Device | None = None) -> jax.Array:
     """float32 [d + 3] on ``device`` (default JAX's default device): ``concept``'s alpha, then gamma
     and eps, put there once per concept and device, for a decision on features of ``width`` columns.
 
@@ -111,7 +112,7 @@ def decide_scores(concept: Concept, scores: DeviceScores) -> Decided:
     return unpacked(np.asarray(record), scores.count, scores.fetched, concept)
 
 
-def as_jax(array: Any) -> Any:
+def as_jax(array: torch.Tensor | np.ndarray) -> jax.Array | np.ndarray:
     """A torch tensor as a JAX array on the matching device without a copy (DLPack), a numpy array as
     it is; a tensor on a device JAX does not see here comes to the host first."""
     import jax

@@ -220,6 +220,9 @@ def _load_plugin(backend: str, arg: str, dtype: str, device: str | None, **kwarg
     from agent_shell.plugins import load_registered
 
     factory = load_registered(ENTRY_POINT_GROUP, backend, BUILTIN_BACKENDS, what="LM backend")
+    if not callable(factory):
+        raise ValueError(f"LM backend {backend!r}: its entry point gives a {type(factory).__name__}, not a factory "
+                         "load(arg, *, dtype, device, **kw)")
     lm = factory(arg, dtype=dtype, device=device, **kwargs)
     if not isinstance(lm, LanguageModel):
         raise ValueError(f"LM backend {backend!r}: its factory returned a {type(lm).__name__}, which lacks "

@@ -8,10 +8,10 @@ when ``"auto"`` is resolved on a CPU).
 
 from __future__ import annotations
 
-from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 from agent_shell.lm.jax_platforms import check_jax_platforms
 
@@ -71,7 +71,7 @@ def jax_dtype_name(dtype: str, device: str | None = None) -> str:
     return str(jnp.dtype(resolve_jax_dtype(dtype, resolve_jax_device(device))))
 
 
-def resolve_jax_dtype(dtype: str, device: jax.Device) -> Any:
+def resolve_jax_dtype(dtype: str, device: jax.Device) -> DTypeLike:
     """``"auto"``, ``"float32"``/``"fp32"`` or ``"bfloat16"``/``"bf16"`` as a JAX dtype on ``device``.
 
     ``"auto"`` follows :func:`agent_shell.lm.dtypes.resolve_dtype`: bfloat16 on GPUs and TPUs and

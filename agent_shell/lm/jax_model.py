@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.typing import DTypeLike
 
 from agent_shell.lm.model_config import (ARCHITECTURES, EMBED, HEAD, ROPE_TYPES, DecoderConfig, UnsupportedModel,
                                          layer_tensors, read_config)
@@ -109,7 +110,7 @@ def nonfinite_counts(weights: Mapping[str, Any]) -> Iterator[tuple[str, int]]:
 
 
 # ---------------------------------------------------------------------------------------- modules
-def _dot(x: jax.Array, w: jax.Array, precision: Any) -> jax.Array:
+def _dot(x: jax.Array, w: jax.Array, precision: jax.lax.Precision) -> jax.Array:
     """``x @ w.T`` for a weight in transformers' [out, in] layout, accumulated in float32."""
     return jnp.einsum("...i,oi->...o", x, w, precision=precision, preferred_element_type=jnp.float32).astype(x.dtype)
 
@@ -117,7 +118,7 @@ def _dot(x: jax.Array, w: jax.Array, precision: Any) -> jax.Array:
 class Linear(nnx.Module):
     """A projection with transformers' weight layout ([out, in]) and an optional bias."""
 
-    def __init__(self, weight: jax.Array, bias: jax.Array | None, precision: Any):
+    def __init__(self, weight: jax.Array, bias: jax.Array | None, precision: jax.lax.Precision):
         self.weight = nnx.Param(weight)
         self.bias = nnx.Param(bias) if bias is not None else None
         self.precision = precision
@@ -179,7 +180,7 @@ class _Softmax:
         f32 = jnp.float32
         return cls(jnp.full(shape[:-1], jnp.finfo(f32).min, f32), jnp.zeros(shape[:-1], f32), jnp.zeros(shape, f32))
 
-    def add(self, q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array, precision: Any) -> "_Softmax":
+    def add(self, q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array, precision: jax.lax.Precision) -> "_Softmax":
         """Fold in ``keys``/``values`` [B, Hkv, n, hd] (or [Hkv, n, hd] for every row) under ``mask``
         (broadcast to [B, Hkv, Q, n]); q [B, Hkv, Q, hd], already scaled."""
         f32 = jnp.float32
@@ -197,7 +198,7 @@ class _Softmax:
         return _Softmax(top, self.total * rescale + weights.sum(-1), self.acc * rescale[..., None] + acc)
 
     def add_buffer(self, q: jax.Array, keys: jax.Array, values: jax.Array, layer: jax.Array, length: jax.Array,
-                   precision: Any, shared: bool) -> "_Softmax":
+                   precision: jax.lax.Precision, shared: bool) -> "_Softmax":
         """Fold in layer ``layer``'s first ``length`` slots of a buffer ([L, B, Hkv, S, hd];
         ``shared``: [L, 1, Hkv, S, hd] read by every row), every query seeing every slot."""
         block = min(KEY_BLOCK, keys.shape[3])
@@ -225,7 +226,7 @@ jax.tree_util.register_dataclass(_Softmax, data_fields=["top", "total", "acc"], 
 class Block(nnx.Module):
     """One decoder layer: attention and a SwiGLU MLP, each after an RMSNorm, with residuals."""
 
-    def __init__(self, c: DecoderConfig, w: Mapping[str, jax.Array], precision: Any):
+    def __init__(self, c: DecoderConfig, w: Mapping[str, jax.Array], precision: jax.lax.Precision):
         def lin(name: str, bias: bool) -> Linear:
             return Linear(w[f"{name}.weight"], w[f"{name}.bias"] if bias else None, precision)
 
@@ -297,7 +298,7 @@ class Decoder(nnx.Module):
             (:func:`agent_shell.lm.model_folder.check_tensor_shapes`; one line naming it).
     """
 
-    def __init__(self, config: DecoderConfig, weights: Mapping[str, Any], dtype: Any = jnp.float32,
+    def __init__(self, config: DecoderConfig, weights: Mapping[str, Any], dtype: DTypeLike = jnp.float32,
                  device: jax.Device | None = None, where: str | os.PathLike = "the weights"):
         self.config = config
         self.dtype = jnp.dtype(dtype)
@@ -382,7 +383,7 @@ class Decoder(nnx.Module):
         return normed, logits.astype(self.dtype).astype(jnp.float32)
 
 
-def load_decoder(folder: str | os.PathLike, dtype: Any = jnp.float32, device: jax.Device | None = None,
+def load_decoder(folder: str | os.PathLike, dtype: DTypeLike = jnp.float32, device: jax.Device | None = None,
                  read: Callable[[str | os.PathLike], Mapping[str, Any]] = read_weights) -> Decoder:
     """The :class:`Decoder` of a HuggingFace model folder, read as transformers reads it
     (:func:`agent_shell.lm.model_config.read_config`).

@@ -33,7 +33,7 @@ import hashlib
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Iterator, NamedTuple, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +46,12 @@ from agent_shell.lm.protocol import BackboneFault
 
 if TYPE_CHECKING:
     from cb_core import Concept
+
+
+#: A program's argument after the decoder's state: a device array, a host array or scalar, or a KV buffer.
+Operand = Union[jax.Array, np.ndarray, np.generic, KV]
+#: A program's results: the new KV buffer alone (``grow``), or it and the program's arrays.
+Results = Union[KV, tuple[Union[KV, jax.Array, None], ...]]
 
 
 class Shape(NamedTuple):
@@ -85,7 +91,7 @@ class Pass:
     owner: Sequence[int] = ()
     final: Sequence[int] = ()
     n_tokens: Sequence[int] = ()
-    concept: Any = None
+    concept: jax.Array | None = None
 
     @property
     def program(self) -> str:
@@ -245,7 +251,7 @@ class Programs:
                         for name, fn in (("stream", stream), ("score", score), ("decide", decide), ("rows", rows))}
         self._jitted.update(sample=jax.jit(sample, donate_argnums=1), grow=jax.jit(grow))
 
-    def run(self, name: str, shape: tuple, *args: Any) -> Any:
+    def run(self, name: str, shape: Shape | tuple[()], *args: Operand) -> Results:
         """Program ``name`` of static ``shape`` (``()`` for ``sample`` and ``grow``) on ``args`` (after
         the state), recording its shapes; through the executable store when one is enabled.
 
@@ -310,4 +316,4 @@ def host_fetches() -> Iterator[list[tuple[int, ...]]]:
         ArrayImpl._value, np.asarray, np.array = value, asarray, array
 
 
-__all__ = ["Pass", "PassOutput", "Programs", "Shape", "gather", "host_fetches"]
+__all__ = ["Operand", "Pass", "PassOutput", "Programs", "Results", "Shape", "gather", "host_fetches"]

@@ -10,9 +10,12 @@ Must not import the agents, the environments, torch or JAX.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import jax
 
 
 @dataclass(frozen=True)
@@ -48,8 +51,8 @@ class DeviceScores:
         count: M.
     """
 
-    log_q: Any
-    hidden: Any
+    log_q: jax.Array | np.ndarray
+    hidden: jax.Array | np.ndarray
     n_tokens: np.ndarray
     count: int
 

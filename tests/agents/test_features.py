@@ -286,6 +286,12 @@ def test_third_party_extractor_through_the_entry_point(plugin):
         make_extractor("misnamed")
 
 
+def test_an_entry_point_that_is_no_factory_is_one_line(site):
+    install_entry_point(site, registry.ENTRY_POINT_GROUP, "constant", "math:pi", "cb-constant-plugin")
+    with pytest.raises(ValueError, match=r"^feature extractor 'constant': its entry point gives a float, not a factory$"):
+        make_extractor("constant")
+
+
 # ---------------------------------------------------------------------------------- metadata check
 
 def test_old_concepts_read_as_lm_hidden_and_mismatches_are_named():

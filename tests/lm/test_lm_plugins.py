@@ -38,6 +38,9 @@ def test_unknown_broken_and_non_lm_backends_fail_with_one_clear_line(site):
     with pytest.raises(ValueError, match=r"LM backend 'broken' \(no_such_module_xyz:load\) failed to load: "
                                          r"ModuleNotFoundError"):
         load_language_model("broken:")
+    install_plugin(site, "constant", "math:pi")
+    with pytest.raises(ValueError, match="'constant': its entry point gives a float, not a factory"):
+        load_language_model("constant:")
     install_plugin(site, "notlm", "builtins:dict")
     with pytest.raises(ValueError, match="'notlm': its factory returned a dict"):
         load_language_model("notlm:")
