@@ -114,7 +114,7 @@ def play(env_name: str, split: str, game: str | None, steps: int, dtype: str) ->
 
         record = play_episode(env, agent, game, steps, {"split": split}, on_step=stepped)
     return {"game": game, "steps": record["steps"], "success": record["success"], "per_step": rows,
-            "programs": sorted(f"{name} {shapes}" for name, shapes in lm.programs.compiled)}
+            "programs": sorted(f"{name} {shape} {shapes}" for name, shape, shapes in lm.programs.compiled)}
 
 
 def main(argv: list[str] | None = None) -> int:
