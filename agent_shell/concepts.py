@@ -213,7 +213,7 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], sett
     """Features of every won trajectory, grouped by task type (lost ones are only counted).
 
     ``settings``: everything the features depend on besides the backbone and the text, built once
-    from the run's configuration (:meth:`FeatureSettings.from_config`): the rendering, layout and
+    from the run's settings (:func:`agent_shell.configure.feature_settings`): the rendering, layout and
     seed of the contexts (as acting builds them), the feature set (its blocks are computed, or
     read from the cache, after the LM's scores), the cap on each candidate set (the expert's
     action kept; the cached scores' key holds the candidates, so capped and uncapped features

@@ -30,7 +30,7 @@ def pooled_features(config: RunConfig, pool: int, echo: Callable[[str], None],
     split's won expert trajectories (after the pool when the split is the same), merged per type.
     ``cached_only``: trajectories whose features are not in the cache yet are left out (counted
     per type), so no LM time is spent. Every feature follows the run's settings
-    (:meth:`agent_shell.feature_settings.FeatureSettings.from_config`: rendering, layout, seed,
+    (the set-up's :attr:`agent_shell.pipeline.Setup.feature_settings`: rendering, layout, seed,
     feature set, candidate cap, calibrator). The setup's env is closed on return.
 
     Raises:
@@ -39,7 +39,6 @@ def pooled_features(config: RunConfig, pool: int, echo: Callable[[str], None],
     """
     from agent_shell.concepts import collect_features, features_cached
     from agent_shell.demos import expert_demos, tasks_by_type
-    from agent_shell.feature_settings import FeatureSettings
     from cb_core.cache import enable_persistent_cache
     from cb_io.storage import write_bytes_atomic
     from envs import make_env
@@ -57,7 +56,7 @@ def pooled_features(config: RunConfig, pool: int, echo: Callable[[str], None],
         env.close()
         raise
     enable_persistent_cache(setup.cache / "jax", write_bytes_atomic)
-    settings = FeatureSettings.from_config(config, setup.calibrator)
+    settings = setup.feature_settings
 
     def usable(trajs: list[Trajectory]) -> list[Trajectory]:
         if not cached_only:

@@ -3,7 +3,8 @@
 The concept's data (:func:`agent_shell.concepts.collect_features`), its cache key
 (:func:`agent_shell.concepts.concepts_dir_key`), the check of a concept against the acting run
 (:func:`agent_shell.concepts.check_concept_matches`) and every command that computes features read
-this one object, built once from the run's configuration (:meth:`FeatureSettings.from_config`),
+this one object, derived once per set-up from the run's settings
+(:func:`agent_shell.configure.feature_settings`, :attr:`agent_shell.pipeline.Setup.feature_settings`),
 instead of copies of its fields passed by hand. Its :meth:`~FeatureSettings.describe` walks the
 dataclass's fields, so a field added here is part of every key and check without another edit.
 
@@ -28,7 +29,6 @@ from agent_shell.history import SEEDED_RENDERINGS
 if TYPE_CHECKING:
     from agent_shell.calibration.calibrator import Calibrator
     from agent_shell.lm.protocol import LanguageModel
-    from agent_shell.run_config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -70,14 +70,6 @@ class FeatureSettings:
                 raise ValueError("rendering 'calibrator' needs a fitted calibrator to write the experiences")
         else:
             object.__setattr__(self, "calibrator", None)
-
-    @classmethod
-    def from_config(cls, config: RunConfig, calibrator: Calibrator | None = None) -> FeatureSettings:
-        """The settings of ``config`` (:class:`agent_shell.run_config.RunConfig`): its rendering,
-        layout, seed, feature set, ``fit_candidates`` cap, and ``calibrator`` (the loaded file of
-        ``config.calibrator``, :func:`agent_shell.pipeline.load_calibrator`)."""
-        return cls(rendering=config.rendering, layout=config.layout, seed=config.seed,
-                   feature_set=config.feature_set, max_candidates=config.fit_candidates, calibrator=calibrator)
 
     def describe(self, lm: LanguageModel) -> dict[str, Any]:
         """Every field as JSON-ready data for backbone ``lm``, in declaration order: the feature

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Collection, Mapping, Sequence, Union
 
+from agent_shell.configure import agent_config, feature_settings, resolve
 from agent_shell.history import REVIEWED
 from agent_shell.lm.protocol import LanguageModel
-from agent_shell.run_config import RunConfig
+from agent_shell.run_config import RunConfig, demos_with_thoughts
 from cb_io.records import Trajectory
 from envs.protocol import Environment
 
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from agent_shell.agents import ReActAgent, Reflexion
     from agent_shell.calibration import Calibrator
     from agent_shell.concepts import TypeFeatures
+    from agent_shell.feature_settings import FeatureSettings
+    from agent_shell.features import FeatureSet
     from agent_shell.ical.acting import RetrievedDemos
     from cb_core import Concept
 
@@ -75,6 +78,9 @@ class Setup:
         concepts: task type -> fitted concept (None when no agent needs one).
         concepts_dir: the cache folder the concepts were read from or written to.
         calibrator: the learned calibrator (``--calibrator``; rendering "calibrator").
+        feature_settings: the run's :class:`agent_shell.feature_settings.FeatureSettings`, derived
+            once (:func:`agent_shell.configure.feature_settings`) when the backbone and calibrator
+            are loaded; what the concepts are fitted, checked and acted with.
         cache: the cache root (expert trajectories, reviews, features, concepts, JAX programs).
         timings: phase -> seconds (``demos_s``, ``load_lm_s``, ``reviews_s``, ``features_s``,
             ``features_lm_s``, ``fit_s``), in the order the phases ran.
@@ -89,6 +95,7 @@ class Setup:
     concepts: dict[str, Concept] | None = None
     concepts_dir: Path | None = None
     calibrator: Calibrator | None = None
+    feature_settings: FeatureSettings | None = None
     cache: Path | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -116,9 +123,12 @@ def check_tasks(env: Environment, split: str, task_ids: Sequence[str] = ()) -> l
 
 
 def prepare(config: RunConfig, need_concepts: bool, echo: Echo = _quiet, env: Environment | None = None,
-            lm: LanguageModel | None = None, task_types: Collection[str] | None = None) -> Setup:
-    """Make the env (unless given), collect (or read) demonstrations (of ``task_types`` only, when
-    given), load the backbone (unless given), render the demonstrations (rendering "experience":
+            lm: LanguageModel | None = None, task_types: Collection[str] | None = None,
+            feature_set: FeatureSet | None = None) -> Setup:
+    """Resolve ``config`` (:func:`agent_shell.configure.resolve`), make the env (unless given),
+    collect (or read) demonstrations (of ``task_types`` only, when given), load the backbone
+    (unless given), derive the run's feature settings once (``feature_set``: the extractors to
+    share, None: new ones), render the demonstrations (rendering "experience":
     after reviewing them, cached), fit (or read) concepts when ``need_concepts`` (on the first
     ``config.concept_per_type`` won trajectories of each type), or read them from
     ``config.concepts`` when it names a folder (:func:`concepts_from_folder`).
@@ -132,6 +142,7 @@ def prepare(config: RunConfig, need_concepts: bool, echo: Echo = _quiet, env: En
     from agent_shell.demos import expert_demos, rendered_demos
     from envs import make_env
 
+    config = resolve(config)
     cache = resolve_cache(config.cache_dir)
     setup = Setup(env=env if env is not None else make_env(config.env), cache=cache)
     check_tasks(setup.env, config.demo_split)  # before any engine or model loads
@@ -156,6 +167,7 @@ def prepare(config: RunConfig, need_concepts: bool, echo: Echo = _quiet, env: En
     setup.timings["load_lm_s"] = time.perf_counter() - t
     if config.calibrator is not None:
         setup.calibrator = load_calibrator(config.calibrator, lm)
+    setup.feature_settings = feature_settings(config, setup.calibrator, feature_set)  # the run's, once
     experiences_of = None
     if config.rendering in REVIEWED:
         from agent_shell.experience import review_trajectory
@@ -174,19 +186,19 @@ def prepare(config: RunConfig, need_concepts: bool, echo: Echo = _quiet, env: En
         if n_concept != config.demos_per_type:
             echo(f"concept data: {len(concept_trajectories)} won trajectories ({n_concept} per type)")
         setup.features, setup.concepts, setup.concepts_dir = fit_from_trajectories(
-            config, setup.lm, concept_trajectories, cache, echo, setup.timings, setup.calibrator)
+            config, setup.lm, setup.feature_settings, concept_trajectories, cache, echo, setup.timings)
     elif need_concepts:
-        setup.concepts = concepts_from_folder(config, setup.lm, task_types, setup.calibrator)
+        setup.concepts = concepts_from_folder(config, setup.lm, setup.feature_settings, task_types)
         setup.concepts_dir = Path(config.concepts)
         echo(f"concepts: {len(setup.concepts)} task type{'' if len(setup.concepts) == 1 else 's'} <- "
              f"{config.concepts} (round {config.concept_round if config.concept_round is not None else 'unknown'})")
     return setup
 
 
-def concepts_from_folder(config: RunConfig, lm: LanguageModel, task_types: Collection[str] | None = None,
-                         calibrator: Calibrator | None = None) -> dict[str, Concept]:
-    """The concepts of ``config.concepts`` (``<task type>.safetensors``), each checked against
-    ``config``'s feature settings and ``lm`` (:func:`agent_shell.concepts.check_concept_matches`).
+def concepts_from_folder(config: RunConfig, lm: LanguageModel, settings: FeatureSettings,
+                         task_types: Collection[str] | None = None) -> dict[str, Concept]:
+    """The concepts of ``config.concepts`` (``<task type>.safetensors``), each checked against the
+    run's feature ``settings`` and ``lm`` (:func:`agent_shell.concepts.check_concept_matches`).
 
     Raises:
         ValueError: a concept file that cannot be read or was fitted with other settings, or a
@@ -194,10 +206,8 @@ def concepts_from_folder(config: RunConfig, lm: LanguageModel, task_types: Colle
         FileNotFoundError: a folder without concept files.
     """
     from agent_shell.concepts import check_concept_matches, load_concepts
-    from agent_shell.feature_settings import FeatureSettings
 
     concepts = load_concepts(config.concepts)
-    settings = FeatureSettings.from_config(config, calibrator)
     for task_type, concept in concepts.items():
         try:
             check_concept_matches(concept, lm, settings)
@@ -260,14 +270,14 @@ def load_calibrator(path: str | Path, lm: LanguageModel) -> Calibrator:
     return calibrator
 
 
-def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: Sequence[Trajectory], cache: Path,
-                          echo: Echo = _quiet, timings: dict[str, float] | None = None,
-                          calibrator: Calibrator | None = None
+def fit_from_trajectories(config: RunConfig, lm: LanguageModel, settings: FeatureSettings,
+                          trajectories: Sequence[Trajectory], cache: Path, echo: Echo = _quiet,
+                          timings: dict[str, float] | None = None
                           ) -> tuple[dict[str, TypeFeatures], dict[str, Concept], Path | None]:
-    """Features (cached) and concepts (cached) of ``trajectories`` under ``config``'s rendering,
-    layout, seed, feature set, candidate cap, lam and gamma (one :class:`agent_shell.feature_settings.FeatureSettings`
-    built from ``config``); reports skipped expert steps. ``calibrator`` (rendering "calibrator")
-    writes the trajectories' experiences; its fingerprint is part of the concepts' cache key.
+    """Features (cached) and concepts (cached) of ``trajectories`` under the run's feature
+    ``settings`` (:attr:`Setup.feature_settings`) and ``config``'s lam and gamma; reports skipped
+    expert steps. The settings' calibrator (rendering "calibrator") writes the trajectories'
+    experiences; its fingerprint is part of the concepts' cache key.
 
     Returns (task type -> features, task type -> concept, the concepts' cache folder); phase
     times go into ``timings`` (``features_s``, ``features_lm_s``, ``fit_s``).
@@ -276,7 +286,6 @@ def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: Se
         ValueError: a cached concept fitted with other settings than ``config``'s.
     """
     from agent_shell.concepts import cached_concepts, check_concept_matches, collect_features, skipped_summary
-    from agent_shell.feature_settings import FeatureSettings
     from cb_core.cache import enable_persistent_cache
     from cb_io.storage import write_bytes_atomic
 
@@ -289,7 +298,6 @@ def fit_from_trajectories(config: RunConfig, lm: LanguageModel, trajectories: Se
         done.append(traj.task_id)
         echo(f"features {len(done)}/{len(trajectories)}: {traj.task_id}")
 
-    settings = FeatureSettings.from_config(config, calibrator)
     features = collect_features(lm, trajectories, settings, cache_dir=cache, on_trajectory=on_trajectory)
     timings["features_s"] = time.perf_counter() - t
     timings["features_lm_s"] = sum(f.lm_seconds for f in features.values())
@@ -316,6 +324,7 @@ def set_up(config: RunConfig, env: Environment | None, task_types: Collection[st
     """
     from agent_shell.agents import needs_concepts
 
+    config = resolve(config)
     need_concepts = any(needs_concepts(a) for a in config.agents)
     setup = prepare(config, need_concepts and config.concept_data == "expert", echo=echo, env=env,
                     task_types=task_types, lm=lm)
@@ -327,7 +336,7 @@ def set_up(config: RunConfig, env: Environment | None, task_types: Collection[st
              f"{config.ical_memory} ({len(setup.demos.memory)} examples) in place of the expert ones{kept}")
         if need_concepts and config.concept_data == "ical":
             setup.features, setup.concepts, setup.concepts_dir = fit_from_trajectories(
-                config, setup.lm, ical_trajectories, setup.cache, echo, setup.timings)
+                config, setup.lm, setup.feature_settings, ical_trajectories, setup.cache, echo, setup.timings)
     return setup
 
 
@@ -341,7 +350,7 @@ def ical_setup(config: RunConfig, task_types: Collection[str] | None,
     """
     from agent_shell.embeddings import SentenceEmbedder
     from agent_shell.ical import Memory
-    from agent_shell.ical.acting import RetrievedDemos, demos_with_thoughts, examples_by_type
+    from agent_shell.ical.acting import RetrievedDemos, examples_by_type
 
     memory = Memory(config.ical_memory, SentenceEmbedder(), on_malformed=lambda msg: print(msg, file=sys.stderr))
     demos = RetrievedDemos(memory, k=config.demos_per_type, rendering=config.rendering,
@@ -359,12 +368,13 @@ def players_of(config: RunConfig, setup: Setup) -> dict[str, Reflexion]:
     backbone (routing, scoring and reviews on separate KV caches), demonstrations and concepts."""
     from agent_shell.agents import build_agent
 
-    agent_config = config.agent  # prior-only acts with the run's gamma (a concept carries its own fit's gamma)
+    agents = agent_config(config)  # prior-only acts with the run's gamma (a concept carries its own fit's gamma)
+    features = setup.feature_settings or feature_settings(config, setup.calibrator)  # the features fitted with
     scoring_lm = setup.lm.fork()  # scoring contexts and routing prompts keep separate KV caches
     reviewer = setup.lm.fork() if config.rendering in REVIEWED else None
-    return {name: build_agent(name, setup.lm, setup.demos, concepts=setup.concepts, config=agent_config,
+    return {name: build_agent(name, setup.lm, setup.demos, concepts=setup.concepts, config=agents,
                               reflexion_trials=config.reflexion_trials, scoring_lm=scoring_lm, reviewer=reviewer,
-                              calibrator=setup.calibrator, features=config.feature_set) for name in config.agents}
+                              calibrator=setup.calibrator, features=features.feature_set) for name in config.agents}
 
 
 def build_players(config: RunConfig, task_types: list[str] | None,
@@ -394,9 +404,12 @@ class StudyAgents:
 
     def __init__(self, config: RunConfig, env: Environment, need_concepts: bool, task_types: Collection[str],
                  echo: Echo = _quiet):
+        from agent_shell.features import FeatureSet
         from agent_shell.lm import load_language_model
 
+        config = resolve(config)
         self.config, self.env = config, env
+        self.feature_set = FeatureSet.from_spec(config.features)  # every rendering's concepts see these
         self.need_concepts, self.task_types, self.echo = need_concepts, task_types, echo
         self.lm: LanguageModel = load_language_model(config.model, dtype=config.dtype, device=config.device)
         self.scoring_lm = self.lm.fork()  # each stream of contexts keeps its own KV cache
@@ -408,15 +421,15 @@ class StudyAgents:
         if rendering not in self.setups:
             calibrator = self.config.calibrator if rendering == "calibrator" else None
             self.setups[rendering] = prepare(replace(self.config, rendering=rendering, calibrator=calibrator),
-                                             self.need_concepts,
-                                             echo=self.echo, env=self.env, lm=self.lm, task_types=self.task_types)
+                                             self.need_concepts, echo=self.echo, env=self.env, lm=self.lm,
+                                             task_types=self.task_types, feature_set=self.feature_set)
         return self.setups[rendering]
 
     def __call__(self, rendering: str, actor: str) -> ReActAgent:
         from agent_shell.agents import CBAgent, ReActAgent
 
         setup = self.setup(rendering)
-        config = replace(self.config.agent, rendering=rendering)  # the run's agent settings, this rendering
+        config = agent_config(replace(self.config, rendering=rendering))  # the run's agent settings, this rendering
         if actor == "react":
             return ReActAgent(setup.lm, setup.demos, config=config, reviewer=self.reviewer,
                               calibrator=setup.calibrator)
@@ -425,7 +438,7 @@ class StudyAgents:
             raise ValueError("cb-agent needs concepts (internal: the factory was built without them)")
         return CBAgent(setup.lm, setup.demos, concepts=concepts, config=config, scoring_lm=self.scoring_lm,
                        reviewer=self.reviewer, calibrator=setup.calibrator,
-                       features=self.config.feature_set)  # the features the concepts were fitted on
+                       features=self.feature_set)  # the features the concepts were fitted on
 
 
 __all__ = ["Setup", "StudyAgents", "UnknownTasks", "build_players", "check_tasks", "concepts_from_folder",

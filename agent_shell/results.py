@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection, Hashable, Iterable, Mapping, Sequence
 
 from agent_shell.history import StepLike
+from agent_shell.run_config import RECORDED_SETTINGS
 from cb_io.storage import append_jsonl, claim_writer, iter_jsonl, refuse_link, repair_jsonl
 
 if TYPE_CHECKING:
@@ -43,11 +44,6 @@ if TYPE_CHECKING:
 #: Version of the episode record layout (``record["schema"]``).
 RESULT_SCHEMA = "cb-agent/episode-v1"
 
-#: The run's settings recorded in every results line and compared on resume, in order (each a
-#: field of :class:`agent_shell.run_config.RunConfig`, which records them: ``RunConfig.SETTINGS``).
-RECORDED_SETTINGS = ("env", "split", "dtype", "seed", "rendering", "layout", "action_space", "demos_per_type",
-                     "demo_split", "lam", "gamma", "features", "reflexion_trials", "budget", "demos", "concept_data",
-                     "calibrator", "concept_per_type", "fit_candidates", "concept_round")
 
 #: Record fields that must agree between a results file and a run that resumes it, and that label
 #: the rows of a report when they differ: the backbone's name and :data:`RECORDED_SETTINGS`.

@@ -1,50 +1,60 @@
-"""One frozen, validated configuration of a pipeline run: :class:`RunConfig`, holding the
-agents' :class:`agent_shell.agents.AgentConfig` as its ``agent``.
+"""The settings of a pipeline run as one frozen, validated value: :class:`RunConfig`.
 
-``cb-agent run``, ``fit-concepts``, ``eval-decisions`` and the studies build one ``RunConfig``
-from their options (:func:`agent_shell.commands._common.run_options`), validated once when it is
-made; everything downstream (set-up, agents, the scheduler) reads it. Its :meth:`RunConfig.settings`
-are recorded in every results line and compared when a results file is resumed
+Every command that takes an environment, a backbone or an output folder builds one ``RunConfig``
+from the shared options (:func:`agent_shell.commands._common.config_options`); everything
+downstream (set-up, agents, the scheduler) reads it. Its :meth:`RunConfig.settings` are recorded in
+every results line and compared when a results file is resumed
 (:func:`agent_shell.results.check_results_file`), so a file never mixes episodes of different
 settings.
 
-Imports no LM, no game engine and not cb_core (the dtype rule imports torch only to resolve
-``"auto"``).
+This module sits beneath the agents: plain values and their validation only. It imports no agent,
+no results reader, no feature extractor, no LM and no environment (a test walks its imports).
+What needs those (the environment's default split, the backbone's device and dtype rule, the
+registries of agents and feature extractors, the agents' :class:`~agent_shell.agents.AgentConfig`)
+is :mod:`agent_shell.configure`, one layer up.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
-from dataclasses import InitVar, dataclass, field
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent_shell.agents import ACTION_SPACES, AgentConfig, agent_names
-from agent_shell.features import FeatureSet
-from agent_shell.results import RECORDED_SETTINGS
-from envs.episode import EPISODE_TIMEOUT_S
-from envs.protocol import Environment
-from envs.registry import default_split
+from agent_shell.history import check_rendering
+from cb_io.records import EPISODE_TIMEOUT_S
 
 #: Where CB-Agent's concepts are fitted from (``concept_data``).
 CONCEPT_DATA = ("expert", "ical")
-#: The run's settings its agents' config holds (:attr:`RunConfig.agent`); a RunConfig takes them
-#: as keyword arguments and reads them back as attributes.
+#: The action spaces of a CB-Agent decision: the environment's candidates, or sampled replies.
+ACTION_SPACES = ("fixed", "open")
+#: The run's settings its agents' config holds (:func:`agent_shell.configure.agent_config`).
 AGENT_SETTINGS = ("rendering", "layout", "action_space", "gamma", "seed")
+#: The run's settings recorded in every results line and compared on resume, in order (with
+#: ``model``, the loaded backbone's name); :mod:`agent_shell.results` reads records by them.
+RECORDED_SETTINGS = ("env", "split", "dtype", "seed", "rendering", "layout", "action_space", "demos_per_type",
+                     "demo_split", "lam", "gamma", "features", "reflexion_trials", "budget", "demos", "concept_data",
+                     "calibrator", "concept_per_type", "fit_candidates", "concept_round")
+#: ``--demos`` value prefix that selects an ICAL memory.
+DEMOS_PREFIX = "ical:"
+#: ``--demos ical-actions:MEMORY``: the examples without their annotations (actions and observations).
+ACTIONS_PREFIX = "ical-actions:"
 
 
 @dataclass(frozen=True)
 class RunConfig:
     """Everything a run depends on besides the code (each field is a ``cb-agent run`` option).
 
-    The agents' settings (:data:`AGENT_SETTINGS`) live in the nested :attr:`agent` only: they are
-    keyword arguments of the constructor and of :func:`dataclasses.replace`, read back as
-    read-only attributes (``config.rendering`` is ``config.agent.rendering``).
+    Made here, a value is checked for everything plain values allow (ranges, known renderings
+    and action spaces, consistent combinations); :func:`agent_shell.configure.resolve` completes
+    it (default split, backbone device and dtype) and checks the rest against the registries
+    (agent and feature names, the context layouts).
 
     Attributes:
         env: environment name (:func:`envs.make_env`; the CLI offers :data:`envs.registry.ENVIRONMENTS`).
-        split: evaluation split (None: the environment's, :func:`envs.registry.default_split`).
+        split: evaluation split (None: the environment's, filled in by
+            :func:`agent_shell.configure.resolve` from :func:`envs.registry.default_split`).
         demo_split, demos_per_type: where the expert demonstrations (and concept data) come
             from, and how many won ones per task type.
         concept_per_type: won expert trajectories per task type the concept is fitted on (the
@@ -54,20 +64,20 @@ class RunConfig:
             expert's action and a seeded sample of the others; 0: the whole set). ScienceWorld's
             sets of about 1,000 valid combinations need one (``scripts/make_results.sh table2``: 64).
         model: backbone name or folder (None: the offline default).
-        dtype: the backbone dtype, resolved by the model's backend
-            (:func:`agent_shell.lm.factory.device_and_dtype`: ``"auto"`` becomes ``"bfloat16"`` or
-            ``"float32"`` on ``device``).
-        device: where the backbone loads (the same function: ``"auto"``/None becomes ``"cuda"`` when
-            torch sees a GPU, else ``"cpu"``; or ``"cuda:N"``; with ``jax:``, what
+        dtype: the backbone dtype; :func:`agent_shell.configure.resolve` applies the model's
+            backend's rule (:func:`agent_shell.lm.factory.device_and_dtype`: ``"auto"`` becomes
+            ``"bfloat16"`` or ``"float32"`` on ``device``).
+        device: where the backbone loads (resolved by the same function: ``"auto"``/None becomes
+            ``"cuda"`` when torch sees a GPU, else ``"cpu"``; or ``"cuda:N"``; with ``jax:``, what
             ``jax.devices()`` offers, ``"tpu"`` too).
         rendering, layout: history rendering and context layout (fitting and acting alike).
         lam: L2 strength of the concept fit (Eq. 6).
         gamma: the prior's length exponent (the concept's fit and prior-only acting).
         features: what the concept sees, a comma-separated selection of feature extractors
-            (:mod:`agent_shell.features`; default the seed's ``lm-hidden``), stored normalised;
-            :attr:`feature_set` builds them (once per config).
-        agents: agent names (:func:`agent_shell.agents.agent_names`: the registry's built-ins and
-            plug-ins), duplicates dropped.
+            (:mod:`agent_shell.features`; default the seed's ``lm-hidden``), normalised by
+            :func:`agent_shell.configure.resolve`.
+        agents: agent names, duplicates dropped (checked against the registry,
+            :func:`agent_shell.agents.agent_names`, by :func:`agent_shell.configure.resolve`).
         action_space: "fixed" (environment candidates) or "open" (sampled replies).
         reflexion_trials: trials of the Reflexion agents.
         budget: step budget per trial, think steps included.
@@ -88,8 +98,9 @@ class RunConfig:
         workers: episodes played at once on Ray workers (1: in this process, no Ray).
         ray_address: a Ray cluster to join (None: start a local one when ``workers > 1``).
         shared_lm: workers share one backbone per device behind a batching Ray actor
-            (:mod:`agent_shell.lm.server`) instead of loading their own; on by itself when
-            ``device`` is CUDA and the episodes run on Ray (its workers hold no GPU).
+            (:mod:`agent_shell.lm.server`) instead of loading their own; turned on by
+            :func:`agent_shell.configure.resolve` when ``device`` is CUDA and the episodes run on
+            Ray (its workers hold no GPU).
         episode_timeout: wall-clock seconds one episode may take (all its trials) before it ends as
             an error record (:func:`envs.episode.time_limit`); not a recorded setting (it changes
             no action, only whether a hung episode ends).
@@ -102,9 +113,6 @@ class RunConfig:
         concept_round: (derived, not an argument) the round of ``cb-agent improve`` whose
             concepts act: 0 without ``concepts`` (fitted on the expert demonstrations), the round
             its ``provenance.json`` names with them, None when the folder has none (unknown).
-        agent: the agents' :class:`AgentConfig` (derived, not an argument): the environment's ReAct
-            header, ``rendering``, ``layout``, ``action_space``, ``gamma``, ``seed`` (None or
-            absent: AgentConfig's defaults), everything else AgentConfig's defaults.
 
     Raises:
         ValueError: an unknown name or an out-of-range number, naming the field.
@@ -119,16 +127,16 @@ class RunConfig:
     model: str | None = None
     dtype: str = "auto"
     device: str | None = None
-    rendering: InitVar[str | None] = None
-    layout: InitVar[str | None] = None
+    rendering: str = "raw"
+    layout: str = "text"
     lam: float = 1.0
-    gamma: InitVar[float | None] = None
+    gamma: float = 0.8
     features: str = "lm-hidden"
     agents: tuple[str, ...] = ("cb-agent",)
-    action_space: InitVar[str | None] = None
+    action_space: str = "fixed"
     reflexion_trials: int = 2
     budget: int = 50
-    seed: InitVar[int | None] = None
+    seed: int = 0
     per_type: int = 1
     games: int = 2
     game_ids: tuple[str, ...] = ()
@@ -144,28 +152,17 @@ class RunConfig:
     episode_timeout: float = EPISODE_TIMEOUT_S
     calibrator: str | None = None
     concepts: str | None = None
-    agent: AgentConfig = field(init=False)
     concept_round: int | None = field(init=False)
 
-    #: Fields recorded in every results line and compared on resume (with ``model``, the
-    #: loaded backbone's name): :data:`agent_shell.results.RECORDED_SETTINGS`, named where the
-    #: records are (reading results imports no configuration and no agent).
+    #: Fields recorded in every results line and compared on resume (:data:`RECORDED_SETTINGS`).
     SETTINGS = RECORDED_SETTINGS
 
-    def __post_init__(self, rendering: str | None, layout: str | None, gamma: float | None,
-                      action_space: str | None, seed: int | None) -> None:
-        from agent_shell.lm.factory import device_and_dtype
-
+    def __post_init__(self) -> None:
         if not self.env or not isinstance(self.env, str):
             raise ValueError(f"env={self.env!r} must name an environment (envs.make_env checks which)")
-        given = dict(rendering=rendering, layout=layout, action_space=action_space, gamma=gamma, seed=seed)
-        # validates the rendering, layout and action space
-        agent = AgentConfig.for_env(self.env, **{k: v for k, v in given.items() if v is not None})
-        agents = tuple(dict.fromkeys(self.agents))
-        known = agent_names()
-        for name in agents:
-            if name not in known:
-                raise ValueError(f"unknown agent {name!r}; known: {list(known)}")
+        check_rendering(self.rendering)
+        if self.action_space not in ACTION_SPACES:
+            raise ValueError(f"action_space={self.action_space!r} is not one of {list(ACTION_SPACES)}")
         for name, low in (("demos_per_type", 1), ("concept_per_type", 0), ("reflexion_trials", 1), ("budget", 1),
                           ("per_type", 0), ("games", 0), ("workers", 1)):
             if getattr(self, name) < low:
@@ -177,39 +174,23 @@ class RunConfig:
             raise ValueError(f"episode_timeout={self.episode_timeout} must be > 0 seconds")
         if not self.lam > 0:
             raise ValueError(f"lam={self.lam} must be > 0 (the fit is strongly convex only then)")
-        from agent_shell.ical.acting import parse_demos
-
         memory = parse_demos(self.demos)
         if memory is None and self.concept_data == "ical":
             raise ValueError("concept_data='ical' needs demos='ical:MEMORY'")
         if memory is not None and not Path(memory).is_dir():
             raise ValueError(f"demos: the ICAL memory folder {memory} does not exist (cb-agent ical build-memory "
                              "makes one)")
-        if agent.rendering == "calibrator" and self.calibrator is None:
+        if self.rendering == "calibrator" and self.calibrator is None:
             raise ValueError("calibrator: --history calibrator needs --calibrator FILE (cb-agent calibrate fit)")
         if self.concepts is not None and self.concept_data != "expert":
             raise ValueError(f"concepts: --concepts {self.concepts} and --concept-data {self.concept_data} name two "
                              "sources of the concepts; give one")
         if self.concept_data not in CONCEPT_DATA:
             raise ValueError(f"concept_data={self.concept_data!r} is not one of {list(CONCEPT_DATA)}")
-        object.__setattr__(self, "agent", agent)
-        object.__setattr__(self, "split", self.split or default_split(self.env))
         object.__setattr__(self, "concept_per_type", self.concept_per_type or self.demos_per_type)
-        object.__setattr__(self, "agents", agents)
+        object.__setattr__(self, "agents", tuple(dict.fromkeys(self.agents)))
         object.__setattr__(self, "game_ids", tuple(self.game_ids))
-        device, dtype = device_and_dtype(self.model, self.device, self.dtype)  # the model's backend's rule
-        object.__setattr__(self, "device", device)
-        object.__setattr__(self, "dtype", dtype)
-        if self.device.startswith("cuda") and (self.workers > 1 or self.ray_address):
-            object.__setattr__(self, "shared_lm", True)  # Ray workers hold no GPU: they share the server's
-        object.__setattr__(self, "features", self.feature_set.spec)
         object.__setattr__(self, "concept_round", 0 if self.concepts is None else concepts_round(self.concepts))
-
-    @functools.cached_property
-    def feature_set(self) -> FeatureSet:
-        """The selected :class:`agent_shell.features.FeatureSet` (one instance per config, so
-        fitting and acting share its extractors' memos)."""
-        return FeatureSet.from_spec(self.features)
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -229,8 +210,6 @@ class RunConfig:
     @property
     def ical_memory(self) -> str | None:
         """The ICAL memory folder of ``demos`` (None: fixed expert demonstrations)."""
-        from agent_shell.ical.acting import parse_demos
-
         return parse_demos(self.demos)
 
     @property
@@ -238,42 +217,23 @@ class RunConfig:
         """``<out_dir>/results.jsonl`` (default folder ``runs/<env>-<split>``)."""
         return Path(self.out_dir or f"runs/{self.env}-{self.split}") / "results.jsonl"
 
-    def task_ids(self, env: Environment) -> list[str]:
-        """The evaluation games: ``game_ids`` if given, else the first ``per_type`` tasks of each
-        task type of ``split`` (0: all), at most ``games`` (0: no cap). Checked without starting
-        the engine (:func:`envs.check_tasks`).
 
-        Raises:
-            ValueError: one line: an unknown split or game id, a game of another split than
-                ``split``, or ``demo_split == split`` without explicit ``game_ids`` (a slice would
-                evaluate the agents on the games of their own demonstrations). With explicit
-                ``game_ids`` the split may be the demonstrations' (e.g. recording training runs for
-                the calibrator, :mod:`agent_shell.calibration`); the caller then refuses any game
-                that is a demonstration (:func:`check_not_demos`) once they are known.
-        """
-        from envs import check_tasks
-        from envs.collect import select_tasks
+def parse_demos(value: str) -> str | None:
+    """The memory folder of a ``--demos`` value (``ical:FOLDER`` or ``ical-actions:FOLDER``), or
+    None for ``expert``.
 
-        if self.demo_split == self.split and not self.game_ids:
-            raise ValueError(f"--demo-split {self.demo_split} is the evaluation split: the agents would be evaluated "
-                             "on the games of their own demonstrations; choose another split (or name games "
-                             "with --game that are no demonstrations)")
-        check_tasks(env, self.demo_split, [])
-        if self.game_ids:
-            return check_tasks(env, self.split, self.game_ids)
-        check_tasks(env, self.split, [])
-        ids = select_tasks(env, self.split, self.per_type or None)
-        return ids[:self.games] if self.games else ids
+    Raises ValueError for anything else."""
+    if value == "expert":
+        return None
+    for prefix in (DEMOS_PREFIX, ACTIONS_PREFIX):
+        if value.startswith(prefix) and value[len(prefix):]:
+            return value[len(prefix):]
+    raise ValueError(f"--demos must be 'expert', 'ical:MEMORY_FOLDER' or 'ical-actions:MEMORY_FOLDER', got {value!r}")
 
 
-def _agent_setting(name: str) -> property:
-    return property(lambda self: getattr(self.agent, name), doc=f"The agents' ``{name}`` (``agent.{name}``).")
-
-
-# The agent settings read through to the nested config (after the dataclass is made, so they stay
-# keyword arguments of the constructor and of dataclasses.replace, which reads them back here).
-for _name in AGENT_SETTINGS:
-    setattr(RunConfig, _name, _agent_setting(_name))
+def demos_with_thoughts(value: str) -> bool:
+    """Whether a ``--demos`` value shows the ICAL examples' annotations (``ical:``, not ``ical-actions:``)."""
+    return not value.startswith(ACTIONS_PREFIX)
 
 
 def concepts_round(folder: str | Path) -> int | None:
@@ -284,8 +244,6 @@ def concepts_round(folder: str | Path) -> int | None:
         ValueError: one line: the folder does not exist, holds no concept file, or its
             provenance cannot be read.
     """
-    import json
-
     folder = Path(folder)
     if not folder.is_dir() or not any(folder.glob("*.safetensors")):
         raise ValueError(f"concepts: {folder} is no folder of concept files (*.safetensors)")
@@ -309,4 +267,5 @@ def check_not_demos(task_ids: list[str], demo_ids: list[str]) -> None:
                          "the agents would play the games of their own demonstrations; choose other --game ids")
 
 
-__all__ = ["ACTION_SPACES", "AGENT_SETTINGS", "CONCEPT_DATA", "RunConfig", "check_not_demos", "concepts_round"]
+__all__ = ["ACTIONS_PREFIX", "ACTION_SPACES", "AGENT_SETTINGS", "CONCEPT_DATA", "DEMOS_PREFIX", "RECORDED_SETTINGS",
+           "RunConfig", "check_not_demos", "concepts_round", "demos_with_thoughts", "parse_demos"]

@@ -46,15 +46,16 @@ def part_a(args) -> dict:
     from agent_shell.parallel import RayExecutor
     from agent_shell.pipeline import build_players, prepare
     from agent_shell.reporting import running_time
+    from agent_shell.configure import resolve, task_ids as configured_task_ids
     from agent_shell.run_config import RunConfig
     from agent_shell.scheduler import play_episodes
     from envs import make_env
 
-    config = RunConfig(env="alfworld", agents=("prior-only",), dtype=args.dtype, budget=args.max_steps,
-                       per_type=0, games=args.episodes)
+    config = resolve(RunConfig(env="alfworld", agents=("prior-only",), dtype=args.dtype, budget=args.max_steps,
+                               per_type=0, games=args.episodes))
     env = make_env("alfworld")
     try:
-        task_ids = config.task_ids(env)
+        task_ids = configured_task_ids(config, env)
         types = sorted({env.task_type_of(t) for t in task_ids})
         prepare(config, False, echo=lambda line: None, env=env, task_types=types)  # fills the caches once
     finally:

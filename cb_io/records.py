@@ -113,6 +113,11 @@ class SetupError(FileNotFoundError):
     as that one line (no traceback)."""
 
 
+#: Default wall-clock limit of one episode, seconds (``--episode-timeout`` of every command that
+#: plays episodes): far above a slow CPU backbone's 50-step ALFWorld episode, far below a night.
+EPISODE_TIMEOUT_S = 3600.0
+
+
 class EpisodeTimeout(EngineError):
     """An episode ran past its wall-clock limit (:func:`envs.episode.time_limit`): an engine step
     that never returns, or an episode far slower than any other; recorded like an engine fault."""

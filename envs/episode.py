@@ -24,13 +24,10 @@ import threading
 from types import FrameType
 from typing import Callable, Iterable, Iterator, TypeVar
 
-from cb_io.records import (THINK_FEEDBACK, EngineError, EpisodeTimeout, Step, StepResult, TaskStart, Trajectory,
-                           is_think, one_line)
+from cb_io.records import (EPISODE_TIMEOUT_S, THINK_FEEDBACK, EngineError, EpisodeTimeout, Step, StepResult,
+                           TaskStart, Trajectory, is_think, one_line)
 from envs.protocol import Environment
 
-#: Default wall-clock limit of one episode, seconds (``--episode-timeout`` of every command that
-#: plays episodes): far above a slow CPU backbone's 50-step ALFWorld episode, far below a night.
-EPISODE_TIMEOUT_S = 3600.0
 
 
 @contextlib.contextmanager

@@ -91,12 +91,56 @@ def test_no_import_circle_even_counting_type_checking_and_in_function_imports():
     assert circles(graph) == []
 
 
-def test_reading_results_imports_no_agent_and_no_configuration():
+def test_reading_results_imports_no_agent_and_nothing_that_builds_from_the_settings():
+    """Reading results may name the recorded settings (the settings module, beneath the agents),
+    but loads no agent, no calibrator and not the layer that builds from the settings."""
     code = ("import sys, agent_shell.results\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('agent_shell.agents', 'agent_shell.run_config', "
-            "'agent_shell.calibration'))))")
+            "print(sorted(m for m in sys.modules if m.startswith(('agent_shell.agents', 'agent_shell.configure', "
+            "'agent_shell.calibration', 'agent_shell.lm', 'agent_shell.features', 'envs'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
+
+
+#: What the settings module (:mod:`agent_shell.run_config`) must never import, at any depth: the
+#: agents, the results reader, the feature extractors, the LM layer, ICAL, the layers that build
+#: from the settings, and the games (a name stands for the module and everything under it).
+ABOVE_THE_SETTINGS = ("agent_shell.agents", "agent_shell.results", "agent_shell.features", "agent_shell.lm",
+                      "agent_shell.ical", "agent_shell.configure", "agent_shell.pipeline", "agent_shell.commands",
+                      "envs")
+
+
+def reached(start: str, known: dict[str, Path]) -> set[str]:
+    """Every module of ours that ``start`` imports, directly or through others (each import counted
+    wherever it stands: module level, under TYPE_CHECKING, inside a function)."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for found in imports(known[todo.pop()], known):
+            if found not in seen and found != start:
+                seen.add(found)
+                todo.append(found)
+    return seen
+
+
+def test_the_walk_reaches_an_import_two_levels_down_under_type_checking_and_in_a_function(tmp_path):
+    """The walker itself: settings -> helper (in a function) -> agents (under TYPE_CHECKING) is seen."""
+    (tmp_path / "settings.py").write_text("def f():\n    import helper\n")
+    (tmp_path / "helper.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import agents\n")
+    (tmp_path / "agents.py").write_text("")
+    known = {name: tmp_path / f"{name}.py" for name in ("settings", "helper", "agents")}
+    assert reached("settings", known) == {"helper", "agents"}
+    assert under("agents", ("agents",))
+
+
+def test_the_settings_import_no_agent_results_features_lm_nor_games():
+    """The run's settings are a plain value beneath the agents: nothing the settings module
+    imports, however deep, is an agent, the results reader, a feature extractor, an LM backend,
+    ICAL, the layer that builds from the settings, a command or a game."""
+    known = modules()
+    found = reached("agent_shell.run_config", known)
+    offenders = sorted(m for m in found if under(m, ABOVE_THE_SETTINGS))
+    assert offenders == [], f"the settings module reaches {offenders}: move that work to agent_shell.configure"
+    assert found <= {"agent_shell", "agent_shell.history", "cb_io", "cb_io.records", "cb_io.storage"}, found
 
 
 def test_files_records_and_numerics_import_no_other_layer():
@@ -115,11 +159,12 @@ def test_files_records_and_numerics_import_no_other_layer():
 PLAYS_GAMES = {
     "agent_shell.scheduler": "the episode runner of a run: plays each (agent, game) episode",
     "agent_shell.parallel": "the scheduler's Ray executor: each actor makes its environment and plays jobs",
-    "agent_shell.run_config": "the run's environment: its default split, task checks and selection, time limit",
+    "agent_shell.configure": "the run's environment: its default split, task checks and selection",
     "agent_shell.pipeline": "makes the environment, checks the task ids, collects the demonstrations",
     "agent_shell.feature_pool": "makes the environment whose expert trajectories it pools",
     "agent_shell.demos": "collects a missing expert demonstration by letting the expert play",
     "agent_shell.improve": "makes the environment and plays each round's games",
+    "agent_shell.improve_rounds": "chooses each round's training games from the environment's split",
     "agent_shell.calibration.expert_distance": "replays a recorded prefix and lets the expert play on",
     "agent_shell.studies.recovery": "restores an episode at a recorded step and plays on",
     "agent_shell.studies.recorded": "plays a study's cells under the episode runner's wall-clock rule",

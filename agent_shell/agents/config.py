@@ -7,10 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_shell import context as ctx
-
-
-#: The action spaces of a CB-Agent decision: the environment's candidates, or sampled replies.
-ACTION_SPACES = ("fixed", "open")
+from agent_shell.run_config import ACTION_SPACES
 
 #: ReAct headers per environment name; ``{n_demos}`` is filled in.
 HEADERS: dict[str, str] = {

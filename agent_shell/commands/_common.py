@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import click
 
@@ -14,144 +15,210 @@ from agent_shell.agents import agent_names
 from agent_shell.history import RENDERINGS
 from agent_shell.lm.jax_platforms import JaxPlatformError
 from agent_shell.lm.protocol import BackboneFault
+from agent_shell.configure import resolve
 from agent_shell.run_config import ACTION_SPACES, RunConfig
-from envs.episode import EPISODE_TIMEOUT_S
 from envs.registry import ENVIRONMENTS
 from cb_io.paths import cache_root, writable_folder
+from cb_io.records import EPISODE_TIMEOUT_S
 from cb_io.storage import OutputError
 
 if TYPE_CHECKING:
     from envs.protocol import Environment
 
 ENV_NAMES = sorted(ENVIRONMENTS)
+
+
+class SharedClickOption(click.Option):
+    """A click option made from the shared set (:class:`SharedOption`): the mark by which a test
+    finds every declaration of a shared flag outside it."""
+
+
+@dataclass(frozen=True)
+class SharedOption:
+    """One option of the shared set, declared once: its flags, destination, type, default and help
+    (``click.option``'s arguments). Applied to a command it adds the option; :meth:`but` gives the
+    same option with another help text, default or requirement for one command (its flags,
+    destination and type stay the shared ones).
+
+    Attributes:
+        decls: the flags and the destination (``click.option``'s positional arguments).
+        attrs: ``click.option``'s keyword arguments.
+    """
+
+    decls: tuple[str, ...]
+    attrs: Mapping[str, Any]
+
+    def __call__(self, fn: Callable) -> Callable:
+        return click.option(*self.decls, cls=SharedClickOption, **self.attrs)(fn)
+
+    def but(self, **changes: Any) -> SharedOption:
+        """This option with ``changes`` (``help``, ``default``, ``show_default``, ``required``...)."""
+        return SharedOption(self.decls, {**self.attrs, **changes})
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The option's flags (``--resume/--no-resume`` as both)."""
+        return tuple(f for d in self.decls if d.startswith("-") for f in d.split("/"))
+
+
+def shared(*decls: str, **attrs: Any) -> SharedOption:
+    """A :class:`SharedOption` (``click.option``'s arguments)."""
+    return SharedOption(decls, attrs)
 #: ``--history`` choices.
 RENDERING_NAMES = tuple(RENDERINGS)
 
-#: The options of every command that loads a backbone (``config`` field -> click option).
+#: The options of every command that loads a backbone (``config`` field -> :class:`SharedOption`).
 COMMON_OPTIONS = {
-    "env": click.option("--env", "env", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True,
-                        help="Benchmark (task ids: `cb-agent tasks --env ENV`)."),
-    "model": click.option("--model", default=None, help="Backbone name or local path (default: the offline "
-                          "SmolLM2-135M-Instruct), or BACKEND:ARG for another LM backend (jax: or jax:PATH for the "
-                          "JAX backend, vllm:PATH, or a plug-in; `cb-agent backends` lists them)."),
-    "dtype": click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto",
-                          show_default=True, help="Backbone dtype; auto = bfloat16 on a GPU or a CPU with native "
-                          "bf16 (avx512_bf16/amx), else float32 (emulated bf16 is several times slower)."),
-    "device": click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda|cuda:N",
-                           help="Where the backbone loads (auto = cuda when torch sees a GPU, else cpu; with "
-                                "--model jax:, also tpu and gpu: whatever jax.devices() offers). With "
-                                "--workers on CUDA the workers share one backbone (--shared-lm)."),
-    "demo_split": click.option("--demo-split", default="train", show_default=True,
-                               help="Split the expert demonstrations come from."),
-    "demos_per_type": click.option("--demos-per-type", type=click.IntRange(min=1), default=2, show_default=True,
-                                   help="Won expert trajectories per task type (ReAct demos and concept data)."),
-    "rendering": click.option("--history", "--rendering", "rendering", type=click.Choice(list(RENDERING_NAMES)),
-                              default="raw", show_default=True,
-                              help="History rendering, the same for demonstrations, fitting and acting: raw, "
-                                   "causal (outcome labels), check (re-check reminder), experience (LM review "
-                                   "calls, NO UPDATE), calibrator (experiences chosen by the learned calibrator, "
-                                   "--calibrator), and the interventions recent3, obs-only, shuffle-all, "
-                                   "shuffle-old."),
-    "layout": click.option("--layout", type=click.Choice(["text", "chat"]), default="text", show_default=True,
-                           help="One text prompt, or user/assistant chat messages (chat template)."),
-    "lam": click.option("--lam", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
-                        help="L2 strength of the concept fit (Eq. 6)."),
-    "gamma": click.option("--gamma", type=float, default=0.8, show_default=True,
-                          help="Prior length-normalisation exponent (App. B)."),
-    "features": click.option("--features", default="lm-hidden", show_default=True,
-                             help="What the concept sees, comma-separated: lm-hidden (the seed's last-layer state), "
-                                  "lm-layer:K[:mean] (decoder layer K at the final action token or averaged), "
-                                  "goal-similarity (MiniLM cosines with the task and the latest observation, "
-                                  "names in the task), novelty (repeats and their outcomes), or a third-party "
-                                  "extractor (entry-point group cb_agent.feature_extractors)."),
-    "seed": click.option("--seed", type=int, default=0, show_default=True,
-                         help="Seed of sampled generations and of the shuffle renderings (--history shuffle-all, "
-                              "shuffle-old: the concept's contexts read it too)."),
-    "fit_candidates": click.option("--fit-candidates", type=click.IntRange(min=0), default=0, show_default=True,
-                                   help="Cap each expert decision's candidate set in the concept's fit at this many "
-                                        "(the expert's action and a seeded sample of the others); 0 = no cap. "
-                                        "ScienceWorld's ~1,000 valid combinations a state need one (e.g. 64)."),
-    "calibrator": click.option("--calibrator", type=click.Path(exists=True, dir_okay=False), default=None,
-                               help="Fitted calibrator file (`cb-agent calibrate fit`); needed by --history "
-                                    "calibrator, which shows the experiences it writes."),
-    "cache_dir": click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
-                              help="Cache for expert trajectories, features and concepts "
-                                   "(default: $CB_AGENT_CACHE or ~/.cache/cb-agent)."),
+    "env": shared("--env", "env", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True,
+                  help="Benchmark (task ids: `cb-agent tasks --env ENV`)."),
+    "model": shared("--model", default=None, help="Backbone name or local path (default: the offline "
+                    "SmolLM2-135M-Instruct), or BACKEND:ARG for another LM backend (jax: or jax:PATH for the "
+                    "JAX backend, vllm:PATH, or a plug-in; `cb-agent backends` lists them)."),
+    "dtype": shared("--dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto",
+                    show_default=True, help="Backbone dtype; auto = bfloat16 on a GPU or a CPU with native "
+                    "bf16 (avx512_bf16/amx), else float32 (emulated bf16 is several times slower)."),
+    "device": shared("--device", default="auto", show_default=True, metavar="auto|cpu|cuda|cuda:N",
+                     help="Where the backbone loads (auto = cuda when torch sees a GPU, else cpu; with "
+                          "--model jax:, also tpu and gpu: whatever jax.devices() offers). With "
+                          "--workers on CUDA the workers share one backbone (--shared-lm)."),
+    "demo_split": shared("--demo-split", default="train", show_default=True,
+                         help="Split the expert demonstrations come from."),
+    "demos_per_type": shared("--demos-per-type", type=click.IntRange(min=1), default=2, show_default=True,
+                             help="Won expert trajectories per task type (ReAct demos and concept data)."),
+    "rendering": shared("--history", "--rendering", "rendering", type=click.Choice(list(RENDERING_NAMES)),
+                        default="raw", show_default=True,
+                        help="History rendering, the same for demonstrations, fitting and acting: raw, "
+                             "causal (outcome labels), check (re-check reminder), experience (LM review "
+                             "calls, NO UPDATE), calibrator (experiences chosen by the learned calibrator, "
+                             "--calibrator), and the interventions recent3, obs-only, shuffle-all, "
+                             "shuffle-old."),
+    "layout": shared("--layout", type=click.Choice(["text", "chat"]), default="text", show_default=True,
+                     help="One text prompt, or user/assistant chat messages (chat template)."),
+    "lam": shared("--lam", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+                  help="L2 strength of the concept fit (Eq. 6)."),
+    "gamma": shared("--gamma", type=float, default=0.8, show_default=True,
+                    help="Prior length-normalisation exponent (App. B)."),
+    "features": shared("--features", default="lm-hidden", show_default=True,
+                       help="What the concept sees, comma-separated: lm-hidden (the seed's last-layer state), "
+                            "lm-layer:K[:mean] (decoder layer K at the final action token or averaged), "
+                            "goal-similarity (MiniLM cosines with the task and the latest observation, "
+                            "names in the task), novelty (repeats and their outcomes), or a third-party "
+                            "extractor (entry-point group cb_agent.feature_extractors)."),
+    "seed": shared("--seed", type=int, default=0, show_default=True,
+                   help="Seed of sampled generations and of the shuffle renderings (--history shuffle-all, "
+                        "shuffle-old: the concept's contexts read it too)."),
+    "fit_candidates": shared("--fit-candidates", type=click.IntRange(min=0), default=0, show_default=True,
+                             help="Cap each expert decision's candidate set in the concept's fit at this many "
+                                  "(the expert's action and a seeded sample of the others); 0 = no cap. "
+                                  "ScienceWorld's ~1,000 valid combinations a state need one (e.g. 64)."),
+    "calibrator": shared("--calibrator", type=click.Path(exists=True, dir_okay=False), default=None,
+                         help="Fitted calibrator file (`cb-agent calibrate fit`); needed by --history "
+                              "calibrator, which shows the experiences it writes."),
+    "cache_dir": shared("--cache-dir", type=click.Path(file_okay=False), default=None,
+                        help="Cache for expert trajectories, features and concepts "
+                             "(default: $CB_AGENT_CACHE or ~/.cache/cb-agent)."),
 }
 #: The options of ``cb-agent run`` besides :data:`COMMON_OPTIONS`.
 RUN_OPTIONS = {
-    "agents": click.option("--agent", "agents", type=click.Choice(agent_names()), multiple=True, default=("cb-agent",),
-                           show_default=True, help="Agent(s) to run (repeatable; all share one backbone load)."),
-    "split": click.option("--split", default=None, help="Evaluation split (default: the environment's held-out "
-                          "games: alfworld valid_unseen, scienceworld test, textworld test; every --game must belong "
-                          "to it; list ids with `cb-agent tasks --env ENV --split SPLIT`)."),
-    "per_type": click.option("--per-type", type=click.IntRange(min=0), default=1, show_default=True,
-                             help="Evaluation games per task type (first in sorted order); 0 = all."),
-    "all_games": click.option("--all-games", is_flag=True, help="Evaluate the whole split (--per-type 0 --games 0)."),
-    "games": click.option("--games", type=click.IntRange(min=0), default=2, show_default=True,
-                          help="Cap on the number of games after --per-type (the default slice: the first game "
-                               "of the first two task types); 0 = no cap."),
-    "game_ids": click.option("--game", "game_ids", multiple=True, help="Explicit game/task id(s) of --split "
-                             "(repeatable; overrides --per-type/--games; checked before anything loads)."),
-    "budget": click.option("--max-steps", "budget", type=click.IntRange(min=1), default=50, show_default=True,
-                           help="Step budget per episode (trial), think steps included."),
-    "action_space": click.option("--action-space", type=click.Choice(ACTION_SPACES), default="fixed",
-                                 show_default=True, help="CB-Agent candidates: environment set, or 20 sampled replies."),
-    "reflexion_trials": click.option("--reflexion-trials", type=click.IntRange(min=2), default=2, show_default=True,
-                                     help="Trials per episode of the reflexion-* agents (a reflection after each "
-                                          "failed trial; success = a won trial)."),
-    "keep_errors": click.option("--keep-errors", is_flag=True,
-                                help="With --resume, keep the episodes an engine fault or the time limit ended "
-                                     "(error records) instead of playing them again."),
-    "out_dir": click.option("--out-dir", type=click.Path(file_okay=False), default=None,
-                            help="Results folder (default: runs/<env>-<split>; improve: runs/improve-<env>-<split>)."),
-    "resume": click.option("--resume/--no-resume", default=False, show_default=True,
-                           help="Skip episodes already in the results file (after moving a torn last line "
-                                "aside; an episode an engine fault or the time limit ended is played again "
-                                "unless --keep-errors); without it a file that already holds these episodes "
-                                "is refused."),
-    "demos": click.option("--demos", default="expert", show_default=True,
-                          help="ReAct demonstrations: 'expert' (fixed, per task type), 'ical:MEMORY' (the "
-                               "--demos-per-type examples retrieved from an ICAL memory for each game's instruction, "
-                               "their annotations as thoughts) or 'ical-actions:MEMORY' (the same without annotations)."),
-    "concept_per_type": click.option("--concept-per-type", type=click.IntRange(min=0), default=0, show_default=True,
-                                     help="Won expert trajectories per task type that the concept is fitted on "
-                                          "(the first of --demo-split, as the demonstrations); 0 = --demos-per-type. "
-                                          "The ReAct demonstrations stay --demos-per-type (the scorer sees none)."),
-    "concept_data": click.option("--concept-data", type=click.Choice(["expert", "ical"]), default="expert",
-                                 show_default=True, help="CB-Agent's concept fitting data: the expert demonstrations, "
-                                 "or the won ICAL examples of the --demos memory (with their thoughts)."),
-    "workers": click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-                            help="Episodes played at once, each worker with its own env and backbone, on a local "
-                                 "Ray cluster (needs the ray extra when > 1)."),
-    "shared_lm": click.option("--shared-lm", is_flag=True,
-                              help="With --workers: one backbone per device behind a Ray actor that batches the "
-                                   "workers' scoring calls; workers never load the model."),
-    "episode_timeout": click.option("--episode-timeout", type=click.FloatRange(min=0, min_open=True),
-                                    default=EPISODE_TIMEOUT_S, show_default=True,
-                                    help="Wall-clock seconds one episode (all its trials) may take; past it the "
-                                         "episode ends as a recorded failure (run: an error record; recover, "
-                                         "calibrate label, ical: a skipped or failed item) and the command goes "
-                                         "on with the next."),
-    "concepts": click.option("--concepts", type=click.Path(file_okay=False), default=None,
-                             help="Act with the concepts of this folder (a round of `cb-agent improve`, e.g. "
-                                  "runs/improve/round-2/concepts, or `fit-concepts --out-dir`) instead of fitting "
-                                  "them on the expert demonstrations; checked against the run's settings."),
-    "ray_address": click.option("--ray-address", default=None,
-                                help="Join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a "
-                                     "local one."),
+    "agents": shared("--agent", "agents", type=click.Choice(agent_names()), multiple=True, default=("cb-agent",),
+                     show_default=True, help="Agent(s) to run (repeatable; all share one backbone load)."),
+    "split": shared("--split", default=None, help="Evaluation split (default: the environment's held-out "
+                    "games: alfworld valid_unseen, scienceworld test, textworld test; every --game must belong "
+                    "to it; list ids with `cb-agent tasks --env ENV --split SPLIT`)."),
+    "per_type": shared("--per-type", type=click.IntRange(min=0), default=1, show_default=True,
+                       help="Evaluation games per task type (first in sorted order); 0 = all."),
+    "all_games": shared("--all-games", is_flag=True, help="Evaluate the whole split (--per-type 0 --games 0)."),
+    "games": shared("--games", type=click.IntRange(min=0), default=2, show_default=True,
+                    help="Cap on the number of games after --per-type (the default slice: the first game "
+                         "of the first two task types); 0 = no cap."),
+    "game_ids": shared("--game", "game_ids", multiple=True, help="Explicit game/task id(s) of --split "
+                       "(repeatable; overrides --per-type/--games; checked before anything loads)."),
+    "budget": shared("--max-steps", "budget", type=click.IntRange(min=1), default=50, show_default=True,
+                     help="Step budget per episode (trial), think steps included."),
+    "action_space": shared("--action-space", type=click.Choice(ACTION_SPACES), default="fixed",
+                           show_default=True, help="CB-Agent candidates: environment set, or 20 sampled replies."),
+    "reflexion_trials": shared("--reflexion-trials", type=click.IntRange(min=2), default=2, show_default=True,
+                               help="Trials per episode of the reflexion-* agents (a reflection after each "
+                                    "failed trial; success = a won trial)."),
+    "keep_errors": shared("--keep-errors", is_flag=True,
+                          help="With --resume, keep the episodes an engine fault or the time limit ended "
+                               "(error records) instead of playing them again."),
+    "out_dir": shared("--out-dir", type=click.Path(file_okay=False), default=None,
+                      help="Results folder (default: runs/<env>-<split>; improve: runs/improve-<env>-<split>)."),
+    "resume": shared("--resume/--no-resume", default=False, show_default=True,
+                     help="Skip episodes already in the results file (after moving a torn last line "
+                          "aside; an episode an engine fault or the time limit ended is played again "
+                          "unless --keep-errors); without it a file that already holds these episodes "
+                          "is refused."),
+    "demos": shared("--demos", default="expert", show_default=True,
+                    help="ReAct demonstrations: 'expert' (fixed, per task type), 'ical:MEMORY' (the "
+                         "--demos-per-type examples retrieved from an ICAL memory for each game's instruction, "
+                         "their annotations as thoughts) or 'ical-actions:MEMORY' (the same without annotations)."),
+    "concept_per_type": shared("--concept-per-type", type=click.IntRange(min=0), default=0, show_default=True,
+                               help="Won expert trajectories per task type that the concept is fitted on "
+                                    "(the first of --demo-split, as the demonstrations); 0 = --demos-per-type. "
+                                    "The ReAct demonstrations stay --demos-per-type (the scorer sees none)."),
+    "concept_data": shared("--concept-data", type=click.Choice(["expert", "ical"]), default="expert",
+                           show_default=True, help="CB-Agent's concept fitting data: the expert demonstrations, "
+                           "or the won ICAL examples of the --demos memory (with their thoughts)."),
+    "workers": shared("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+                      help="Episodes played at once, each worker with its own env and backbone, on a local "
+                           "Ray cluster (needs the ray extra when > 1)."),
+    "shared_lm": shared("--shared-lm", is_flag=True,
+                        help="With --workers: one backbone per device behind a Ray actor that batches the "
+                             "workers' scoring calls; workers never load the model."),
+    "episode_timeout": shared("--episode-timeout", type=click.FloatRange(min=0, min_open=True),
+                              default=EPISODE_TIMEOUT_S, show_default=True,
+                              help="Wall-clock seconds one episode (all its trials) may take; past it the "
+                                   "episode ends as a recorded failure (run: an error record; recover, "
+                                   "calibrate label, ical: a skipped or failed item) and the command goes "
+                                   "on with the next."),
+    "concepts": shared("--concepts", type=click.Path(file_okay=False), default=None,
+                       help="Act with the concepts of this folder (a round of `cb-agent improve`, e.g. "
+                            "runs/improve/round-2/concepts, or `fit-concepts --out-dir`) instead of fitting "
+                            "them on the expert demonstrations; checked against the run's settings."),
+    "ray_address": shared("--ray-address", default=None,
+                          help="Join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a "
+                               "local one."),
 }
 
 
-def config_options(*names: str, **overrides: Callable) -> Callable[[Callable], Callable]:
-    """Add the options ``names`` (keys of :data:`COMMON_OPTIONS` / :data:`RUN_OPTIONS`, or
-    ``overrides`` given as name -> click option) to a command; it receives them as one validated
-    ``config:`` :class:`RunConfig` (other fields keep their defaults). ``--all-games`` sets
-    ``per_type`` and ``games`` to 0. An invalid value is a usage error naming the field; with
-    ``model`` among ``names``, a model that cannot be found here, a CUDA device this machine lacks
-    or a library outside its tested range (:func:`check_backbone`) is a one-line error before
-    anything loads."""
-    options = {**COMMON_OPTIONS, **RUN_OPTIONS, **overrides}
+#: Every shared option by its ``config`` field (:data:`COMMON_OPTIONS` and :data:`RUN_OPTIONS`).
+SHARED_OPTIONS: dict[str, SharedOption] = {**COMMON_OPTIONS, **RUN_OPTIONS}
+#: The backbone's options: with any of them, :func:`config_from` resolves the device and dtype.
+BACKBONE = frozenset({"model", "dtype", "device"})
+
+
+def config_options(*names: str, check_model: bool = True,
+                   **changes: Mapping[str, Any]) -> Callable[[Callable], Callable]:
+    """Add the shared options ``names`` (keys of :data:`SHARED_OPTIONS`; ``changes``: name ->
+    :meth:`SharedOption.but` arguments, e.g. a command's own help text) to a command, which
+    receives them as one ``config:`` :class:`RunConfig` (:func:`config_from`)."""
+
+    def decorate(fn: Callable) -> Callable:
+        command = config_from(*names, check_model=check_model)(fn)
+        for name in reversed(names):
+            command = shared_option(name, **changes.get(name, {}))(command)
+        return command
+
+    return decorate
+
+
+def shared_option(name: str, **changes: Any) -> SharedOption:
+    """The shared option of ``config`` field ``name`` (:data:`SHARED_OPTIONS`), with ``changes``
+    (:meth:`SharedOption.but`) for one command."""
+    return SHARED_OPTIONS[name].but(**changes) if changes else SHARED_OPTIONS[name]
+
+
+def config_from(*names: str, check_model: bool = True) -> Callable[[Callable], Callable]:
+    """Gather the values of the shared options ``names`` (declared on the command by
+    :func:`config_options` or :func:`shared_option`) into one ``config:`` :class:`RunConfig`,
+    resolved (:func:`agent_shell.configure.resolve`; the device and dtype when a backbone option
+    is among ``names``, by the same rule everywhere); other fields keep their defaults.
+    ``--all-games`` sets ``per_type`` and ``games`` to 0. An invalid value is a usage error naming
+    the field; with ``model`` among ``names`` and ``check_model``, a model that cannot be found
+    here, a CUDA device this machine lacks or a library outside its tested range
+    (:func:`check_backbone`) is a one-line error before anything loads."""
     fields = set(RunConfig.field_names())
 
     def decorate(fn: Callable) -> Callable:
@@ -161,7 +228,7 @@ def config_options(*names: str, **overrides: Callable) -> Callable[[Callable], C
             if kwargs.pop("all_games", False):
                 values.update(per_type=0, games=0)
             try:
-                config = RunConfig(**values)
+                config = resolve(RunConfig(**values), backbone=bool(BACKBONE & set(names)))
             except JaxPlatformError as err:  # the machine's setting, not an option
                 raise click.ClickException(str(err)) from None
             except ValueError as err:
@@ -171,12 +238,10 @@ def config_options(*names: str, **overrides: Callable) -> Callable[[Callable], C
                     writable_folder(config.cache_dir if config.cache_dir is not None else cache_root())
                 except ValueError as err:
                     raise click.ClickException(str(err)) from None
-            if "model" in names:
+            if "model" in names and check_model:
                 check_backbone(config.model, config.device)
             return fn(config=config, **kwargs)
 
-        for name in reversed(names):
-            command = options[name](command)
         return command
 
     return decorate
@@ -195,10 +260,6 @@ def check_backbone(model: str | None, device: str | None) -> None:
         device_and_dtype(model, device, "auto", check=True)  # the devices of the model's backend
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as err:
         raise click.ClickException(str(err)) from None
-
-
-#: The options of ``fit-concepts`` and ``eval-decisions``.
-common_options = config_options(*COMMON_OPTIONS)
 
 
 def make_console():

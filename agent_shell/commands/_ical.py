@@ -14,6 +14,7 @@ from agent_shell.commands._common import COMMON_OPTIONS, RUN_OPTIONS, check_back
 if TYPE_CHECKING:
     from agent_shell.ical.memory import Memory
     from agent_shell.lm.protocol import LanguageModel
+    from agent_shell.run_config import RunConfig
 
 
 def _fail(fn: Callable) -> Callable:
@@ -56,11 +57,13 @@ def _progress():
                         TextColumn("{task.fields[note]}"), TimeElapsedColumn())
 
 
-def _load_lm(model: str | None, dtype: str, device: str) -> LanguageModel:
+def _load_lm(config: RunConfig) -> LanguageModel:
+    """The backbone of the command's settings (device and dtype resolved as every command's),
+    checked first (:func:`agent_shell.commands._common.check_backbone`)."""
     from agent_shell.lm import load_language_model
 
-    check_backbone(model, device)
-    return load_language_model(model, dtype=dtype, device=device)
+    check_backbone(config.model, config.device)
+    return load_language_model(config.model, dtype=config.dtype, device=config.device)
 
 
 def _memory(folder: str | None, need_embedder: bool = True) -> Memory | None:
@@ -109,7 +112,7 @@ def _with(options: list) -> Callable:
 def _learn_options(fn: Callable) -> Callable:
     """How programs are written and played: the options of :class:`agent_shell.ical.learn.LearnConfig`
     (with ``--k`` and ``--max-rounds`` where the command has them), given to the command as one
-    ``config:``; a bad combination is a one-line error before anything loads."""
+    ``learn:``; a bad combination is a one-line error before anything loads."""
     import functools
 
     @functools.wraps(fn)
@@ -121,7 +124,7 @@ def _learn_options(fn: Callable) -> Callable:
             config = LearnConfig(**{name: kwargs.pop(name) for name in names if name in kwargs})
         except ValueError as err:
             raise click.ClickException(str(err)) from None
-        return fn(config=config, **kwargs)
+        return fn(learn=config, **kwargs)
 
     return _with([max_new_tokens_option, decoding_option, notes_option, extra_actions_option,
                   episode_timeout_option])(command)

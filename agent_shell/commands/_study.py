@@ -18,8 +18,7 @@ from envs.protocol import Environment
 ACTORS = ("react", "prior-only", "cb-agent")
 
 _BACKBONE = ("model", "dtype", "device", "demo_split", "demos_per_type", "layout", "calibrator", "cache_dir", "seed")
-_SEED = click.option("--seed", type=int, default=0, show_default=True,
-                     help="Seed of the agents' generations and of the shuffle renderings.")
+_SEED = {"help": "Seed of the agents' generations and of the shuffle renderings."}
 #: The backbone options of a study; the command receives them as one ``config:`` :class:`RunConfig`
 #: (its ``env`` and ``rendering`` are set per study and per rendering).
 study_options = config_options(*_BACKBONE, seed=_SEED)

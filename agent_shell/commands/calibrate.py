@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import click
 
-from agent_shell.commands._common import cli_errors, config_options, make_console
+from agent_shell.commands._common import cli_errors, config_options, make_console, shared_option
 from agent_shell.run_config import RunConfig
 
 if TYPE_CHECKING:
@@ -58,8 +58,7 @@ def calibrate() -> None:
               help="expert-distance judge: expert steps after the action before the distance counts as unknown.")
 @click.option("--out", type=click.Path(dir_okay=False), default="calibration/labels.jsonl", show_default=True,
               help="JSONL of label records, one per transition; counts go to <out>.counts.json.")
-@click.option("--resume/--no-resume", default=False, show_default=True,
-              help="Skip transitions already in --out (after moving a torn last line aside).")
+@shared_option("resume", help="Skip transitions already in --out (after moving a torn last line aside).")
 @config_options("model", "dtype", "device", "demo_split", "demos_per_type", "cache_dir", "seed", "episode_timeout")
 def label(results, actors, judge, k, temperature, content_screening, max_transitions, max_expert_steps, out, resume,
           config: RunConfig) -> None:

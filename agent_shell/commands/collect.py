@@ -13,25 +13,24 @@ from statistics import mean
 
 import click
 
-from agent_shell.commands._common import RUN_OPTIONS
-from agent_shell.commands.tasks import ENV_NAMES, validated_tasks
+from agent_shell.commands._common import shared_option
+from agent_shell.commands.tasks import validated_tasks
 
 
 @click.command()
-@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), required=True, help="Benchmark to collect from.")
-@click.option("--split", default="train", show_default=True, help="Task split (alfworld: train/valid_unseen; "
-              "scienceworld: train/dev/test; textworld: train/test); every --tasks id must belong to it.")
+@shared_option("env", default=None, show_default=False, required=True, help="Benchmark to collect from.")
+@shared_option("split", default="train", show_default=True, help="Task split (alfworld: train/valid_unseen; "
+               "scienceworld: train/dev/test; textworld: train/test); every --tasks id must belong to it.")
 @click.option("--n-per-type", type=click.IntRange(min=1), default=None, help="First K tasks of each task type.")
 @click.option("--tasks", "task_list", multiple=True, help="Explicit task ids (repeatable or comma-separated; "
               "list them with `cb-agent tasks --env ENV --split SPLIT`).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True, help="JSONL output file.")
-@click.option("--resume/--no-resume", default=False, show_default=True,
-              help="Skip tasks already in --out (after moving a torn last line aside); without it a file "
-                   "that already holds one of the tasks is refused.")
+@shared_option("resume", help="Skip tasks already in --out (after moving a torn last line aside); without it a "
+                             "file that already holds one of the tasks is refused.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=None,
               help="Step budget per task (default: the environment's, ALFWorld 50).")
-@RUN_OPTIONS["episode_timeout"]
-def collect(env_name, split, n_per_type, task_list, out_path, resume, max_steps, episode_timeout) -> None:
+@shared_option("episode_timeout")
+def collect(env, split, n_per_type, task_list, out_path, resume, max_steps, episode_timeout) -> None:
     """Collect expert trajectories (every candidate set saved) into OUT, one JSON line per task."""
     from agent_shell.results import repair_for_resume
     from agent_shell.progress import episode_line, interactive
@@ -40,6 +39,7 @@ def collect(env_name, split, n_per_type, task_list, out_path, resume, max_steps,
 
     if n_per_type is not None and task_list:
         raise click.UsageError("--n-per-type and --tasks are mutually exclusive")
+    env_name = env
     env = make_env(env_name)
     try:
         if task_list:

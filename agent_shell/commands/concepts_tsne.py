@@ -27,8 +27,7 @@ from cb_io.storage import write_bytes_atomic
 #: Common options of these commands: all but --demos-per-type, which each replaces by its own pool size.
 OPTIONS = tuple(name for name in COMMON_OPTIONS if name != "demos_per_type")
 #: concepts-tsne's ``--seed``: the run's seed (the shuffle renderings read it), also the samples' and t-SNE's.
-TSNE_SEED = click.option("--seed", type=int, default=0, show_default=True,
-                         help="Seed of the samples, of t-SNE and of the shuffle renderings.")
+TSNE_SEED = {"help": "Seed of the samples, of t-SNE and of the shuffle renderings."}
 
 
 def pool_filters(fn):

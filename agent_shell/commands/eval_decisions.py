@@ -104,7 +104,7 @@ def eval_decisions(config: RunConfig, heldout_split: str, heldout_per_type: int,
     except BaseException:
         env.close()
         raise
-    settings = FeatureSettings.from_config(config, setup.calibrator)
+    settings = setup.feature_settings
     try:
         same_split = heldout_split == config.demo_split
         trajs = expert_demos(setup.env, config.demos_per_type + heldout_per_type if same_split else heldout_per_type,

@@ -7,16 +7,15 @@ from pathlib import Path
 
 import click
 
-from agent_shell.commands._common import cli_errors, common_options, make_console
+from agent_shell.commands._common import COMMON_OPTIONS, cli_errors, config_options, make_console
 from agent_shell.pipeline import prepare
 from agent_shell.run_config import RunConfig
 
 
 @click.command("fit-concepts")
-@common_options
-@click.option("--out-dir", type=click.Path(file_okay=False), default=None,
-              help="Also copy the concept files here (they always stay in the cache).")
-def fit_concepts(config: RunConfig, out_dir: str | None) -> None:
+@config_options(*COMMON_OPTIONS, "out_dir",
+                out_dir={"help": "Also copy the concept files here (they always stay in the cache)."})
+def fit_concepts(config: RunConfig) -> None:
     """Collect expert demonstrations, compute features with the backbone, fit and save concepts."""
     from rich.table import Table
 
@@ -37,6 +36,7 @@ def fit_concepts(config: RunConfig, out_dir: str | None) -> None:
                           f"{fit.get('loss', float('nan')):.4f}", f"{fit.get('grad_norm', float('nan')):.1e}",
                           str(fit.get("converged", "-")))
         make_console().print(table)
+        out_dir = config.out_dir
         if out_dir is not None and setup.concepts_dir is not None:
             Path(out_dir).mkdir(parents=True, exist_ok=True)
             for f in setup.concepts_dir.glob("*.safetensors"):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from agent_shell.commands._common import ENV_NAMES
+from agent_shell.commands._common import config_from, shared_option
 from agent_shell.commands._ical import (_check_split, _done_keys, _fail, _learn_options, _load_lm, _memory, _progress,
                                         _with, episode_timeout_option, model_options, prompt_examples_option)
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from agent_shell.ical.learn import LearnConfig
     from agent_shell.ical.memory import Lambdas, Memory
+    from agent_shell.run_config import RunConfig
     from agent_shell.lm.protocol import LanguageModel
     from cb_io.records import Trajectory
     from envs.protocol import Environment
@@ -35,8 +36,7 @@ def ical() -> None:
 
 
 @ical.command()
-@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True,
-              help="The game of the trials and expert trajectories.")
+@shared_option("env", help="The game of the trials and expert trajectories.")
 @click.option("--from-run", "runs", multiple=True, type=click.Path(dir_okay=False),
               help="cb-agent run results file(s) whose trials become noisy inputs (repeatable).")
 @click.option("--which", type=click.Choice(["failed", "won", "all"]), default="failed", show_default=True,
@@ -47,20 +47,20 @@ def ical() -> None:
               help="Split the corrupted expert trajectories come from.")
 @click.option("--corruptions", type=click.IntRange(min=1), default=2, show_default=True,
               help="Corruptions per expert trajectory (insert, repeat, drop, swap; seeded).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the corruptions.")
+@shared_option("seed", help="Seed of the corruptions.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/noisy.jsonl", show_default=True,
               help="JSONL file of the noisy trajectories.")
-@click.option("--resume/--no-resume", default=False, show_default=True,
-              help="Add what is missing to --out; without it an existing --out is refused.")
+@shared_option("resume", help="Add what is missing to --out; without it an existing --out is refused.")
 @episode_timeout_option
+@config_from("env", "seed", "resume", "episode_timeout")
 @_fail
-def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, seed, out_path, resume,
-          episode_timeout) -> None:
+def noisy(runs, which, expert_per_type, expert_split, corruptions, out_path, config: RunConfig) -> None:
     """Collect noisy trajectories: agent trials from results files and corrupted expert trajectories."""
     from agent_shell.ical.noisy import add_trials, corrupted_expert, corrupted_id, noisy_id
     from cb_io.records import read_trajectories
     from cb_io.storage import append_jsonl
 
+    env_name, seed, resume, episode_timeout = config.env, config.seed, config.resume, config.episode_timeout
     if not runs and not expert_per_type:
         raise click.UsageError("give --from-run FILE and/or --expert-per-type N")
     if expert_per_type:
@@ -98,8 +98,7 @@ def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, see
 
 @ical.command()
 @click.argument("noisy_path", type=click.Path(dir_okay=False))
-@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True,
-              help="The game the noisy trajectories were played in (their final candidate sets are replayed).")
+@shared_option("env", help="The game the noisy trajectories were played in (their final candidate sets are replayed).")
 @_with(model_options)
 @click.option("--memory", "memory_dir", type=click.Path(file_okay=False), default=None,
               help="Memory whose retrieved examples are shown (default: the built-in example only).")
@@ -107,10 +106,10 @@ def noisy(env_name, runs, which, expert_per_type, expert_split, corruptions, see
 @_learn_options
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/abstract.jsonl", show_default=True,
               help="JSONL file of the abstractions.")
-@click.option("--resume/--no-resume", default=False, show_default=True,
-              help="Skip noisy ids already in --out; without it an existing id is refused.")
+@shared_option("resume", help="Skip noisy ids already in --out; without it an existing id is refused.")
+@config_from("env", "model", "dtype", "device", "resume", check_model=False)
 @_fail
-def abstract(noisy_path, env_name, model, dtype, device, memory_dir, out_path, resume, config: LearnConfig) -> None:
+def abstract(noisy_path, memory_dir, out_path, config: RunConfig, learn: LearnConfig) -> None:
     """Phase 1 only: the LM abstracts each noisy trajectory; outputs are parsed strictly (not executed)."""
     from collections import Counter
 
@@ -123,19 +122,19 @@ def abstract(noisy_path, env_name, model, dtype, device, memory_dir, out_path, r
 
     trajs = read_noisy(noisy_path)
     out = Path(out_path)
-    done = _done_keys(out, resume, [noisy_id(t) for t in trajs])
+    done = _done_keys(out, config.resume, [noisy_id(t) for t in trajs])
     todo = [t for t in trajs if noisy_id(t) not in done]
     reasons: Counter = Counter()
     n_ok = 0
     if todo:
-        lm = _load_lm(model, dtype, device)
+        lm = _load_lm(config)
         memory = _memory(memory_dir)
-        env = make_env(env_name)
+        env = make_env(config.env)
         with _progress() as progress, contextlib.closing(env):
             bar = progress.add_task("abstract", total=len(todo), note="")
             for traj in todo:
                 try:
-                    record, parsed = abstract_record(lm, env, traj, examples_for(memory, traj, config.k), config)
+                    record, parsed = abstract_record(lm, env, traj, examples_for(memory, traj, learn.k), learn)
                 except EngineError as err:  # skipped (--resume abstracts it again); the command goes on
                     click.echo(f"warning: skipped {noisy_id(traj)}: {type(err).__name__}: {one_line(err)}", err=True)
                     reasons[f"skipped ({type(err).__name__})"] += 1
@@ -194,8 +193,7 @@ def _check_human(human: bool) -> None:
 @click.argument("abstract_path", type=click.Path(dir_okay=False))
 @click.option("--noisy", "noisy_path", type=click.Path(dir_okay=False), required=True,
               help="The noisy trajectories the abstractions were written from.")
-@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True,
-              help="The game the abstractions are executed in.")
+@shared_option("env", help="The game the abstractions are executed in.")
 @_with(model_options)
 @click.option("--memory", "memory_dir", type=click.Path(file_okay=False), default=None,
               help="Memory for retrieved examples; kept examples are added to it.")
@@ -206,11 +204,10 @@ def _check_human(human: bool) -> None:
 @click.option("--human", is_flag=True, help="A person gives feedback at the terminal (Enter accepts a step).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default="ical/refine.jsonl", show_default=True,
               help="JSONL file of the refined examples (every round recorded).")
-@click.option("--resume/--no-resume", default=False, show_default=True,
-              help="Skip noisy ids already in --out; without it an existing id is refused.")
+@shared_option("resume", help="Skip noisy ids already in --out; without it an existing id is refused.")
+@config_from("env", "model", "dtype", "device", "resume", check_model=False)
 @_fail
-def refine(abstract_path, noisy_path, env_name, model, dtype, device, memory_dir, human, out_path, resume,
-           config: LearnConfig) -> None:
+def refine(abstract_path, noisy_path, memory_dir, human, out_path, config: RunConfig, learn: LearnConfig) -> None:
     """Phase 2: execute each abstraction in the real game and revise it on feedback (every round recorded)."""
     from agent_shell.ical.learn import read_abstractions
     from agent_shell.ical.noisy import noisy_id, read_noisy
@@ -220,13 +217,13 @@ def refine(abstract_path, noisy_path, env_name, model, dtype, device, memory_dir
     firsts = read_abstractions(abstract_path)
     trajs = [t for t in read_noisy(noisy_path) if noisy_id(t) in firsts]
     out = Path(out_path)
-    done = _done_keys(out, resume, [noisy_id(t) for t in trajs])
+    done = _done_keys(out, config.resume, [noisy_id(t) for t in trajs])
     todo = [t for t in trajs if noisy_id(t) not in done]
     if todo:
-        lm = _load_lm(model, dtype, device) if config.max_rounds else None
-        env = make_env(env_name)
+        lm = _load_lm(config) if learn.max_rounds else None
+        env = make_env(config.env)
         try:
-            _learn_all(todo, out, lm, env, _memory(memory_dir), config, human, firsts)
+            _learn_all(todo, out, lm, env, _memory(memory_dir), learn, human, firsts)
         finally:
             env.close()
     _summarize(out, f"ICAL refinement ({out})")
@@ -236,8 +233,7 @@ def refine(abstract_path, noisy_path, env_name, model, dtype, device, memory_dir
 @click.argument("noisy_path", type=click.Path(dir_okay=False))
 @click.option("--memory", "memory_dir", type=click.Path(file_okay=False), required=True,
               help="Memory folder the won examples enter (created if missing).")
-@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True,
-              help="The game the abstractions are executed in.")
+@shared_option("env", help="The game the abstractions are executed in.")
 @_with(model_options)
 @click.option("--k", type=click.IntRange(min=0), default=2, show_default=True,
               help="Retrieved examples per prompt (the built-in example while the memory is empty).")
@@ -245,10 +241,10 @@ def refine(abstract_path, noisy_path, env_name, model, dtype, device, memory_dir
               help="Revisions after the first execution.")
 @_learn_options
 @click.option("--human", is_flag=True, help="A person gives feedback at the terminal (Enter accepts a step).")
-@click.option("--resume/--no-resume", default=False, show_default=True,
-              help="Skip noisy ids already in the memory's log; without it an existing id is refused.")
+@shared_option("resume", help="Skip noisy ids already in the memory's log; without it an existing id is refused.")
+@config_from("env", "model", "dtype", "device", "resume", check_model=False)
 @_fail
-def build_memory(noisy_path, memory_dir, env_name, model, dtype, device, human, resume, config: LearnConfig) -> None:
+def build_memory(noisy_path, memory_dir, human, config: RunConfig, learn: LearnConfig) -> None:
     """Both phases for every noisy trajectory; won examples enter MEMORY (log: MEMORY/log.jsonl)."""
     from agent_shell.ical.noisy import noisy_id, read_noisy
     from envs import make_env
@@ -256,14 +252,14 @@ def build_memory(noisy_path, memory_dir, env_name, model, dtype, device, human, 
     _check_human(human)
     trajs = read_noisy(noisy_path)
     out = Path(memory_dir) / "log.jsonl"
-    done = _done_keys(out, resume, [noisy_id(t) for t in trajs], elsewhere="choose another --memory")
+    done = _done_keys(out, config.resume, [noisy_id(t) for t in trajs], elsewhere="choose another --memory")
     todo = [t for t in trajs if noisy_id(t) not in done]
     if todo:
         memory = _memory(memory_dir)
-        lm = _load_lm(model, dtype, device)
-        env = make_env(env_name)
+        lm = _load_lm(config)
+        env = make_env(config.env)
         try:
-            _learn_all(todo, out, lm, env, memory, config, human)
+            _learn_all(todo, out, lm, env, memory, learn, human)
         finally:
             env.close()
     _summarize(out, f"ICAL memory {memory_dir}")
@@ -273,11 +269,9 @@ def build_memory(noisy_path, memory_dir, env_name, model, dtype, device, human, 
 @click.argument("memory_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--instruction", default=None, help="Query instruction (one query).")
 @click.option("--state", default=None, help="Query textual state (initial observation).")
-@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), default="alfworld", show_default=True,
-              help="The game of the --split queries.")
-@click.option("--split", default=None, help="Evaluate retrieval precision on the tasks of this split instead.")
-@click.option("--per-type", type=click.IntRange(min=0), default=0, show_default=True,
-              help="With --split: the first N tasks of each task type (0: all).")
+@shared_option("env", help="The game of the --split queries.")
+@shared_option("split", help="Evaluate retrieval precision on the tasks of this split instead.")
+@shared_option("per_type", default=0, help="With --split: the first N tasks of each task type (0: all).")
 @click.option("--k", type=click.IntRange(min=1), default=10, show_default=True, help="Examples retrieved per query.")
 @click.option("--lambda-instruction", type=click.FloatRange(min=0), default=0.8, show_default=True,
               help="Weight of the instruction embedding's cosine similarity.")
@@ -287,16 +281,17 @@ def build_memory(noisy_path, memory_dir, env_name, model, dtype, device, human, 
               help="Kept for the source's formula; must be 0 (no visual embeddings in text games).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="With --split: one JSON line per query (resumable with --resume).")
-@click.option("--resume/--no-resume", default=False, show_default=True,
-              help="Skip queries already in --out; without it an existing one is refused.")
+@shared_option("resume", help="Skip queries already in --out; without it an existing one is refused.")
+@config_from("env", "resume")
 @_fail
-def retrieve(memory_dir, instruction, state, env_name, split, per_type, k, lambda_instruction, lambda_text, lambda_visual,
-             out_path, resume) -> None:
+def retrieve(memory_dir, instruction, state, split, per_type, k, lambda_instruction, lambda_text, lambda_visual,
+             out_path, config: RunConfig) -> None:
     """Top-K examples for an instruction, or retrieval precision (share of top-K of the query's type) on a split."""
     from agent_shell.commands._common import make_console
     from agent_shell.ical import Lambdas
     from rich.table import Table
 
+    env_name, resume = config.env, config.resume
     if (instruction is None) == (split is None):
         raise click.UsageError("give either --instruction or --split")
     if split is not None:

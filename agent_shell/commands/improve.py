@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 
 from agent_shell.commands._common import COMMON_OPTIONS, cli_errors, config_options, make_console, task_error
+from agent_shell.configure import task_ids
 from agent_shell.run_config import RunConfig
 
 #: The options of ``cb-agent run`` that ``improve`` takes (the evaluation games, budget, output, resume).
@@ -61,7 +62,7 @@ def improve(config: RunConfig, rounds: int, games_per_round: int, max_decisions:
     env = make_env(config.env)
     try:
         try:  # the evaluation games and the training split, before anything loads
-            config.task_ids(env)
+            task_ids(config, env)
         except ValueError as err:
             raise task_error(env, config.split, err) from None
         progress = make_progress() if interactive() else None
@@ -79,7 +80,7 @@ def show(console, out, lines) -> None:
     """The success table per round and task type, the rounds' summary paired against round 0, the chart."""
     from rich.table import Table
 
-    from agent_shell.improve import ROUND_COLUMNS, evaluation_records, round_cells, round_rows
+    from agent_shell.improve_rounds import ROUND_COLUMNS, evaluation_records, round_cells, round_rows
     from agent_shell.charts import bar_chart
     from agent_shell.reporting import describe_run, rich_table, summarize
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import click
 
-from agent_shell.commands._common import RENDERING_NAMES, make_console
+from agent_shell.commands._common import RENDERING_NAMES, make_console, shared_option
 from agent_shell.commands._study import ACTORS, play_study, study_options
 from agent_shell.run_config import RunConfig
 
@@ -28,8 +28,7 @@ from agent_shell.run_config import RunConfig
               help="Cap on the mined items (round robin over trajectories); 0 = all.")
 @click.option("--out", type=click.Path(dir_okay=False), default="probe/probe.jsonl", show_default=True,
               help="JSONL file of the study's lines, one per (item, rendering, actor); --resume continues it.")
-@click.option("--resume/--no-resume", default=False, show_default=True,
-              help="Skip (item, rendering, actor) keys already in --out.")
+@shared_option("resume", help="Skip (item, rendering, actor) keys already in --out.")
 @study_options
 def probe(results, renderings, actors, max_items, out, resume, config: RunConfig) -> None:
     """Repetition probe on RESULTS (JSONL files of `cb-agent run`): how often does each actor repeat an

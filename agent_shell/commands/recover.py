@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import click
 
-from agent_shell.commands._common import RENDERING_NAMES, make_console
+from agent_shell.commands._common import RENDERING_NAMES, make_console, shared_option
 from agent_shell.commands._study import ACTORS, episode_study_options, play_study
 from agent_shell.run_config import RunConfig
 
@@ -35,8 +35,7 @@ CONDITIONS = ("history", "reference")
               help="New steps after the replay (think steps included).")
 @click.option("--out", type=click.Path(dir_okay=False), default="recover/recover.jsonl", show_default=True,
               help="JSONL file of the study's lines, one per (item, condition, rendering, agent); --resume continues it.")
-@click.option("--resume/--no-resume", default=False, show_default=True,
-              help="Skip (item, condition, rendering, agent) keys already in --out.")
+@shared_option("resume", help="Skip (item, condition, rendering, agent) keys already in --out.")
 @episode_study_options
 def recover(results, conditions, renderings, actors, max_items, new_actions, out, resume,
             config: RunConfig) -> None:

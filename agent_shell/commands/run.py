@@ -23,6 +23,7 @@ import click
 
 from agent_shell.commands._common import (COMMON_OPTIONS, RUN_OPTIONS, cli_errors, config_options, make_console,
                                           task_error)
+from agent_shell.configure import task_ids as configured_task_ids
 from agent_shell.pipeline import build_players, players_of, set_up
 from agent_shell.run_config import RunConfig, check_not_demos
 
@@ -58,7 +59,7 @@ def run(config: RunConfig) -> None:
     env = make_env(config.env)
     try:
         try:  # game ids, splits and the demonstrations' split, before any engine or model loads
-            task_ids = config.task_ids(env)
+            task_ids = configured_task_ids(config, env)
         except ValueError as err:
             raise task_error(env, config.split, err) from None
         type_of = getattr(env, "task_type_of", None)

@@ -13,7 +13,7 @@ from typing import Iterable
 import click
 
 from envs.protocol import Environment
-from agent_shell.commands._common import ENV_NAMES, cli_errors
+from agent_shell.commands._common import cli_errors, shared_option
 
 
 def validated_tasks(env: Environment, split: str, task_ids: Iterable[str]) -> list[str]:
@@ -30,15 +30,15 @@ def validated_tasks(env: Environment, split: str, task_ids: Iterable[str]) -> li
 
 
 @click.command("tasks")
-@click.option("--env", "env_name", type=click.Choice(ENV_NAMES), required=True, help="Benchmark to list.")
-@click.option("--split", default=None, help="Print this split's task ids, one per line (default: print the "
-              "splits with their numbers of tasks and task types).")
+@shared_option("env", default=None, show_default=False, required=True, help="Benchmark to list.")
+@shared_option("split", help="Print this split's task ids, one per line (default: print the splits with their "
+               "numbers of tasks and task types).")
 @click.option("--type", "task_type", default=None, help="Only ids of this task type.")
-def tasks(env_name, split, task_type) -> None:
+def tasks(env, split, task_type) -> None:
     """List the task ids of a split (or the splits); no engine is started."""
     from envs import make_env
 
-    env = make_env(env_name)
+    env = make_env(env)
     try:
         if split is None:
             for name in env.splits:

@@ -19,10 +19,6 @@ from agent_shell.ical.memory import Example, Lambdas, Memory
 if TYPE_CHECKING:
     from cb_io.records import TaskStart
 
-#: ``--demos`` value prefix that selects an ICAL memory.
-DEMOS_PREFIX = "ical:"
-#: ``--demos ical-actions:MEMORY``: the examples without their annotations (actions and observations).
-ACTIONS_PREFIX = "ical-actions:"
 #: Acting retrieves by instruction only by default (the source's evaluation setting).
 ACTING_LAMBDAS = Lambdas(instruction=1.0, text=0.0)
 
@@ -81,21 +77,3 @@ def examples_by_type(memory: Memory) -> dict[str, list[Example]]:
     for e in memory.examples:
         out.setdefault(e.task_type, []).append(e)
     return out
-
-
-def parse_demos(value: str) -> str | None:
-    """The memory folder of a ``--demos`` value (``ical:FOLDER`` or ``ical-actions:FOLDER``), or
-    None for ``expert``.
-
-    Raises ValueError for anything else."""
-    if value == "expert":
-        return None
-    for prefix in (DEMOS_PREFIX, ACTIONS_PREFIX):
-        if value.startswith(prefix) and value[len(prefix):]:
-            return value[len(prefix):]
-    raise ValueError(f"--demos must be 'expert', 'ical:MEMORY_FOLDER' or 'ical-actions:MEMORY_FOLDER', got {value!r}")
-
-
-def demos_with_thoughts(value: str) -> bool:
-    """Whether a ``--demos`` value shows the ICAL examples' annotations (``ical:``, not ``ical-actions:``)."""
-    return not value.startswith(ACTIONS_PREFIX)

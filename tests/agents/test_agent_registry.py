@@ -21,6 +21,7 @@ from agent_shell.agents import (AgentConfig, CBAgent, ReActAgent, agent_names, a
 from agent_shell.agents.joint import JointCBAgent, JointReActAgent, joint_config
 from agent_shell.agents.registry import ENTRY_POINT_GROUP, agent_entry
 from agent_shell.cli import main
+from agent_shell.configure import resolve
 from agent_shell.run_config import RunConfig
 from entry_point_doubles import install_entry_point
 from envs.episode import Episode
@@ -57,7 +58,7 @@ def test_unknown_agents_get_one_clear_line():
     assert "\n" not in str(err.value)
     assert str(err.value).startswith("unknown agent 'gpt'; known: ['cb-agent', ") and ENTRY_POINT_GROUP in str(err.value)
     with pytest.raises(ValueError, match="unknown agent 'gpt'"):
-        RunConfig(agents=("gpt",))
+        resolve(RunConfig(agents=("gpt",)), backbone=False)
     res = CliRunner().invoke(main, ["run", "--agent", "gpt"])
     assert res.exit_code == 2 and "'gpt' is not one of" in res.output
 
@@ -67,7 +68,7 @@ def test_a_plugin_agent_is_listed_built_and_played(site):
     assert available_agents()["first-candidate"] == "first_candidate_agent:ENTRY"
     assert agent_names()[:len(BUILT_IN)] == BUILT_IN and "first-candidate" in agent_names()
     assert not needs_concepts("first-candidate")
-    assert RunConfig(agents=("first-candidate", "react")).agents == ("first-candidate", "react")
+    assert resolve(RunConfig(agents=("first-candidate", "react")), backbone=False).agents == ("first-candidate", "react")
     agent = build_agent("first-candidate", FakeLM(), DEMOS)
     env = ScriptedEnv()
     result = agent.run(lambda: Episode(env, "a/1", 3))
@@ -141,25 +142,25 @@ def test_agent_names_are_given_at_construction():
 # ---------------------------------------------------------------------------- configuration
 
 
-def test_the_run_config_holds_the_agents_config():
+def test_the_agents_config_of_the_run_settings():
+    from agent_shell.configure import agent_config
+
     config = RunConfig(env="textworld", rendering="causal", layout="chat", action_space="open", gamma=0.5, seed=7)
-    # what the players were built with before the configuration was nested
-    assert config.agent == AgentConfig.for_env("textworld", rendering="causal", layout="chat", action_space="open",
-                                               seed=7, gamma=0.5)
+    # what the players were built with when the agents' config was nested in the settings
+    assert agent_config(config) == AgentConfig.for_env("textworld", rendering="causal", layout="chat",
+                                                       action_space="open", seed=7, gamma=0.5)
     assert (config.rendering, config.layout, config.action_space, config.gamma, config.seed) == \
         ("causal", "chat", "open", 0.5, 7)
-    assert config.agent.header.startswith("Interact with a text game")
+    assert agent_config(config).header.startswith("Interact with a text game")
     moved = dataclasses.replace(config, env="alfworld", rendering="raw")
-    assert moved.agent == AgentConfig.for_env("alfworld", layout="chat", action_space="open", seed=7, gamma=0.5)
-    assert dataclasses.replace(config, budget=3).agent == config.agent
-    assert RunConfig().agent == AgentConfig()
-    with pytest.raises(ValueError):
-        dataclasses.replace(config, agent=AgentConfig())  # derived: change it through its settings
+    assert agent_config(moved) == AgentConfig.for_env("alfworld", layout="chat", action_space="open", seed=7,
+                                                      gamma=0.5)
+    assert agent_config(dataclasses.replace(config, budget=3)) == agent_config(config)
+    assert agent_config(RunConfig()) == AgentConfig()  # the settings' defaults are the agents' defaults
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.rendering = "raw"
-    clash = set(RunConfig.field_names()) & {f.name for f in dataclasses.fields(AgentConfig)}
-    assert {f.name for f in dataclasses.fields(RunConfig)} & {f.name for f in dataclasses.fields(AgentConfig)} == set()
-    assert clash == {"rendering", "layout", "action_space", "gamma", "seed"}  # arguments, held by .agent only
+    shared = set(RunConfig.field_names()) & {f.name for f in dataclasses.fields(AgentConfig)}
+    assert shared == {"rendering", "layout", "action_space", "gamma", "seed"}
 
 
 def test_recorded_settings_and_resume_of_a_committed_results_file_are_unchanged(tmp_path):
@@ -174,7 +175,7 @@ def test_recorded_settings_and_resume_of_a_committed_results_file_are_unchanged(
                 "concept_per_type", "fit_candidates"]
     recorded = {k: record[k] for k in old_keys if k in record}
     assert len(recorded) == 17  # the file predates concept_per_type, fit_candidates and concept_round
-    config = RunConfig(**recorded)
+    config = resolve(RunConfig(**recorded), backbone=False)
     settings = config.settings()
     assert list(settings) == old_keys + ["concept_round"]
     assert {k: settings[k] for k in recorded} == recorded

@@ -301,7 +301,7 @@ def test_run_s_gamma_reaches_the_prior_only_agent(gamma):
     from agent_shell.run_config import RunConfig
 
     lm = FakeLM([" anything"])
-    setup = SimpleNamespace(lm=lm, demos=DEMOS, concepts=None, calibrator=None)
+    setup = SimpleNamespace(lm=lm, demos=DEMOS, concepts=None, calibrator=None, feature_settings=None)
     player = players_of(RunConfig(env="scripted", agents=("prior-only",), gamma=gamma), setup)["prior-only"]
     env, ep, log, _ = play(player.agent, max_steps=1)
     context, candidates = lm.score_calls[0]

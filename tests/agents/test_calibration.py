@@ -331,9 +331,11 @@ def test_training_runs_name_games_that_are_no_demonstrations():
     from agent_shell.run_config import check_not_demos
 
     env = ScriptedEnv()
-    assert RunConfig(split="train", demo_split="train", game_ids=("a/3",)).task_ids(env) == ["a/3"]
+    from agent_shell.configure import task_ids
+
+    assert task_ids(RunConfig(split="train", demo_split="train", game_ids=("a/3",)), env) == ["a/3"]
     with pytest.raises(ValueError, match="is the evaluation split"):
-        RunConfig(split="train", demo_split="train").task_ids(env)
+        task_ids(RunConfig(split="train", demo_split="train"), env)
     check_not_demos(["a/3"], ["a/1", "a/2"])
     with pytest.raises(ValueError, match="'a/1' is one of the expert demonstrations"):
         check_not_demos(["a/3", "a/1"], ["a/1", "a/2"])

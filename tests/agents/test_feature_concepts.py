@@ -132,14 +132,16 @@ def test_cli_selects_records_and_refuses_features(tmp_path, doubles):  # noqa: F
 
 
 def test_run_config_normalises_validates_and_records_the_selection():
+    from agent_shell.configure import feature_settings, resolve
     from agent_shell.run_config import RunConfig
 
-    config = RunConfig(features=" lm-hidden , novelty")
+    config = resolve(RunConfig(features=" lm-hidden , novelty"), backbone=False)
     assert config.features == "lm-hidden,novelty" and config.settings()["features"] == "lm-hidden,novelty"
-    assert config.feature_set is config.feature_set and config.feature_set.names == ("lm-hidden", "novelty")
-    assert RunConfig().features == "lm-hidden" and RunConfig().feature_set.is_default
+    assert feature_settings(config).feature_set.names == ("lm-hidden", "novelty")
+    assert resolve(RunConfig(), backbone=False).features == "lm-hidden"
+    assert feature_settings(RunConfig()).feature_set.is_default
     with pytest.raises(ValueError, match="'lm-layer' needs an integer layer"):
-        RunConfig(features="lm-layer")
+        resolve(RunConfig(features="lm-layer"), backbone=False)
 
 
 def test_concept_data_size_is_decoupled_from_the_react_demonstrations(tmp_path, doubles):  # noqa: F811

@@ -12,7 +12,8 @@ from agent_doubles import TASKS, FakeLM, ScriptedEnv, play_agent
 from agent_shell.agents import build_agent
 from agent_shell.cli import main
 from agent_shell.ical import Lambdas, Memory, execute, parse_program
-from agent_shell.ical.acting import RetrievedDemos, demos_with_thoughts, parse_demos
+from agent_shell.ical.acting import RetrievedDemos
+from agent_shell.run_config import demos_with_thoughts, parse_demos
 from agent_shell.ical.memory import Example
 from agent_shell.results import read_results
 from test_ical_memory import TableEmbedder

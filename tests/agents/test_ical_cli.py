@@ -25,7 +25,7 @@ def fixed_program(prompt, temperature, n):
 @pytest.fixture()
 def doubles(monkeypatch):
     lm = FakeLM(replies=fixed_program)
-    monkeypatch.setattr(ical_cmd, "_load_lm", lambda model, dtype, device: lm)
+    monkeypatch.setattr(ical_cmd, "_load_lm", lambda config: lm)
     monkeypatch.setattr(envs, "make_env", lambda name: ScriptedEnv())
     import agent_shell.embeddings
 
@@ -168,7 +168,7 @@ def test_build_memory_with_anchored_decoding_records_how_programs_were_written(t
 
     solutions = {f"> {a}" for _, steps in TASKS.values() for a in steps}
     lm = ChoosingLM(lambda o: 0.0 if o in solutions else (-1.0 if o.startswith("> ") else -5.0))
-    monkeypatch.setattr(ical_cmd, "_load_lm", lambda model, dtype, device: lm)
+    monkeypatch.setattr(ical_cmd, "_load_lm", lambda config: lm)
     monkeypatch.setattr(envs, "make_env", lambda name: ScriptedEnv())
     import agent_shell.embeddings
 

@@ -136,6 +136,7 @@ def test_run_refuses_a_cached_concept_fitted_in_another_dtype(tmp_path, doubles)
 def test_run_config_is_validated_once_and_frozen():
     from dataclasses import FrozenInstanceError
 
+    from agent_shell.configure import resolve
     from agent_shell.run_config import RunConfig
 
     for bad, culprit in (({"budget": 0}, "budget=0"), ({"agents": ("gpt",)}, "unknown agent 'gpt'"),
@@ -143,8 +144,8 @@ def test_run_config_is_validated_once_and_frozen():
                          ({"dtype": "int8"}, "int8"), ({"lam": 0.0}, "lam=0.0"), ({"action_space": "wide"}, "wide"),
                          ({"fit_candidates": 1}, "fit_candidates=1"), ({"fit_candidates": -3}, "fit_candidates=-3")):
         with pytest.raises(ValueError, match=culprit):
-            RunConfig(**bad)
-    config = RunConfig(agents=("react", "react", "prior-only"), dtype="fp32", game_ids=["a/1"])
+            resolve(RunConfig(**bad))
+    config = resolve(RunConfig(agents=("react", "react", "prior-only"), dtype="fp32", game_ids=["a/1"]))
     assert config.agents == ("react", "prior-only") and config.dtype == "float32" and config.game_ids == ("a/1",)
     assert list(config.settings()) == list(RunConfig.SETTINGS) and config.settings()["dtype"] == "float32"
     with pytest.raises(FrozenInstanceError):

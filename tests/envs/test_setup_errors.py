@@ -36,10 +36,12 @@ def test_game_files_missing_where_the_package_is_installed_is_one_line(tmp_path)
 
 @pytest.mark.parametrize("name", sorted(ENVIRONMENTS))
 def test_the_default_split_of_every_environment_has_games(name):
-    config = RunConfig(env=name)
+    from agent_shell.configure import resolve, task_ids
+
+    config = resolve(RunConfig(env=name), backbone=False)
     env = make_env(name)
     try:
         assert config.split in env.splits
-        assert config.task_ids(env)  # the default slice, checked without starting the engine
+        assert task_ids(config, env)  # the default slice, checked without starting the engine
     finally:
         env.close()

@@ -69,13 +69,14 @@ def test_device_names():
 
 def test_the_config_resolves_device_then_dtype_and_cuda_workers_share_one_backbone():
     from agent_shell.parallel import server_placement
+    from agent_shell.configure import resolve
     from agent_shell.run_config import RunConfig
 
-    cpu = RunConfig(device="cpu", workers=2)
+    cpu = resolve(RunConfig(device="cpu", workers=2))
     assert (cpu.device, cpu.dtype, cpu.shared_lm) == ("cpu", dtype_name("auto", "cpu"), False)
-    gpu = RunConfig(device="cuda:0", workers=2)  # Ray workers hold no GPU: they share the server's
+    gpu = resolve(RunConfig(device="cuda:0", workers=2))  # Ray workers hold no GPU: they share the server's
     assert (gpu.device, gpu.dtype, gpu.shared_lm) == ("cuda:0", dtype_name("auto", "cuda"), True)
-    assert RunConfig(device="cuda", workers=1).shared_lm is False
+    assert resolve(RunConfig(device="cuda", workers=1)).shared_lm is False
     assert server_placement("cuda:1") == {"device": "cuda", "num_gpus": 1}
     assert server_placement("cpu") == {"device": "cpu", "num_gpus": 0}
 

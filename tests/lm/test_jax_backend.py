@@ -172,13 +172,14 @@ def test_the_jax_backend_takes_the_devices_jax_sees_and_refuses_others_in_one_li
 
     from agent_shell.cli import main
     from agent_shell.lm.dtypes import dtype_name
+    from agent_shell.configure import resolve
     from agent_shell.run_config import RunConfig
 
-    config = RunConfig(model="jax:", device="auto", dtype="auto")
+    config = resolve(RunConfig(model="jax:", device="auto", dtype="auto"))
     assert config.device == "cpu" == jax.devices()[0].platform and config.dtype == dtype_name("auto", "cpu")
     missing = "tpu" if not any(d.platform == "tpu" for d in jax.devices()) else "gpu:7"
     with pytest.raises(ValueError, match=f"device='{missing}': JAX sees"):
-        RunConfig(model="jax:", device=missing)
+        resolve(RunConfig(model="jax:", device=missing))
     res = CliRunner().invoke(main, ["run", "--env", "alfworld", "--model", "jax:", "--device", missing])
     errors = [line for line in res.output.splitlines() if line.startswith("Error:")]
     assert res.exit_code == 2 and len(errors) == 1 and "JAX sees" in errors[0], res.output
