@@ -118,3 +118,31 @@ def test_ical_resolves_device_and_dtype_as_the_other_commands(tmp_path, captured
     assert ical.device == fit.device and ical.device in ("cpu", "cuda")
     assert ical.dtype == fit.dtype and ical.dtype in ("float32", "bfloat16")
     assert ical.env == fit.env == "textworld" and ical.split == "test"
+
+
+def test_the_cli_reference_table_has_a_row_per_shared_option_with_the_commands_taking_it():
+    """docs/cli.md's table (scripts/cli_reference.py, an mkdocs hook) is made from the one option set."""
+    import importlib.util
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("cli_reference", root / "scripts" / "cli_reference.py")
+    reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference)
+    table = reference.shared_options_markdown()
+    rows = {line.split(" | ")[1]: line for line in table.splitlines()[2:]}  # setting -> row
+    assert set(rows) == {f"`{name}`" for name in SHARED_OPTIONS}
+    for setting, commands in (("env", ("ical abstract", "ical noisy", "collect", "tasks", "run", "improve")),
+                              ("device", ("ical refine", "fit-concepts", "probe", "run")),
+                              ("out_dir", ("fit-concepts", "run", "improve")),
+                              ("seed", ("ical noisy", "probe", "concepts-tsne", "run"))):
+        assert all(f"`{c}`" in rows[f"`{setting}`"] for c in commands), (setting, rows[f"`{setting}`"])
+    assert "`tasks`" not in rows["`out_dir`"] and "`report`" not in table
+    page = SimpleNamespace(file=SimpleNamespace(src_uri="cli.md"))
+    assert reference.on_page_markdown(f"a\n{reference.MARKER}\nb", page) == f"a\n{table}\nb"
+    with pytest.raises(ValueError, match="marker"):
+        reference.on_page_markdown("no marker", page)
+    other = SimpleNamespace(file=SimpleNamespace(src_uri="index.md"))
+    assert reference.on_page_markdown("x", other) == "x"
+    assert reference.MARKER in (root / "docs" / "cli.md").read_text()
