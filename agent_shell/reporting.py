@@ -87,7 +87,7 @@ def agent_label(record: dict, differing: Sequence[str] = ()) -> str:
     (:data:`CONCEPT_SETTINGS`) label only agents that act by a concept: react or prior-only episodes
     of runs that differ only in ``--features`` share one row; the calibrator file (setting
     ``calibrator``) labels only episodes with the calibrator rendering, among which it is compared."""
-    from agent_shell.agents import needs_concepts  # loaded already: the results reader's RunConfig imports it
+    from agent_shell.agents import needs_concepts  # the agent registry, imported on first use
 
     concept = needs_concepts(record["agent"])
     extras = [x for x in (setting(record, "rendering"), setting(record, "layout")) if x not in ("raw", "text")]

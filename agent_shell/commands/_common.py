@@ -1,6 +1,12 @@
-"""What the commands that load a backbone share: their options, gathered into one validated
-:class:`agent_shell.run_config.RunConfig`, the console they print on, and the turning of the
-pipeline's errors (:mod:`agent_shell.pipeline`) into one-line click errors."""
+"""What the commands share: the one option set (:data:`SHARED_OPTIONS`: every flag two commands
+take, declared once, each a :class:`SharedOption`), gathered into one resolved
+:class:`agent_shell.run_config.RunConfig` (:func:`config_options`, :func:`config_from`), the
+console they print on, and the turning of the pipeline's errors (:mod:`agent_shell.pipeline`)
+into one-line click errors.
+
+A command takes a shared flag only from here (``tests/agents/test_cli_options.py`` fails on a
+second declaration); where it means something narrower the command words the help or sets the
+default for itself (:meth:`SharedOption.but`), keeping the flag, destination and type."""
 
 from __future__ import annotations
 

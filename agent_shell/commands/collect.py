@@ -27,10 +27,10 @@ from agent_shell.commands.tasks import validated_tasks
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True, help="JSONL output file.")
 @shared_option("resume", help="Skip tasks already in --out (after moving a torn last line aside); without it a "
                              "file that already holds one of the tasks is refused.")
-@click.option("--max-steps", type=click.IntRange(min=1), default=None,
-              help="Step budget per task (default: the environment's, ALFWorld 50).")
+@shared_option("budget", default=None, show_default=False,
+               help="Step budget per task (default: the environment's, ALFWorld 50).")
 @shared_option("episode_timeout")
-def collect(env, split, n_per_type, task_list, out_path, resume, max_steps, episode_timeout) -> None:
+def collect(env, split, n_per_type, task_list, out_path, resume, budget, episode_timeout) -> None:
     """Collect expert trajectories (every candidate set saved) into OUT, one JSON line per task."""
     from agent_shell.results import repair_for_resume
     from agent_shell.progress import episode_line, interactive
@@ -75,7 +75,7 @@ def collect(env, split, n_per_type, task_list, out_path, resume, max_steps, epis
         try:
             if progress is not None:
                 progress.start()
-            summary = collect_expert_trajectories(env, task_ids, out_path, resume=resume, max_steps=max_steps,
+            summary = collect_expert_trajectories(env, task_ids, out_path, resume=resume, max_steps=budget,
                                                   on_task=on_task, split=split, time_limit=episode_timeout)
         finally:
             if progress is not None:

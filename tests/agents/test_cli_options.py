@@ -19,7 +19,6 @@ from agent_shell.commands._common import SHARED_OPTIONS, SharedClickOption
 #: flag) -> what it is there. Each is a separate setting, not a second declaration of the shared one.
 OTHER_MEANING = {
     ("calibrate eval", "--calibrator"): "the calibrator file to evaluate (an argument of the study, not the run's)",
-    ("collect", "--max-steps"): "the expert's step budget, default the environment's (no agent budget)",
     ("fit", "--lam"): "cb_core.fit's L2 strength on a decisions file (plain float, no run)",
     ("fit", "--gamma"): "cb_core.fit's length exponent on a decisions file (plain float, no run)",
     ("fit", "--features"): "the feature names recorded in the fitted file (default: the file's metadata)",
