@@ -10,6 +10,7 @@ import importlib
 import os
 import sys
 import warnings
+from typing import Iterator
 
 import click
 
@@ -72,6 +73,19 @@ def main() -> None:
     warnings.showwarning = plain_warning
     if not sys.stderr.isatty():  # a log, CI, nohup: no model-loading bars (transformers and the hub read this)
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def leaf_commands(group: click.Group | None = None, path: tuple[str, ...] = ()) -> Iterator[tuple[str, click.Command]]:
+    """(``"group sub"`` path, command) of every leaf command under ``group`` (None: ``cb-agent``),
+    in listing order; each command module is imported."""
+    group = main if group is None else group
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        if isinstance(command, click.Group):
+            yield from leaf_commands(command, path + (name,))
+        elif command is not None:
+            yield " ".join(path + (name,)), command
 
 
 def plain_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -8,27 +8,7 @@ script, it prints the table (``python scripts/cli_reference.py``).
 
 from __future__ import annotations
 
-from typing import Iterator
-
 MARKER = "<!-- shared-options -->"
-
-
-def leaf_commands() -> Iterator[tuple[str, object]]:
-    """(``"group sub"`` path, click command) of every leaf command of ``cb-agent``, in listing order."""
-    import click
-
-    from agent_shell.cli import main
-
-    def walk(group: click.Group, path: tuple[str, ...]) -> Iterator[tuple[str, object]]:
-        ctx = click.Context(group)
-        for name in group.list_commands(ctx):
-            command = group.get_command(ctx, name)
-            if isinstance(command, click.Group):
-                yield from walk(command, path + (name,))
-            else:
-                yield " ".join(path + (name,)), command
-
-    yield from walk(main, ())
 
 
 def cell(text: str) -> str:
@@ -41,6 +21,7 @@ def shared_options_markdown() -> str:
     word it for itself) and the commands that take it."""
     import click
 
+    from agent_shell.cli import leaf_commands
     from agent_shell.commands._common import SHARED_OPTIONS, SharedClickOption
 
     users: dict[tuple[str, ...], list[str]] = {}

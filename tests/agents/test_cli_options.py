@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 import envs
 from agent_doubles import ScriptedEnv
-from agent_shell.cli import main
+from agent_shell.cli import leaf_commands, main
 from agent_shell.commands import _common
 from agent_shell.commands import ical as ical_cmd
 from agent_shell.commands._common import SHARED_OPTIONS, SharedClickOption
@@ -26,16 +26,6 @@ OTHER_MEANING = {
     ("recover", "--history"): "several renderings compared (repeatable), not the run's one rendering",
     ("recover", "--agent"): "the study's actors (react, prior-only, cb-agent), not the run's agents",
 }
-
-
-def leaf_commands(group: click.Group = main, path: tuple[str, ...] = ()):
-    ctx = click.Context(group)
-    for name in group.list_commands(ctx):
-        command = group.get_command(ctx, name)
-        if isinstance(command, click.Group):
-            yield from leaf_commands(command, path + (name,))
-        else:
-            yield " ".join(path + (name,)), command
 
 
 def redeclared(path: str, command: click.Command) -> list[str]:
