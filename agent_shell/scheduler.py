@@ -61,8 +61,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol, 
 from agent_shell.lm.protocol import BackboneFault
 from agent_shell.results import (check_results_file, episode_record, error_record, store_record,
                                  trial_record)
-from envs.episode import EPISODE_TIMEOUT_S
 from envs.protocol import Environment
+from cb_io.records import EPISODE_TIMEOUT_S
 from cb_io.storage import OutputError, write_json_atomic
 
 if TYPE_CHECKING:

@@ -9,7 +9,8 @@ this package; their files go through :mod:`cb_io.storage` (cache root: :mod:`cb_
 Imports nothing else of this project but :mod:`cb_io`.
 """
 
-from envs.episode import EPISODE_TIMEOUT_S, Episode, EpisodeOver, check_tasks, play_within, time_limit
+from cb_io.records import EPISODE_TIMEOUT_S
+from envs.episode import Episode, EpisodeOver, check_tasks, play_within, time_limit
 from envs.protocol import Environment
 from envs.registry import ENVIRONMENTS, default_split, make_env
 

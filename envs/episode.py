@@ -24,10 +24,9 @@ import threading
 from types import FrameType
 from typing import Callable, Iterable, Iterator, TypeVar
 
-from cb_io.records import (EPISODE_TIMEOUT_S, THINK_FEEDBACK, EngineError, EpisodeTimeout, Step, StepResult,
-                           TaskStart, Trajectory, is_think, one_line)
+from cb_io.records import (THINK_FEEDBACK, EngineError, EpisodeTimeout, Step, StepResult, TaskStart, Trajectory,
+                           is_think, one_line)
 from envs.protocol import Environment
-
 
 
 @contextlib.contextmanager
