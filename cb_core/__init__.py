@@ -36,12 +36,12 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 from cb_core.concept import Concept
 from cb_core.decision_file import load_decisions, write_decisions
 from cb_core.decisions import Decisions, decisions_from_lists
-from cb_core.fit import Certificate, FitResult, fit
+from cb_core.fit import Certificate, FitResult, fit, fit_many
 from cb_core.model import Terms, features, gradient, hessian, log_probs, objective, prior_log_probs, terms
 from cb_core.solvers import LBFGS, Adam, Newton, Subspace
 
 __all__ = [
     "Adam", "Certificate", "Concept", "Decisions", "FitResult", "LBFGS", "Newton", "Subspace", "Terms",
-    "decisions_from_lists", "features", "fit", "gradient", "hessian", "load_decisions",
+    "decisions_from_lists", "features", "fit", "fit_many", "gradient", "hessian", "load_decisions",
     "log_probs", "objective", "prior_log_probs", "terms", "write_decisions",
 ]

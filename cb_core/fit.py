@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import jax
@@ -30,11 +31,11 @@ from jax.typing import ArrayLike, DTypeLike
 import numpy as np
 
 from cb_core.cache import call_compiled
-from cb_core.decisions import Decisions, to_padded, validate_decisions
+from cb_core.decisions import Decisions, bucket_size, to_padded, validate_decisions
 from cb_core.model import compiled, hessian_factor, prepare
 from cb_core.solvers import LBFGS, Adam, Newton, Solver, SolverOutput, Subspace
 
-__all__ = ["Certificate", "DEFAULT_SOLVER", "EXACT_EIG_MAX_DIM", "FitResult", "fit"]
+__all__ = ["Certificate", "DEFAULT_SOLVER", "EXACT_EIG_MAX_DIM", "FitResult", "fit", "fit_many"]
 
 #: ``certify="auto"`` measures the Hessian's smallest eigenvalue when min(T_pad, m) is at most this.
 EXACT_EIG_MAX_DIM = 512
@@ -132,10 +133,10 @@ def _default_tol(dtype) -> float:
 # the compiled programs
 # ----------------------------------------------------------------------------------------------
 
-@compiled(static_argnums=0)
-def _solve(solver: Solver, padded, lam, gamma, eps, tol, alpha0=None) -> tuple[SolverOutput, Any]:
-    """(the solver's output, [N_pad] bool: the decision's hidden states are finite); from
-    ``alpha0`` [m] when given (a warm start), else from alpha = 0."""
+def _solve_problem(solver: Solver, padded, lam, gamma, eps, tol, alpha0=None) -> tuple[SolverOutput, Any]:
+    """One problem: (the solver's output, [N_pad] bool: the decision's hidden states are finite);
+    from ``alpha0`` [m] when given (a warm start), else from alpha = 0. The decision weights are
+    ``padded.weight`` (0 for padded decisions and for decisions left out of the problem)."""
     p = prepare(padded, gamma, eps)
     # a non-finite hidden state makes its set's mean non-finite: the statistics' pass doubles as
     # the input check (fit() names the culprit); an overflow there only costs a host re-check
@@ -143,6 +144,26 @@ def _solve(solver: Solver, padded, lam, gamma, eps, tol, alpha0=None) -> tuple[S
     out = solver.minimise(p, lam, tol, alpha0)
     # + the features' statistics (one pass)
     return out._replace(n_passes=jnp.where(out.n_passes >= 0, out.n_passes + 1, -1)), finite
+
+
+#: the compiled program of one problem (:func:`fit`, and :func:`fit_many` with one problem)
+_solve = compiled(_solve_problem, static_argnums=0)
+
+
+@compiled(static_argnums=0)
+def _solve_many(solver: Solver, padded, weight, lam, gamma, eps, tol, alpha0=None) -> tuple[SolverOutput, Any]:
+    """S x K problems in one program: :func:`_solve_problem` vmapped over the K problems of a
+    decision set (``weight`` [S, K, N_pad], ``lam`` [S, K], ``alpha0`` [S, K, m] or None; the set's
+    hidden states unbatched, so every pass reads them once for its K problems: a matrix-matrix
+    product) and over the S sets (``padded`` [S, N_pad, M_pad, ...], one bucket). A vmapped
+    ``while_loop`` runs while any problem's condition holds and keeps each finished problem's state
+    (a select per problem); the solvers' inner loops (Newton's CG) stop for a finished problem.
+    Outputs are [S, K, ...]."""
+
+    def one(padded, weight, lam, alpha0):
+        return _solve_problem(solver, dataclasses.replace(padded, weight=weight), lam, gamma, eps, tol, alpha0)
+
+    return jax.vmap(jax.vmap(one, in_axes=(None, 0, 0, 0)))(padded, weight, lam, alpha0)
 
 
 @compiled
@@ -205,6 +226,114 @@ def _diverged(dec: Decisions, dt, value: float, gnorm: float) -> str:
             "fit in float64 (dtype=float64, `cb-agent fit --float64`) or standardise the features first")
 
 
+def _check_solver(solver: Solver, dt) -> float:
+    """The solver's tolerance (its default for ``dt`` when None); ValueError for a bad solver."""
+    if not isinstance(solver, (Subspace, Newton, LBFGS, Adam)):
+        raise ValueError("solver must be cb_core.Subspace(), Newton(), LBFGS() or Adam(), "
+                         f"got {solver!r}")
+    tol = _check_number("tol", _default_tol(dt) if solver.tol is None else solver.tol, 0.0,
+                        strict=False)
+    if not (isinstance(solver.max_iter, int) and solver.max_iter >= 0):
+        raise ValueError(f"max_iter must be an int >= 0, got {solver.max_iter!r}")
+    if isinstance(solver, Subspace):
+        for name in ("memory", "inner"):
+            value = getattr(solver, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"Subspace {name} must be an int >= 1, got {value!r}")
+    return tol
+
+
+def _check_dtype(dtype: DTypeLike, certify: str):
+    if certify not in ("auto", "exact", "structural"):
+        raise ValueError(f"certify must be 'auto', 'exact' or 'structural', got {certify!r}")
+    dt = jnp.dtype(dtype)
+    if dt not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
+        raise ValueError(f"dtype must be float32 or float64, got {dt}")
+    return dt
+
+
+def _fit_problems(sets: list[Decisions], originals: Sequence[Decisions], solver: Solver, lam: np.ndarray,
+                  weights: list[np.ndarray] | None, gamma: float, eps: float, dt, tol: float, certify: str,
+                  init: np.ndarray | None, start: float) -> list[list[FitResult]]:
+    """The fit of S x K problems (the one path of :func:`fit` and :func:`fit_many`).
+
+    sets: S validated decision sets of one hidden width (``originals``: as given, for naming a
+    non-finite hidden state); lam [S, K] float64; weights: S arrays [K, N_s] (None: all 1); init
+    [S, K, m] or None. One problem runs :func:`_solve` (the program :func:`fit` always ran), more
+    run :func:`_solve_many` (one program, one shared bucket). Returns S lists of K results.
+    """
+    n_sets, k = lam.shape
+    m = sets[0].hidden_size + 1
+    many = n_sets * k > 1
+    n_pad = bucket_size(max(d.n_decisions for d in sets)) if many else None
+    m_pad = bucket_size(max(int(d.set_sizes.max()) for d in sets)) if many else None
+    padded = [to_padded(d, dtype=np.dtype(dt.name), n_pad=n_pad, m_pad=m_pad) for d in sets]
+    weight = np.zeros((n_sets, k, padded[0].weight.shape[0]), np.dtype(dt.name))
+    for s, d in enumerate(sets):
+        weight[s, :, : d.n_decisions] = 1.0 if weights is None else weights[s]
+    scalars = tuple(np.asarray(x, dt) for x in (gamma, eps, tol))
+    with _x64_context(dt):
+        if many:
+            stacked = jax.tree_util.tree_map(lambda *x: np.stack(x), *padded)
+            args = (stacked, weight, lam.astype(dt.name)) + scalars
+            out, finite = call_compiled("fit_many", _solve_many, (solver,), args + (() if init is None else (init,)),
+                                        (SolverOutput(*[0] * 6), 0))
+            out = SolverOutput(*(np.asarray(x) for x in out))
+            finite = np.asarray(finite)
+        else:
+            one = dataclasses.replace(padded[0], weight=weight[0, 0])
+            args = (one, np.asarray(lam[0, 0], dt)) + scalars
+            out, finite = call_compiled("fit", _solve, (solver,), args + (() if init is None else (init[0, 0],)),
+                                        (SolverOutput(*[0] * 6), 0))
+            out = SolverOutput(*(np.asarray(x)[None, None] for x in out))
+            finite = np.asarray(finite)[None, None]
+        for s, d in enumerate(sets):
+            if not np.all(finite[s, :, : d.n_decisions]):
+                try:
+                    validate_decisions(originals[s])  # names the decision with a non-finite hidden state
+                except ValueError as err:
+                    raise ValueError(f"decision set {s}: {err}" if len(sets) > 1 else str(err)) from None
+        values, gnorms = out.value.astype(np.float64), out.grad_norm.astype(np.float64)
+        for s, q in zip(*np.nonzero(~(np.isfinite(values) & np.isfinite(gnorms)))):
+            where = f"problem ({s}, {q}): " if many else ""
+            raise ValueError(where + _diverged(sets[s], dt, float(values[s, q]), float(gnorms[s, q])))
+        measure = certify == "exact" or (certify == "auto" and min(padded[0].mask.size, m) <= EXACT_EIG_MAX_DIM)
+        ranges = {}
+        if measure:
+            for s in range(n_sets):
+                for q in range(k):
+                    one = dataclasses.replace(padded[s], weight=weight[s, q])
+                    gram = call_compiled("gram", _gram, (), (out.alpha[s, q], one, *scalars[:2]), 0)
+                    ranges[s, q] = _hessian_eig_range(gram, float(lam[s, q]), m)
+    seconds = time.perf_counter() - start
+    results = []
+    for s, d in enumerate(sets):
+        row = []
+        for q in range(k):
+            lam_q, gnorm = float(lam[s, q]), float(gnorms[s, q])
+            if measure:
+                low, high = ranges[s, q]
+                rounding = math.sqrt(float(jnp.finfo(dt).eps)) * max(1.0, high)
+                min_eig, strongly_convex = low, low >= lam_q - rounding
+            else:
+                min_eig, strongly_convex = None, True
+            cert = Certificate(grad_norm=gnorm, lam=lam_q, gap_bound=gnorm**2 / (2 * lam_q),
+                               distance_bound=gnorm / lam_q, min_hessian_eig=min_eig,
+                               strongly_convex=strongly_convex, eig_method="gram" if measure else "structural")
+            settings = dict(lam=lam_q, gamma=gamma, eps=eps, tol=tol, dtype=dt.name, method=solver.name,
+                            warm_start=init is not None,
+                            **{key: v for key, v in dataclasses.asdict(solver).items() if key != "tol"})
+            n_passes = int(out.n_passes[s, q])
+            row.append(FitResult(alpha=np.array(out.alpha[s, q]), loss=float(values[s, q]), grad_norm=gnorm,
+                                 n_iter=int(out.n_iter[s, q]), converged=bool(gnorm <= tol), method=solver.name,
+                                 certificate=cert,
+                                 n_decisions=int(np.count_nonzero(weight[s, q])), hidden_size=d.hidden_size,
+                                 seconds=seconds, settings=settings, n_hvp=int(out.n_hvp[s, q]),
+                                 n_passes=n_passes if n_passes >= 0 else None))
+        results.append(row)
+    return results
+
+
 def fit(
     decisions: Decisions,
     solver: Solver = DEFAULT_SOLVER,
@@ -217,6 +346,9 @@ def fit(
     init: ArrayLike | None = None,
 ) -> FitResult:
     """Fit the concept alpha by minimising Eq. 6 (strongly convex; unique optimum).
+
+    The one-problem case of :func:`fit_many` (the same path, one problem: its compiled program is
+    the one problem's, without the batch axes).
 
     Args:
         decisions: ragged decisions (validated here).
@@ -248,60 +380,152 @@ def fit(
     lam = _check_number("lam", lam, 0.0, strict=True)
     gamma = _check_number("gamma", gamma, 0.0, strict=False)
     eps = _check_number("eps", eps, 0.0, strict=True)
-    if not isinstance(solver, (Subspace, Newton, LBFGS, Adam)):
-        raise ValueError("solver must be cb_core.Subspace(), Newton(), LBFGS() or Adam(), "
-                         f"got {solver!r}")
-    if certify not in ("auto", "exact", "structural"):
-        raise ValueError(f"certify must be 'auto', 'exact' or 'structural', got {certify!r}")
-    dt = jnp.dtype(dtype)
-    if dt not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
-        raise ValueError(f"dtype must be float32 or float64, got {dt}")
-    tol = _check_number("tol", _default_tol(dt) if solver.tol is None else solver.tol, 0.0,
-                        strict=False)
-    if not (isinstance(solver.max_iter, int) and solver.max_iter >= 0):
-        raise ValueError(f"max_iter must be an int >= 0, got {solver.max_iter!r}")
-    if isinstance(solver, Subspace):
-        for name in ("memory", "inner"):
-            value = getattr(solver, name)
-            if not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"Subspace {name} must be an int >= 1, got {value!r}")
+    dt = _check_dtype(dtype, certify)
+    tol = _check_solver(solver, dt)
     if not isinstance(decisions, Decisions):
         raise ValueError(f"decisions must be a cb_core.Decisions, got {type(decisions).__name__}")
     start = time.perf_counter()
     dec = validate_decisions(decisions, finite_hidden=False)  # checked in the compiled fit
-    padded = to_padded(dec, dtype=np.dtype(dt.name))
-    start_at = () if init is None else (_check_init(init, dec.hidden_size + 1, dt),)
-    with _x64_context(dt):
-        args = (padded,) + tuple(np.asarray(x, dt) for x in (lam, gamma, eps))
-        out, finite = call_compiled("fit", _solve, (solver,), args + (np.asarray(tol, dt),) + start_at,
-                                    (SolverOutput(*[0] * 6), 0))
-        if not np.all(np.asarray(finite)[: dec.n_decisions]):
-            validate_decisions(decisions)  # names the decision with a non-finite hidden state
-        value, gnorm = float(out.value), float(out.grad_norm)
-        if not (math.isfinite(value) and math.isfinite(gnorm)):
-            raise ValueError(_diverged(dec, dt, value, gnorm))
-        m = dec.hidden_size + 1
-        measure = certify == "exact" or (certify == "auto" and min(padded.mask.size, m)
-                                         <= EXACT_EIG_MAX_DIM)
-        if measure:
-            gram = call_compiled("gram", _gram, (), (out.alpha, padded, *args[2:]), 0)
-            low, high = _hessian_eig_range(gram, lam, m)
-        alpha = np.asarray(out.alpha)
-    if measure:
-        rounding = math.sqrt(float(jnp.finfo(dt).eps)) * max(1.0, high)
-        min_eig, strongly_convex = low, low >= lam - rounding
-    else:
-        min_eig, strongly_convex = None, True
-    cert = Certificate(grad_norm=gnorm, lam=lam, gap_bound=gnorm**2 / (2 * lam),
-                       distance_bound=gnorm / lam, min_hessian_eig=min_eig,
-                       strongly_convex=strongly_convex,
-                       eig_method="gram" if measure else "structural")
-    settings = dict(lam=lam, gamma=gamma, eps=eps, tol=tol, dtype=dt.name, method=solver.name,
-                    warm_start=init is not None,
-                    **{k: v for k, v in dataclasses.asdict(solver).items() if k != "tol"})
-    return FitResult(alpha=alpha, loss=value, grad_norm=gnorm, n_iter=int(out.n_iter),
-                     converged=bool(gnorm <= tol), method=solver.name, certificate=cert,
-                     n_decisions=dec.n_decisions, hidden_size=dec.hidden_size,
-                     seconds=time.perf_counter() - start, settings=settings,
-                     n_hvp=int(out.n_hvp),
-                     n_passes=int(out.n_passes) if int(out.n_passes) >= 0 else None)
+    alpha0 = None if init is None else _check_init(init, dec.hidden_size + 1, dt)[None, None]
+    return _fit_problems([dec], [decisions], solver, np.full((1, 1), lam), None, gamma, eps, dt, tol, certify,
+                         alpha0, start)[0][0]
+
+
+def _check_weights(weights: ArrayLike, n: int, where: str) -> np.ndarray:
+    """``weights`` as a float64 [K, n] array (a [n] vector: K = 1); ValueError (one line) naming
+    ``where`` for another shape, a negative or non-finite entry, or a row without a positive one."""
+    w = np.asarray(weights, np.float64)
+    if w.ndim == 1:
+        w = w[None]
+    if w.ndim != 2 or w.shape[1] != n:
+        raise ValueError(f"{where} must be [K, N] = [K, {n}] decision weights, got shape {w.shape}")
+    if not np.isfinite(w).all() or (w < 0).any():
+        raise ValueError(f"{where} must be finite and >= 0")
+    empty = np.flatnonzero(w.sum(axis=1) <= 0)
+    if empty.size:
+        raise ValueError(f"{where}: problem {int(empty[0])} weights no decision (every weight 0)")
+    return w
+
+
+def fit_many(
+    decisions: Decisions | Sequence[Decisions],
+    solver: Solver = DEFAULT_SOLVER,
+    *,
+    lam: float | ArrayLike = 1.0,
+    weights: ArrayLike | Sequence[ArrayLike] | None = None,
+    gamma: float = 0.8,
+    eps: float = 1e-6,
+    dtype: DTypeLike = jnp.float32,
+    certify: Literal["auto", "exact", "structural"] = "auto",
+    init: ArrayLike | None = None,
+) -> list[FitResult] | list[list[FitResult]]:
+    """Fit many concepts in one compiled program: K problems on each of S decision sets.
+
+    Each problem minimises the weighted Eq. 6 objective (strongly convex; unique optimum)
+
+        L_k(alpha) = sum_i w_ki nll_i(alpha) / sum_i w_ki + lam_k / 2 ||alpha||^2,
+
+    nll_i = -log P_alpha(a*_i | x_i) (Eq. 3), in nats per weighted decision; with every w_ki = 1
+    it is :func:`fit`'s objective. The features are standardised per candidate set (App. B),
+    whatever the weights. Typical problems: the strengths of a path (``lam`` [K]), cross-validation
+    folds (``weights`` [K, N] of 0/1: a problem with weights w is the fit of the decisions with w = 1)
+    and task types (a sequence of decision sets of one hidden width d), or all three at once.
+
+    The S sets are padded into one shared bucket (N_pad, M_pad: :func:`cb_core.decisions.bucket_size`
+    of the largest N and M) and the solver runs ``jax.vmap``-ped over sets and problems inside one
+    ``lax.while_loop``: a problem that has converged stops moving (its state is kept) while the
+    others iterate, until all have stopped or reached ``max_iter``; each keeps its own iteration
+    count. The K problems of a set share its hidden states: every pass reads them once for all K
+    (a matrix-matrix product). Newton-CG (the default) masks its conjugate-gradient loop per
+    problem; L-BFGS and Adam iterate each problem with its own optax state; :class:`Subspace` is
+    refused (its vmapped inner loops do not terminate on every batch). One problem in all
+    runs :func:`fit`'s program, so :func:`fit` is this function's K = S = 1 case.
+
+    Args:
+        decisions: one :class:`Decisions` (S = 1), or a non-empty sequence of S of them sharing
+            one hidden width d.
+        solver: :class:`Newton` (default), :class:`LBFGS` or :class:`Adam`, as for :func:`fit` (one
+            solver, one tolerance for all problems).
+        lam: L2 strengths > 0: a number (every problem), [K] (problem k of every set) or, for a
+            sequence, [S, K].
+        weights: decision weights >= 0 (float, typically 0/1 fold masks), each problem's row with
+            a positive entry: [K, N] (or [N]) for one set; for a sequence, a sequence of S arrays
+            [K, N_s] (or None: all 1). K is the length of ``lam``'s last axis and of the weights'
+            first (they must agree where both are given); neither given: K = 1.
+        gamma, eps, dtype, certify: as for :func:`fit`, shared by all problems.
+        init: warm starts broadcastable to [S, K, d + 1] ([d + 1], [K, d + 1] or [S, K, d + 1]);
+            None: alpha = 0 for every problem.
+
+    Returns:
+        For one :class:`Decisions`, a list of K :class:`FitResult` (alpha [d + 1] numpy
+        ``dtype``, each with its :class:`Certificate`, exactly as :func:`fit` returns); for a
+        sequence, a list of S such lists. ``n_decisions`` is the problem's count of decisions with
+        a positive weight; ``seconds`` is the whole call's (shared); ``n_passes`` counts the
+        passes the problem's own iterations need (problems of one set share them).
+
+    Raises:
+        ValueError: anything :func:`fit` refuses; a :class:`Subspace` solver; an empty sequence or one holding something else
+            than Decisions; sets of different hidden widths; ``lam`` not finite and > 0 or of a bad
+            shape; ``weights`` of a bad shape, negative, non-finite or a problem weighting no
+            decision; K disagreeing between ``lam`` and ``weights``; ``init`` not broadcastable to
+            [S, K, d + 1] or non-finite (each naming the argument, set or problem at fault).
+    """
+    gamma = _check_number("gamma", gamma, 0.0, strict=False)
+    eps = _check_number("eps", eps, 0.0, strict=True)
+    dt = _check_dtype(dtype, certify)
+    tol = _check_solver(solver, dt)
+    if isinstance(solver, Subspace):
+        raise ValueError("fit_many supports the solvers Newton(), LBFGS() and Adam(), got Subspace(): fit "
+                         "its problems one by one with fit()")
+    single = isinstance(decisions, Decisions)
+    given = [decisions] if single else list(decisions) if isinstance(decisions, Sequence) else None
+    if not given or not all(isinstance(d, Decisions) for d in given):
+        raise ValueError("decisions must be a cb_core.Decisions or a non-empty sequence of them, got "
+                         f"{type(decisions).__name__}")
+    start = time.perf_counter()
+    sets = []
+    for s, d in enumerate(given):
+        try:
+            sets.append(validate_decisions(d, finite_hidden=False))  # hidden checked in the compiled fit
+        except ValueError as err:
+            raise ValueError(f"decision set {s}: {err}" if not single else str(err)) from None
+        if sets[-1].hidden_size != sets[0].hidden_size:
+            raise ValueError(f"decision sets must share one hidden width d: set 0 has d = {sets[0].hidden_size}, "
+                             f"set {s} has d = {sets[-1].hidden_size}")
+    n_sets = len(sets)
+    lam = np.asarray(lam, np.float64) if not isinstance(lam, bool) else np.asarray(np.nan)
+    if lam.ndim > (1 if single else 2) or (lam.ndim == 2 and lam.shape[0] != n_sets):
+        raise ValueError(f"lam must be a number, [K]{'' if single else ' or [S, K] = [' + str(n_sets) + ', K]'}, "
+                         f"got shape {lam.shape}")
+    if lam.size == 0 or not (np.isfinite(lam).all() and (lam > 0).all()):
+        raise ValueError(f"lam must be finite numbers > 0, got {lam.tolist()!r}")
+    if weights is not None:
+        if single:
+            weights = [weights]
+        elif not isinstance(weights, Sequence) or len(weights) != n_sets:
+            raise ValueError(f"weights for {n_sets} decision sets must be a sequence of {n_sets} arrays [K, N_s]")
+        weights = [None if w is None else _check_weights(w, d.n_decisions, "weights" if single else f"weights[{s}]")
+                   for s, (w, d) in enumerate(zip(weights, sets))]
+    ks = {w.shape[0] for w in weights or [] if w is not None}
+    if lam.ndim >= 1:
+        ks.add(lam.shape[-1])
+    if len(ks) > 1:
+        raise ValueError(f"lam and weights give different numbers of problems per set: {sorted(ks)}")
+    k = ks.pop() if ks else 1
+    lam = np.broadcast_to(lam, (n_sets, k)).copy()
+    if weights is not None:
+        weights = [np.ones((k, d.n_decisions)) if w is None else np.broadcast_to(w, (k, d.n_decisions))
+                   for w, d in zip(weights, sets)]
+    alpha0 = None
+    if init is not None:
+        m = sets[0].hidden_size + 1
+        alpha0 = np.asarray(init, np.dtype(dt.name))
+        try:
+            alpha0 = np.ascontiguousarray(np.broadcast_to(alpha0, (n_sets, k, m)))
+        except ValueError:
+            raise ValueError(f"init must broadcast to [S, K, d + 1] = [{n_sets}, {k}, {m}], got shape "
+                             f"{alpha0.shape}") from None
+        if not np.isfinite(alpha0).all():
+            raise ValueError("init has non-finite entries")
+    results = _fit_problems(sets, given, solver, lam, weights, gamma, eps, dt, tol, certify, alpha0, start)
+    return results[0] if single else results

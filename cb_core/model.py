@@ -9,7 +9,8 @@ acting on one candidate set is N = 1), prepared once into a :class:`Problem`:
 * Prior (Eq. 3, App. B):    log Qbar(a|x) = log q(a|x) / n_tokens(a) ** gamma, log-normalised
                             over A_i.
 * Action law (Eq. 3):       log P_alpha(a|x) = log-softmax over A_i of (log Qbar + alpha . phi).
-* Objective (Eq. 6):        L(alpha) = (1/N) sum_i -log P_alpha(a*_i|x_i) + lam/2 ||alpha||^2.
+* Objective (Eq. 6):        L(alpha) = (1/N) sum_i -log P_alpha(a*_i|x_i) + lam/2 ||alpha||^2
+                            (with decision weights w_i: sum_i w_i nll_i / sum_i w_i in place of the mean).
 * Gradient:                 (1/N) sum_i (E_{P_i}[phi] - phi(a*_i)) + lam alpha.
 * Hessian:                  H = (1/N) sum_i Cov_{P_i}(phi) + lam I  (so H >= lam I: strongly
                             convex, unique optimum); :func:`hvp` applies it in two passes.
@@ -75,7 +76,8 @@ class Problem:
         prior: [N, M] normalised log Qbar (0 in padded slots).
         mask: [N, M] bool, real candidates.
         expert: [N] int32 local expert index.
-        weight: [N] 1 / N for real decisions, 0 for padded ones (the objective's average).
+        weight: [N] w_i / sum_j w_j, the decision weights normalised (``PaddedDecisions.weight``: 1 for
+            real decisions, 0 for padded ones, so 1 / N by default: the objective's average).
     """
 
     hidden: ArrayLike
@@ -113,7 +115,8 @@ def prepare(padded: PaddedDecisions, gamma, eps) -> Problem:
     lq = jnp.asarray(padded.log_q, dtype) / jnp.asarray(padded.n_tokens).astype(dtype) ** gamma
     prior = jnp.where(mask, lq - masked_logsumexp(lq, mask)[:, None], 0.0)
     weight = jnp.asarray(padded.weight, dtype)
-    weight = weight / jnp.maximum(jnp.sum(weight), 1.0)
+    total = jnp.sum(weight)
+    weight = weight / jnp.where(total > 0, total, 1.0)
     return Problem(h, mean, inv_scale, bias, prior, mask, jnp.asarray(padded.expert), weight)
 
 

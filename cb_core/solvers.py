@@ -117,8 +117,9 @@ class Newton:
             k: jax.Array
             n_hvp: jax.Array
 
-        def cg(grad, prob, gnorm):
-            """x ~ -H^{-1} g and u = Phi x (accumulated from the HVPs' Phi p)."""
+        def cg(grad, prob, gnorm, active):
+            """x ~ -H^{-1} g and u = Phi x (accumulated from the HVPs' Phi p); no iteration when not
+            ``active`` (a problem that has stopped, under ``jax.vmap``: its step is discarded)."""
             # a residual below tol / 4 already makes the next gradient about that small
             target = jnp.maximum(jnp.minimum(self.forcing, jnp.sqrt(gnorm)) * gnorm, 0.25 * tol)
 
@@ -136,7 +137,7 @@ class Newton:
                 j: jax.Array
 
             def cond(c):
-                return (c.j < self.max_cg) & (jnp.sqrt(c.rr) > target)
+                return active & (c.j < self.max_cg) & (jnp.sqrt(c.rr) > target)
 
             def body(c):
                 ud, hd = hv(c.d)
@@ -182,7 +183,8 @@ class Newton:
 
         def body(c: Loop):
             prob = jnp.exp(_log_softmax(c.scores, p))
-            x, u, j = cg(c.grad, prob, jnp.linalg.norm(c.grad))
+            # always True unbatched; under jax.vmap a stopped problem's CG makes no HVP
+            x, u, j = cg(c.grad, prob, jnp.linalg.norm(c.grad), cond(c))
             t = line_search(c.alpha, c.scores, x, u)
             alpha, s = c.alpha + t * x, c.scores + t * u  # Phi x came with CG: no pass here
             value, grad = value_and_grad_at(alpha, s, p, lam)

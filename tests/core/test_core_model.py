@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import cb_core
 from cb_core import model
 from cb_core.decisions import to_padded
+from cb_core.testing import check_gradient, check_hessian_bounds, hessian_upper_bound
 from core_helpers import as_float64, random_decisions, random_lists, ragged, reference_model
 
 SETTINGS = settings(max_examples=10, deadline=None)
@@ -31,10 +32,7 @@ def test_gradient_matches_finite_differences_float64(case, lam):
         rng = np.random.default_rng(seed + 1)
         alpha = rng.standard_normal(d + 1)
         f = lambda a: float(cb_core.objective(a, dec, lam=lam))  # noqa: E731
-        g = np.asarray(cb_core.gradient(alpha, dec, lam=lam))
-        h = 1e-6
-        fd = np.array([(f(alpha + h * e) - f(alpha - h * e)) / (2 * h) for e in np.eye(d + 1)])
-        np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-7)
+        check_gradient(f, cb_core.gradient(alpha, dec, lam=lam), alpha, step=1e-6, rtol=1e-6, atol=1e-7)
 
 
 @SETTINGS
@@ -48,7 +46,8 @@ def test_explicit_hessian_matches_autodiff_and_is_strongly_convex(case, lam):
         ref = np.asarray(jax.hessian(cb_core.objective)(jnp.asarray(alpha), dec, lam))
         np.testing.assert_allclose(h, ref, rtol=1e-9, atol=1e-11)
         np.testing.assert_allclose(h, h.T, atol=1e-12)
-        assert np.linalg.eigvalsh(h)[0] >= lam - 1e-9
+        # lam I <= H <= (lam + B) I, B from the materialised features (independent of alpha)
+        check_hessian_bounds(h, lam, hessian_upper_bound(cb_core.features(dec), dec.offsets, lam))
         # the bias coordinate is constant within every set: its row is exactly lam e_m
         np.testing.assert_allclose(h[-1], lam * np.eye(d + 1)[-1], atol=1e-12)
         # the Hessian-vector product the Newton solver uses applies the same matrix

@@ -1,0 +1,171 @@
+"""Property-test kit for the concept model: hypothesis strategies and derivative checks.
+
+For a user who extends the objective (a new feature, a weighting, a solver) and wants to test it
+the way cb_core tests its own: random ragged decision sets, concepts and decision weights drawn by
+hypothesis, and checks of a gradient against central finite differences and of a Hessian against
+its bounds lam I <= H <= (lam + B) I.
+
+* :func:`random_lists` / :func:`random_decisions`: a seeded random ragged decision set (numpy).
+* strategies: :func:`ragged` ((seed, sizes, d): candidate counts, token counts and expert index
+  vary with the seed), :func:`decision_sets` (validated :class:`cb_core.Decisions`),
+  :func:`concepts` (alpha vectors [d + 1]) and :func:`decision_weights` ([K, N] 0/1 masks, each
+  row weighting at least one decision: cross-validation folds for :func:`cb_core.fit_many`).
+* checks: :func:`check_gradient` (central differences), :func:`hessian_upper_bound` and
+  :func:`check_hessian_bounds`; each raises AssertionError naming the coordinate or eigenvalue at
+  fault.
+
+Needs hypothesis (the ``testing`` extra: ``pip install cb-agent[testing]``). Imports nothing of
+this project outside :mod:`cb_core`; no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from hypothesis import strategies as st
+from jax.typing import ArrayLike
+
+from cb_core.decisions import Decisions, decisions_from_lists
+
+__all__ = [
+    "check_gradient", "check_hessian_bounds", "concepts", "decision_sets", "decision_weights",
+    "hessian_upper_bound", "ragged", "random_decisions", "random_lists",
+]
+
+
+def random_lists(seed: int, sizes: Sequence[int], d: int, scale: float = 1.0):
+    """A random ragged decision set as lists (the arguments of :func:`cb_core.decisions_from_lists`).
+
+    Args:
+        seed: numpy seed.
+        sizes: [N] candidate counts M_i >= 1.
+        d: hidden width.
+        scale: spread of the hidden states within a set (around a per-set offset).
+
+    Returns:
+        (hidden, log_q, n_tokens, expert): N float64 arrays [M_i, d]; N float64 arrays [M_i] of
+        summed token log-probabilities (nats, < 0); N int arrays [M_i] of token counts in [1, 8];
+        N ints, the expert's index in its set.
+    """
+    rng = np.random.default_rng(seed)
+    hidden = [rng.standard_normal((m, d)) * scale + rng.standard_normal(d) for m in sizes]
+    n_tokens = [rng.integers(1, 9, size=m) for m in sizes]
+    log_q = [-rng.gamma(2.0, 1.5, size=m) * nt ** 0.5 for m, nt in zip(sizes, n_tokens)]
+    expert = [int(rng.integers(0, m)) for m in sizes]
+    return hidden, log_q, n_tokens, expert
+
+
+def random_decisions(seed: int, sizes: Sequence[int], d: int, scale: float = 1.0) -> Decisions:
+    """:func:`random_lists` as validated float32 :class:`cb_core.Decisions`."""
+    return decisions_from_lists(*random_lists(seed, sizes, d, scale))
+
+
+@st.composite
+def ragged(draw, max_n: int = 6, max_m: int = 6, min_d: int = 3, max_d: int = 4):
+    """Strategy: (seed, sizes, d) of a random ragged decision set (:func:`random_lists`): N in
+    [1, max_n] decisions of M_i in [1, max_m] candidates, d in [min_d, max_d]."""
+    n = draw(st.integers(1, max_n))
+    sizes = draw(st.lists(st.integers(1, max_m), min_size=n, max_size=n))
+    d = draw(st.integers(min_d, max_d))
+    seed = draw(st.integers(0, 2**31 - 1))
+    return seed, sizes, d
+
+
+def decision_sets(max_n: int = 6, max_m: int = 6, min_d: int = 3, max_d: int = 4,
+                  scale: float = 1.0) -> st.SearchStrategy[Decisions]:
+    """Strategy: validated float32 :class:`cb_core.Decisions` drawn as :func:`ragged` describes."""
+    return ragged(max_n, max_m, min_d, max_d).map(lambda c: random_decisions(*c, scale=scale))
+
+
+def concepts(m: int, max_abs: float = 3.0) -> st.SearchStrategy[np.ndarray]:
+    """Strategy: concept vectors alpha, float64 [m] (m = d + 1), entries in [-max_abs, max_abs]."""
+    entry = st.floats(-max_abs, max_abs, allow_nan=False, allow_infinity=False)
+    return st.lists(entry, min_size=m, max_size=m).map(lambda x: np.asarray(x, np.float64))
+
+
+@st.composite
+def decision_weights(draw, n: int, k: int) -> np.ndarray:
+    """Strategy: float64 [k, n] 0/1 decision weights, each row with at least one 1 (a problem
+    weighting no decision has no data term)."""
+    rows = []
+    for _ in range(k):
+        row = np.asarray(draw(st.lists(st.booleans(), min_size=n, max_size=n)), np.float64)
+        row[draw(st.integers(0, n - 1))] = 1.0
+        rows.append(row)
+    return np.stack(rows)
+
+
+def check_gradient(objective: Callable[[np.ndarray], float], gradient: ArrayLike, alpha: ArrayLike,
+                   step: float = 1e-6, rtol: float = 1e-6, atol: float = 1e-7) -> float:
+    """Check ``gradient`` [m] (the analytic gradient at ``alpha``) against central finite
+    differences (f(alpha + h e_j) - f(alpha - h e_j)) / (2 h) of ``objective`` (a float64
+    function of alpha [m]; rounding error ~ eps_64 |f| / h, truncation ~ h^2 |f'''|).
+
+    Returns:
+        the largest absolute difference (float).
+
+    Raises:
+        AssertionError: naming the first coordinate where |g_j - fd_j| > atol + rtol |fd_j|.
+    """
+    alpha = np.asarray(alpha, np.float64)
+    g = np.asarray(gradient, np.float64)
+    if g.shape != alpha.shape or alpha.ndim != 1:
+        raise AssertionError(f"gradient shape {g.shape} does not match alpha's {alpha.shape}")
+    eye = np.eye(alpha.size)
+    fd = np.array([(objective(alpha + step * e) - objective(alpha - step * e)) / (2 * step) for e in eye])
+    bad = np.flatnonzero(np.abs(g - fd) > atol + rtol * np.abs(fd))
+    if bad.size:
+        j = int(bad[0])
+        raise AssertionError(f"gradient coordinate {j}: analytic {g[j]!r}, central difference {fd[j]!r} "
+                             f"(step {step:g})")
+    return float(np.max(np.abs(g - fd)))
+
+
+def hessian_upper_bound(features: ArrayLike, offsets: ArrayLike, lam: float,
+                        weights: ArrayLike | None = None) -> float:
+    """An upper bound on the largest eigenvalue of the Eq. 6 Hessian, lam + B.
+
+    H = sum_i w_i Cov_{P_i}(phi) / sum_i w_i + lam I, and for any law P on a candidate set
+    lambda_max(Cov_P(phi)) <= tr Cov_P(phi) <= E_P ||phi - c||^2 <= max_a ||phi_a - c||^2 for every
+    centre c; with c the set's mean feature, B = sum_i w_i max_a ||phi_a - mean_i phi||^2 / sum_i w_i
+    (independent of alpha).
+
+    Args:
+        features: [T, m] features phi (:func:`cb_core.features`).
+        offsets: [N + 1] the decisions' row offsets.
+        lam: the L2 strength.
+        weights: [N] decision weights >= 0 (None: all 1).
+
+    Returns:
+        lam + B (float).
+    """
+    phi = np.asarray(features, np.float64)
+    offsets = np.asarray(offsets)
+    w = np.ones(offsets.size - 1) if weights is None else np.asarray(weights, np.float64)
+    spread = np.array([np.max(np.sum((phi[a:b] - phi[a:b].mean(axis=0)) ** 2, axis=1))
+                       for a, b in zip(offsets[:-1], offsets[1:])])
+    return float(lam + np.sum(w * spread) / np.sum(w))
+
+
+def check_hessian_bounds(hessian: ArrayLike, lam: float, upper: float, rtol: float = 1e-9) -> np.ndarray:
+    """Check that a Hessian [m, m] is symmetric with lam I <= H <= upper I (strong convexity with
+    constant lam, and :func:`hessian_upper_bound`), up to ``rtol`` times max(1, upper).
+
+    Returns:
+        its eigenvalues, float64 [m] ascending.
+
+    Raises:
+        AssertionError: naming the asymmetry, or the eigenvalue below lam or above ``upper``.
+    """
+    h = np.asarray(hessian, np.float64)
+    slack = rtol * max(1.0, abs(upper))
+    asym = float(np.max(np.abs(h - h.T))) if h.size else 0.0
+    if asym > slack:
+        raise AssertionError(f"Hessian not symmetric: largest |H - H^T| entry {asym!r}")
+    eig = np.linalg.eigvalsh(h)
+    if eig[0] < lam - slack:
+        raise AssertionError(f"smallest Hessian eigenvalue {eig[0]!r} below lam = {lam!r}")
+    if eig[-1] > upper + slack:
+        raise AssertionError(f"largest Hessian eigenvalue {eig[-1]!r} above the bound {upper!r}")
+    return eig
