@@ -143,22 +143,20 @@ def torch_worker(arrays, lam=1.0, gamma=0.8, eps=1e-6):
     return run
 
 
-def scipy_worker(arrays, dtype, lam=1.0):
-    """scipy L-BFGS-B on a numpy objective and gradient in ``dtype`` (float64 or float32: a
-    memory-bound fit reads half the bytes in float32); features precomputed (untimed). One
-    evaluation is one vectorised pass each way over phi (``phi @ a``, then ``r @ phi``: BLAS
-    matrix-vector products on the packed [T, m] matrix) and per-set reductions of length T, in
-    ``dtype`` throughout (only the m-vector alpha and its gradient cross to float64 for scipy)."""
-    import scipy.optimize
-
+def scipy_objective(arrays, dtype):
+    """``fg(a, lam) -> (Eq. 6, its gradient)``, the numpy objective of the scipy baselines, in ``dtype``
+    (float64 or float32: a memory-bound fit reads half the bytes in float32); features precomputed
+    here (untimed). One evaluation is one vectorised pass each way over phi (``phi @ a``, then
+    ``r @ phi``: BLAS matrix-vector products on the packed [T, m] matrix) and per-set reductions of
+    length T, in ``dtype`` throughout (only the m-vector alpha and its gradient cross to float64 for
+    scipy). ``fg.evaluations`` counts the calls (each reads phi twice)."""
     phi, lq, offsets, rows = float64_model(arrays)
     phi, lq = np.ascontiguousarray(phi, dtype), lq.astype(dtype)
     starts, sizes = offsets[:-1], np.diff(offsets)
     n = offsets.size - 1
-    evaluations = [0]  # counted: each evaluation reads phi twice (phi a, then r phi)
 
-    def fg(a):
-        evaluations[0] += 1
+    def fg(a, lam):
+        fg.evaluations += 1
         a32 = a.astype(dtype)
         s = phi @ a32
         s += lq
@@ -178,19 +176,53 @@ def scipy_worker(arrays, dtype, lam=1.0):
         g += lam * a32
         return float(f), g.astype(np.float64)
 
+    fg.evaluations, fg.size = 0, phi.shape[1]
+    return fg
+
+
+def scipy_fit(fg, lam, tol, x0=None):
+    """scipy L-BFGS-B on ``fg`` (:func:`scipy_objective`) from ``x0`` (None: alpha = 0), stopped
+    once the gradient's 2-norm at an iterate is <= ``tol`` (cb_core's stopping rule, so both certify
+    the same objective gap ||g||^2 / (2 lam)). Returns (alpha [m], converged, iterations)."""
+    import scipy.optimize
+
+    last = {}
+
+    def f(a):
+        value, grad = fg(a, lam)
+        last["norm"] = float(np.linalg.norm(grad))
+        return value, grad
+
+    def stop(_):
+        if last["norm"] <= tol:
+            raise StopIteration
+
+    x0 = np.zeros(fg.size) if x0 is None else np.asarray(x0, np.float64)
+    res = scipy.optimize.minimize(f, x0, jac=True, method="L-BFGS-B", callback=stop,
+                                  options=dict(gtol=0.0, ftol=0.0, maxiter=1000))
+    _, grad = fg(res.x, lam)
+    return res.x, bool(np.linalg.norm(grad) <= tol), int(res.nit)
+
+
+def scipy_worker(arrays, dtype, lam=1.0):
+    """scipy L-BFGS-B on :func:`scipy_objective` in ``dtype``; scipy's own stop (gtol 1e-9)."""
+    import scipy.optimize
+
+    fg = scipy_objective(arrays, dtype)
+
     def run():
-        trace, stamps = [np.zeros(phi.shape[1])], [0.0]
-        evaluations[0] = 0
+        trace, stamps = [np.zeros(fg.size)], [0.0]
+        fg.evaluations = 0
         t0 = time.perf_counter()
 
         def record(x):
             stamps.append(time.perf_counter() - t0)
             trace.append(np.array(x))
 
-        res = scipy.optimize.minimize(fg, np.zeros(phi.shape[1]), jac=True, method="L-BFGS-B",
+        res = scipy.optimize.minimize(fg, np.zeros(fg.size), args=(lam,), jac=True, method="L-BFGS-B",
                                       options=dict(gtol=1e-9, ftol=1e-15, maxiter=1000), callback=record)
         seconds = time.perf_counter() - t0
-        return seconds, int(res.nit), np.asarray(trace), np.asarray(stamps), 2 * evaluations[0]
+        return seconds, int(res.nit), np.asarray(trace), np.asarray(stamps), 2 * fg.evaluations
 
     return run
 

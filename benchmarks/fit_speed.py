@@ -48,10 +48,17 @@ warm cache, with the command's own breakdown) and the six per-type concepts (d =
 ``cb-agent run``'s demonstrations) fitted warm in one process and in a new process that loads
 the stored executables.
 
+Last, many concepts in one program (:func:`many_concepts`, in a worker pinned like the others): 6 task
+types x 10 strengths x 5 folds = 300 fits at N = 50 decisions per type (``--many-n 125``), d = 2560,
+as one :func:`cb_core.fit_many` call per task type against 300 sequential cb_core fits and 300 sequential scipy
+L-BFGS-B float32 fits, each also warm-started along the strength path; every fit stops at
+||grad|| <= 1e-3; target: the faster sequential baseline over the batched fit at least 3x.
+
 Run:   .venv/bin/python benchmarks/fit_speed.py [--sizes 50x2560,125x5120] [--regimes well,today]
                                                 [--rounds 3] [--methods M1,M2] [--threads 1] [--no-cli] [--json OUT]
-                                                [--tiny]
-(``--tiny``: every path once on N = 12, d = 16: a smoke test, not a measurement.)
+                                                [--tiny] [--only-many] [--many-n 50] [--many-d 2560]
+(``--tiny``: every path once on N = 12, d = 16 (many concepts: 2 x 3 x 2 fits at N = 10): a smoke
+test, not a measurement.)
 Not a test: the figures depend on the machine and its load.
 """
 
@@ -224,6 +231,126 @@ def six_concepts_timing(tmp, d):
     return out
 
 
+# ----------------------------------------------------------------------------------- many concepts
+MANY_TASK_TYPES, MANY_STRENGTHS, MANY_FOLDS = 6, 10, 5
+MANY_TARGET = 3.0  # the faster sequential baseline over the batched fit, at least
+MANY_METHODS = ("batched cb_core", "sequential cb_core", "sequential cb_core warm", "sequential scipy f32",
+                "sequential scipy f32 warm")
+
+
+def many_concepts(n: int, d: int, rounds: int, task_types: int = MANY_TASK_TYPES, strengths: int = MANY_STRENGTHS,
+                  folds: int = MANY_FOLDS, seed: int = 0) -> dict:
+    """Task types x strengths x folds fits (each fold leaves 1/folds of a type's N decisions out)
+    in this process, five ways side by side: one :func:`cb_core.fit_many` call per task type (its
+    strengths x folds problems share one read of its hidden states per pass); as
+    many sequential :func:`cb_core.fit` calls (Newton-CG); as many sequential scipy L-BFGS-B float32
+    fits (``_fit_workers.scipy_objective``, features computed untimed); and both sequential ways
+    warm-started along each fold's strength path (strongest first, each fit from the previous
+    strength's alpha). Every fit stops at ||grad|| <= 1e-3 (the certified gap ||g||^2 / (2 lam) alike).
+    Each round runs the methods in rotated order (:func:`_targets.rotated`); ratios are medians of
+    the rounds' paired ratios, unrounded."""
+    import jax
+
+    import cb_core
+    from _fit_workers import scipy_fit, scipy_objective
+    from _targets import median_ratio
+    from cb_core.synthetic import synthetic_decisions
+
+    tol = 1e-3
+    lams = np.geomspace(10.0, 0.03, strengths)  # the path: strongest first
+    types = [synthetic_decisions(n, d, seed=seed + t) for t in range(task_types)]
+    masks = np.ones((folds, n))
+    for f in range(folds):
+        masks[f, f::folds] = 0.0  # fold f leaves every folds-th decision out
+    kept = [np.flatnonzero(m) for m in masks]
+
+    def subset(dec, keep):
+        offsets = np.asarray(dec.offsets)
+        rows = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in keep])
+        sizes = np.diff(offsets)[keep]
+        return cb_core.Decisions(np.asarray(dec.hidden)[rows], np.asarray(dec.log_q)[rows],
+                                 np.asarray(dec.n_tokens)[rows], np.concatenate([[0], np.cumsum(sizes)]),
+                                 np.repeat(np.arange(keep.size), sizes), np.asarray(dec.expert)[keep])
+
+    subsets = [[subset(dec, keep) for keep in kept] for dec in types]
+    objectives_f32 = [[scipy_objective({k: np.asarray(getattr(sub, k)) for k in
+                                        ("hidden", "log_q", "n_tokens", "offsets", "expert")}, np.float32)
+                       for sub in row] for row in subsets]
+    lam_k = np.tile(lams, folds)  # problem k: strength k % strengths, fold k // strengths
+    weights = np.repeat(masks, strengths, axis=0)
+
+    def batched():  # one call per task type: its strengths x folds problems share its hidden states
+        return [r.converged for dec in types
+                for r in cb_core.fit_many(dec, lam=lam_k, weights=weights, certify="structural")]
+
+    def sequential_cb_core(warm):
+        def run():
+            out = []
+            for row in subsets:
+                for sub in row:
+                    alpha = None
+                    for lam in lams:
+                        r = cb_core.fit(sub, lam=float(lam), certify="structural", init=alpha if warm else None)
+                        alpha = r.alpha
+                        out.append(r.converged)
+            return out
+        return run
+
+    def sequential_scipy(warm):
+        def run():
+            out = []
+            for row in objectives_f32:
+                for fg in row:
+                    alpha = None
+                    for lam in lams:
+                        alpha, converged, _ = scipy_fit(fg, float(lam), tol, alpha if warm else None)
+                        out.append(converged)
+            return out
+        return run
+
+    methods = dict(zip(MANY_METHODS, (batched, sequential_cb_core(False), sequential_cb_core(True),
+                                      sequential_scipy(False), sequential_scipy(True))))
+    for run in methods.values():
+        run()  # warm-up: compiles the cb_core programs
+    seconds = {m: [] for m in methods}
+    converged = {}
+    for r in range(rounds):
+        for m in rotated(list(methods), r):
+            time.sleep(PAUSE_S)
+            t0 = time.perf_counter()
+            flags = methods[m]()
+            seconds[m].append(time.perf_counter() - t0)
+            converged[m] = int(sum(flags))
+    fits = task_types * strengths * folds
+    ratios = {m: median_ratio(seconds[m], seconds["batched cb_core"]) for m in methods if m != "batched cb_core"}
+    rows = {m: dict(seconds=statistics.median(seconds[m]), rounds_s=seconds[m], converged=converged[m], fits=fits,
+                    over_batched=ratios.get(m)) for m in methods}
+    faster = min(ratios, key=ratios.get)
+    v = verdict(f"many concepts N = {n}, d = {d}: {faster} (faster sequential baseline) / batched cb_core",
+                ratios[faster], MANY_TARGET, at_most=False)
+    print(f"\nmany concepts: {task_types} task types x {strengths} strengths x {folds} folds = {fits} fits, "
+          f"N = {n}, d = {d}, stop ||grad|| <= {tol:g}; jax on {jax.devices()[0].platform}; median of {rounds} rounds")
+    print(f"{'method':<28}{'seconds':>12}{'converged':>11}{'over batched':>22}")
+    for m, row in rows.items():
+        ratio = "" if row["over_batched"] is None else repr(row["over_batched"])
+        print(f"{m:<28}{row['seconds']:>12.3f}{row['converged']:>7d}/{fits:<3d}{ratio:>22}")
+    print(verdict_line(v), flush=True)
+    return dict(n=n, d=d, task_types=task_types, strengths=strengths, folds=folds, lams=lams.tolist(), tol=tol,
+                rounds=rounds, rows=rows, verdict=v, machine=machine())
+
+
+def many_concepts_timing(n: int, d: int, rounds: int, threads: int | None, tiny: bool) -> dict:
+    """:func:`many_concepts` in a worker process pinned to ``threads`` threads alike for every
+    method (``_fit_workers.pinned_env``: numpy's BLAS and XLA's CPU client)."""
+    from _fit_workers import pinned_env
+
+    cmd = [sys.executable, __file__, "--many-worker", str(n), str(d), str(rounds)] + (["--tiny"] if tiny else [])
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, env=pinned_env(threads))
+    lines = out.stdout.strip().splitlines()
+    print("\n".join(lines[:-1]), flush=True)
+    return json.loads(lines[-1])
+
+
 def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="50x2560,125x5120")
@@ -238,12 +365,31 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     ap.add_argument("--tiny", action="store_true",
                     help="smoke test of every path on N = 12, d = 16, one round (no measurement)")
+    ap.add_argument("--only-many", action="store_true",
+                    help=f"only the many-concepts row ({MANY_TASK_TYPES} task types x {MANY_STRENGTHS} strengths x "
+                         f"{MANY_FOLDS} folds: one fit_many call against sequential fits)")
+    ap.add_argument("--many-n", type=int, default=50, help="decisions per task type of the many-concepts row (50 or 125)")
+    ap.add_argument("--many-d", type=int, default=2560, help="hidden width of the many-concepts row")
     ap.add_argument("--six-concepts", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--many-worker", nargs=3, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.tiny:
-        args.sizes, args.rounds = "12x16", 1
+        args.sizes, args.rounds, args.many_n, args.many_d = "12x16", 1, 10, 16
     if args.six_concepts is not None:
         six_concepts_main(args.six_concepts[0], int(args.six_concepts[1]))
+        return
+    if args.many_worker is not None:
+        n, d, rounds = args.many_worker
+        kw = dict(task_types=2, strengths=3, folds=2) if args.tiny else {}
+        print(json.dumps(many_concepts(n, d, rounds, seed=args.seed, **kw)))
+        return
+    if args.only_many:
+        results = dict(many_concepts=many_concepts_timing(args.many_n, args.many_d, args.rounds, args.threads or None,
+                                                          args.tiny))
+        if args.json:
+            with open(args.json + ".tmp", "w") as f:
+                json.dump(results, f, indent=1)
+            os.replace(args.json + ".tmp", args.json)
         return
     import jax
     import torch
@@ -277,6 +423,8 @@ def main(argv: list[str] | None = None):
             for n, d in sizes:
                 results["cli"].append(cli_timing(n, d, args.seed, args.rounds, tmp))
             results["six_concepts"] = six_concepts_timing(tmp, 16 if args.tiny else 576)
+        results["many_concepts"] = many_concepts_timing(args.many_n, args.many_d, args.rounds, args.threads or None,
+                                                        args.tiny)
     if args.json:
         with open(args.json + ".tmp", "w") as f:
             json.dump(results, f, indent=1)

@@ -21,6 +21,9 @@ the JSON is written after every section):
 * ``fit``: cb_core's fit on the default JAX device against the CPU at (N=125, d=5120) and
   (N=1000, d=8192): objective gap, cold and warm seconds; the executable store across processes (a
   fresh process compiling into an empty store against a second fresh process loading from it);
+* ``many_concepts``: fit_speed's many-concepts row on the default JAX device (one ``fit_many`` call per
+  task type against sequential cb_core and scipy fits); passes when every batched fit converged, its
+  speed ratio (target >= 3) under ``"targets"``;
 * ``step_cost``: the ~1.5B model in bfloat16 scoring 30 candidates after a 1,000-token context: the
   PyTorch backend's cold call (empty cache) against one naive padded forward; then both backends
   (PyTorch and the JAX backend, :mod:`agent_shell.lm.jax_backend`, reading the same weights from a
@@ -76,6 +79,8 @@ SIZES = {  # full check (one H200) / --quick (a CPU)
                    dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                         num_key_value_heads=2)),
     "fits": (((125, 5120), (1000, 8192)), ((40, 64),)),
+    # many concepts: N, d, rounds, (task types, strengths, folds)
+    "many": ((50, 2560, 2, {}), (10, 16, 1, dict(task_types=2, strengths=3, folds=2))),
     "cache_rounds": (3, 1),  # (cold process, loading process) pairs of the executable store
     "step": ((1000, 30, 10), (200, 8, 10)),  # context tokens, candidates, warm steps (at least)
     "warmup": (3, 2),  # steps after an episode's first call that are not counted
@@ -390,9 +395,24 @@ def environment(device: torch.device) -> dict:
     return env
 
 
+def many_concepts(tokenizer, device: torch.device, quick: bool) -> tuple[dict, dict]:
+    """fit_speed's many-concepts row on the default JAX device (``fit_speed.many_concepts``: one
+    ``fit_many`` call per task type against sequential cb_core and scipy fits, cold and warm-started);
+    full: 6 task types x 10 strengths x 5 folds at N = 50, d = 2560, two rounds; ``--quick``: 2 x 3 x 2
+    at N = 10, d = 16, one round. Passes when every batched fit converged; the speed ratio (target
+    >= 3) is recorded under ``"targets"`` and does not set the exit status."""
+    from fit_speed import many_concepts as row
+
+    n, d, rounds, shape = SIZES["many"][quick]
+    out = row(n, d, rounds, **shape)
+    verdict = {**out["verdict"], "met": "not measured: --quick sizes"} if quick else out["verdict"]
+    batched = out["rows"]["batched cb_core"]
+    return {**out, "targets": {"many_concepts": verdict}}, {"many_concepts": batched["converged"] == batched["fits"]}
+
+
 #: The check's sections in order: (name, function of (tokenizer, torch device, quick) -> (figures, verdicts)).
-SECTIONS = (("exactness", exactness), ("batched", batched), ("fit", fits), ("step_cost", step_cost),
-            ("jax", jax_backend))
+SECTIONS = (("exactness", exactness), ("batched", batched), ("fit", fits), ("many_concepts", many_concepts),
+            ("step_cost", step_cost), ("jax", jax_backend))
 
 
 def main(argv: list[str] | None = None) -> dict:

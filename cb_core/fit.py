@@ -133,11 +133,13 @@ def _default_tol(dtype) -> float:
 # the compiled programs
 # ----------------------------------------------------------------------------------------------
 
-def _solve_problem(solver: Solver, padded, lam, gamma, eps, tol, alpha0=None) -> tuple[SolverOutput, Any]:
+def _solve_problem(solver: Solver, padded, lam, gamma, eps, tol, alpha0=None, scaled: bool = False
+                   ) -> tuple[SolverOutput, Any]:
     """One problem: (the solver's output, [N_pad] bool: the decision's hidden states are finite);
     from ``alpha0`` [m] when given (a warm start), else from alpha = 0. The decision weights are
-    ``padded.weight`` (0 for padded decisions and for decisions left out of the problem)."""
-    p = prepare(padded, gamma, eps)
+    ``padded.weight`` (0 for padded decisions and for decisions left out of the problem); ``scaled``:
+    the :class:`cb_core.model.Problem` layout."""
+    p = prepare(padded, gamma, eps, scaled)
     # a non-finite hidden state makes its set's mean non-finite: the statistics' pass doubles as
     # the input check (fit() names the culprit); an overflow there only costs a host re-check
     finite = jnp.all(jnp.isfinite(p.mean), axis=1)
@@ -154,14 +156,15 @@ _solve = compiled(_solve_problem, static_argnums=0)
 def _solve_many(solver: Solver, padded, weight, lam, gamma, eps, tol, alpha0=None) -> tuple[SolverOutput, Any]:
     """S x K problems in one program: :func:`_solve_problem` vmapped over the K problems of a
     decision set (``weight`` [S, K, N_pad], ``lam`` [S, K], ``alpha0`` [S, K, m] or None; the set's
-    hidden states unbatched, so every pass reads them once for its K problems: a matrix-matrix
-    product) and over the S sets (``padded`` [S, N_pad, M_pad, ...], one bucket). A vmapped
+    hidden states unbatched and scaled once (``Problem.scaled``), so every pass reads them once for
+    its K problems: one [N M, d] x [d, K] matrix-matrix product) and over the S sets (``padded`` [S, N_pad, M_pad, ...], one bucket). A vmapped
     ``while_loop`` runs while any problem's condition holds and keeps each finished problem's state
     (a select per problem); the solvers' inner loops (Newton's CG) stop for a finished problem.
     Outputs are [S, K, ...]."""
 
     def one(padded, weight, lam, alpha0):
-        return _solve_problem(solver, dataclasses.replace(padded, weight=weight), lam, gamma, eps, tol, alpha0)
+        return _solve_problem(solver, dataclasses.replace(padded, weight=weight), lam, gamma, eps, tol, alpha0,
+                              scaled=True)
 
     return jax.vmap(jax.vmap(one, in_axes=(None, 0, 0, 0)))(padded, weight, lam, alpha0)
 

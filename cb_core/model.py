@@ -78,6 +78,12 @@ class Problem:
         expert: [N] int32 local expert index.
         weight: [N] w_i / sum_j w_j, the decision weights normalised (``PaddedDecisions.weight``: 1 for
             real decisions, 0 for padded ones, so 1 / N by default: the objective's average).
+        scaled: static layout flag. False: ``hidden`` and ``mean`` as above, each pass a product
+            per decision with alpha / scale ([M, d] x [d] for each of the N). True: ``hidden`` and
+            ``mean`` are multiplied by ``inv_scale`` (phi = hidden - mean), so each pass is one
+            [N M, d] x [d] product, and under ``jax.vmap`` over K concepts one [N M, d] x [d, K]
+            matrix-matrix product (the batched fit's layout; per decision is faster for one concept
+            on the CPU: benchmarks/fit_speed.py).
     """
 
     hidden: ArrayLike
@@ -88,12 +94,14 @@ class Problem:
     mask: ArrayLike
     expert: ArrayLike
     weight: ArrayLike
+    scaled: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
-def prepare(padded: PaddedDecisions, gamma, eps) -> Problem:
+def prepare(padded: PaddedDecisions, gamma, eps, scaled: bool = False) -> Problem:
     """Features' statistics and the prior of a padded decision set (App. B, Eq. 3); jittable.
 
-    gamma: prior length-normalisation exponent; eps: floor of the per-coordinate std.
+    gamma: prior length-normalisation exponent; eps: floor of the per-coordinate std; scaled: the
+    layout of :class:`Problem` (True: the hidden states scaled once here, for batched concepts).
     """
     h = jnp.asarray(padded.hidden)
     dtype = h.dtype
@@ -117,7 +125,9 @@ def prepare(padded: PaddedDecisions, gamma, eps) -> Problem:
     weight = jnp.asarray(padded.weight, dtype)
     total = jnp.sum(weight)
     weight = weight / jnp.where(total > 0, total, 1.0)
-    return Problem(h, mean, inv_scale, bias, prior, mask, jnp.asarray(padded.expert), weight)
+    if scaled:  # one write here; every pass is then one [N M, d] product
+        h, mean = jnp.where(mask[..., None], h * inv_scale[:, None, :], zero), mean * inv_scale
+    return Problem(h, mean, inv_scale, bias, prior, mask, jnp.asarray(padded.expert), weight, scaled)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -126,8 +136,11 @@ def prepare(padded: PaddedDecisions, gamma, eps) -> Problem:
 
 def _matvec(v, p: Problem):
     """[N, M] = Phi v for v [m] (the per-set mean term included; 0 in padded slots)."""
-    a = p.inv_scale * v[:-1]  # [N, d]
-    u = jnp.einsum("nmd,nd->nm", p.hidden, a) - jnp.sum(p.mean * a, axis=-1)[:, None]
+    if p.scaled:  # one [N M, d] x [d] product ([N M, d] x [d, K] under jax.vmap over concepts)
+        u = jnp.einsum("nmd,d->nm", p.hidden, v[:-1]) - (p.mean @ v[:-1])[:, None]
+    else:
+        a = p.inv_scale * v[:-1]  # [N, d]
+        u = jnp.einsum("nmd,nd->nm", p.hidden, a) - jnp.sum(p.mean * a, axis=-1)[:, None]
     return jnp.where(p.mask, u + (p.bias * v[-1])[:, None], 0.0)
 
 
@@ -138,8 +151,11 @@ def _rmatvec(r, p: Problem):
     and the bias coordinate (both constant within a set) drop out exactly instead of leaving
     rounding noise: the bias entry of the gradient is exactly lam * alpha_d.
     """
-    g = jnp.einsum("nm,nmd->nd", r, p.hidden)
-    return jnp.concatenate([jnp.sum(g * p.inv_scale, axis=0), jnp.zeros((1,), r.dtype)])
+    if p.scaled:
+        g = jnp.einsum("nm,nmd->d", r, p.hidden)
+    else:
+        g = jnp.sum(jnp.einsum("nm,nmd->nd", r, p.hidden) * p.inv_scale, axis=0)
+    return jnp.concatenate([g, jnp.zeros((1,), r.dtype)])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -234,7 +250,9 @@ def hvp(alpha, v, p: Problem, lam):
 
 def problem_features(p: Problem):
     """[N, M, m] materialised features phi (App. B); 0 in padded slots."""
-    phi = (p.hidden - p.mean[:, None, :]) * p.inv_scale[:, None, :]
+    phi = p.hidden - p.mean[:, None, :]
+    if not p.scaled:
+        phi = phi * p.inv_scale[:, None, :]
     bias = jnp.broadcast_to(p.bias[:, None, None], phi.shape[:2] + (1,))
     return jnp.where(p.mask[..., None], jnp.concatenate([phi, bias], axis=-1), 0.0)
 

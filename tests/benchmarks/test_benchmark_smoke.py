@@ -43,7 +43,7 @@ SMOKE_TESTS = {
 }
 #: scripts no default-suite test runs (known gaps), and where they are run instead
 NOT_IN_THE_DEFAULT_SUITE = {
-    "fit_speed": "test_fit_speed_tiny (slow marker: a worker process per method)",
+    "fit_speed": "test_fit_speed_tiny, test_fit_speed_many_tiny (slow marker: a worker process per method)",
     "episode_throughput": "test_episode_throughput_tiny (slow marker: real ALFWorld and SmolLM2 on Ray)",
     "vllm_agreement": "tests/lm/test_vllm_gpu.py (gpu marker: needs CUDA and the vllm extra)",
     "compile_cache": "test_compile_cache_tiny (slow marker: fresh processes that import JAX and compile)",
@@ -277,6 +277,29 @@ def test_fit_speed_tiny(tmp_path):
         for row in problem["rows"].values():
             assert row["rounds"] == 1 and row["seconds"] > 0 and row["passes"] >= 2  # measured, lbfgs too
     assert [(c["n"], c["d"]) for c in data["cli"]] == [(12, 16)] and data["six_concepts"]
+    assert data["many_concepts"]["rows"]["batched cb_core"]["fits"] == 12
+
+
+@pytest.mark.slow
+def test_fit_speed_many_tiny(tmp_path):
+    """Slow (about 25 s): the many-concepts row alone in its pinned worker process, compiling the
+    batched and the sequential programs. Every method times the same fits, every fit converges, and
+    each sequential method's ratio over the batched fit is the median of its paired ratios."""
+    out = tmp_path / "many.json"
+    load("fit_speed").main(["--only-many", "--tiny", "--json", str(out)])
+    row = json.loads(out.read_text())["many_concepts"]
+    assert (row["task_types"], row["strengths"], row["folds"], row["n"], row["d"]) == (2, 3, 2, 10, 16)
+    methods = ["batched cb_core", "sequential cb_core", "sequential cb_core warm", "sequential scipy f32",
+               "sequential scipy f32 warm"]
+    assert list(row["rows"]) == methods
+    batched = row["rows"]["batched cb_core"]["rounds_s"]
+    for name, r in row["rows"].items():
+        assert r["fits"] == 12 and r["converged"] == 12 and len(r["rounds_s"]) == 1
+        if name != "batched cb_core":
+            assert r["over_batched"] == r["rounds_s"][0] / batched[0]
+    v = row["verdict"]
+    assert v["target"] == ">= 3.0" and v["value"] == min(r["over_batched"] for r in row["rows"].values()
+                                                         if r["over_batched"] is not None)
 
 
 def test_episode_throughput_speed_up_is_the_median_of_paired_ratios_compared_unrounded():

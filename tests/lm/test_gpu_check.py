@@ -121,8 +121,8 @@ def test_gpu_check_quick_runs_on_the_cpu_and_every_section_passes(tmp_path, monk
     written = json.loads(out.read_text())
     assert written["verdicts"] == report["verdicts"]
     assert sorted(written["verdicts"]) == ["batched", "cache_reuse", "exactness_bfloat16", "exactness_float32", "fit",
-                                           "jax_exactness_bfloat16", "jax_exactness_float32", "persistent_cache",
-                                           "step_cost_warm_below_naive", "warm_steps_counted"]
+                                           "jax_exactness_bfloat16", "jax_exactness_float32", "many_concepts",
+                                           "persistent_cache", "step_cost_warm_below_naive", "warm_steps_counted"]
     assert all(written["verdicts"].values()), written["verdicts"]
     env = written["environment"]
     assert env["device"] == "cpu" and env["cb_core_matmul_precision"] == "highest"
@@ -137,6 +137,9 @@ def test_gpu_check_quick_runs_on_the_cpu_and_every_section_passes(tmp_path, monk
     cache = written["fit"]["persistent_cache"]  # a cold process stored executables, the second loaded them all
     assert len(cache["pairs"]) == 1 and cache["pairs"][0]["cold_executables"] > 0
     assert cache["pairs"][0]["loaded_executables"] == cache["pairs"][0]["cold_executables"]
+    many = written["many_concepts"]  # every method fitted the same 2 x 3 x 2 problems; no speed judged at --quick
+    assert {r["fits"] for r in many["rows"].values()} == {12} and many["rows"]["batched cb_core"]["converged"] == 12
+    assert many["targets"]["many_concepts"]["met"] == "not measured: --quick sizes"
     cost = written["step_cost"]
     assert len(cost["cold_s"]) == len(cost["naive_padded_s"]) == 3 and cost["candidates"] == 8
     for name in ("torch", "jax"):  # at least 10 warm steps, after the warm-up, compiles apart
