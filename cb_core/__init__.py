@@ -12,7 +12,11 @@ Public API (seed paper notation; see each docstring for shapes and the equation 
 * the fit: :func:`fit` ``(decisions, solver=Subspace() | Newton() | LBFGS() | Adam(), lam=,
   gamma=, eps=)``
   -> :class:`FitResult` with its :class:`Certificate` (:mod:`cb_core.fit`; the solvers in
-  :mod:`cb_core.solvers`).
+  :mod:`cb_core.solvers`); :func:`fit_many` ``(decisions or a sequence of them, lam=[K],
+  weights=[K, N])``: many problems (strengths, fold weights, task types) in one compiled program,
+  a :class:`FitResult` each (``fit`` is its one-problem case).
+* the property-test kit: :mod:`cb_core.testing` (hypothesis strategies and derivative checks;
+  imported on demand, it needs hypothesis).
 * the concept: :class:`Concept` (alpha, gamma, eps, metadata; ``log_probs`` / ``choose`` on one
   candidate set, Eq. 7; ``to_bytes`` / ``load``: the safetensors file).
 
