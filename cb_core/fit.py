@@ -1,7 +1,8 @@
 """Fitting a concept: minimise the strongly convex Eq. 6 objective, return alpha with a certificate.
 
-One entry point, :func:`fit` ``(decisions, solver=..., lam=..., gamma=..., eps=...)``, and one
-frozen solver object per method (:class:`~cb_core.solvers.Subspace`,
+Two entry points, :func:`fit` ``(decisions, solver=..., lam=..., gamma=..., eps=...)`` and
+:func:`fit_many` (many problems: strengths, 0/1 fold weights, task types, in one compiled program;
+``fit`` is its one-problem case through the same path), and one frozen solver object per method (:class:`~cb_core.solvers.Subspace`,
 :class:`~cb_core.solvers.Newton`, :class:`~cb_core.solvers.LBFGS` or
 :class:`~cb_core.solvers.Adam`: hyperparameters only; each method is described in
 :mod:`cb_core.solvers`).
