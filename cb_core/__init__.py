@@ -17,6 +17,8 @@ Public API (seed paper notation; see each docstring for shapes and the equation 
   a :class:`FitResult` each (``fit`` is its one-problem case).
 * the property-test kit: :mod:`cb_core.testing` (hypothesis strategies and derivative checks;
   imported on demand, it needs hypothesis).
+* the strength: :func:`select_strengths` chooses lam by cross-validation over trajectories
+  (:class:`StrengthCurve`, :mod:`cb_core.strength`).
 * the concept: :class:`Concept` (alpha, gamma, eps, metadata; ``log_probs`` / ``choose`` on one
   candidate set, Eq. 7; ``to_bytes`` / ``load``: the safetensors file).
 
@@ -43,9 +45,10 @@ from cb_core.decisions import Decisions, decisions_from_lists
 from cb_core.fit import Certificate, FitResult, fit, fit_many
 from cb_core.model import Terms, features, gradient, hessian, log_probs, objective, prior_log_probs, terms
 from cb_core.solvers import LBFGS, Adam, Newton, Subspace
+from cb_core.strength import StrengthCurve, select_strengths
 
 __all__ = [
     "Adam", "Certificate", "Concept", "Decisions", "FitResult", "LBFGS", "Newton", "Subspace", "Terms",
     "decisions_from_lists", "features", "fit", "fit_many", "gradient", "hessian", "load_decisions",
-    "log_probs", "objective", "prior_log_probs", "terms", "write_decisions",
+    "log_probs", "objective", "prior_log_probs", "select_strengths", "StrengthCurve", "terms", "write_decisions",
 ]

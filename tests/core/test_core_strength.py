@@ -1,0 +1,96 @@
+"""The L2 strength by cross-validation (cb_core.strength), checked against a fit-by-fit loop of
+cb_core.fit on each fold's own decisions and cb_core.log_probs on the held-out ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cb_core
+from cb_core.strength import DEFAULT_GRID, fold_of, held_out_log_likelihood, select_strengths
+from cb_core.testing import random_lists
+
+
+def _subset(lists, keep):
+    return cb_core.decisions_from_lists(*([part[i] for i in keep] for part in lists))
+
+
+def _sizes(seed, n):
+    return list(np.random.default_rng(seed).integers(2, 9, size=n))
+
+
+def test_folds_never_split_a_trajectory_and_are_dealt_in_order():
+    groups = ["a", "a", "b", "c", "c", "c", "d", "e", "f", "a"]
+    fold, n = fold_of(groups, n_folds=3)
+    assert n == 3
+    assert fold.tolist() == [0, 0, 1, 2, 2, 2, 0, 1, 2, 0]
+    assert fold_of([7, 7, 9], n_folds=5)[1] == 2  # fewer trajectories than folds: one fold each
+    with pytest.raises(ValueError, match="at least 2 trajectories"):
+        fold_of([3, 3, 3])
+
+
+def test_held_out_log_likelihood_is_the_expert_row_of_log_probs():
+    lists = random_lists(1, _sizes(1, 7), 6)
+    dec = cb_core.decisions_from_lists(*lists)
+    alphas = np.random.default_rng(2).standard_normal((3, 7)) * 0.3
+    got = held_out_log_likelihood(alphas, dec)
+    rows = np.asarray(dec.offsets)[:-1] + np.asarray(dec.expert)
+    for k, alpha in enumerate(alphas):
+        np.testing.assert_allclose(got[k], np.asarray(cb_core.log_probs(alpha, dec))[rows], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rule", ["one-se", "best"])
+def test_the_curve_equals_one_fit_per_fold_and_strength(rule):
+    """Two task types (5 and 3 trajectories), every fold x strength x type in one batched fit, against
+    cb_core.fit on each training fold's own decisions and log_probs on the held-out fold's."""
+    lams = (0.03, 0.3, 3.0)
+    sets, groups, lists_of = [], [], []
+    for seed, n_traj in ((3, 5), (4, 3)):
+        g = np.repeat(np.arange(n_traj), 3)  # 3 decisions a trajectory
+        lists = random_lists(seed, _sizes(seed, g.size), 5)
+        # an informative expert: the candidate with the largest first hidden coordinate
+        lists = (lists[0], lists[1], lists[2], [int(np.argmax(h[:, 0])) for h in lists[0]])
+        sets.append(cb_core.decisions_from_lists(*lists))
+        groups.append(g)
+        lists_of.append(lists)
+    curves = select_strengths(sets, groups, lams=lams, n_folds=4, rule=rule, dtype=np.float64)
+    for curve, lists, g in zip(curves, lists_of, groups):
+        fold, n = fold_of(g, 4)
+        assert curve.n_folds == n and curve.lams == lams and curve.n_decisions == g.size
+        held = np.zeros((len(lams), g.size))
+        for f in range(n):
+            train, test = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
+            test_dec = _subset(lists, test)
+            rows = np.asarray(test_dec.offsets)[:-1] + np.asarray(test_dec.expert)
+            for l, lam in enumerate(lams):
+                alpha = cb_core.fit(_subset(lists, train), lam=lam, dtype=np.float64).alpha
+                held[l, test] = np.asarray(cb_core.log_probs(alpha, test_dec))[rows]
+        np.testing.assert_allclose(curve.mean, held.mean(axis=1), rtol=1e-6, atol=1e-6)
+        fold_means = np.array([[held[l, fold == f].mean() for l in range(len(lams))] for f in range(n)])
+        np.testing.assert_allclose(curve.fold_means, fold_means, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(curve.se, fold_means.std(axis=0, ddof=1) / np.sqrt(n), rtol=1e-6, atol=1e-9)
+        best = lams[int(np.argmax(held.mean(axis=1)))]
+        assert curve.best == best
+        if rule == "best":
+            assert curve.chosen == best
+        else:
+            b = int(np.argmax(curve.mean))
+            ok = [lam for lam, m in zip(lams, curve.mean) if m >= curve.mean[b] - curve.se[b]]
+            assert curve.chosen == max(ok) and curve.chosen >= best
+
+
+def test_the_default_grid_is_log_spaced_and_holds_the_fixed_default():
+    grid = np.log10(DEFAULT_GRID)
+    assert len(DEFAULT_GRID) == 10 and np.allclose(np.diff(grid), 0.5) and 1.0 in DEFAULT_GRID
+
+
+def test_bad_input_is_one_line_naming_it():
+    dec = cb_core.decisions_from_lists(*random_lists(5, [3, 4, 2], 4))
+    with pytest.raises(ValueError, match="rule must be"):
+        select_strengths([dec], [[0, 1, 2]], rule="median")
+    with pytest.raises(ValueError, match=r"groups\[0\] has shape"):
+        select_strengths([dec], [[0, 1]])
+    with pytest.raises(ValueError, match="lams must be"):
+        select_strengths([dec], [[0, 1, 2]], lams=(1.0, -1.0))
+    with pytest.raises(ValueError, match="at least 2 trajectories"):
+        select_strengths([dec], [[0, 0, 0]])
