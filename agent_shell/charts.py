@@ -1,5 +1,6 @@
 """The success chart of ``cb-agent report``, ``run``, ``improve`` and the decision explorer's page: a
-grouped bar chart (task type x row of :func:`agent_shell.reporting.summarize`), saved atomically.
+grouped bar chart (task type x row of :func:`agent_shell.reporting.summarize`), saved atomically;
+and the L2 strength's cross-validation curves (:func:`strength_figure`).
 
 Legible at 1 to 8 rows (agents, settings, rounds) and any number of task types; what the layout
 guarantees, measured with matplotlib's own text metrics after a draw:
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from agent_shell.reporting import ALL, Row
 from cb_io.storage import atomic_path
@@ -130,9 +131,49 @@ def save_figure(fig, path: str | Path, dpi: int) -> Path:
     return path
 
 
+def strength_figure(curves: Mapping[str, Mapping], title: str = "The L2 strength by cross-validation"):
+    """The cross-validation curves of ``--lam auto`` (:meth:`cb_core.StrengthCurve.to_dict` per task
+    type) as a matplotlib Figure: one panel per task type, the mean held-out expert log-likelihood
+    (nats per decision) against lam on a log axis with a one-standard-error band, the best strength
+    and the chosen one marked, and the rule in the caption."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = sorted(curves)
+    cols = min(4, max(1, len(names)))
+    rows = math.ceil(len(names) / cols) or 1
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 2.2 * rows + 0.6), squeeze=False,
+                             layout="constrained")
+    for ax, name in zip(axes.flat, names):
+        c = curves[name]
+        lams, mean, se = (np.asarray(c[k], float) for k in ("lams", "mean", "se"))
+        ax.fill_between(lams, mean - se, mean + se, color="C0", alpha=0.2, linewidth=0)
+        ax.plot(lams, mean, "o-", color="C0", markersize=3)
+        ax.axvline(c["best"], color="C2", linestyle=":", linewidth=1, label="best")
+        ax.axvline(c["chosen"], color="C3", linewidth=1, label="chosen")
+        ax.set_xscale("log")
+        ax.set_title(f"{name} ({c['n_trajectories']} traj., {c['n_folds']} folds)", fontsize=TEXT_PT)
+        ax.tick_params(labelsize=LABEL_PT + 1)
+    for ax in list(axes.flat)[len(names):]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("held-out log-lik.\n(nats/decision)", fontsize=TEXT_PT)
+    rule = next(iter(curves.values()))["rule"] if curves else ""
+    axes.flat[0].legend(fontsize=LABEL_PT, loc="lower left")
+    fig.suptitle(title, fontsize=TEXT_PT + 2)
+    fig.supxlabel(f"lam (log scale); band: one standard error over folds; chosen by the {rule} rule",
+                  fontsize=TEXT_PT)
+    return fig
+
+
 def bar_chart(rows: Sequence[Row], path: str | Path, title: str = "Success rate by task type") -> Path:
     """:func:`chart_figure` saved as an image at ``path`` (format from the suffix; :func:`save_figure`)."""
     return save_figure(chart_figure(rows, title), path, dpi=120)
 
 
-__all__ = ["CHART_CAPTION", "bar_chart", "chart_figure", "save_figure"]
+__all__ = ["CHART_CAPTION", "bar_chart", "chart_figure", "save_figure", "strength_figure"]
