@@ -72,6 +72,8 @@ class TypeFeatures:
             ``lm-hidden``; [M_i] float32, [M_i] int, int) ready for
             :func:`cb_core.decisions_from_lists`.
         task_ids: trajectories used (won only), in order.
+        decision_task_ids: per decision, the trajectory it comes from (the folds of ``lam="auto"``
+            never split one).
         n_lost: expert trajectories left out because they were not won.
         n_env_steps: environment steps of the used trajectories.
         skipped_actions: expert actions that were no fitting target (filtered out), counted.
@@ -87,6 +89,7 @@ class TypeFeatures:
     n_tokens: list[np.ndarray] = field(default_factory=list)
     expert: list[int] = field(default_factory=list)
     task_ids: list[str] = field(default_factory=list)
+    decision_task_ids: list[str] = field(default_factory=list)
     n_lost: int = 0
     n_env_steps: int = 0
     skipped_actions: Counter = field(default_factory=Counter)
@@ -247,6 +250,7 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], sett
             tf.log_q.append(s.scores.log_q)
             tf.n_tokens.append(s.scores.n_tokens)
             tf.expert.append(e)
+            tf.decision_task_ids.append(traj.task_id)
         tf.task_ids.append(traj.task_id)
         tf.n_env_steps += traj.n_env_steps
         tf.skipped_actions.update(skipped)
@@ -256,8 +260,35 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], sett
     return by_type
 
 
-def fit_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, settings: FeatureSettings, lam: float = 1.0,
-                 gamma: float = 0.8, eps: float = 1e-6, env_name: str = "",
+def strength_curves(features: Mapping[str, TypeFeatures], gamma: float = 0.8, eps: float = 1e-6) -> dict:
+    """Task type -> :class:`cb_core.StrengthCurve`: each type's L2 strength chosen by cross-validation
+    over its trajectories (:func:`cb_core.select_strengths` with :data:`cb_core.strength.DEFAULT_GRID`,
+    :data:`~cb_core.strength.DEFAULT_FOLDS` folds and the one-standard-error rule), every type x fold
+    x strength in one batched fit. Types without decisions are left out.
+
+    Raises:
+        ValueError: a type with fewer than 2 won trajectories (naming it), or decisions that carry no
+            trajectory labels.
+    """
+    import cb_core
+
+    typed = {t: tf for t, tf in sorted(features.items()) if tf.n_decisions}
+    for t, tf in typed.items():
+        if len(tf.decision_task_ids) != tf.n_decisions:
+            raise ValueError(f"--lam auto: the decisions of task type {t!r} carry no trajectory labels")
+        n = len(set(tf.decision_task_ids))
+        if n < 2:
+            raise ValueError(f"--lam auto: task type {t!r} has {n} won trajectory; cross-validation needs 2 "
+                             "(raise --demos-per-type, or pass a number to --lam)")
+    if not typed:
+        return {}
+    curves = cb_core.select_strengths([tf.decisions() for tf in typed.values()],
+                                      [tf.decision_task_ids for tf in typed.values()], gamma=gamma, eps=eps)
+    return dict(zip(typed, curves))
+
+
+def fit_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, settings: FeatureSettings,
+                 lam: float | str = 1.0, gamma: float = 0.8, eps: float = 1e-6, env_name: str = "",
                  warm: Mapping[str, Concept] | None = None) -> dict[str, Concept]:
     """One :class:`cb_core.Concept` per task type with decisions (seed Eq. (6)).
 
@@ -265,12 +296,18 @@ def fit_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, settings:
     :func:`concept_feature_spec`, with the feature set's description, gamma, eps; the rendering
     also at top level) and the fit summary and data counts (decisions, skipped expert steps by
     action). ``features`` must have been collected with the same ``settings``. Types without any
-    decision are left out. ``warm``: task type -> a concept whose alpha starts that type's fit
-    (:func:`cb_core.fit`'s ``init``; the same optimum, reached from nearer; its fit summary
-    records ``warm_start``); a type without one, or with another hidden size, starts at 0.
+    decision are left out. ``lam``: the strength, or ``"auto"``: each type's chosen by
+    :func:`strength_curves`, its whole curve in the metadata (``strength``). ``warm``: task type ->
+    a concept whose alpha starts that type's fit (:func:`cb_core.fit`'s ``init``; the same optimum,
+    reached from nearer; its fit summary records ``warm_start``); a type without one, or with
+    another hidden size, starts at 0.
+
+    Raises:
+        ValueError: as :func:`strength_curves` under ``lam="auto"``.
     """
     import cb_core
 
+    curves = strength_curves(features, gamma, eps) if lam == "auto" else {}
     concepts = {}
     for task_type, tf in sorted(features.items()):
         if not tf.n_decisions:
@@ -278,14 +315,16 @@ def fit_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, settings:
         decisions = tf.decisions()
         start = (warm or {}).get(task_type)
         init = start.alpha if start is not None and start.hidden_size == decisions.hidden_size else None
-        result = cb_core.fit(decisions, lam=lam, gamma=gamma, eps=eps, init=init)
+        curve = curves.get(task_type)
+        result = cb_core.fit(decisions, lam=curve.chosen if curve else lam, gamma=gamma, eps=eps, init=init)
         concepts[task_type] = cb_core.Concept.from_fit(
             result, backbone=lm.name, task_type=task_type, trajectories=tf.task_ids,
             features=concept_feature_spec(lm, settings),
             extra={"env": env_name, "rendering": settings.rendering, "layout": settings.layout,
                    "n_decisions": tf.n_decisions,
                    "n_lost_trajectories": tf.n_lost, "n_expert_env_steps": tf.n_env_steps,
-                   "n_skipped_expert_steps": tf.n_skipped, "skipped_actions": dict(tf.skipped_actions)})
+                   "n_skipped_expert_steps": tf.n_skipped, "skipped_actions": dict(tf.skipped_actions),
+                   **({"strength": curve.to_dict()} if curve else {})})
     return concepts
 
 
@@ -309,11 +348,22 @@ def concept_feature_spec(lm: LanguageModel, settings: FeatureSettings) -> dict[s
     return spec
 
 
-def concepts_dir_key(features: dict[str, TypeFeatures], lm: LanguageModel, settings: FeatureSettings, lam: float,
-                     gamma: float, eps: float) -> str:
+def strength_key(lam: float | str) -> float | dict:
+    """How the strength is set, for a cache key: the number, or under ``"auto"`` the rule, the grid and
+    the folds that choose it."""
+    if lam != "auto":
+        return lam
+    from cb_core.strength import DEFAULT_FOLDS, DEFAULT_GRID
+
+    return {"lam": "auto", "rule": "one-se", "grid": list(DEFAULT_GRID), "folds": DEFAULT_FOLDS}
+
+
+def concepts_dir_key(features: dict[str, TypeFeatures], lm: LanguageModel, settings: FeatureSettings,
+                     lam: float | str, gamma: float, eps: float) -> str:
     """Hash naming a cached set of concepts: the backbone, every feature setting
-    (:meth:`FeatureSettings.describe`, all its fields), the fit settings and the data."""
-    parts = [FEATURE_VERSION, lm.name, PLAIN, backbone_dtype(lm), settings.describe(lm), lam, gamma, eps,
+    (:meth:`FeatureSettings.describe`, all its fields), the fit settings (under ``lam="auto"``, the
+    rule, grid and folds: :func:`strength_key`) and the data."""
+    parts = [FEATURE_VERSION, lm.name, PLAIN, backbone_dtype(lm), settings.describe(lm), strength_key(lam), gamma, eps,
              {t: f.task_ids for t, f in sorted(features.items())}]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
@@ -366,8 +416,8 @@ def skipped_summary(features: dict[str, TypeFeatures]) -> str:
     return f"{n} of {total} expert steps ({share}) were no fitting target" + (f" ({top})" if top else "")
 
 
-def cached_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, settings: FeatureSettings, lam: float = 1.0,
-                    gamma: float = 0.8, eps: float = 1e-6, env_name: str = "",
+def cached_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, settings: FeatureSettings,
+                    lam: float | str = 1.0, gamma: float = 0.8, eps: float = 1e-6, env_name: str = "",
                     cache_dir: str | os.PathLike | None = None) -> tuple[dict[str, Concept], Path | None]:
     """:func:`fit_concepts`, read from / written to ``<cache_dir>/concepts/<key>/`` when given; a
     cached folder holding a damaged concept file (:meth:`cb_core.Concept.load`) is refitted and

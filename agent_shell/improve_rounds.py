@@ -181,6 +181,7 @@ def merged_features(task_type: str, expert: TypeFeatures | None, own: Sequence[T
         out.n_tokens += tf.n_tokens
         out.expert += tf.expert
         out.task_ids += tf.task_ids
+        out.decision_task_ids += tf.decision_task_ids
         out.n_env_steps += tf.n_env_steps
         out.skipped_actions.update(tf.skipped_actions)
         out.max_candidates = tf.max_candidates
@@ -190,6 +191,8 @@ def merged_features(task_type: str, expert: TypeFeatures | None, own: Sequence[T
         out.log_q.append(tf.log_q[i])
         out.n_tokens.append(tf.n_tokens[i])
         out.expert.append(tf.expert[i])
+        if len(tf.decision_task_ids) == tf.n_decisions:
+            out.decision_task_ids.append(tf.decision_task_ids[i])
     for tf in own:
         if id(tf) in kept:
             out.task_ids += tf.task_ids

@@ -71,7 +71,8 @@ class RunConfig:
             ``"cuda"`` when torch sees a GPU, else ``"cpu"``; or ``"cuda:N"``; with ``jax:``, what
             ``jax.devices()`` offers, ``"tpu"`` too).
         rendering, layout: history rendering and context layout (fitting and acting alike).
-        lam: L2 strength of the concept fit (Eq. 6).
+        lam: L2 strength of the concept fit (Eq. 6), > 0, or ``"auto"``: per task type by
+            cross-validation over the expert trajectories (:func:`cb_core.select_strengths`).
         gamma: the prior's length exponent (the concept's fit and prior-only acting).
         features: what the concept sees, a comma-separated selection of feature extractors
             (:mod:`agent_shell.features`; default the seed's ``lm-hidden``), normalised by
@@ -129,7 +130,7 @@ class RunConfig:
     device: str | None = None
     rendering: str = "raw"
     layout: str = "text"
-    lam: float = 1.0
+    lam: float | str = 1.0
     gamma: float = 0.8
     features: str = "lm-hidden"
     agents: tuple[str, ...] = ("cb-agent",)
@@ -172,8 +173,8 @@ class RunConfig:
                              "needs the expert's action and another)")
         if not self.episode_timeout > 0:
             raise ValueError(f"episode_timeout={self.episode_timeout} must be > 0 seconds")
-        if not self.lam > 0:
-            raise ValueError(f"lam={self.lam} must be > 0 (the fit is strongly convex only then)")
+        if self.lam != "auto" and not (isinstance(self.lam, (int, float)) and self.lam > 0):
+            raise ValueError(f"lam={self.lam!r} must be > 0 (the fit is strongly convex only then) or 'auto'")
         memory = parse_demos(self.demos)
         if memory is None and self.concept_data == "ical":
             raise ValueError("concept_data='ical' needs demos='ical:MEMORY'")

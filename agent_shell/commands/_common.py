@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
@@ -67,6 +68,33 @@ class SharedOption:
         return tuple(f for d in self.decls if d.startswith("-") for f in d.split("/"))
 
 
+class Strength(click.ParamType):
+    """``--lam``: an L2 strength > 0, or ``auto`` (chosen per task type by cross-validation,
+    :func:`cb_core.select_strengths`)."""
+
+    name = "float|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float | str:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is neither a number > 0 nor 'auto'", param, ctx)
+        if not (math.isfinite(x) and x > 0):
+            self.fail(f"{x} must be > 0 (the fit is strongly convex only then), or 'auto'", param, ctx)
+        return x
+
+
+def fixed_strength(config: RunConfig, what: str) -> float:
+    """``config.lam`` where ``what`` needs a number: ``--lam auto`` chooses the concepts' strength,
+    so this command refuses it in one line (click.UsageError)."""
+    if config.lam == "auto":
+        raise click.UsageError(f"--lam auto chooses a concept's strength by cross-validation over expert "
+                               f"trajectories; {what} needs a number (e.g. --lam 1.0)")
+    return config.lam
+
+
 def shared(*decls: str, **attrs: Any) -> SharedOption:
     """A :class:`SharedOption` (``click.option``'s arguments)."""
     return SharedOption(decls, attrs)
@@ -100,8 +128,10 @@ COMMON_OPTIONS = {
                              "shuffle-old."),
     "layout": shared("--layout", type=click.Choice(["text", "chat"]), default="text", show_default=True,
                      help="One text prompt, or user/assistant chat messages (chat template)."),
-    "lam": shared("--lam", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
-                  help="L2 strength of the concept fit (Eq. 6)."),
+    "lam": shared("--lam", type=Strength(), default=1.0, show_default=True,
+                  help="L2 strength of the concept fit (Eq. 6), or auto: per task type by cross-validation "
+                       "over the expert trajectories (folds by trajectory, 10 strengths from 10^-2.5 to 10^2, "
+                       "the one-standard-error rule)."),
     "gamma": shared("--gamma", type=float, default=0.8, show_default=True,
                     help="Prior length-normalisation exponent (App. B)."),
     "features": shared("--features", default="lm-hidden", show_default=True,

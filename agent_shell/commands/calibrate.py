@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import click
 
-from agent_shell.commands._common import cli_errors, config_options, make_console, shared_option
+from agent_shell.commands._common import cli_errors, config_options, fixed_strength, make_console, shared_option
 from agent_shell.run_config import RunConfig
 
 if TYPE_CHECKING:
@@ -286,6 +286,7 @@ def evaluation_table(result: dict, title: str) -> Table:
 @config_options("model", "dtype", "device", "lam", "gamma", "cache_dir")
 def fit(labels, out, label_kind, heldout_every, config: RunConfig) -> None:
     """Fit the calibrator on LABELS (`calibrate label` output, training games), report held-out accuracy."""
+    lam = fixed_strength(config, "calibrate fit (the calibrator's one fit)")
     from agent_shell.calibration import decisive, fit_calibrator, split_tasks
     from agent_shell.pipeline import resolve_cache
     from agent_shell.lm import load_language_model
@@ -305,7 +306,7 @@ def fit(labels, out, label_kind, heldout_every, config: RunConfig) -> None:
     feats = cached_features(lm, train + held, cache, console.print)
     first = records[0]
     try:
-        calibrator = fit_calibrator(lm, train, feats[:len(train)], field, config.lam, config.gamma, extra={
+        calibrator = fit_calibrator(lm, train, feats[:len(train)], field, lam, config.gamma, extra={
             "env": first.get("env", ""), "labels": label_kind, "judge": sorted({r["judge"] for r in records}),
             "recipients": first.get("recipients"), "split": "train", "fit_tasks": fit_tasks,
             "heldout_tasks": held_tasks, "heldout_every": heldout_every, "label_files": [str(p) for p in labels],

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from agent_shell.commands._common import COMMON_OPTIONS, cli_errors, config_options, make_console
+from agent_shell.commands._common import COMMON_OPTIONS, cli_errors, config_options, fixed_strength, make_console
 from agent_shell.feature_pool import pooled_features
 from agent_shell.run_config import RunConfig
 from cb_io.storage import write_bytes_atomic
@@ -60,6 +60,7 @@ def concepts_tsne(config: RunConfig, pool_per_type: int, sample_size: int, sampl
 
     from agent_shell.studies.concept_data import embed_concepts, sampled_concepts, silhouette, tsne_figure
 
+    lam = fixed_strength(config, "concepts-tsne (one strength for every sampled concept)")
     seed = config.seed
     console = make_console()
     with cli_errors():
@@ -68,7 +69,7 @@ def concepts_tsne(config: RunConfig, pool_per_type: int, sample_size: int, sampl
     for task_type, pool in sorted(per_trajectory.items()):
         console.print(f"{task_type}: pool of {len(pool)} won trajectories")
     start = time.perf_counter()
-    fitted, skipped = sampled_concepts(per_trajectory, sample_size, samples, config.lam, config.gamma, seed=seed)
+    fitted, skipped = sampled_concepts(per_trajectory, sample_size, samples, lam, config.gamma, seed=seed)
     for task_type, why in skipped.items():
         console.print(f"{task_type}: left out ({why})")
     if len(fitted) < 3:
@@ -84,12 +85,12 @@ def concepts_tsne(config: RunConfig, pool_per_type: int, sample_size: int, sampl
              f"{len(fitted) // max(1, len(set(labels)))} per type, each fitted on {sample_size} expert trajectories")
     caption = (f"t-SNE (scikit-learn, perplexity {min(perplexity, max(1.0, (len(fitted) - 1) / 3)):g}, seed {seed}) of "
                f"alpha; samples drawn from <= {pool_per_type} won {config.demo_split} trajectories per type; "
-               f"lam {config.lam}, gamma {config.gamma}; silhouette (cosine, concept space) "
+               f"lam {lam}, gamma {config.gamma}; silhouette (cosine, concept space) "
                + (f"{sil:.2f}" if sil is not None else "n/a"))
     path = tsne_figure(points, labels, out_path, title, caption)
     record = {"env": config.env, "backbone": setup.lm.name, "dtype": dtype, "demo_split": config.demo_split,
               "pool_per_type": {t: len(p) for t, p in sorted(per_trajectory.items())}, "sample_size": sample_size,
-              "samples": samples, "seed": seed, "lam": config.lam, "gamma": config.gamma, "rendering": config.rendering,
+              "samples": samples, "seed": seed, "lam": lam, "gamma": config.gamma, "rendering": config.rendering,
               "silhouette_cosine": sil, "skipped_types": skipped,
               "points": [{"task_type": c.task_type, "x": float(p[0]), "y": float(p[1]), "task_ids": c.task_ids,
                           "n_decisions": c.n_decisions, "converged": c.converged} for c, p in zip(fitted, points)]}
@@ -124,6 +125,7 @@ def parse_sizes(ctx, param, value: str) -> list[int]:
 def concept_data_size(config: RunConfig, sizes: list[int], heldout_split: str, heldout_per_type: int,
                       task_types: tuple[str, ...], cached_only: bool, out_path: str | None) -> None:
     """Held-out top-1 decision accuracy vs the number of expert trajectories per type in the concept."""
+    lam = fixed_strength(config, "concept-data-size (one strength for every data size)")
     import orjson
     from rich.table import Table
 
@@ -143,13 +145,13 @@ def concept_data_size(config: RunConfig, sizes: list[int], heldout_split: str, h
                                                          task_types=task_types, cached_only=cached_only)
     if not any(f.n_decisions for f in heldout.values()):
         raise click.ClickException(f"no held-out decisions: {heldout_split} gave no won expert trajectory")
-    results = data_size_rows(per_trajectory, heldout, sizes, config.lam, config.gamma)
+    results = data_size_rows(per_trajectory, heldout, sizes, lam, config.gamma)
     types = sorted(per_trajectory)
     held = next(r for r in results[-1].rows if r["task_type"] == "all")["decisions"] if results else 0
     record = {"env": config.env, "backbone": setup.lm.name,
               "dtype": str(getattr(setup.lm, "dtype", "")).removeprefix("torch."), "demo_split": config.demo_split,
               "heldout_split": heldout_split, "heldout_per_type": heldout_per_type, "heldout_decisions": held,
-              "lam": config.lam, "gamma": config.gamma, "task_types": types,
+              "lam": lam, "gamma": config.gamma, "task_types": types,
               "sizes": [{"k": r.size, "used": r.used, "rows": r.rows} for r in results]}
     table = Table(title=f"Top-1 accuracy on held-out {heldout_split} expert decisions vs trajectories per type in "
                         f"the concept ({setup.lm.name})",

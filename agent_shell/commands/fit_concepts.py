@@ -16,7 +16,10 @@ from agent_shell.run_config import RunConfig
 @config_options(*COMMON_OPTIONS, "out_dir",
                 out_dir={"help": "Also copy the concept files here (they always stay in the cache)."})
 def fit_concepts(config: RunConfig) -> None:
-    """Collect expert demonstrations, compute features with the backbone, fit and save concepts."""
+    """Collect expert demonstrations, compute features with the backbone, fit and save concepts.
+
+    With --lam auto each task type's strength is chosen by cross-validation over its trajectories;
+    --out-dir then also receives the curves (strength.json, strength.png)."""
     from rich.table import Table
 
     with cli_errors():
@@ -24,7 +27,7 @@ def fit_concepts(config: RunConfig) -> None:
     try:
         table = Table(title=f"Concepts ({setup.lm.name}, rendering {config.rendering}, features {config.features}, "
                             f"lam {config.lam}, gamma {config.gamma})")
-        for col in ("task type", "trajectories", "decisions", "skipped expert steps", "loss", "grad norm",
+        for col in ("task type", "trajectories", "decisions", "skipped expert steps", "lam", "loss", "grad norm",
                     "converged"):
             table.add_column(col)
         for task_type, tf in sorted(setup.features.items()):
@@ -33,7 +36,7 @@ def fit_concepts(config: RunConfig) -> None:
             skipped = ", ".join(f"{a} x{n}" for a, n in tf.skipped_actions.most_common(3))
             table.add_row(task_type, f"{len(tf.task_ids)} (+{tf.n_lost} lost)", str(tf.n_decisions),
                           f"{tf.n_skipped} of {tf.n_env_steps}" + (f" ({skipped})" if skipped else ""),
-                          f"{fit.get('loss', float('nan')):.4f}", f"{fit.get('grad_norm', float('nan')):.1e}",
+                          f"{c.metadata['lam']:.4g}" if c is not None else "-", f"{fit.get('loss', float('nan')):.4f}", f"{fit.get('grad_norm', float('nan')):.1e}",
                           str(fit.get("converged", "-")))
         make_console().print(table)
         out_dir = config.out_dir
@@ -42,5 +45,13 @@ def fit_concepts(config: RunConfig) -> None:
             for f in setup.concepts_dir.glob("*.safetensors"):
                 shutil.copy2(f, Path(out_dir) / f.name)
             click.echo(f"concepts copied to {out_dir}")
+            curves = {t: c.metadata["strength"] for t, c in setup.concepts.items() if "strength" in c.metadata}
+            if curves:  # --lam auto: each type's cross-validation curve, as numbers and as a picture
+                from agent_shell.charts import save_figure, strength_figure
+                from cb_io.storage import write_json_atomic
+
+                write_json_atomic(Path(out_dir) / "strength.json", curves)
+                save_figure(strength_figure(curves), Path(out_dir) / "strength.png", dpi=120)
+                click.echo(f"the strengths' cross-validation curves: {out_dir}/strength.json, strength.png")
     finally:
         setup.env.close()

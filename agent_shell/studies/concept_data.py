@@ -51,6 +51,7 @@ def merge_features(parts: Sequence[TypeFeatures]) -> TypeFeatures:
         merged.n_tokens.extend(p.n_tokens)
         merged.expert.extend(p.expert)
         merged.task_ids.extend(p.task_ids)
+        merged.decision_task_ids.extend(p.decision_task_ids)
         merged.n_lost += p.n_lost
         merged.n_env_steps += p.n_env_steps
         merged.skipped_actions.update(p.skipped_actions)
