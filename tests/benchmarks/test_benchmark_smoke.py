@@ -454,3 +454,28 @@ def test_host_share_tiny(tmp_path):
             counts = row[leg]["per_step"]
             assert counts["tokenizer_calls"] >= 2 and counts["syncs"] >= 1 and counts["ops"] >= 2
         assert (row["this"]["per_step"]["torch_ops"] > 0) == (backend == "torch")
+
+
+def test_paired_decisions_counts_the_decisions_only_one_concept_gets_right(tmp_path):
+    """Two eval-decisions files on the same 6 decisions (2 trajectories): the table's counts, the
+    exact sign test (by hand: 1 of 3 discordant pairs, p = 2 * (1 + 3) / 8 = 1) and a difference
+    interval that holds the observed difference; files of other decisions are refused (exit 2)."""
+    module = load("paired_decisions")
+
+    def write(name, picks):
+        decisions = [{"task_type": "t", "task_id": f"g{i // 3}", "step": i % 3, "expert": 0,
+                      "log_p": [0.0, -1.0] if pick == 0 else [-1.0, 0.0]} for i, pick in enumerate(picks)]
+        path = tmp_path / name
+        path.write_text(json.dumps({"decisions": decisions}))
+        return path
+
+    a = write("a.json", [0, 0, 1, 1, 0, 1])  # right on 0, 1, 4
+    b = write("b.json", [0, 1, 0, 0, 0, 1])  # right on 0, 2, 3, 4
+    rows = module.rows(a, b)
+    (everything,) = [r for r in rows if r["task_type"] == "all"]
+    assert (everything["n"], everything["only_a"], everything["only_b"]) == (6, 1, 2)
+    assert math.isclose(everything["acc_a"], 3 / 6) and math.isclose(everything["acc_b"], 4 / 6)
+    assert math.isclose(everything["p"], 1.0)
+    low, high = everything["ci_diff"]
+    assert low <= everything["diff"] <= high
+    assert module.main([str(a), str(write("c.json", [0, 0, 0, 0, 0]))]) == 2
