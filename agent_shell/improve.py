@@ -40,6 +40,8 @@ from agent_shell.results import ResumableJsonl, read_results, unique_episodes
 from agent_shell.run_config import RunConfig
 
 if TYPE_CHECKING:
+    from rich.progress import Progress
+
     from agent_shell.feature_settings import FeatureSettings
     from agent_shell.lm.protocol import LanguageModel
     from agent_shell.pipeline import Setup
@@ -124,7 +126,7 @@ class ImproveRun:
     done: dict[int, dict]
     rounds: ResumableJsonl
     echo: Echo
-    progress: Any = None
+    progress: Progress | None = None
     concepts: dict = field(default_factory=dict)
     own: dict[str, list[TypeFeatures]] = field(default_factory=dict)
 
