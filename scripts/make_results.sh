@@ -81,6 +81,7 @@ table1_alfworld_features: table1_alfworld_features
 table1_alfworld_combined: table1_alfworld table1_alfworld_features --paired
 table2_scienceworld: table2_scienceworld
 table3_textworld: table3_textworld
+table3_textworld_lam_auto: table3_textworld table3_textworld_lam_auto --paired
 improve_textworld: improve_textworld --paired
 improve_alfworld: improve_alfworld --paired
 table4_closed_loop: table1_alfworld table4_closed_loop_k5 table4_closed_loop_k10 table4_closed_loop_k20 --paired --common-games

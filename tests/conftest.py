@@ -9,6 +9,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run (derived from each test's source), so the
+# suite's outcome never depends on a random draw; a test's own settings inherit this.
+settings.register_profile("deterministic", derandomize=True)
+settings.load_profile("deterministic")
 
 
 @pytest.fixture(scope="session")
