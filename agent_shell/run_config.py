@@ -189,6 +189,10 @@ class RunConfig:
         if self.concept_data not in CONCEPT_DATA:
             raise ValueError(f"concept_data={self.concept_data!r} is not one of {list(CONCEPT_DATA)}")
         object.__setattr__(self, "concept_per_type", self.concept_per_type or self.demos_per_type)
+        if self.lam == "auto" and self.concepts is None and self.concept_data == "expert" and self.concept_per_type < 2:
+            raise ValueError(f"lam: --lam auto holds trajectories out of the concept's {self.concept_per_type} per "
+                             "task type, and cross-validation needs 2 (raise --demos-per-type or --concept-per-type, "
+                             "or pass a number to --lam)")
         object.__setattr__(self, "agents", tuple(dict.fromkeys(self.agents)))
         object.__setattr__(self, "game_ids", tuple(self.game_ids))
         object.__setattr__(self, "concept_round", 0 if self.concepts is None else concepts_round(self.concepts))

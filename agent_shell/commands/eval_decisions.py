@@ -73,8 +73,9 @@ def heldout_decisions(features: Mapping, trajectories: Sequence, concepts: Mappi
 
 @click.command("eval-decisions")
 @config_options(*COMMON_OPTIONS, "concepts")
-@click.option("--heldout-split", default="valid_unseen", show_default=True,
-              help="Split of the held-out expert trajectories (if it equals --demo-split, the "
+@click.option("--heldout-split", default=None,
+              help="Split of the held-out expert trajectories (default: the environment's evaluation split: "
+                   "ALFWorld valid_unseen, ScienceWorld and TextWorld test; if it equals --demo-split, the "
                    "held-out ones are the next tasks of each type after the fitting ones).")
 @click.option("--heldout-per-type", type=click.IntRange(min=1), default=2, show_default=True,
               help="Won held-out expert trajectories per task type (after the fitting ones when --heldout-split "
@@ -82,10 +83,14 @@ def heldout_decisions(features: Mapping, trajectories: Sequence, concepts: Mappi
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the rows and every held-out decision (candidates, expert, prior and concept "
                    "terms, log P) as JSON here, for `cb-agent view`.")
-def eval_decisions(config: RunConfig, heldout_split: str, heldout_per_type: int, out_path: str | None) -> None:
+def eval_decisions(config: RunConfig, heldout_split: str | None, heldout_per_type: int, out_path: str | None) -> None:
     """Top-1 accuracy on held-out expert decisions for alpha = 0 and the fitted concepts."""
     import orjson
     from rich.table import Table
+
+    from envs.registry import default_split
+
+    heldout_split = heldout_split or default_split(config.env)
 
     from agent_shell.concepts import collect_features, skipped_summary
     from agent_shell.demos import expert_demos

@@ -47,6 +47,8 @@ def no_backbone(monkeypatch, tmp_path):
      "seed 7 is outside the test seeds 100001..100020"),
     (["fit-concepts", "--demo-split", "valid"], "Error: unknown ALFWorld split 'valid'"),
     (["eval-decisions", "--heldout-split", "dev"], "Error: unknown ALFWorld split 'dev'"),
+    # the held-out split defaults to the environment's own evaluation split (TextWorld: test)
+    (["eval-decisions", "--env", "textworld", "--demo-split", "dev"], "Error: unknown TextWorld split 'dev'"),
     (["eval-decisions", "--env", "scienceworld", "--demo-split", "valid_unseen"],
      "Error: unknown ScienceWorld split 'valid_unseen'"),
     (["tasks", "--env", "scienceworld", "--split", "valid"], "Error: unknown ScienceWorld split 'valid'"),

@@ -94,3 +94,9 @@ def test_commands_of_one_fixed_strength_refuse_auto_before_loading(doubles, comm
     result = CliRunner().invoke(main, [*command, "--env", "alfworld", "--lam", "auto"])
     assert result.exit_code == 2, result.output
     assert "--lam auto chooses a concept's strength" in result.output and "needs a number" in result.output
+
+
+def test_one_demonstration_per_type_is_refused_before_anything_loads(doubles):  # noqa: F811
+    result = CliRunner().invoke(main, ["fit-concepts", "--env", "alfworld", "--lam", "auto", "--demos-per-type", "1"])
+    assert result.exit_code != 0 and "--lam auto holds trajectories out" in result.output
+    assert "needs 2" in result.output and "Traceback" not in result.output
