@@ -185,9 +185,10 @@ def select_strengths(
     results = fit_many(sets, solver, lam=lam, weights=weights, gamma=gamma, eps=eps, dtype=dtype, certify="structural")
     curves = []
     for dec, (fold, n, n_groups), res in zip(sets, folds, results):
-        alphas = np.stack([r.alpha for r in res]).reshape(n_max, grid.size, -1)
-        # each decision held out once: scored by the concepts fitted without its fold
-        ll = np.stack([held_out_log_likelihood(alphas[f], dec, gamma, eps) for f in range(n)])  # [F, L, N]
+        alphas = np.stack([r.alpha for r in res[:n * grid.size]])  # [F L, m]: the set's own folds
+        # each decision held out once: scored by the concepts fitted without its fold (the features
+        # and the prior computed once for all F x L concepts)
+        ll = held_out_log_likelihood(alphas, dec, gamma, eps).reshape(n, grid.size, -1)  # [F, L, N]
         own = ll[fold, :, np.arange(dec.n_decisions)]  # [N, L]
         fold_means = np.stack([own[fold == f].mean(axis=0) for f in range(n)])
         mean = own.mean(axis=0)
