@@ -128,8 +128,8 @@ def test_a_count_of_19_stays_distinguishable_from_1_after_the_standardisation():
         blocks[n] = block(record("textworld", "-= Closet =-" + TW_STATUS.format(1), loop), candidates)
     phi = {n: app_b_features(b.astype(np.float64)) for n, b in blocks.items()}
     # the standardisation the fit applies is this one
-    dec = cb_core.decisions_from_lists([blocks[1], blocks[19]], [np.zeros(3, np.float32)] * 2, [np.ones(3, np.int32)] * 2,
-                                       [0, 0])
+    dec = cb_core.decisions_from_lists([blocks[1], blocks[19]], [np.zeros(3, np.float32)] * 2,
+                                       [np.ones(3, np.int32)] * 2, [0, 0])
     got = np.asarray(cb_core.features(dec))
     np.testing.assert_allclose(got, np.concatenate([phi[1], phi[19]]), rtol=1e-5, atol=1e-5)
     # the safe's row: a count of 19 fires taken >= 2 .. >= 16, which 1 leaves constant (phi 0)
