@@ -41,6 +41,7 @@ SMOKE_TESTS = {
     "replay_actions": "tests/benchmarks/test_replay_actions.py::test_main_reads_compressed_references_and_exits_one_on_a_difference",
     "results_growth": "tests/benchmarks/test_benchmark_smoke.py::test_results_growth_tiny",
     "paired_decisions": "tests/benchmarks/test_benchmark_smoke.py::test_paired_decisions_counts_the_decisions_only_one_concept_gets_right",
+    "mesh_plan": "tests/benchmarks/test_mesh_plan.py::test_main_prints_the_docs_table_and_refuses_bad_input",
 }
 #: scripts no default-suite test runs (known gaps), and where they are run instead
 NOT_IN_THE_DEFAULT_SUITE = {
