@@ -32,7 +32,7 @@ Usage::
     python benchmarks/mesh_plan.py --model qwen3-32b --device v5e-8 --context 8192 --batch 8
     python benchmarks/mesh_plan.py --table --context 8192 --batch 8 --out results/mesh_plan.json
 
-``--table`` prints the Markdown table of docs/gpu.md (every model of :data:`MODELS` on every
+``--table`` prints the Markdown table of docs/mesh-plan.md (every model of :data:`MODELS` on every
 device of :data:`DEVICES`); ``--out`` writes the plans as JSON (full precision). Exit status 0
 when every plan printed fits, 1 when one is refused, 2 on bad input.
 """

@@ -106,12 +106,12 @@ def test_refusals_name_the_counts_and_the_bytes():
 
 
 def test_main_prints_the_docs_table_and_refuses_bad_input(tmp_path, capsys):
-    """``--table`` prints docs/gpu.md's table line for line and writes the plans; a plan that does
+    """``--table`` prints docs/mesh-plan.md's table line for line and writes the plans; a plan that does
     not fit exits 1; a config that is no JSON object exits 2 in one line."""
     out = tmp_path / "plans.json"
     assert mesh_plan.main(["--table", "--context", "8192", "--batch", "8", "--out", str(out)]) == 1
     printed = capsys.readouterr().out.strip().splitlines()
-    docs = (ROOT / "docs" / "gpu.md").read_text().splitlines()
+    docs = (ROOT / "docs" / "mesh-plan.md").read_text().splitlines()
     start = docs.index(printed[0])
     assert docs[start:start + len(printed)] == printed
     plans = json.loads(out.read_text())
