@@ -57,21 +57,18 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 #: activations (they grow with the tokens of a pass), XLA's workspace and the runtime's reservation.
 HEADROOM = 0.10
 
-#: The Qwen3 dense models' public ``config.json`` figures (the fields the plan reads; every one is
-#: full attention with head_dim 128 and 8 key/value heads).
+#: What the four Qwen3 dense models below share: full attention, head_dim 128, 8 key/value heads.
+_QWEN3 = {"model_type": "qwen3", "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936}
+#: The Qwen3 dense models' public ``config.json`` figures (the fields the plan reads).
 MODELS: dict[str, dict] = {
-    "qwen3-4b": {"model_type": "qwen3", "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
-                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
-                 "tie_word_embeddings": True},
-    "qwen3-8b": {"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
-                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
-                 "tie_word_embeddings": False},
-    "qwen3-14b": {"model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 40,
-                  "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
-                  "tie_word_embeddings": False},
-    "qwen3-32b": {"model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 25600, "num_hidden_layers": 64,
-                  "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
-                  "tie_word_embeddings": False},
+    "qwen3-4b": {**_QWEN3, "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+                 "num_attention_heads": 32, "tie_word_embeddings": True},
+    "qwen3-8b": {**_QWEN3, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                 "num_attention_heads": 32, "tie_word_embeddings": False},
+    "qwen3-14b": {**_QWEN3, "hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 40,
+                  "num_attention_heads": 40, "tie_word_embeddings": False},
+    "qwen3-32b": {**_QWEN3, "hidden_size": 5120, "intermediate_size": 25600, "num_hidden_layers": 64,
+                  "num_attention_heads": 64, "tie_word_embeddings": False},
 }
 
 
@@ -95,11 +92,9 @@ DEVICES: dict[str, Device] = {
     "v5e-16": Device("TPU v5e-16 (16 chips, 16 GB each)", 16, 16 * 10**9),
 }
 
-#: Which config count must divide the mesh for each split axis.
-_COUNTS = {"heads": "num_attention_heads", "kv_heads": "num_key_value_heads", "mlp": "intermediate_size",
-           "vocab": "vocab_size"}
-_FIELD = {"num_attention_heads": "num_heads", "num_key_value_heads": "num_kv_heads",
-          "intermediate_size": "intermediate_size", "vocab_size": "vocab_size"}
+#: The config counts a split axis must divide -> their names in :class:`DecoderConfig`.
+_COUNTS = {"num_attention_heads": "num_heads", "num_key_value_heads": "num_kv_heads",
+           "intermediate_size": "intermediate_size", "vocab_size": "vocab_size"}
 
 
 def sharded_axis(name: str) -> tuple[int, str] | None:
@@ -112,14 +107,15 @@ def sharded_axis(name: str) -> tuple[int, str] | None:
     if name.endswith("norm.weight"):
         return None
     if name in (EMBED, HEAD):
-        return 0, _COUNTS["vocab"]
+        return 0, "vocab_size"
     match = re.search(r"\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.(weight|bias)$", name)
     if match is None:
         raise ValueError(f"{name}: the tensor-parallel layout does not place this tensor")
     proj, kind = match.groups()
     if proj in ("o_proj", "down_proj"):  # rows are the hidden size: the input axis is split, a bias replicated
-        return (1, _COUNTS["heads" if proj == "o_proj" else "mlp"]) if kind == "weight" else None
-    return 0, _COUNTS[{"q_proj": "heads", "k_proj": "kv_heads", "v_proj": "kv_heads"}.get(proj, "mlp")]
+        return (1, "num_attention_heads" if proj == "o_proj" else "intermediate_size") if kind == "weight" else None
+    return 0, {"q_proj": "num_attention_heads", "k_proj": "num_key_value_heads",
+               "v_proj": "num_key_value_heads"}.get(proj, "intermediate_size")
 
 
 @dataclass(frozen=True)
@@ -188,10 +184,10 @@ def plan(c: DecoderConfig, model: str, mesh: int, context: int, batch: int, dtyp
     total = sum(math.prod(s) for s in shapes.values())
     budget = int(device_memory * (1 - headroom))
     slots = capacity(context)
-    counts = {field: getattr(c, attr) for field, attr in _FIELD.items()}
+    counts = {field: getattr(c, attr) for field, attr in _COUNTS.items()}
     split = {layout[1] for name in shapes if (layout := sharded_axis(name))}
     indivisible = [f"{field} {counts[field]} is not a multiple of the mesh's {mesh} devices"
-                   for field in _COUNTS.values() if field in split and counts[field] % mesh]
+                   for field in _COUNTS if field in split and counts[field] % mesh]
     common = dict(model=model, mesh=mesh, dtype=dtype, context=context, batch=batch, kv_slots=slots,
                   device_memory=device_memory, headroom=headroom, budget=budget, parameters=total)
     if indivisible:
