@@ -155,6 +155,10 @@ class RunConfig:
     calibrator: str | None = None
     concepts: str | None = None
 
+    #: Fields recorded in every results line and compared on resume (:data:`RECORDED_SETTINGS`;
+    #: :meth:`ResolvedRun.settings`).
+    SETTINGS = RECORDED_SETTINGS
+
     def __post_init__(self) -> None:
         if not self.env or not isinstance(self.env, str):
             raise ValueError(f"env={self.env!r} must name an environment (envs.make_env checks which)")
@@ -229,9 +233,6 @@ class ResolvedRun(RunConfig):
     """
 
     concept_round: int | None = 0
-
-    #: Fields recorded in every results line and compared on resume (:data:`RECORDED_SETTINGS`).
-    SETTINGS = RECORDED_SETTINGS
 
     def settings(self) -> dict[str, Any]:
         """The recorded settings (:data:`SETTINGS`), in that order."""
