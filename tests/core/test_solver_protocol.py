@@ -118,3 +118,18 @@ def test_a_registered_solver_is_a_cli_method(dec, tmp_path):
     res = CliRunner().invoke(main, ["fit", str(tmp_path / "d.npz"), "--out", str(tmp_path / "c.safetensors"),
                                     "--method", GradientDescent.name])
     assert res.exit_code == 2 and "toy-gradient-descent" in res.output
+
+
+def test_the_solvers_use_the_models_public_functions_only():
+    """No module of the solvers imports a private name (``_...``) of cb_core.model (AST walk)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(cb_core.__file__).parent
+    for name in ("solvers.py", "solver_protocol.py", "fit.py", "fit_arguments.py"):
+        tree = ast.parse((root / name).read_text())
+        private = [a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                   and node.module == "cb_core.model" for a in node.names if a.name.startswith("_")]
+        private += [node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name) and node.value.id == "model" and node.attr.startswith("_")]
+        assert private == [], f"cb_core/{name} uses cb_core.model's private {private}"
