@@ -110,7 +110,8 @@ def test_a_registered_solver_is_a_cli_method(dec, tmp_path):
         with pytest.raises(ValueError, match="taken"):
             cb_core.register_solver(type("Other", (GradientDescent,), {}))
         res = CliRunner().invoke(main, ["fit", str(tmp_path / "d.npz"), "--out", str(tmp_path / "c.safetensors"),
-                                        "--method", GradientDescent.name, "--no-cache", "--certify", "structural", "--json"])
+                                        "--method", GradientDescent.name, "--no-cache", "--certify", "structural",
+                                        "--json"])
         assert res.exit_code == 0, res.output
         assert '"method": "toy-gradient-descent"' in res.output
     finally:
