@@ -3,7 +3,8 @@
 :func:`prepare` builds a :class:`Setup` from one :class:`agent_shell.run_config.ResolvedRun` (the
 settings, resolved once by the command): the environment, won expert trajectories (collected once
 into the cache), the backbone, the demonstrations rendered for the ReAct prompt and, when asked,
-per-task-type concepts fitted on the trajectories' features (:func:`fit_from_trajectories`; features and concepts cached).
+per-task-type concepts fitted on the trajectories' features (:func:`fit_from_trajectories`; features
+and concepts cached).
 :func:`set_up` adds an ICAL memory's retrieved demonstrations (and concepts fitted on its won
 examples); :func:`players_of` turns a set-up into the named agents, :func:`build_players` does the
 same in a parallel worker from the caches the driver filled, and :class:`StudyAgents` builds a
