@@ -51,7 +51,7 @@ def solver_names(batchable: bool = False) -> str:
 def check_solver(solver: Solver, dt) -> float:
     """The solver's tolerance (its default for ``dt`` when None); ValueError (one line) for an object
     that is no :class:`~cb_core.solver_protocol.Solver` or whose settings its own ``check`` refuses."""
-    if not isinstance(solver, Solver):
+    if isinstance(solver, type) or not isinstance(solver, Solver):  # a class is no solver: Newton(), not Newton
         raise ValueError(f"solver must be a cb_core solver ({solver_names()} or any "
                          f"cb_core.solver_protocol.Solver), got {solver!r}")
     try:
