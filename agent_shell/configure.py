@@ -1,11 +1,12 @@
 """From a run's settings (:class:`agent_shell.run_config.RunConfig`) to what they select: the one
 layer that reads the settings together with the registries and the backbone's rules.
 
-* :func:`resolve`: the settings completed and checked against what is installed: the
-  environment's default split, the backbone's device and dtype (the model's backend's rule),
-  the agent names (the agent registry), the feature selection normalised (the extractor
-  registry), the shared backbone of a Ray run on CUDA. Every entry point resolves what it is
-  given (resolving twice changes nothing).
+* :func:`resolve`: the settings completed and checked against what is installed, once per
+  command, into a :class:`~agent_shell.run_config.ResolvedRun`: the environment's default split,
+  the backbone's device and dtype (the model's backend's rule), the agent names (the agent
+  registry), the feature selection normalised (the extractor registry), the shared backbone of a
+  Ray run on CUDA, the ICAL memory and concept folders checked and the concept round read. What
+  runs a command (set-up, rounds, workers) takes the resolved value and resolves nothing again.
 * :func:`agent_config`: the agents' :class:`agent_shell.agents.AgentConfig` of the settings.
 * :func:`feature_settings`: the run's :class:`agent_shell.feature_settings.FeatureSettings`,
   derived once per set-up (:func:`agent_shell.pipeline.prepare`) and passed down.
@@ -17,10 +18,10 @@ so importing it loads no LM, engine nor JAX.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent_shell.run_config import RunConfig
+from agent_shell.run_config import ResolvedRun, RunConfig, concepts_round
 
 if TYPE_CHECKING:
     from agent_shell.agents import AgentConfig
@@ -30,40 +31,49 @@ if TYPE_CHECKING:
     from envs.protocol import Environment
 
 
-def resolve(config: RunConfig, backbone: bool = True) -> RunConfig:
-    """``config`` completed: ``split`` (None: the environment's evaluation split,
-    :func:`envs.registry.default_split`), ``features`` normalised (:meth:`FeatureSet.from_spec`),
-    ``agents`` checked against the registry (:func:`agent_shell.agents.agent_names`) and, with
-    ``backbone``, ``device`` and ``dtype`` by the model's backend's rule
+def resolve(config: RunConfig, backbone: bool = True) -> ResolvedRun:
+    """``config`` resolved (a :class:`ResolvedRun` is returned as it is: nothing is queried again):
+    ``split`` (None: the environment's evaluation split, :func:`envs.registry.default_split`),
+    ``features`` normalised (:meth:`FeatureSet.from_spec`), ``agents`` checked against the registry
+    (:func:`agent_shell.agents.agent_names`), the ICAL memory folder of ``demos`` found,
+    ``concept_round`` read from the ``concepts`` folder (:func:`agent_shell.run_config.concepts_round`)
+    and, with ``backbone``, ``device`` and ``dtype`` by the model's backend's rule
     (:func:`agent_shell.lm.factory.device_and_dtype`; imports torch to resolve ``"auto"``) and
     ``shared_lm`` on when the device is CUDA and the episodes run on Ray (its workers hold no GPU).
 
     Raises:
-        ValueError: an unknown agent, feature extractor, layout, device or dtype (one line naming it).
+        ValueError: an unknown agent, feature extractor, layout, device or dtype, a missing ICAL
+            memory folder, a concepts folder without concept files or with an unreadable
+            provenance (one line naming it).
         agent_shell.lm.jax_platforms.JaxPlatformError: a ``jax:`` model on a machine whose JAX
             platform setting is unusable.
     """
+    if isinstance(config, ResolvedRun):
+        return config
     from agent_shell.agents import agent_names
     from agent_shell.context import check_layout
     from agent_shell.features import FeatureSet
     from envs.registry import default_split
 
     check_layout(config.layout)
+    memory = config.ical_memory
+    if memory is not None and not Path(memory).is_dir():
+        raise ValueError(f"demos: the ICAL memory folder {memory} does not exist (cb-agent ical build-memory "
+                         "makes one)")
     known = agent_names()
     for name in config.agents:
         if name not in known:
             raise ValueError(f"unknown agent {name!r}; known: {list(known)}")
     changes: dict[str, object] = {"split": config.split or default_split(config.env),
-                                  "features": FeatureSet.from_spec(config.features).spec}
+                                  "features": FeatureSet.from_spec(config.features).spec,
+                                  "concept_round": 0 if config.concepts is None else concepts_round(config.concepts)}
     if backbone:
         from agent_shell.lm.factory import device_and_dtype
 
         changes["device"], changes["dtype"] = device_and_dtype(config.model, config.device, config.dtype)
         if changes["device"].startswith("cuda") and (config.workers > 1 or config.ray_address):
             changes["shared_lm"] = True
-    if all(getattr(config, name) == value for name, value in changes.items()):
-        return config
-    return replace(config, **changes)
+    return ResolvedRun(**{**{name: getattr(config, name) for name in RunConfig.field_names()}, **changes})
 
 
 def agent_config(config: RunConfig) -> AgentConfig:
@@ -112,7 +122,7 @@ def task_ids(config: RunConfig, env: Environment) -> list[str]:
     from envs import check_tasks
     from envs.collect import select_tasks
 
-    config = resolve(config, backbone=False)
+    config = resolve(config, backbone=False)  # as it is when resolved (a library caller may pass settings)
     if config.demo_split == config.split and not config.game_ids:
         raise ValueError(f"--demo-split {config.demo_split} is the evaluation split: the agents would be evaluated "
                          "on the games of their own demonstrations; choose another split (or name games "

@@ -37,7 +37,7 @@ from agent_shell.improve_rounds import (ROUND_SCHEMA, check_disjoint, concepts_d
                                         load_round_concepts, merged_features, own_features, round_dir, round_games,
                                         rounds_file, save_round_concepts, training_pool, won_trajectories)
 from agent_shell.results import ResumableJsonl, read_results, unique_episodes
-from agent_shell.run_config import RunConfig
+from agent_shell.run_config import RunConfig, require_resolved
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -168,12 +168,12 @@ def start(config: RunConfig, settings: ImproveSettings, out: Path, echo: Echo, e
     """Everything the rounds share: the games checked and the output folder claimed (or repaired
     for ``--resume``) before anything loads, then the set-up, the training pool, the expert
     decisions' states and the recorded settings, each derived once."""
-    from agent_shell.configure import resolve, task_ids
+    from agent_shell.configure import task_ids
     from agent_shell.pipeline import check_tasks, prepare
     from agent_shell.results import repair_for_resume
     from envs import make_env
 
-    config = resolve(replace(config, agents=("cb-agent",)))
+    config = replace(require_resolved(config, "improve"), agents=("cb-agent",))  # resolved once, by the command
     env = env if env is not None else make_env(config.env)
     eval_ids = task_ids(config, env)  # one line for a bad id or split
     type_of = env.task_type_of

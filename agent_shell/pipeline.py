@@ -1,9 +1,10 @@
 """The pipeline from a benchmark to agents: expert demonstrations -> features -> concepts -> agents.
 
-:func:`prepare` builds a :class:`Setup` from one :class:`agent_shell.run_config.RunConfig`: the
-environment, won expert trajectories (collected once into the cache), the backbone, the
-demonstrations rendered for the ReAct prompt and, when asked, per-task-type concepts fitted on
-the trajectories' features (:func:`fit_from_trajectories`; features and concepts cached).
+:func:`prepare` builds a :class:`Setup` from one :class:`agent_shell.run_config.ResolvedRun` (the
+settings, resolved once by the command): the environment, won expert trajectories (collected once
+into the cache), the backbone, the demonstrations rendered for the ReAct prompt and, when asked,
+per-task-type concepts fitted on the trajectories' features (:func:`fit_from_trajectories`; features
+and concepts cached).
 :func:`set_up` adds an ICAL memory's retrieved demonstrations (and concepts fitted on its won
 examples); :func:`players_of` turns a set-up into the named agents, :func:`build_players` does the
 same in a parallel worker from the caches the driver filled, and :class:`StudyAgents` builds a
@@ -25,10 +26,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Collection, Mapping, Sequence, Union
 
-from agent_shell.configure import agent_config, feature_settings, resolve
+from agent_shell.configure import agent_config, feature_settings
 from agent_shell.history import REVIEWED
 from agent_shell.lm.protocol import LanguageModel
-from agent_shell.run_config import RunConfig, demos_with_thoughts
+from agent_shell.run_config import ResolvedRun, RunConfig, demos_with_thoughts, require_resolved
 from cb_io.records import Trajectory
 from envs.protocol import Environment
 
@@ -122,10 +123,10 @@ def check_tasks(env: Environment, split: str, task_ids: Sequence[str] = ()) -> l
         raise UnknownTasks(err, env, split) from None
 
 
-def prepare(config: RunConfig, need_concepts: bool, echo: Echo = _quiet, env: Environment | None = None,
+def prepare(config: ResolvedRun, need_concepts: bool, echo: Echo = _quiet, env: Environment | None = None,
             lm: LanguageModel | None = None, task_types: Collection[str] | None = None,
             feature_set: FeatureSet | None = None) -> Setup:
-    """Resolve ``config`` (:func:`agent_shell.configure.resolve`), make the env (unless given),
+    """From the resolved settings ``config`` (:func:`agent_shell.configure.resolve`): make the env (unless given),
     collect (or read) demonstrations (of ``task_types`` only, when given), load the backbone
     (unless given), derive the run's feature settings once (``feature_set``: the extractors to
     share, None: new ones), render the demonstrations (rendering "experience":
@@ -134,6 +135,7 @@ def prepare(config: RunConfig, need_concepts: bool, echo: Echo = _quiet, env: En
     ``config.concepts`` when it names a folder (:func:`concepts_from_folder`).
 
     Raises:
+        TypeError: ``config`` is not resolved.
         UnknownTasks: ``config.demo_split`` is not a split of the env (checked before any engine
             or model loads).
         ValueError, FileNotFoundError: a calibrator file that cannot be read or was made with
@@ -142,7 +144,7 @@ def prepare(config: RunConfig, need_concepts: bool, echo: Echo = _quiet, env: En
     from agent_shell.demos import expert_demos, rendered_demos
     from envs import make_env
 
-    config = resolve(config)
+    config = require_resolved(config, "prepare")
     cache = resolve_cache(config.cache_dir)
     setup = Setup(env=env if env is not None else make_env(config.env), cache=cache)
     check_tasks(setup.env, config.demo_split)  # before any engine or model loads
@@ -313,7 +315,7 @@ def fit_from_trajectories(config: RunConfig, lm: LanguageModel, settings: Featur
     return features, concepts, folder
 
 
-def set_up(config: RunConfig, env: Environment | None, task_types: Collection[str] | None, echo: Echo = _quiet,
+def set_up(config: ResolvedRun, env: Environment | None, task_types: Collection[str] | None, echo: Echo = _quiet,
            lm: LanguageModel | None = None) -> Setup:
     """The run's set-up (:func:`prepare`; with an ICAL memory, its retrieved demonstrations and,
     concept data "ical", concepts fitted on its won examples); the driver and every parallel
@@ -324,7 +326,7 @@ def set_up(config: RunConfig, env: Environment | None, task_types: Collection[st
     """
     from agent_shell.agents import needs_concepts
 
-    config = resolve(config)
+    config = require_resolved(config, "set_up")
     need_concepts = any(needs_concepts(a) for a in config.agents)
     setup = prepare(config, need_concepts and config.concept_data == "expert", echo=echo, env=env,
                     task_types=task_types, lm=lm)
@@ -377,7 +379,7 @@ def players_of(config: RunConfig, setup: Setup) -> dict[str, Reflexion]:
                               calibrator=setup.calibrator, features=features.feature_set) for name in config.agents}
 
 
-def build_players(config: RunConfig, task_types: list[str] | None,
+def build_players(config: ResolvedRun, task_types: list[str] | None,
                   server: object = None) -> tuple[Environment, dict[str, Reflexion]]:
     """A parallel worker's env and agents (:data:`agent_shell.parallel.MakePlayers`): the same
     set-up as the driver's, read from the caches the driver filled; with ``server`` (an
@@ -402,13 +404,12 @@ class StudyAgents:
     Raises (on a call): ValueError for an unknown actor's set-up (``cb-agent`` without concepts),
     and what :func:`prepare` raises."""
 
-    def __init__(self, config: RunConfig, env: Environment, need_concepts: bool, task_types: Collection[str],
+    def __init__(self, config: ResolvedRun, env: Environment, need_concepts: bool, task_types: Collection[str],
                  echo: Echo = _quiet):
         from agent_shell.features import FeatureSet
         from agent_shell.lm import load_language_model
 
-        config = resolve(config)
-        self.config, self.env = config, env
+        self.config, self.env = require_resolved(config, "StudyAgents"), env
         self.feature_set = FeatureSet.from_spec(config.features)  # every rendering's concepts see these
         self.need_concepts, self.task_types, self.echo = need_concepts, task_types, echo
         self.lm: LanguageModel = load_language_model(config.model, dtype=config.dtype, device=config.device)

@@ -1,9 +1,12 @@
-"""The settings of a pipeline run as one frozen, validated value: :class:`RunConfig`.
+"""The settings of a pipeline run as one frozen, validated value: :class:`RunConfig`, and the same
+settings resolved: :class:`ResolvedRun`.
 
 Every command that takes an environment, a backbone or an output folder builds one ``RunConfig``
-from the shared options (:func:`agent_shell.commands._common.config_options`); everything
-downstream (set-up, agents, the scheduler) reads it. Its :meth:`RunConfig.settings` are recorded in
-every results line and compared when a results file is resumed
+from the shared options (:func:`agent_shell.commands._common.config_options`) and resolves it once
+(:func:`agent_shell.configure.resolve`) into a :class:`ResolvedRun`; everything downstream (set-up,
+agents, the scheduler) reads that and resolves nothing again. A ``RunConfig`` is a plain value:
+building one reads nothing from disk and queries no device. The :meth:`ResolvedRun.settings` are
+recorded in every results line and compared when a results file is resumed
 (:func:`agent_shell.results.check_results_file`), so a file never mixes episodes of different
 settings.
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +50,10 @@ class RunConfig:
     """Everything a run depends on besides the code (each field is a ``cb-agent run`` option).
 
     Made here, a value is checked for everything plain values allow (ranges, known renderings
-    and action spaces, consistent combinations); :func:`agent_shell.configure.resolve` completes
-    it (default split, backbone device and dtype) and checks the rest against the registries
-    (agent and feature names, the context layouts).
+    and action spaces, consistent combinations), reading nothing from disk;
+    :func:`agent_shell.configure.resolve` completes it into a :class:`ResolvedRun` (default split,
+    backbone device and dtype, the concept round) and checks the rest against the registries and
+    the disk (agent and feature names, the context layouts, the ICAL memory and concept folders).
 
     Attributes:
         env: environment name (:func:`envs.make_env`; the CLI offers :data:`envs.registry.ENVIRONMENTS`).
@@ -111,9 +115,6 @@ class RunConfig:
         concepts: a folder of concept files (``<task type>.safetensors``: a round of ``cb-agent
             improve``, or ``fit-concepts --out-dir``) that CB-Agent acts with instead of concepts
             fitted on the expert demonstrations (checked against the run's settings when loaded).
-        concept_round: (derived, not an argument) the round of ``cb-agent improve`` whose
-            concepts act: 0 without ``concepts`` (fitted on the expert demonstrations), the round
-            its ``provenance.json`` names with them, None when the folder has none (unknown).
 
     Raises:
         ValueError: an unknown name or an out-of-range number, naming the field.
@@ -153,9 +154,9 @@ class RunConfig:
     episode_timeout: float = EPISODE_TIMEOUT_S
     calibrator: str | None = None
     concepts: str | None = None
-    concept_round: int | None = field(init=False)
 
-    #: Fields recorded in every results line and compared on resume (:data:`RECORDED_SETTINGS`).
+    #: Fields recorded in every results line and compared on resume (:data:`RECORDED_SETTINGS`;
+    #: :meth:`ResolvedRun.settings`).
     SETTINGS = RECORDED_SETTINGS
 
     def __post_init__(self) -> None:
@@ -175,12 +176,8 @@ class RunConfig:
             raise ValueError(f"episode_timeout={self.episode_timeout} must be > 0 seconds")
         if self.lam != "auto" and not (isinstance(self.lam, (int, float)) and self.lam > 0):
             raise ValueError(f"lam={self.lam!r} must be > 0 (the fit is strongly convex only then) or 'auto'")
-        memory = parse_demos(self.demos)
-        if memory is None and self.concept_data == "ical":
+        if parse_demos(self.demos) is None and self.concept_data == "ical":
             raise ValueError("concept_data='ical' needs demos='ical:MEMORY'")
-        if memory is not None and not Path(memory).is_dir():
-            raise ValueError(f"demos: the ICAL memory folder {memory} does not exist (cb-agent ical build-memory "
-                             "makes one)")
         if self.rendering == "calibrator" and self.calibrator is None:
             raise ValueError("calibrator: --history calibrator needs --calibrator FILE (cb-agent calibrate fit)")
         if self.concepts is not None and self.concept_data != "expert":
@@ -195,19 +192,14 @@ class RunConfig:
                              "or pass a number to --lam)")
         object.__setattr__(self, "agents", tuple(dict.fromkeys(self.agents)))
         object.__setattr__(self, "game_ids", tuple(self.game_ids))
-        object.__setattr__(self, "concept_round", 0 if self.concepts is None else concepts_round(self.concepts))
 
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        """The constructor's arguments (the ``cb-agent run`` options), in declaration order."""
-        return tuple(inspect.signature(cls).parameters)
-
-    def settings(self) -> dict[str, Any]:
-        """The recorded settings (:data:`SETTINGS`), in that order."""
-        return {name: getattr(self, name) for name in self.SETTINGS}
+    @staticmethod
+    def field_names() -> tuple[str, ...]:
+        """The settings' arguments (the ``cb-agent run`` options), in declaration order."""
+        return tuple(inspect.signature(RunConfig).parameters)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every constructor argument (:meth:`field_names`), flat and JSON-ready."""
+        """Every settings argument (:meth:`field_names`), flat and JSON-ready."""
         out = {name: getattr(self, name) for name in self.field_names()}
         out["agents"], out["game_ids"] = list(self.agents), list(self.game_ids)
         return out
@@ -221,6 +213,39 @@ class RunConfig:
     def results_path(self) -> Path:
         """``<out_dir>/results.jsonl`` (default folder ``runs/<env>-<split>``)."""
         return Path(self.out_dir or f"runs/{self.env}-{self.split}") / "results.jsonl"
+
+
+@dataclass(frozen=True)
+class ResolvedRun(RunConfig):
+    """A :class:`RunConfig` resolved for this machine, once per command, by
+    :func:`agent_shell.configure.resolve` (the only maker of one): ``split`` set (the environment's
+    default), ``device`` and ``dtype`` by the backbone's rule (when the command has a backbone),
+    ``features`` normalised, ``agents`` checked against the registry, ``shared_lm`` set, the ICAL
+    memory and concept folders found, the concept round read from the concepts' provenance.
+
+    Attributes:
+        concept_round: the round of ``cb-agent improve`` whose concepts act: 0 without
+            ``concepts`` (fitted on the expert demonstrations), the round its ``provenance.json``
+            names with them, None when the folder has none (unknown).
+
+    Resolving one again changes nothing and queries nothing; a changed copy
+    (``dataclasses.replace``) keeps what was resolved.
+    """
+
+    concept_round: int | None = 0
+
+    def settings(self) -> dict[str, Any]:
+        """The recorded settings (:data:`SETTINGS`), in that order."""
+        return {name: getattr(self, name) for name in self.SETTINGS}
+
+
+def require_resolved(config: RunConfig, what: str) -> ResolvedRun:
+    """``config`` when it is a :class:`ResolvedRun`; TypeError (one line) naming ``what`` otherwise
+    (settings are resolved once, by the command: :func:`agent_shell.configure.resolve`)."""
+    if not isinstance(config, ResolvedRun):
+        raise TypeError(f"{what} takes resolved settings (agent_shell.configure.resolve(config)), got a "
+                        f"{type(config).__name__}")
+    return config
 
 
 def parse_demos(value: str) -> str | None:
@@ -273,4 +298,5 @@ def check_not_demos(task_ids: list[str], demo_ids: list[str]) -> None:
 
 
 __all__ = ["ACTIONS_PREFIX", "ACTION_SPACES", "AGENT_SETTINGS", "CONCEPT_DATA", "DEMOS_PREFIX", "RECORDED_SETTINGS",
-           "RunConfig", "check_not_demos", "concepts_round", "demos_with_thoughts", "parse_demos"]
+           "ResolvedRun", "RunConfig", "check_not_demos", "concepts_round", "demos_with_thoughts", "parse_demos",
+           "require_resolved"]

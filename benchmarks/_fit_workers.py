@@ -249,7 +249,7 @@ class Probe:
 @contextlib.contextmanager
 def instrumented(probe, solve):
     """cb_core's fit with :class:`Probe` callbacks traced into ``solve`` (a separate jit of the
-    fit's program, so the plain program stays uninstrumented): every ``_matvec`` / ``_rmatvec``
+    fit's program, so the plain program stays uninstrumented): every ``phi_matvec`` / ``phi_rmatvec``
     and the features' statistics count a pass; each iterate (the solvers' progress update, and
     every gradient evaluation, Adam's iterates) is recorded."""
     import jax
@@ -278,11 +278,12 @@ def instrumented(probe, solve):
         jax.debug.callback(probe.read, padded.hidden[0, 0, 0])
         return prepare(padded, *args)
 
-    prepare, update = fit_module.prepare, solvers._Progress.update
-    patches = [(model, "_matvec", counted(model._matvec)), (model, "_rmatvec", counted(model._rmatvec)),
-               (solvers, "_matvec", counted(solvers._matvec)), (solvers, "_rmatvec", counted(solvers._rmatvec)),
+    prepare, update = fit_module.prepare, solvers.Progress.update
+    patches = [(model, "phi_matvec", counted(model.phi_matvec)), (model, "phi_rmatvec", counted(model.phi_rmatvec)),
+               (solvers, "phi_matvec", counted(solvers.phi_matvec)),
+               (solvers, "phi_rmatvec", counted(solvers.phi_rmatvec)),
                (solvers, "value_and_grad", recorded(solvers.value_and_grad)),
-               (solvers._Progress, "update", progress),
+               (solvers.Progress, "update", progress),
                (fit_module, "prepare", statistics), (fit_module, "_solve", solve)]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     try:

@@ -281,7 +281,7 @@ def many_concepts(n: int, d: int, rounds: int, task_types: int = MANY_TASK_TYPES
 
     def batched():  # one call per task type: its strengths x folds problems share its hidden states
         return [r.converged for dec in types
-                for r in cb_core.fit_many(dec, lam=lam_k, weights=weights, certify="structural")]
+                for r in cb_core.fit_many(dec, lam=lam_k, weights=weights, certify="structural")[0]]
 
     def sequential_cb_core(warm):
         def run():

@@ -72,6 +72,7 @@ def play(env_name: str, split: str, game: str | None, steps: int, dtype: str) ->
     from agent_shell.lm import load_language_model
     from agent_shell.lm.jax_backend import host_fetches
     from agent_shell.pipeline import players_of, prepare
+    from agent_shell.configure import resolve
     from agent_shell.run_config import RunConfig
     from agent_shell.scheduler import play_episode
     from cb_io.paths import cache_root
@@ -80,8 +81,8 @@ def play(env_name: str, split: str, game: str | None, steps: int, dtype: str) ->
     env = make_env(env_name)
     with contextlib.closing(env), host_fetches() as fetched, copies_to_device() as sent:
         game = game or env.tasks(split)[0]
-        config = RunConfig(env=env_name, split=split, model="jax:", dtype=dtype, agents=("cb-agent",), budget=steps,
-                           game_ids=(game,))
+        config = resolve(RunConfig(env=env_name, split=split, model="jax:", dtype=dtype, agents=("cb-agent",),
+                                   budget=steps, game_ids=(game,)))
         lm = load_language_model("jax:", dtype=dtype, device="cpu")
         setup = prepare(config, need_concepts=True, env=env, lm=lm, task_types=[env.task_type_of(game)])
         agent = players_of(config, setup)["cb-agent"]

@@ -12,9 +12,10 @@ Public API (seed paper notation; see each docstring for shapes and the equation 
 * the fit: :func:`fit` ``(decisions, solver=Subspace() | Newton() | LBFGS() | Adam(), lam=,
   gamma=, eps=)``
   -> :class:`FitResult` with its :class:`Certificate` (:mod:`cb_core.fit`; the solvers in
-  :mod:`cb_core.solvers`); :func:`fit_many` ``(decisions or a sequence of them, lam=[K],
-  weights=[K, N])``: many problems (strengths, fold weights, task types) in one compiled program,
-  a :class:`FitResult` each (``fit`` is its one-problem case).
+  :mod:`cb_core.solvers`, any other implementing :class:`Solver`, :mod:`cb_core.solver_protocol`);
+  :func:`fit_many` ``(decisions or a sequence of them, lam=[K], weights=[K, N])``: many problems
+  (strengths, fold weights, task types) in one compiled program, S lists of K :class:`FitResult`
+  (``fit`` is its one-problem case).
 * the property-test kit: :mod:`cb_core.testing` (hypothesis strategies and derivative checks;
   imported on demand, it needs hypothesis).
 * the strength: :func:`select_strengths` chooses lam by cross-validation over trajectories
@@ -44,11 +45,13 @@ from cb_core.decision_file import load_decisions, write_decisions
 from cb_core.decisions import Decisions, decisions_from_lists
 from cb_core.fit import Certificate, FitResult, fit, fit_many
 from cb_core.model import Terms, features, gradient, hessian, log_probs, objective, prior_log_probs, terms
+from cb_core.solver_protocol import SOLVERS, Solver, SolverOutput, register_solver
 from cb_core.solvers import LBFGS, Adam, Newton, Subspace
 from cb_core.strength import StrengthCurve, select_strengths
 
 __all__ = [
-    "Adam", "Certificate", "Concept", "Decisions", "FitResult", "LBFGS", "Newton", "Subspace", "Terms",
+    "Adam", "Certificate", "Concept", "Decisions", "FitResult", "LBFGS", "Newton", "SOLVERS", "Solver", "SolverOutput",
+    "Subspace", "Terms", "register_solver",
     "decisions_from_lists", "features", "fit", "fit_many", "gradient", "hessian", "load_decisions",
     "log_probs", "objective", "prior_log_probs", "select_strengths", "StrengthCurve", "terms", "write_decisions",
 ]

@@ -2,10 +2,11 @@
 
 Two entry points, :func:`fit` ``(decisions, solver=..., lam=..., gamma=..., eps=...)`` and
 :func:`fit_many` (many problems: strengths, 0/1 fold weights, task types, in one compiled program;
-``fit`` is its one-problem case through the same path), and one frozen solver object per method (:class:`~cb_core.solvers.Subspace`,
-:class:`~cb_core.solvers.Newton`, :class:`~cb_core.solvers.LBFGS` or
-:class:`~cb_core.solvers.Adam`: hyperparameters only; each method is described in
-:mod:`cb_core.solvers`).
+``fit`` is its one-problem case through the same path), and one frozen solver object per method:
+any :class:`~cb_core.solver_protocol.Solver` (the built-in :class:`~cb_core.solvers.Subspace`,
+:class:`~cb_core.solvers.Newton`, :class:`~cb_core.solvers.LBFGS` and :class:`~cb_core.solvers.Adam`
+are described in :mod:`cb_core.solvers`; hyperparameters only). The fit knows no solver by name:
+a solver checks its own hyperparameters and says whether :func:`fit_many` may batch it.
 
 The decisions are padded once, on the host, to shape buckets
 (:func:`cb_core.decisions.to_padded`), so fits on nearby shapes reuse compiled code; the
@@ -34,7 +35,9 @@ import numpy as np
 from cb_core.cache import call_compiled
 from cb_core.decisions import Decisions, bucket_size, to_padded, validate_decisions
 from cb_core.model import compiled, hessian_factor, prepare
-from cb_core.solvers import LBFGS, Adam, Newton, Solver, SolverOutput, Subspace
+from cb_core.fit_arguments import check_init, check_inits, check_number, check_problems, check_sets, check_shared
+from cb_core.solver_protocol import Solver, SolverOutput, solver_settings
+from cb_core.solvers import Newton
 
 __all__ = ["Certificate", "DEFAULT_SOLVER", "EXACT_EIG_MAX_DIM", "FitResult", "fit", "fit_many"]
 
@@ -124,12 +127,6 @@ class FitResult:
                 f"time={self.seconds:.3f}s")
 
 
-def _default_tol(dtype) -> float:
-    # float32 rounding puts the gradient floor near 1e-4..1e-3 at d ~ 5k; 1e-3 certifies an
-    # objective gap <= 5e-7 / lam.
-    return 1e-3 if jnp.dtype(dtype) == jnp.float32 else 1e-7
-
-
 # ----------------------------------------------------------------------------------------------
 # the compiled programs
 # ----------------------------------------------------------------------------------------------
@@ -193,27 +190,6 @@ def _x64_context(dtype):
     return jax.enable_x64(True)
 
 
-def _check_number(name: str, value: object, low: float, strict: bool) -> float:
-    ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
-    if ok:
-        value = float(value)
-        ok = math.isfinite(value) and (value > low if strict else value >= low)
-    if not ok:
-        raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {low:g}, "
-                         f"got {value!r}")
-    return value
-
-
-def _check_init(init: ArrayLike, m: int, dt) -> np.ndarray:
-    """``init`` as a [m] array of ``dt``; ValueError (one line) for another shape or a non-finite entry."""
-    alpha0 = np.asarray(init, dtype=np.dtype(dt.name))
-    if alpha0.shape != (m,):
-        raise ValueError(f"init must be alpha [d + 1] = [{m}] for these decisions, got shape {alpha0.shape}")
-    if not np.isfinite(alpha0).all():
-        raise ValueError("init has non-finite entries")
-    return alpha0
-
-
 def _diverged(dec: Decisions, dt, value: float, gnorm: float) -> str:
     """One line for a fit whose loss or gradient is not finite although every input is: which
     decision's features overflow ``dt`` when standardised (their squared deviations), and the fix."""
@@ -230,30 +206,90 @@ def _diverged(dec: Decisions, dt, value: float, gnorm: float) -> str:
             "fit in float64 (dtype=float64, `cb-agent fit --float64`) or standardise the features first")
 
 
-def _check_solver(solver: Solver, dt) -> float:
-    """The solver's tolerance (its default for ``dt`` when None); ValueError for a bad solver."""
-    if not isinstance(solver, (Subspace, Newton, LBFGS, Adam)):
-        raise ValueError("solver must be cb_core.Subspace(), Newton(), LBFGS() or Adam(), "
-                         f"got {solver!r}")
-    tol = _check_number("tol", _default_tol(dt) if solver.tol is None else solver.tol, 0.0,
-                        strict=False)
-    if not (isinstance(solver.max_iter, int) and solver.max_iter >= 0):
-        raise ValueError(f"max_iter must be an int >= 0, got {solver.max_iter!r}")
-    if isinstance(solver, Subspace):
-        for name in ("memory", "inner"):
-            value = getattr(solver, name)
-            if not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"Subspace {name} must be an int >= 1, got {value!r}")
-    return tol
+# ----------------------------------------------------------------------------------------------
+# the one path of fit and fit_many: pad, solve, check, certify, report
+# ----------------------------------------------------------------------------------------------
+
+def _pad(sets: list[Decisions], k: int, weights: list[np.ndarray] | None, dt) -> tuple[list, np.ndarray]:
+    """(the S padded sets, the decision weights [S, K, N_pad]): one problem keeps its own bucket,
+    more share the bucket of the largest set (one program)."""
+    many = len(sets) * k > 1
+    n_pad = bucket_size(max(d.n_decisions for d in sets)) if many else None
+    m_pad = bucket_size(max(int(d.set_sizes.max()) for d in sets)) if many else None
+    padded = [to_padded(d, dtype=np.dtype(dt.name), n_pad=n_pad, m_pad=m_pad) for d in sets]
+    weight = np.zeros((len(sets), k, padded[0].weight.shape[0]), np.dtype(dt.name))
+    for s, d in enumerate(sets):
+        weight[s, :, : d.n_decisions] = 1.0 if weights is None else weights[s]
+    return padded, weight
 
 
-def _check_dtype(dtype: DTypeLike, certify: str):
-    if certify not in ("auto", "exact", "structural"):
-        raise ValueError(f"certify must be 'auto', 'exact' or 'structural', got {certify!r}")
-    dt = jnp.dtype(dtype)
-    if dt not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
-        raise ValueError(f"dtype must be float32 or float64, got {dt}")
-    return dt
+def _run(solver: Solver, padded: list, weight: np.ndarray, lam: np.ndarray, scalars: tuple,
+         init: np.ndarray | None) -> tuple[SolverOutput, np.ndarray]:
+    """(the solver's output, [S, K, N_pad] finite hidden states) as numpy [S, K, ...]: one problem
+    runs :func:`_solve` (the program :func:`fit` always ran), more :func:`_solve_many`."""
+    dt = weight.dtype
+    blank = (SolverOutput(*[0] * 6), 0)
+    if weight.shape[0] * weight.shape[1] > 1:
+        stacked = jax.tree_util.tree_map(lambda *x: np.stack(x), *padded)
+        args = (stacked, weight, lam.astype(dt)) + scalars + (() if init is None else (init,))
+        out, finite = call_compiled("fit_many", _solve_many, (solver,), args, blank)
+        return SolverOutput(*(np.asarray(x) for x in out)), np.asarray(finite)
+    one = dataclasses.replace(padded[0], weight=weight[0, 0])
+    args = (one, np.asarray(lam[0, 0], dt)) + scalars + (() if init is None else (init[0, 0],))
+    out, finite = call_compiled("fit", _solve, (solver,), args, blank)
+    return SolverOutput(*(np.asarray(x)[None, None] for x in out)), np.asarray(finite)[None, None]
+
+
+def _check_finite(out: SolverOutput, finite: np.ndarray, sets: list[Decisions], originals: Sequence[Decisions],
+                  dt) -> None:
+    """ValueError (one line) naming a non-finite hidden state (found by the compiled fit's first
+    pass) or, with finite inputs, the decision whose features overflow ``dt`` (:func:`_diverged`)."""
+    for s, d in enumerate(sets):
+        if not np.all(finite[s, :, : d.n_decisions]):
+            try:
+                validate_decisions(originals[s])  # names the decision with a non-finite hidden state
+            except ValueError as err:
+                raise ValueError(f"decision set {s}: {err}" if len(sets) > 1 else str(err)) from None
+    values, gnorms = out.value.astype(np.float64), out.grad_norm.astype(np.float64)
+    for s, q in zip(*np.nonzero(~(np.isfinite(values) & np.isfinite(gnorms)))):
+        where = f"problem ({s}, {q}): " if values.size > 1 else ""
+        raise ValueError(where + _diverged(sets[s], dt, float(values[s, q]), float(gnorms[s, q])))
+
+
+def _eig_ranges(certify: str, out: SolverOutput, padded: list, weight: np.ndarray, lam: np.ndarray,
+                scalars: tuple) -> dict | None:
+    """(s, q) -> (smallest, largest) Hessian eigenvalue of each problem, or None when not measured
+    (``certify``: "exact" always, "auto" when min(T_pad, m) <= :data:`EXACT_EIG_MAX_DIM`)."""
+    m = out.alpha.shape[-1]
+    if not (certify == "exact" or (certify == "auto" and min(padded[0].mask.size, m) <= EXACT_EIG_MAX_DIM)):
+        return None
+    ranges = {}
+    for (s, q), lam_q in np.ndenumerate(lam):
+        one = dataclasses.replace(padded[s], weight=weight[s, q])
+        gram = call_compiled("gram", _gram, (), (out.alpha[s, q], one, *scalars[:2]), 0)
+        ranges[s, q] = _hessian_eig_range(gram, float(lam_q), m)
+    return ranges
+
+
+def _result(out: SolverOutput, s: int, q: int, lam: float, ranges: dict | None, settings: dict,
+            n_decisions: int, hidden_size: int, seconds: float) -> FitResult:
+    """Problem (s, q)'s :class:`FitResult` and its :class:`Certificate`."""
+    gnorm, tol, dt = float(out.grad_norm[s, q]), settings["tol"], jnp.dtype(settings["dtype"])
+    if ranges is not None:
+        low, high = ranges[s, q]
+        rounding = math.sqrt(float(jnp.finfo(dt).eps)) * max(1.0, high)
+        min_eig, strongly_convex = low, low >= lam - rounding
+    else:
+        min_eig, strongly_convex = None, True
+    cert = Certificate(grad_norm=gnorm, lam=lam, gap_bound=gnorm**2 / (2 * lam), distance_bound=gnorm / lam,
+                       min_hessian_eig=min_eig, strongly_convex=strongly_convex,
+                       eig_method="gram" if ranges is not None else "structural")
+    n_passes = int(out.n_passes[s, q])
+    return FitResult(alpha=np.array(out.alpha[s, q]), loss=float(out.value[s, q]), grad_norm=gnorm,
+                     n_iter=int(out.n_iter[s, q]), converged=bool(gnorm <= tol), method=settings["method"],
+                     certificate=cert, n_decisions=n_decisions, hidden_size=hidden_size, seconds=seconds,
+                     settings={"lam": lam, **settings}, n_hvp=int(out.n_hvp[s, q]),
+                     n_passes=n_passes if n_passes >= 0 else None)
 
 
 def _fit_problems(sets: list[Decisions], originals: Sequence[Decisions], solver: Solver, lam: np.ndarray,
@@ -263,79 +299,19 @@ def _fit_problems(sets: list[Decisions], originals: Sequence[Decisions], solver:
 
     sets: S validated decision sets of one hidden width (``originals``: as given, for naming a
     non-finite hidden state); lam [S, K] float64; weights: S arrays [K, N_s] (None: all 1); init
-    [S, K, m] or None. One problem runs :func:`_solve` (the program :func:`fit` always ran), more
-    run :func:`_solve_many` (one program, one shared bucket). Returns S lists of K results.
+    [S, K, m] or None. Returns S lists of K results.
     """
-    n_sets, k = lam.shape
-    m = sets[0].hidden_size + 1
-    many = n_sets * k > 1
-    n_pad = bucket_size(max(d.n_decisions for d in sets)) if many else None
-    m_pad = bucket_size(max(int(d.set_sizes.max()) for d in sets)) if many else None
-    padded = [to_padded(d, dtype=np.dtype(dt.name), n_pad=n_pad, m_pad=m_pad) for d in sets]
-    weight = np.zeros((n_sets, k, padded[0].weight.shape[0]), np.dtype(dt.name))
-    for s, d in enumerate(sets):
-        weight[s, :, : d.n_decisions] = 1.0 if weights is None else weights[s]
+    padded, weight = _pad(sets, lam.shape[1], weights, dt)
     scalars = tuple(np.asarray(x, dt) for x in (gamma, eps, tol))
     with _x64_context(dt):
-        if many:
-            stacked = jax.tree_util.tree_map(lambda *x: np.stack(x), *padded)
-            args = (stacked, weight, lam.astype(dt.name)) + scalars
-            out, finite = call_compiled("fit_many", _solve_many, (solver,), args + (() if init is None else (init,)),
-                                        (SolverOutput(*[0] * 6), 0))
-            out = SolverOutput(*(np.asarray(x) for x in out))
-            finite = np.asarray(finite)
-        else:
-            one = dataclasses.replace(padded[0], weight=weight[0, 0])
-            args = (one, np.asarray(lam[0, 0], dt)) + scalars
-            out, finite = call_compiled("fit", _solve, (solver,), args + (() if init is None else (init[0, 0],)),
-                                        (SolverOutput(*[0] * 6), 0))
-            out = SolverOutput(*(np.asarray(x)[None, None] for x in out))
-            finite = np.asarray(finite)[None, None]
-        for s, d in enumerate(sets):
-            if not np.all(finite[s, :, : d.n_decisions]):
-                try:
-                    validate_decisions(originals[s])  # names the decision with a non-finite hidden state
-                except ValueError as err:
-                    raise ValueError(f"decision set {s}: {err}" if len(sets) > 1 else str(err)) from None
-        values, gnorms = out.value.astype(np.float64), out.grad_norm.astype(np.float64)
-        for s, q in zip(*np.nonzero(~(np.isfinite(values) & np.isfinite(gnorms)))):
-            where = f"problem ({s}, {q}): " if many else ""
-            raise ValueError(where + _diverged(sets[s], dt, float(values[s, q]), float(gnorms[s, q])))
-        measure = certify == "exact" or (certify == "auto" and min(padded[0].mask.size, m) <= EXACT_EIG_MAX_DIM)
-        ranges = {}
-        if measure:
-            for s in range(n_sets):
-                for q in range(k):
-                    one = dataclasses.replace(padded[s], weight=weight[s, q])
-                    gram = call_compiled("gram", _gram, (), (out.alpha[s, q], one, *scalars[:2]), 0)
-                    ranges[s, q] = _hessian_eig_range(gram, float(lam[s, q]), m)
+        out, finite = _run(solver, padded, weight, lam, scalars, init)
+        _check_finite(out, finite, sets, originals, dt)
+        ranges = _eig_ranges(certify, out, padded, weight, lam, scalars)
     seconds = time.perf_counter() - start
-    results = []
-    for s, d in enumerate(sets):
-        row = []
-        for q in range(k):
-            lam_q, gnorm = float(lam[s, q]), float(gnorms[s, q])
-            if measure:
-                low, high = ranges[s, q]
-                rounding = math.sqrt(float(jnp.finfo(dt).eps)) * max(1.0, high)
-                min_eig, strongly_convex = low, low >= lam_q - rounding
-            else:
-                min_eig, strongly_convex = None, True
-            cert = Certificate(grad_norm=gnorm, lam=lam_q, gap_bound=gnorm**2 / (2 * lam_q),
-                               distance_bound=gnorm / lam_q, min_hessian_eig=min_eig,
-                               strongly_convex=strongly_convex, eig_method="gram" if measure else "structural")
-            settings = dict(lam=lam_q, gamma=gamma, eps=eps, tol=tol, dtype=dt.name, method=solver.name,
-                            warm_start=init is not None,
-                            **{key: v for key, v in dataclasses.asdict(solver).items() if key != "tol"})
-            n_passes = int(out.n_passes[s, q])
-            row.append(FitResult(alpha=np.array(out.alpha[s, q]), loss=float(values[s, q]), grad_norm=gnorm,
-                                 n_iter=int(out.n_iter[s, q]), converged=bool(gnorm <= tol), method=solver.name,
-                                 certificate=cert,
-                                 n_decisions=int(np.count_nonzero(weight[s, q])), hidden_size=d.hidden_size,
-                                 seconds=seconds, settings=settings, n_hvp=int(out.n_hvp[s, q]),
-                                 n_passes=n_passes if n_passes >= 0 else None))
-        results.append(row)
-    return results
+    settings = dict(gamma=gamma, eps=eps, tol=tol, dtype=dt.name, method=solver.name, warm_start=init is not None,
+                    **solver_settings(solver))
+    return [[_result(out, s, q, float(lam[s, q]), ranges, settings, int(np.count_nonzero(weight[s, q])),
+                     d.hidden_size, seconds) for q in range(lam.shape[1])] for s, d in enumerate(sets)]
 
 
 def fit(
@@ -356,10 +332,10 @@ def fit(
 
     Args:
         decisions: ragged decisions (validated here).
-        solver: :class:`Subspace`, :class:`Newton`, :class:`LBFGS` or :class:`Adam`
-            (hyperparameters, tolerance and iteration cap); default :data:`DEFAULT_SOLVER`
-            (``Newton()``). A solver's ``tol=None`` means 1e-3 in float32 (certified
-            objective gap <= 5e-7 / lam) and 1e-7 in float64.
+        solver: any :class:`~cb_core.solver_protocol.Solver`: :class:`Subspace`, :class:`Newton`,
+            :class:`LBFGS`, :class:`Adam` or one of your own (hyperparameters, tolerance and
+            iteration cap); default :data:`DEFAULT_SOLVER` (``Newton()``). A solver's ``tol=None``
+            means 1e-3 in float32 (certified objective gap <= 5e-7 / lam) and 1e-7 in float64.
         lam: L2 strength lam > 0 (also the strong-convexity constant).
         gamma: length-normalisation exponent of the prior (App. B), >= 0.
         eps: floor of the per-coordinate std in the features (App. B), > 0.
@@ -375,40 +351,22 @@ def fit(
         FitResult with alpha [d + 1] (numpy, ``dtype``) and its :class:`Certificate`.
 
     Raises:
-        ValueError: lam <= 0 or non-finite, gamma/eps/tol/max_iter (or Subspace memory/inner)
-            invalid, an ``init`` that is not a finite [d + 1] vector, unknown solver or dtype, or bad decisions (naming the decision at fault;
-            a non-finite hidden state is found by the compiled fit's first pass); a fit whose
-            loss or gradient is not finite although its inputs are (finite features too large
-            for ``dtype``: naming the first decision whose standardisation overflows).
+        ValueError: lam <= 0 or non-finite, gamma/eps/tol/max_iter invalid, a setting the solver's
+            ``check`` refuses, an ``init`` that is not a finite [d + 1] vector, an object that is no
+            solver, an unknown dtype, or bad decisions (naming the decision at fault; a non-finite
+            hidden state is found by the compiled fit's first pass); a fit whose loss or gradient is
+            not finite although its inputs are (finite features too large for ``dtype``: naming the
+            first decision whose standardisation overflows).
     """
-    lam = _check_number("lam", lam, 0.0, strict=True)
-    gamma = _check_number("gamma", gamma, 0.0, strict=False)
-    eps = _check_number("eps", eps, 0.0, strict=True)
-    dt = _check_dtype(dtype, certify)
-    tol = _check_solver(solver, dt)
+    lam = check_number("lam", lam, 0.0, strict=True)
+    gamma, eps, dt, tol = check_shared(gamma, eps, dtype, certify, solver)
     if not isinstance(decisions, Decisions):
         raise ValueError(f"decisions must be a cb_core.Decisions, got {type(decisions).__name__}")
     start = time.perf_counter()
     dec = validate_decisions(decisions, finite_hidden=False)  # checked in the compiled fit
-    alpha0 = None if init is None else _check_init(init, dec.hidden_size + 1, dt)[None, None]
+    alpha0 = None if init is None else check_init(init, dec.hidden_size + 1, dt)[None, None]
     return _fit_problems([dec], [decisions], solver, np.full((1, 1), lam), None, gamma, eps, dt, tol, certify,
                          alpha0, start)[0][0]
-
-
-def _check_weights(weights: ArrayLike, n: int, where: str) -> np.ndarray:
-    """``weights`` as a float64 [K, n] array (a [n] vector: K = 1); ValueError (one line) naming
-    ``where`` for another shape, a negative or non-finite entry, or a row without a positive one."""
-    w = np.asarray(weights, np.float64)
-    if w.ndim == 1:
-        w = w[None]
-    if w.ndim != 2 or w.shape[1] != n:
-        raise ValueError(f"{where} must be [K, N] = [K, {n}] decision weights, got shape {w.shape}")
-    if not np.isfinite(w).all() or (w < 0).any():
-        raise ValueError(f"{where} must be finite and >= 0")
-    empty = np.flatnonzero(w.sum(axis=1) <= 0)
-    if empty.size:
-        raise ValueError(f"{where}: problem {int(empty[0])} weights no decision (every weight 0)")
-    return w
 
 
 def fit_many(
@@ -422,7 +380,7 @@ def fit_many(
     dtype: DTypeLike = jnp.float32,
     certify: Literal["auto", "exact", "structural"] = "auto",
     init: ArrayLike | None = None,
-) -> list[FitResult] | list[list[FitResult]]:
+) -> list[list[FitResult]]:
     """Fit many concepts in one compiled program: K problems on each of S decision sets.
 
     Each problem minimises the weighted Eq. 6 objective (strongly convex; unique optimum)
@@ -441,15 +399,16 @@ def fit_many(
     others iterate, until all have stopped or reached ``max_iter``; each keeps its own iteration
     count. The K problems of a set share its hidden states: every pass reads them once for all K
     (a matrix-matrix product). Newton-CG (the default) masks its conjugate-gradient loop per
-    problem; L-BFGS and Adam iterate each problem with its own optax state; :class:`Subspace` is
-    refused (its vmapped inner loops do not terminate on every batch). One problem in all
-    runs :func:`fit`'s program, so :func:`fit` is this function's K = S = 1 case.
+    problem; L-BFGS and Adam iterate each problem with its own optax state; a solver whose
+    ``batchable`` is False (:class:`Subspace`: its vmapped inner loops do not terminate on every
+    batch) is refused. One problem in all runs :func:`fit`'s program, so :func:`fit` is this
+    function's K = S = 1 case.
 
     Args:
         decisions: one :class:`Decisions` (S = 1), or a non-empty sequence of S of them sharing
             one hidden width d.
-        solver: :class:`Newton` (default), :class:`LBFGS` or :class:`Adam`, as for :func:`fit` (one
-            solver, one tolerance for all problems).
+        solver: a batchable solver (:class:`Newton`, the default, :class:`LBFGS`, :class:`Adam`, or
+            your own), as for :func:`fit` (one solver, one tolerance for all problems).
         lam: L2 strengths > 0: a number (every problem), [K] (problem k of every set) or, for a
             sequence, [S, K].
         weights: decision weights >= 0 (float, typically 0/1 fold masks), each problem's row with
@@ -461,75 +420,24 @@ def fit_many(
             None: alpha = 0 for every problem.
 
     Returns:
-        For one :class:`Decisions`, a list of K :class:`FitResult` (alpha [d + 1] numpy
-        ``dtype``, each with its :class:`Certificate`, exactly as :func:`fit` returns); for a
-        sequence, a list of S such lists. ``n_decisions`` is the problem's count of decisions with
-        a positive weight; ``seconds`` is the whole call's (shared); ``n_passes`` counts the
-        passes the problem's own iterations need (problems of one set share them).
+        S lists of K :class:`FitResult` (``result[s][k]``; one :class:`Decisions` is S = 1:
+        ``fit_many(dec, lam=lams)[0]`` are its K results), each with alpha [d + 1] numpy ``dtype``
+        and its :class:`Certificate`, exactly as :func:`fit` returns. ``n_decisions`` is the
+        problem's count of decisions with a positive weight; ``seconds`` is the whole call's
+        (shared); ``n_passes`` counts the passes the problem's own iterations need (problems of one
+        set share them).
 
     Raises:
-        ValueError: anything :func:`fit` refuses; a :class:`Subspace` solver; an empty sequence or one holding something else
-            than Decisions; sets of different hidden widths; ``lam`` not finite and > 0 or of a bad
-            shape; ``weights`` of a bad shape, negative, non-finite or a problem weighting no
-            decision; K disagreeing between ``lam`` and ``weights``; ``init`` not broadcastable to
-            [S, K, d + 1] or non-finite (each naming the argument, set or problem at fault).
+        ValueError: anything :func:`fit` refuses; a solver that is not ``batchable``; an empty
+            sequence or one holding something else than Decisions; sets of different hidden
+            widths; ``lam`` not finite and > 0 or of a bad shape; ``weights`` of a bad shape,
+            negative, non-finite or a problem weighting no decision; K disagreeing between ``lam``
+            and ``weights``; ``init`` not broadcastable to [S, K, d + 1] or non-finite (each naming
+            the argument, set or problem at fault).
     """
-    gamma = _check_number("gamma", gamma, 0.0, strict=False)
-    eps = _check_number("eps", eps, 0.0, strict=True)
-    dt = _check_dtype(dtype, certify)
-    tol = _check_solver(solver, dt)
-    if isinstance(solver, Subspace):
-        raise ValueError("fit_many supports the solvers Newton(), LBFGS() and Adam(), got Subspace(): fit "
-                         "its problems one by one with fit()")
-    single = isinstance(decisions, Decisions)
-    given = [decisions] if single else list(decisions) if isinstance(decisions, Sequence) else None
-    if not given or not all(isinstance(d, Decisions) for d in given):
-        raise ValueError("decisions must be a cb_core.Decisions or a non-empty sequence of them, got "
-                         f"{type(decisions).__name__}")
+    gamma, eps, dt, tol = check_shared(gamma, eps, dtype, certify, solver, batched=True)
+    given, sets = check_sets(decisions)
     start = time.perf_counter()
-    sets = []
-    for s, d in enumerate(given):
-        try:
-            sets.append(validate_decisions(d, finite_hidden=False))  # hidden checked in the compiled fit
-        except ValueError as err:
-            raise ValueError(f"decision set {s}: {err}" if not single else str(err)) from None
-        if sets[-1].hidden_size != sets[0].hidden_size:
-            raise ValueError(f"decision sets must share one hidden width d: set 0 has d = {sets[0].hidden_size}, "
-                             f"set {s} has d = {sets[-1].hidden_size}")
-    n_sets = len(sets)
-    lam = np.asarray(lam, np.float64) if not isinstance(lam, bool) else np.asarray(np.nan)
-    if lam.ndim > (1 if single else 2) or (lam.ndim == 2 and lam.shape[0] != n_sets):
-        raise ValueError(f"lam must be a number, [K]{'' if single else ' or [S, K] = [' + str(n_sets) + ', K]'}, "
-                         f"got shape {lam.shape}")
-    if lam.size == 0 or not (np.isfinite(lam).all() and (lam > 0).all()):
-        raise ValueError(f"lam must be finite numbers > 0, got {lam.tolist()!r}")
-    if weights is not None:
-        if single:
-            weights = [weights]
-        elif not isinstance(weights, Sequence) or len(weights) != n_sets:
-            raise ValueError(f"weights for {n_sets} decision sets must be a sequence of {n_sets} arrays [K, N_s]")
-        weights = [None if w is None else _check_weights(w, d.n_decisions, "weights" if single else f"weights[{s}]")
-                   for s, (w, d) in enumerate(zip(weights, sets))]
-    ks = {w.shape[0] for w in weights or [] if w is not None}
-    if lam.ndim >= 1:
-        ks.add(lam.shape[-1])
-    if len(ks) > 1:
-        raise ValueError(f"lam and weights give different numbers of problems per set: {sorted(ks)}")
-    k = ks.pop() if ks else 1
-    lam = np.broadcast_to(lam, (n_sets, k)).copy()
-    if weights is not None:
-        weights = [np.ones((k, d.n_decisions)) if w is None else np.broadcast_to(w, (k, d.n_decisions))
-                   for w, d in zip(weights, sets)]
-    alpha0 = None
-    if init is not None:
-        m = sets[0].hidden_size + 1
-        alpha0 = np.asarray(init, np.dtype(dt.name))
-        try:
-            alpha0 = np.ascontiguousarray(np.broadcast_to(alpha0, (n_sets, k, m)))
-        except ValueError:
-            raise ValueError(f"init must broadcast to [S, K, d + 1] = [{n_sets}, {k}, {m}], got shape "
-                             f"{alpha0.shape}") from None
-        if not np.isfinite(alpha0).all():
-            raise ValueError("init has non-finite entries")
-    results = _fit_problems(sets, given, solver, lam, weights, gamma, eps, dt, tol, certify, alpha0, start)
-    return results[0] if single else results
+    lam, weights = check_problems(lam, weights, sets, isinstance(decisions, Decisions))
+    alpha0 = None if init is None else check_inits(init, lam.shape + (sets[0].hidden_size + 1,), dt)
+    return _fit_problems(sets, given, solver, lam, weights, gamma, eps, dt, tol, certify, alpha0, start)

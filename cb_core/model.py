@@ -42,8 +42,9 @@ from cb_core.decisions import Decisions, PaddedDecisions, to_padded
 
 __all__ = [
     "MATMUL_PRECISION", "compiled",
-    "Problem", "prepare", "masked_logsumexp", "scores", "problem_log_probs", "problem_objective",
-    "value_and_grad", "value_and_grad_at", "hvp", "problem_features", "problem_hessian", "features", "prior_log_probs",
+    "Problem", "prepare", "masked_logsumexp", "phi_matvec", "phi_rmatvec", "scores", "set_log_softmax", "expert_nll",
+    "problem_log_probs", "problem_objective", "value_and_grad", "value_and_grad_at", "hvp", "problem_features",
+    "hessian_factor", "problem_hessian", "features", "prior_log_probs",
     "log_probs", "objective", "gradient", "hessian", "Terms", "problem_terms", "terms", "DeviceDecision",
     "decide_padded",
 ]
@@ -134,7 +135,7 @@ def prepare(padded: PaddedDecisions, gamma, eps, scaled: bool = False) -> Proble
 # the two passes over the hidden states: Phi v and Phi^T r
 # ----------------------------------------------------------------------------------------------
 
-def _matvec(v, p: Problem):
+def phi_matvec(v, p: Problem):
     """[N, M] = Phi v for v [m] (the per-set mean term included; 0 in padded slots)."""
     if p.scaled:  # one [N M, d] x [d] product ([N M, d] x [d, K] under jax.vmap over concepts)
         u = jnp.einsum("nmd,d->nm", p.hidden, v[:-1]) - (p.mean @ v[:-1])[:, None]
@@ -144,7 +145,7 @@ def _matvec(v, p: Problem):
     return jnp.where(p.mask, u + (p.bias * v[-1])[:, None], 0.0)
 
 
-def _rmatvec(r, p: Problem):
+def phi_rmatvec(r, p: Problem):
     """[m] = Phi^T r for r [N, M] that sums to 0 over each candidate set (zero in padded slots).
 
     Every r here is a centred softmax residual (P - onehot, P (u - E_P u)), so the per-set mean
@@ -164,16 +165,17 @@ def _rmatvec(r, p: Problem):
 
 def scores(alpha, p: Problem):
     """[N, M] log Qbar + alpha . phi (Eq. 3 logits); 0 in padded slots."""
-    return jnp.where(p.mask, p.prior + _matvec(alpha, p), 0.0)
+    return jnp.where(p.mask, p.prior + phi_matvec(alpha, p), 0.0)
 
 
-def _log_softmax(s, p: Problem):
+def set_log_softmax(s, p: Problem):
+    """[N, M] the log-softmax of scores ``s`` [N, M] over each candidate set; -inf in padded slots."""
     return jnp.where(p.mask, s - masked_logsumexp(s, p.mask)[:, None], -jnp.inf)
 
 
 def problem_log_probs(alpha, p: Problem):
     """[N, M] log P_alpha over each candidate set (Eq. 3); -inf in padded slots."""
-    return _log_softmax(scores(alpha, p), p)
+    return set_log_softmax(scores(alpha, p), p)
 
 
 class Terms(NamedTuple):
@@ -193,12 +195,14 @@ class Terms(NamedTuple):
 def problem_terms(alpha, p: Problem) -> Terms:
     """[N, M] each: log P, the prior and the concept term of Eq. 3 from one pass (0 in padded
     slots, log P there -inf); ``log_p`` is :func:`problem_log_probs`."""
-    term = _matvec(alpha, p)
+    term = phi_matvec(alpha, p)
     s = jnp.where(p.mask, p.prior + term, 0.0)
-    return Terms(_log_softmax(s, p), p.prior, term)
+    return Terms(set_log_softmax(s, p), p.prior, term)
 
 
-def _expert_nll(s, p: Problem):
+def expert_nll(s, p: Problem):
+    """[] sum_i w_i -log softmax(s_i)[a*_i]: the weighted expert NLL (Eq. 6 without the
+    regulariser) given the scores ``s`` [N, M]; no pass over the hidden states."""
     chosen = jnp.take_along_axis(s, p.expert[:, None], axis=1)[:, 0]
     return jnp.sum(p.weight * (masked_logsumexp(s, p.mask) - chosen))
 
@@ -210,7 +214,7 @@ def problem_objective(alpha, p: Problem, lam):
     Differentiable in alpha and lam with the analytic gradient of :func:`value_and_grad` (two
     passes over hidden, also under ``jax.grad``); the data ``p`` are not differentiated.
     """
-    return _expert_nll(scores(alpha, p), p) + 0.5 * lam * jnp.vdot(alpha, alpha)
+    return expert_nll(scores(alpha, p), p) + 0.5 * lam * jnp.vdot(alpha, alpha)
 
 
 @problem_objective.defjvp
@@ -223,7 +227,7 @@ def _objective_jvp(primals, tangents):
 
 def _residual(s, p: Problem):
     """[N, M] w_i (P_i - onehot(a*_i)): the gradient of the weighted NLL in the scores."""
-    prob = jnp.exp(_log_softmax(s, p))
+    prob = jnp.exp(set_log_softmax(s, p))
     onehot = jnp.arange(s.shape[1])[None, :] == p.expert[:, None]
     return p.weight[:, None] * (prob - onehot.astype(s.dtype)) * p.mask
 
@@ -231,8 +235,8 @@ def _residual(s, p: Problem):
 def value_and_grad_at(alpha, s, p: Problem, lam):
     """(L(alpha), grad L(alpha) [m]) given the scores s = :func:`scores` (alpha, p) [N, M]:
     one pass over hidden (a solver that tracks the scores saves the other)."""
-    value = _expert_nll(s, p) + 0.5 * lam * jnp.vdot(alpha, alpha)
-    return value, _rmatvec(_residual(s, p), p) + lam * alpha
+    value = expert_nll(s, p) + 0.5 * lam * jnp.vdot(alpha, alpha)
+    return value, phi_rmatvec(_residual(s, p), p) + lam * alpha
 
 
 def value_and_grad(alpha, p: Problem, lam):
@@ -243,9 +247,9 @@ def value_and_grad(alpha, p: Problem, lam):
 def hvp(alpha, v, p: Problem, lam):
     """[m] H(alpha) v = (1/N) sum_i Cov_{P_i}(phi) v + lam v: two passes over hidden."""
     prob = jnp.exp(problem_log_probs(alpha, p))
-    u = _matvec(v, p)
+    u = phi_matvec(v, p)
     z = prob * (u - jnp.sum(prob * u, axis=-1, keepdims=True))
-    return _rmatvec(p.weight[:, None] * z, p) + lam * v
+    return phi_rmatvec(p.weight[:, None] * z, p) + lam * v
 
 
 def problem_features(p: Problem):

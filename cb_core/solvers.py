@@ -1,7 +1,9 @@
-"""The solvers of :func:`cb_core.fit.fit`: one frozen object per method, minimising Eq. 6.
+"""The built-in solvers of :func:`cb_core.fit.fit`: one frozen object per method, minimising Eq. 6.
 
-Each solver holds hyperparameters only (tolerance, iteration cap, method settings); its
-``minimise(problem, lam, tol, alpha0=None) -> SolverOutput`` runs one jit-compiled
+Each implements :class:`cb_core.solver_protocol.Solver` (its name, whether :func:`cb_core.fit_many`
+may batch it, the check of its hyperparameters) and is registered by name
+(:data:`~cb_core.solver_protocol.SOLVERS`). Each holds hyperparameters only (tolerance, iteration cap,
+method settings); its ``minimise(problem, lam, tol, alpha0=None) -> SolverOutput`` runs one jit-compiled
 ``lax.while_loop`` whose state is a NamedTuple, on the padded :class:`cb_core.model.Problem` the fit
 prepared, from alpha = 0 or from ``alpha0`` [m] (a warm start: the same unique optimum, fewer steps
 when ``alpha0`` is near it):
@@ -24,62 +26,29 @@ Imports nothing of this project outside :mod:`cb_core`.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, NamedTuple, Union
+import math
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from cb_core.model import (Problem, _expert_nll, _log_softmax, _matvec, _rmatvec, problem_objective, scores,
+from cb_core.model import (Problem, expert_nll, phi_matvec, phi_rmatvec, problem_objective, set_log_softmax,
                            value_and_grad, value_and_grad_at)
+from cb_core.solver_protocol import (SOLVERS, Progress, Solver, SolverOutput, check_int, register_solver,
+                                     first_iterate as _start)
 
-__all__ = ["Adam", "LBFGS", "Newton", "Solver", "SolverOutput", "Subspace"]
-
-
-class SolverOutput(NamedTuple):
-    """What a solver's compiled loop returns (arrays)."""
-
-    alpha: jax.Array  # [m]
-    value: jax.Array  # []
-    grad_norm: jax.Array  # []
-    n_iter: jax.Array  # [] int32
-    n_hvp: jax.Array  # [] int32
-    n_passes: jax.Array  # [] int32, passes over the hidden states (-1: not counted)
+__all__ = ["Adam", "LBFGS", "Newton", "SOLVERS", "Solver", "SolverOutput", "Subspace"]
 
 
-def _start(alpha0, p: Problem, m: int, dtype):
-    """(the first iterate [m], the scores at it [N, M]): alpha = 0 (cold start; its scores are the
-    prior, no pass) or the given ``alpha0`` (warm start: one pass for its scores)."""
-    if alpha0 is None:
-        return jnp.zeros(m, dtype), jnp.where(p.mask, p.prior, 0.0)
-    alpha0 = jnp.asarray(alpha0, dtype)
-    return alpha0, scores(alpha0, p)
+def _check_positive(solver: object, name: str) -> None:
+    """ValueError (one line) unless ``solver.<name>`` is a finite number > 0."""
+    value = getattr(solver, name)
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{type(solver).__name__} {name} must be a finite number > 0, got {value!r}")
 
 
-class _Progress(NamedTuple):
-    """Best iterate so far: a float32 fit near the optimum stalls at the rounding floor, where
-    the objective's noise exceeds its decrease while the gradient norm stays informative."""
-
-    alpha: jax.Array
-    grad_norm: jax.Array
-    value: jax.Array
-    stalled: jax.Array  # steps with neither a smaller gradient norm nor a decrease beyond noise
-
-    @classmethod
-    def start(cls, alpha, grad_norm, value):
-        return cls(alpha, grad_norm, value, jnp.asarray(0, jnp.int32))
-
-    def update(self, alpha, grad_norm, value):
-        noise = 8 * jnp.finfo(alpha.dtype).eps
-        finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
-        better_g = finite & (grad_norm < self.grad_norm)
-        better_v = finite & (value < self.value - noise * jnp.abs(self.value))
-        return _Progress(jnp.where(better_g, alpha, self.alpha),
-                         jnp.where(better_g, grad_norm, self.grad_norm),
-                         jnp.where(better_v, value, self.value),
-                         jnp.where(better_g | better_v, 0, self.stalled + 1))
-
-
+@register_solver
 @dataclasses.dataclass(frozen=True)
 class Newton:
     """Newton-CG with an exact line search (the objective is smooth and strongly convex).
@@ -102,6 +71,13 @@ class Newton:
     line_search_steps: int = 8
     patience: int = 3
     name: ClassVar[str] = "newton"
+    #: the CG loop stops per problem under ``jax.vmap`` (masked by the outer condition)
+    batchable: ClassVar[bool] = True
+
+    def check(self) -> None:
+        for field, low in (("max_cg", 1), ("line_search_steps", 0), ("patience", 1)):
+            check_int(self, field, low)
+        _check_positive(self, "forcing")
 
     def minimise(self, p: Problem, lam, tol, alpha0=None) -> SolverOutput:
         m = p.hidden.shape[2] + 1
@@ -113,7 +89,7 @@ class Newton:
             alpha: jax.Array
             scores: jax.Array  # [N, M] at alpha
             grad: jax.Array  # [m] at alpha
-            best: _Progress
+            best: Progress
             k: jax.Array
             n_hvp: jax.Array
 
@@ -124,9 +100,9 @@ class Newton:
             target = jnp.maximum(jnp.minimum(self.forcing, jnp.sqrt(gnorm)) * gnorm, 0.25 * tol)
 
             def hv(v):
-                u = _matvec(v, p)
+                u = phi_matvec(v, p)
                 z = prob * (u - jnp.sum(prob * u, axis=-1, keepdims=True))
-                return u, _rmatvec(p.weight[:, None] * z, p) + lam * v
+                return u, phi_rmatvec(p.weight[:, None] * z, p) + lam * v
 
             class CG(NamedTuple):
                 x: jax.Array
@@ -157,7 +133,7 @@ class Newton:
             chosen = jnp.take_along_axis(u, p.expert[:, None], axis=1)[:, 0]
 
             def derivatives(t):
-                prob = jnp.exp(_log_softmax(s + t * u, p))
+                prob = jnp.exp(set_log_softmax(s + t * u, p))
                 mean = jnp.sum(prob * u, axis=-1)
                 var = jnp.sum(prob * (u - mean[:, None]) ** 2, axis=-1)
                 return (jnp.sum(p.weight * (mean - chosen)) + lam * (ax + t * xx),
@@ -182,7 +158,7 @@ class Newton:
             return (c.k < self.max_iter) & (c.best.grad_norm > tol) & (c.best.stalled < self.patience)
 
         def body(c: Loop):
-            prob = jnp.exp(_log_softmax(c.scores, p))
+            prob = jnp.exp(set_log_softmax(c.scores, p))
             # always True unbatched; under jax.vmap a stopped problem's CG makes no HVP
             x, u, j = cg(c.grad, prob, jnp.linalg.norm(c.grad), cond(c))
             t = line_search(c.alpha, c.scores, x, u)
@@ -192,7 +168,7 @@ class Newton:
                         c.k + 1, c.n_hvp + j)
 
         v0, g0 = value_and_grad_at(alpha0, s0, p, lam)
-        start = Loop(alpha0, s0, g0, _Progress.start(alpha0, jnp.linalg.norm(g0), v0),
+        start = Loop(alpha0, s0, g0, Progress.start(alpha0, jnp.linalg.norm(g0), v0),
                      jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32))
         out = lax.while_loop(cond, body, start)
         # the certificate's gradient from scratch (the tracked scores carry rounding drift)
@@ -222,6 +198,7 @@ def _spd_solve(a, b):
     return jnp.stack(x)
 
 
+@register_solver
 @dataclasses.dataclass(frozen=True)
 class Subspace:
     """Newton in a subspace (sequential subspace optimisation): each step minimises Eq. 6
@@ -251,6 +228,13 @@ class Subspace:
     inner: int = 6
     patience: int = 10
     name: ClassVar[str] = "subspace"
+    #: not batchable: its vmapped inner loops (the subspace Newton iterations and their
+    #: backtracking) do not terminate on every batch
+    batchable: ClassVar[bool] = False
+
+    def check(self) -> None:
+        for field in ("memory", "inner", "patience"):
+            check_int(self, field, 1)
 
     def minimise(self, p: Problem, lam, tol, alpha0=None) -> SolverOutput:
         m = p.hidden.shape[2] + 1
@@ -265,15 +249,15 @@ class Subspace:
             grad: jax.Array
             steps: jax.Array  # [m, memory] past steps, newest first
             images: jax.Array  # [N, M, memory] their Phi d
-            best: _Progress
+            best: Progress
             k: jax.Array
 
         def sub_value(c, s, w, da, gram):
             """Eq. 6 at alpha + D c (up to the constant lam/2 ||alpha||^2)."""
-            return _expert_nll(s + w @ c, p) + lam * (da @ c + 0.5 * c @ gram @ c)
+            return expert_nll(s + w @ c, p) + lam * (da @ c + 0.5 * c @ gram @ c)
 
         def sub_derivatives(c, s, w, da, gram):
-            prob = jnp.exp(_log_softmax(s + w @ c, p))
+            prob = jnp.exp(set_log_softmax(s + w @ c, p))
             r = p.weight[:, None] * (prob - onehot) * p.mask
             grad = jnp.einsum("nmk,nm->k", w, r) + lam * (da + gram @ c)
             wp = jnp.einsum("nmk,nm->nk", w, prob)
@@ -309,7 +293,7 @@ class Subspace:
 
         def body(c: Loop):
             d = jnp.concatenate([c.grad[:, None], c.steps], axis=1)  # [m, k]
-            w = jnp.concatenate([_matvec(c.grad, p)[..., None], c.images], axis=2)
+            w = jnp.concatenate([phi_matvec(c.grad, p)[..., None], c.images], axis=2)
             scale = 1.0 / jnp.maximum(jnp.linalg.norm(d, axis=0), jnp.finfo(dtype).tiny)
             d, w = d * scale, w * scale
             coef = lax.while_loop(inner_cond, inner_step,
@@ -327,7 +311,7 @@ class Subspace:
         v0, g0 = value_and_grad_at(alpha0, s0, p, lam)
         start = Loop(alpha0, s0, g0, jnp.zeros((m, self.memory), dtype),
                      jnp.zeros((n, slots, self.memory), dtype),
-                     _Progress.start(alpha0, jnp.linalg.norm(g0), v0), jnp.asarray(0, jnp.int32))
+                     Progress.start(alpha0, jnp.linalg.norm(g0), v0), jnp.asarray(0, jnp.int32))
         out = lax.while_loop(cond, body, start)
         value, grad = value_and_grad(out.best.alpha, p, lam)  # from scratch: no tracked drift
         # passes: (a warm start's scores,) the first gradient, two per step, the last gradient
@@ -335,6 +319,7 @@ class Subspace:
                             jnp.asarray(0, jnp.int32), 1 + 2 * out.k + 2 + int(warm))
 
 
+@register_solver
 @dataclasses.dataclass(frozen=True)
 class LBFGS:
     """optax L-BFGS with the zoom line search (strong Wolfe), in one compiled loop.
@@ -355,6 +340,11 @@ class LBFGS:
     max_linesearch_steps: int = 30
     patience: int = 10
     name: ClassVar[str] = "lbfgs"
+    batchable: ClassVar[bool] = True  # each problem its own optax state
+
+    def check(self) -> None:
+        for field in ("memory_size", "max_linesearch_steps", "patience"):
+            check_int(self, field, 1)
 
     def minimise(self, p: Problem, lam, tol, alpha0=None) -> SolverOutput:
         import optax  # here: a Newton (default, one-off CLI) or subspace fit never imports it
@@ -372,7 +362,7 @@ class LBFGS:
         class Loop(NamedTuple):
             alpha: jax.Array
             state: jax.Array
-            best: _Progress
+            best: Progress
 
         def cond(c: Loop):
             k = otu.tree_get(c.state, "count")
@@ -388,13 +378,14 @@ class LBFGS:
 
         v0, g0 = value_and_grad(alpha0, p, lam)
         out = lax.while_loop(cond, body, Loop(alpha0, opt.init(alpha0),
-                                              _Progress.start(alpha0, jnp.linalg.norm(g0), v0)))
+                                              Progress.start(alpha0, jnp.linalg.norm(g0), v0)))
         value, grad = value_and_grad(out.best.alpha, p, lam)
         return SolverOutput(out.best.alpha, value, jnp.linalg.norm(grad),
                             otu.tree_get(out.state, "count"), jnp.asarray(0, jnp.int32),
                             jnp.asarray(-1, jnp.int32))
 
 
+@register_solver
 @dataclasses.dataclass(frozen=True)
 class Adam:
     """The seed paper's protocol: optax Adam from alpha = 0, stop when ||grad|| < tol.
@@ -409,6 +400,10 @@ class Adam:
     tol: float | None = 1e-4
     max_iter: int = 1500
     name: ClassVar[str] = "adam"
+    batchable: ClassVar[bool] = True
+
+    def check(self) -> None:
+        _check_positive(self, "learning_rate")
 
     def minimise(self, p: Problem, lam, tol, alpha0=None) -> SolverOutput:
         import optax
@@ -438,5 +433,3 @@ class Adam:
         return SolverOutput(out.alpha, out.value, jnp.linalg.norm(out.grad), out.k,
                             jnp.asarray(0, jnp.int32), 2 * (out.k + 1))
 
-
-Solver = Union[Subspace, Newton, LBFGS, Adam]

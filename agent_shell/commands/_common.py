@@ -1,6 +1,6 @@
 """What the commands share: the one option set (:data:`SHARED_OPTIONS`: every flag two commands
-take, declared once, each a :class:`SharedOption`), gathered into one resolved
-:class:`agent_shell.run_config.RunConfig` (:func:`config_options`, :func:`config_from`), the
+take, declared once, each a :class:`SharedOption`), gathered into one
+:class:`agent_shell.run_config.ResolvedRun` (:func:`config_options`, :func:`config_from`), the
 console they print on, and the turning of the pipeline's errors (:mod:`agent_shell.pipeline`)
 into one-line click errors.
 
@@ -229,7 +229,7 @@ def config_options(*names: str, check_model: bool = True,
                    **changes: Mapping[str, Any]) -> Callable[[Callable], Callable]:
     """Add the shared options ``names`` (keys of :data:`SHARED_OPTIONS`; ``changes``: name ->
     :meth:`SharedOption.but` arguments, e.g. a command's own help text) to a command, which
-    receives them as one ``config:`` :class:`RunConfig` (:func:`config_from`)."""
+    receives them as one ``config:`` :class:`~agent_shell.run_config.ResolvedRun` (:func:`config_from`)."""
 
     def decorate(fn: Callable) -> Callable:
         command = config_from(*names, check_model=check_model)(fn)
@@ -248,8 +248,8 @@ def shared_option(name: str, **changes: Any) -> SharedOption:
 
 def config_from(*names: str, check_model: bool = True) -> Callable[[Callable], Callable]:
     """Gather the values of the shared options ``names`` (declared on the command by
-    :func:`config_options` or :func:`shared_option`) into one ``config:`` :class:`RunConfig`,
-    resolved (:func:`agent_shell.configure.resolve`; the device and dtype when a backbone option
+    :func:`config_options` or :func:`shared_option`) into one ``config:`` :class:`~agent_shell.run_config.ResolvedRun`,
+    resolved here, once per command (:func:`agent_shell.configure.resolve`; the device and dtype when a backbone option
     is among ``names``, by the same rule everywhere); other fields keep their defaults.
     ``--all-games`` sets ``per_type`` and ``games`` to 0. An invalid value is a usage error naming
     the field; with ``model`` among ``names`` and ``check_model``, a model that cannot be found

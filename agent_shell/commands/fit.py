@@ -18,6 +18,24 @@ import time
 import click
 
 
+class SolverChoice(click.Choice):
+    """``--method``'s choices: the registered solvers (:data:`cb_core.SOLVERS`), read when first
+    needed (cb_core imports JAX, which ``cb-agent --help`` does not load)."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        import cb_core
+
+        return tuple(cb_core.SOLVERS)
+
+    @choices.setter
+    def choices(self, value: tuple) -> None:  # click.Choice.__init__ sets it; the registry is the source
+        pass
+
+
 @click.command("fit")
 @click.argument("decisions", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False),
@@ -26,15 +44,13 @@ import click
 @click.option("--gamma", default=0.8, show_default=True, type=float,
               help="Prior length-normalisation exponent.")
 @click.option("--eps", default=1e-6, show_default=True, type=float, help="Feature std floor.")
-@click.option("--method", default="newton", show_default=True,
-              type=click.Choice(["subspace", "newton", "lbfgs", "adam"]),
-              help="Solver: subspace (Newton over the gradient and the last steps), newton "
-                   "(Newton-CG), lbfgs (L-BFGS) or adam (the seed's protocol).")
-@click.option("--max-iter", default=None, type=int,
-              help="Iteration cap (default: subspace 500, newton 50, lbfgs 500, adam 1500).")
+@click.option("--method", default="newton", show_default=True, type=SolverChoice(),
+              help="Solver, by the name it is registered under (cb_core.SOLVERS; the built-in ones: "
+                   "docs/concept.md).")
+@click.option("--max-iter", default=None, type=int, help="Iteration cap (default: the solver's).")
 @click.option("--tol", default=None, type=float,
-              help="Gradient-norm tolerance (default: adam 1e-4; the others 1e-3 in float32, "
-                   "1e-7 in float64).")
+              help="Gradient-norm tolerance (default: the solver's; unset, 1e-3 in float32 and 1e-7 in "
+                   "float64).")
 @click.option("--float64", "float64", is_flag=True, help="Fit in float64.")
 @click.option("--certify", default="auto", show_default=True,
               type=click.Choice(["auto", "exact", "structural"]),
@@ -63,8 +79,7 @@ def fit(decisions, out, lam, gamma, eps, method, max_iter, tol, float64, certify
         # the fit needs no cache: without one (a warning line) it compiles again, as JAX's own cache does
         enable_persistent_cache(cache_root() / "jax", write_bytes_atomic)
     timings = {"import_s": time.perf_counter() - start}
-    solver = {"subspace": cb_core.Subspace, "newton": cb_core.Newton, "lbfgs": cb_core.LBFGS,
-              "adam": cb_core.Adam}[method]
+    solver = cb_core.SOLVERS[method]
     options = {k: v for k, v in (("max_iter", max_iter), ("tol", tol)) if v is not None}
     try:
         t = time.perf_counter()

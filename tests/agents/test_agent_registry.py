@@ -194,7 +194,7 @@ def test_recorded_settings_and_resume_of_a_committed_results_file_are_unchanged(
         {record["agent"]: {record["task_id"]}}
     with pytest.raises(ValueError, match="seed=0, but this run uses seed=1"):
         check_results_file(copy, [record["agent"]], [record["task_id"]], True,
-                           {**current, **RunConfig(**{**recorded, "seed": 1}).settings()})
+                           {**current, **resolve(RunConfig(**{**recorded, "seed": 1}), backbone=False).settings()})
 
 
 @pytest.mark.parametrize("build", [

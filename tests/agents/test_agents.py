@@ -317,6 +317,7 @@ def test_a_run_warns_up_front_about_task_types_whose_expert_won_no_trajectory(tm
     """ScienceWorld's expert wins no train variation of some tasks: the run says so at its start
     (naming the types and what happens to their episodes) instead of only in error records."""
     from agent_shell.pipeline import prepare
+    from agent_shell.configure import resolve
     from agent_shell.run_config import RunConfig
 
     class LosingExpert(ScriptedEnv):  # the expert of type "open" gives up at once
@@ -324,7 +325,8 @@ def test_a_run_warns_up_front_about_task_types_whose_expert_won_no_trajectory(tm
             return None if self.task_type_of(self._task) == "open" else super().expert_action()
 
     lines = []
-    config = RunConfig(env="scripted", agents=("react",), demos_per_type=4, cache_dir=str(tmp_path))
+    config = resolve(RunConfig(env="scripted", agents=("react",), demos_per_type=4, cache_dir=str(tmp_path)),
+                     backbone=False)
     setup = prepare(config, False, lines.append, env=LosingExpert(), lm=FakeLM(), task_types=["fetch", "open"])
     warnings = [line for line in lines if line.startswith("warning:")]
     assert warnings == [

@@ -16,6 +16,7 @@ from agent_shell.studies.labels import read_labels
 from agent_shell.cli import main
 from agent_shell.experience import NO_UPDATE
 from agent_shell.history import RENDERINGS
+from agent_shell.configure import resolve
 from agent_shell.run_config import RunConfig
 from agent_shell.studies import recorded_trials
 from calibration_doubles import CANDS, DEMOS, PLAYED, START, env_step, label_line, recorded, review_replies
@@ -157,7 +158,8 @@ def test_calibrator_rendering_in_an_episode(tmp_path):
     assert set(log.experiences) == {r["step"] for r in kept}
     with pytest.raises(ValueError, match="--calibrator"):
         RunConfig(rendering="calibrator")
-    assert RunConfig(rendering="calibrator", calibrator="c.safetensors").settings()["calibrator"] == "c.safetensors"
+    resolved = resolve(RunConfig(rendering="calibrator", calibrator="c.safetensors"), backbone=False)
+    assert resolved.settings()["calibrator"] == "c.safetensors"
 
 
 # ------------------------------------------------------------------------------------- the joint actor

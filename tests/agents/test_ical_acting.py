@@ -63,10 +63,12 @@ def test_ical_actions_demos_leave_the_annotations_out(tmp_path):
 def test_demos_option_values():
     assert parse_demos("expert") is None and parse_demos("ical:runs/mem") == "runs/mem"
     assert parse_demos("ical-actions:runs/mem") == "runs/mem"
+    from agent_shell.configure import resolve
     from agent_shell.run_config import RunConfig
 
+    settings = RunConfig(demos="ical-actions:/nonexistent/mem")  # a plain value: nothing read from disk
     with pytest.raises(ValueError, match="ICAL memory folder /nonexistent/mem does not exist"):
-        RunConfig(demos="ical-actions:/nonexistent/mem")
+        resolve(settings, backbone=False)
     with pytest.raises(ValueError, match="'ical:MEMORY_FOLDER'"):
         parse_demos("ical:")
     with pytest.raises(ValueError, match="holds no examples"):

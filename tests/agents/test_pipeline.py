@@ -11,11 +11,13 @@ import agent_shell.lm
 from agent_doubles import FakeLM, ScriptedEnv
 from agent_shell import pipeline
 from agent_shell.cli import main
+from agent_shell.configure import resolve
 from agent_shell.run_config import RunConfig
 
 
 def test_prepare_refuses_an_unknown_demonstrations_split_before_collecting_anything(tmp_path):
-    config = RunConfig(env="scripted", agents=("react",), demo_split="nosuch", cache_dir=str(tmp_path))
+    config = resolve(RunConfig(env="scripted", agents=("react",), demo_split="nosuch", cache_dir=str(tmp_path)),
+                     backbone=False)
     lines: list[str] = []
     with pytest.raises(pipeline.UnknownTasks) as info:
         pipeline.prepare(config, False, lines.append, env=ScriptedEnv(), lm=FakeLM())

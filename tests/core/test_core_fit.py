@@ -82,8 +82,8 @@ def passes(monkeypatch):
             return fn(*args, **kwargs)
         return wrapper
 
-    for module, name in ((model, "_matvec"), (model, "_rmatvec"), (solvers, "_matvec"), (solvers, "_rmatvec"),
-                         (fit_module, "prepare")):
+    for module, name in ((model, "phi_matvec"), (model, "phi_rmatvec"), (solvers, "phi_matvec"),
+                         (solvers, "phi_rmatvec"), (fit_module, "prepare")):
         monkeypatch.setattr(module, name, counted(getattr(module, name)))
     monkeypatch.setattr(importlib.import_module("cb_core.cache"), "_EXECUTABLES", None)
     return count
@@ -95,7 +95,7 @@ def test_newton_takes_few_steps(medium, passes):
     r = cb_core.fit(medium, cb_core.Newton(tol=1e-9, max_iter=49), dtype=jnp.float64, certify="structural")
     assert r.converged and r.n_iter <= 8 and r.n_hvp >= r.n_iter
     assert passes["prepare"] == 1 and r.n_passes == passes.total()
-    assert passes["_matvec"] >= r.n_hvp and passes["_rmatvec"] >= r.n_hvp  # an HVP reads them twice
+    assert passes["phi_matvec"] >= r.n_hvp and passes["phi_rmatvec"] >= r.n_hvp  # an HVP reads them twice
 
 
 def test_subspace_steps_cost_two_passes(medium, passes):
@@ -107,7 +107,7 @@ def test_subspace_steps_cost_two_passes(medium, passes):
     assert r.n_passes == passes.total() and r.n_iter <= 60
     # per step the gradient's image and the new gradient; besides, the statistics, the first
     # gradient (the scores at alpha = 0 need no pass) and the certificate's gradient from scratch
-    assert passes == {"prepare": 1, "_matvec": r.n_iter + 1, "_rmatvec": 1 + r.n_iter + 1}
+    assert passes == {"prepare": 1, "phi_matvec": r.n_iter + 1, "phi_rmatvec": 1 + r.n_iter + 1}
     r1 = cb_core.fit(medium, cb_core.Subspace(tol=1e-9, memory=1), dtype=jnp.float64)
     assert r1.converged
     np.testing.assert_allclose(r1.alpha, r.alpha, atol=1e-8)

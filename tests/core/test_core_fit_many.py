@@ -96,7 +96,7 @@ def test_a_problem_that_converges_early_stays_put():
     with jax.enable_x64(True):
         dec = as_float64(dec)
         solver = cb_core.Newton(tol=1e-9)
-        many = cb_core.fit_many(dec, solver, lam=[20.0, 0.02], dtype=jnp.float64)
+        many = cb_core.fit_many(dec, solver, lam=[20.0, 0.02], dtype=jnp.float64)[0]
         solo = [cb_core.fit(dec, solver, lam=lam, dtype=jnp.float64) for lam in (20.0, 0.02)]
     assert many[0].n_iter < many[1].n_iter
     for one, ref in zip(many, solo):
@@ -132,7 +132,7 @@ def test_fold_weights_equal_the_fit_on_the_subset(dec, data):
     """A problem whose weights are a 0/1 mask is the fit of the decisions it keeps (whose features
     are standardised per candidate set, so leaving a decision out changes nothing else)."""
     weights = data.draw(decision_weights(dec.n_decisions, 3))
-    many = cb_core.fit_many(dec, lam=0.5, weights=weights)
+    many = cb_core.fit_many(dec, lam=0.5, weights=weights)[0]
     for w, one in zip(weights, many):
         kept = np.flatnonzero(w)
         solo = cb_core.fit(subset(dec, kept), lam=0.5)
@@ -151,7 +151,7 @@ def test_a_weight_of_two_counts_a_decision_twice():
     w = np.array([1.0, 1.0, 2.0, 1.0])
     with jax.enable_x64(True):
         solver = cb_core.Newton(tol=1e-10)
-        weighted = cb_core.fit_many(as_float64(dec), solver, weights=w, dtype=jnp.float64)[0]
+        weighted = cb_core.fit_many(as_float64(dec), solver, weights=w, dtype=jnp.float64)[0][0]
         repeated = cb_core.fit(as_float64(twice), solver, dtype=jnp.float64)
     np.testing.assert_allclose(weighted.alpha, repeated.alpha, atol=1e-8)
     assert weighted.loss == pytest.approx(reference_objective(dec, 1.0, w)(weighted.alpha), abs=1e-10)
@@ -160,7 +160,7 @@ def test_a_weight_of_two_counts_a_decision_twice():
 def test_one_problem_is_the_single_fit():
     """fit_many with one problem runs fit's program: the same alpha to the bit."""
     dec = random_decisions(2, [4, 3, 5], D)
-    np.testing.assert_array_equal(cb_core.fit_many(dec, lam=0.7)[0].alpha, cb_core.fit(dec, lam=0.7).alpha)
+    np.testing.assert_array_equal(cb_core.fit_many(dec, lam=0.7)[0][0].alpha, cb_core.fit(dec, lam=0.7).alpha)
 
 
 @pytest.mark.parametrize("kwargs, match", [
