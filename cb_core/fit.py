@@ -204,6 +204,18 @@ def _check_number(name: str, value: object, low: float, strict: bool) -> float:
     return value
 
 
+def _check_lam_dtype(lam: np.ndarray, dt) -> None:
+    """Refuse strengths the fit's dtype cannot hold: past its largest value (inf) or below its
+    smallest normal number (0 or a subnormal, and a certificate gap ||g||^2 / (2 lam) for a lam
+    that is not the one fitted)."""
+    info = np.finfo(np.dtype(dt.name))
+    for value in np.unique(lam):
+        if not info.tiny <= value <= info.max:
+            fix = " or fit in float64 (dtype='float64', `--float64`)" if dt == jnp.float32 else ""
+            raise ValueError(f"lam={value:g} {'overflows' if value > info.max else 'underflows'} {dt.name} (it holds "
+                             f"{info.tiny:.4g} to {info.max:.4g}): choose a strength in that range{fix}")
+
+
 def _check_init(init: ArrayLike, m: int, dt) -> np.ndarray:
     """``init`` as a [m] array of ``dt``; ValueError (one line) for another shape or a non-finite entry."""
     alpha0 = np.asarray(init, dtype=np.dtype(dt.name))
@@ -266,6 +278,7 @@ def _fit_problems(sets: list[Decisions], originals: Sequence[Decisions], solver:
     [S, K, m] or None. One problem runs :func:`_solve` (the program :func:`fit` always ran), more
     run :func:`_solve_many` (one program, one shared bucket). Returns S lists of K results.
     """
+    _check_lam_dtype(lam, dt)
     n_sets, k = lam.shape
     m = sets[0].hidden_size + 1
     many = n_sets * k > 1
@@ -375,7 +388,7 @@ def fit(
         FitResult with alpha [d + 1] (numpy, ``dtype``) and its :class:`Certificate`.
 
     Raises:
-        ValueError: lam <= 0 or non-finite, gamma/eps/tol/max_iter (or Subspace memory/inner)
+        ValueError: lam <= 0, non-finite or outside ``dtype``'s normal range (1e39 or 1e-46 in float32), gamma/eps/tol/max_iter (or Subspace memory/inner)
             invalid, an ``init`` that is not a finite [d + 1] vector, unknown solver or dtype, or bad decisions (naming the decision at fault;
             a non-finite hidden state is found by the compiled fit's first pass); a fit whose
             loss or gradient is not finite although its inputs are (finite features too large
