@@ -135,3 +135,22 @@ def test_a_strength_float32_cannot_hold_is_refused_before_anything_loads(no_back
     res = CliRunner().invoke(main, ["fit-concepts", "--env", "textworld", "--lam", lam])
     assert res.exit_code == 2 and f"lam={float(lam)!r} {edge} float32" in res.output, res.output
     assert "Traceback" not in res.output
+
+
+def test_cache_dir_moves_every_cache_textworld_s_generated_games_too(tmp_path, monkeypatch):
+    """``--cache-dir`` is the cache root of the whole command: TextWorld's generated games (the
+    folder ``envs.textworld.generate_game`` writes to) go there, not to ``~/.cache/cb-agent``."""
+    import agent_shell.commands.fit_concepts as command
+    from cb_io.paths import cache_dir
+
+    monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "default"))  # restored after the test
+    seen = []
+
+    def prepare(config, **kw):
+        seen.append(cache_dir("textworld", "cooking", "train"))  # generate_game's folder
+        raise SystemExit(0)
+
+    monkeypatch.setattr(command, "prepare", prepare)
+    res = CliRunner().invoke(main, ["fit-concepts", "--env", "textworld", "--cache-dir", str(tmp_path / "mine")])
+    assert res.exit_code == 0 and seen == [tmp_path / "mine" / "textworld" / "cooking" / "train"], res.output
+    assert not (tmp_path / "default").exists()
