@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "ical": "agent_shell.commands.ical:ical",
     "tasks": "agent_shell.commands.tasks:tasks",
     "backends": "agent_shell.commands.backends:backends",
+    "features": "agent_shell.commands.features:features",
     "agents": "agent_shell.commands.agents:agents",
     "calibrate": "agent_shell.commands.calibrate:calibrate",
 }

@@ -377,6 +377,18 @@ def save_concepts(concepts: dict[str, Concept], directory: str | os.PathLike) ->
         write_bytes_atomic(directory / f"{task_type}.safetensors", concept.to_bytes())
 
 
+def copy_concepts(source: str | os.PathLike, directory: str | os.PathLike) -> list[Path]:
+    """Copy the concept files of ``source`` (``*.safetensors``) into ``directory``, each atomically
+    (:func:`cb_io.storage.write_bytes_atomic`): a copy killed part-way leaves every file whole or
+    absent, never a torn concept under its name. Returns the copies."""
+    directory = Path(directory)
+    copies = []
+    for f in sorted(Path(source).glob("*.safetensors")):
+        write_bytes_atomic(directory / f.name, f.read_bytes())
+        copies.append(directory / f.name)
+    return copies
+
+
 def load_concepts(directory: str | os.PathLike) -> dict[str, Concept]:
     """Inverse of :func:`save_concepts`: task type -> concept (raises FileNotFoundError if none)."""
     import cb_core

@@ -164,7 +164,9 @@ def episode_record(agent_name: str, task_id: str, trials: Sequence[Trial], wall_
 def error_record(agent_name: str, task_id: str, task_type: str, trials: Sequence[Trial], budget: int,
                  wall_s: float, meta: dict[str, Any], err: BaseException) -> dict[str, Any]:
     """The results line of an episode that an engine fault ended: the trials played so far (none when
-    the first reset failed), ``success`` False, and ``error`` (type, one-line message, trial, step)."""
+    the first reset failed), ``success`` False, and ``error`` (type, one-line message, trial, step,
+    and the fault's own ``details`` when it has them: a pass out of memory gives ``context_tokens``
+    and ``bytes_asked``, :class:`agent_shell.lm.faults.PassOutOfMemory`)."""
     from cb_io.records import one_line
 
     if trials:
@@ -178,7 +180,7 @@ def error_record(agent_name: str, task_id: str, task_type: str, trials: Sequence
     last = trials[-1].episode.steps if trials else []
     record.update(task_type=task_type, success=False,
                   error={"type": type(err).__name__, "message": one_line(err), "trial": max(len(trials), 1),
-                         "step": len(last) + 1})
+                         "step": len(last) + 1, **dict(getattr(err, "details", None) or {})})
     return record
 
 

@@ -28,6 +28,10 @@ from typing import Any
 from agent_shell.history import check_rendering
 from cb_io.records import EPISODE_TIMEOUT_S
 
+#: float32's smallest normal and largest finite numbers (numpy.finfo): the range of a strength the
+#: concepts' float32 fit can hold (cb_core's fit refuses the rest as well).
+FLOAT32_TINY, FLOAT32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38
+
 #: Where CB-Agent's concepts are fitted from (``concept_data``).
 CONCEPT_DATA = ("expert", "ical")
 #: The action spaces of a CB-Agent decision: the environment's candidates, or sampled replies.
@@ -176,6 +180,9 @@ class RunConfig:
             raise ValueError(f"episode_timeout={self.episode_timeout} must be > 0 seconds")
         if self.lam != "auto" and not (isinstance(self.lam, (int, float)) and self.lam > 0):
             raise ValueError(f"lam={self.lam!r} must be > 0 (the fit is strongly convex only then) or 'auto'")
+        if self.lam != "auto" and not FLOAT32_TINY <= self.lam <= FLOAT32_MAX:  # the concepts are fitted in float32
+            raise ValueError(f"lam={self.lam!r} {'overflows' if self.lam > FLOAT32_MAX else 'underflows'} float32, "
+                             f"the concepts' dtype (it holds {FLOAT32_TINY:.4g} to {FLOAT32_MAX:.4g})")
         if parse_demos(self.demos) is None and self.concept_data == "ical":
             raise ValueError("concept_data='ical' needs demos='ical:MEMORY'")
         if self.rendering == "calibrator" and self.calibrator is None:

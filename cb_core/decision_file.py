@@ -36,7 +36,8 @@ import numpy as np
 
 from cb_core.decisions import Decisions, _from_arrays, validate_decisions
 
-__all__ = ["MAX_BYTES", "load_decisions", "load_decisions_metadata", "write_decisions"]
+__all__ = ["MAX_BYTES", "METADATA_FIELDS", "check_decisions_metadata", "load_decisions", "load_decisions_metadata",
+           "write_decisions"]
 
 _REQUIRED = ("hidden", "log_q", "n_tokens", "offsets", "expert")
 
@@ -110,11 +111,12 @@ def load_decisions(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> Decis
     Raises:
         ValueError: not an ``.npz`` archive (naming the file), or naming the missing or
             malformed field (a header that disagrees with its stored size, over ``max_bytes``),
-            or the decision at fault.
+            the decision at fault, or a ``metadata`` field :func:`check_decisions_metadata` refuses.
         FileNotFoundError: if the file does not exist.
         MemoryError: the machine cannot hold the arrays (under ``max_bytes``).
     """
     arrays = _read_members(path, _REQUIRED, max_bytes)
+    load_decisions_metadata(path)  # the fields a concept takes from it: refused here as `cb-agent fit` refuses them
     for k in ("hidden", "log_q"):
         if not np.issubdtype(arrays[k].dtype, np.floating):
             raise ValueError(f"{path}: field {k} must be float, got dtype {arrays[k].dtype}")
@@ -128,8 +130,8 @@ def load_decisions_metadata(path: str | os.PathLike, max_bytes: int = 16 << 20) 
     """The optional JSON ``metadata`` object of a decision-set file ({} when absent).
 
     Raises:
-        ValueError: if the field is present but not a JSON object, or declares over
-            ``max_bytes`` (default 16 MiB).
+        ValueError: if the field is present but not a JSON object, declares over ``max_bytes``
+            (default 16 MiB), or holds a field :func:`check_decisions_metadata` refuses.
     """
     raw = _read_members(path, ("metadata",), max_bytes, required=False).get("metadata")
     if raw is None:
@@ -140,7 +142,29 @@ def load_decisions_metadata(path: str | os.PathLike, max_bytes: int = 16 << 20) 
         raise ValueError(f"{path}: field metadata is not JSON: {err}") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: field metadata must be a JSON object, got {type(meta).__name__}")
+    check_decisions_metadata(meta, str(path))
     return meta
+
+
+#: The metadata fields a concept fitted on a decision-set file takes from it -> their JSON types.
+METADATA_FIELDS = {"backbone": (str,), "task_type": (str,), "features": (str, dict), "trajectories": (list,)}
+
+
+def check_decisions_metadata(meta: dict, where: str) -> None:
+    """The one check of a decision-set file's metadata (:func:`load_decisions`,
+    :func:`load_decisions_metadata`, ``cb-agent fit``): each field of :data:`METADATA_FIELDS`,
+    when present, has its type, and ``trajectories`` lists strings. Other fields are kept as they are.
+
+    Raises:
+        ValueError: one line naming ``where``, the field and the value.
+    """
+    for field, types in METADATA_FIELDS.items():
+        if field in meta and not isinstance(meta[field], types):
+            raise ValueError(f"{where}: metadata {field!r} must be {' or '.join(t.__name__ for t in types)}, "
+                             f"got {meta[field]!r}"[:300])
+    bad = [t for t in meta.get("trajectories", []) if not isinstance(t, str)]
+    if bad:
+        raise ValueError(f"{where}: metadata 'trajectories' must list strings, got {bad[0]!r}")
 
 
 def write_decisions(file: BinaryIO, decisions: Decisions, metadata: dict | None = None) -> None:
@@ -149,12 +173,13 @@ def write_decisions(file: BinaryIO, decisions: Decisions, metadata: dict | None 
     tmp, open(tmp, "wb") as f: write_decisions(f, decisions)``.
 
     Raises:
-        ValueError: as :func:`validate_decisions`.
+        ValueError: as :func:`validate_decisions`, or metadata :func:`check_decisions_metadata` refuses.
     """
     dec = validate_decisions(decisions)
     arrays = dict(hidden=np.asarray(dec.hidden, np.float32), log_q=np.asarray(dec.log_q, np.float32),
                   n_tokens=np.asarray(dec.n_tokens, np.int64), offsets=np.asarray(dec.offsets, np.int64),
                   expert=np.asarray(dec.expert, np.int64))
     if metadata is not None:
+        check_decisions_metadata(metadata, "write_decisions")
         arrays["metadata"] = np.asarray(json.dumps(metadata))
     np.savez(file, **arrays)

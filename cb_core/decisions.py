@@ -107,6 +107,9 @@ def _validate_arrays(
     skips the one check that reads all of ``hidden``: for a caller that checks it on the way)."""
     if hidden.ndim != 2:
         raise ValueError(f"hidden must be [T, d], got shape {hidden.shape}")
+    for name, arr in (("hidden", hidden), ("log_q", log_q), ("n_tokens", n_tokens), ("offsets", offsets),
+                      ("expert", expert)):
+        check_real(name, arr)
     t, d = hidden.shape
     if d < 1:
         raise ValueError("hidden has zero columns (d = 0)")
@@ -154,6 +157,41 @@ def _validate_arrays(
                          f"(candidate {bad[0] - offsets[i]})")
 
 
+def check_real(name: str, arr: np.ndarray, where: str = "") -> None:
+    """Refuse an array that does not hold real numbers (strings, complex numbers, objects, bools):
+    one line naming the field (``where``: e.g. ``"decision 3: "``) and its dtype."""
+    if arr.dtype.kind not in "fiu":
+        raise ValueError(f"{where}{name} must hold real numbers, got dtype {arr.dtype} "
+                         f"({'complex' if arr.dtype.kind == 'c' else 'text' if arr.dtype.kind in 'US' else arr.dtype.kind})")
+
+
+def _integers(name: str, values: ArrayLike, where: str = "", per_decision: bool = False) -> np.ndarray:
+    """``values`` as int64, refusing entries that are not whole numbers (2.5 is not truncated to 2);
+    ``per_decision``: entry i belongs to decision i (the message names it)."""
+    arr = np.asarray(values)
+    check_real(name, arr, where)
+    if not np.issubdtype(arr.dtype, np.integer):
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
+        if bad.size:
+            at = f"decision {bad[0]}: {name}" if per_decision else f"{where}{name}"
+            raise ValueError(f"{at} {arr.reshape(-1)[bad[0]].item()!r} is not a whole number")
+    return arr.astype(np.int64)
+
+
+def _overflow(name: str, arr: np.ndarray, float_dtype, offsets: np.ndarray) -> None:
+    """Refuse finite values of a wider float that ``float_dtype`` cannot hold (they would become
+    infinite), naming the decision and candidate."""
+    if arr.dtype.itemsize <= np.dtype(float_dtype).itemsize or arr.size == 0:
+        return
+    limit = np.finfo(float_dtype).max
+    rows = np.flatnonzero((np.abs(arr) > limit).reshape(arr.shape[0], -1).any(axis=1))
+    if rows.size:
+        i = int(np.searchsorted(offsets, rows[0], side="right") - 1)
+        raise ValueError(f"decision {i}: {name} of candidate {rows[0] - offsets[i]} holds "
+                         f"{float(np.abs(arr[rows[0]]).max()):.4g}, past {np.dtype(float_dtype).name}'s largest "
+                         f"{limit:.4g} (it would become infinite): scale the features down")
+
+
 def _from_arrays(hidden, log_q, n_tokens, offsets, expert, *, float_dtype=np.float32,
                  finite_hidden: bool = True) -> Decisions:
     hidden = np.asarray(hidden)
@@ -162,6 +200,8 @@ def _from_arrays(hidden, log_q, n_tokens, offsets, expert, *, float_dtype=np.flo
     offsets = np.asarray(offsets)
     expert = np.asarray(expert)
     _validate_arrays(hidden, log_q, n_tokens, offsets, expert, finite_hidden)
+    _overflow("hidden", hidden, float_dtype, offsets)
+    _overflow("log_q", log_q, float_dtype, offsets)
     sizes = np.diff(offsets)
     return Decisions(
         hidden=hidden.astype(float_dtype, copy=False),
@@ -211,8 +251,9 @@ def decisions_from_lists(
 
     Raises:
         ValueError: naming the decision at fault: lists of different lengths, an empty
-            candidate set, mismatched shapes or hidden sizes, an expert index outside its set,
-            non-finite values, n_tokens < 1.
+            candidate set, mismatched shapes or hidden sizes, an expert index outside its set or
+            not a whole number (2.5 is refused, not truncated), values that are not real numbers
+            (strings, complex), non-finite values or values float32 cannot hold, n_tokens < 1.
     """
     n = len(hidden)
     for name, seq in (("log_q", log_q), ("n_tokens", n_tokens), ("expert", expert)):
@@ -224,6 +265,7 @@ def decisions_from_lists(
     d = None
     for i in range(n):
         h = np.asarray(hidden[i])
+        check_real("hidden", h, f"decision {i}: ")
         if h.ndim != 2:
             raise ValueError(f"decision {i}: hidden must be [M_i, d], got shape {h.shape}")
         if h.shape[0] == 0:
@@ -238,17 +280,15 @@ def decisions_from_lists(
         if lq.shape != (h.shape[0],) or nt.shape != (h.shape[0],):
             raise ValueError(f"decision {i}: log_q {lq.shape} and n_tokens {nt.shape} must both "
                              f"be [M_i] = [{h.shape[0]}]")
-        if not np.issubdtype(nt.dtype, np.integer):
-            if not np.all(nt == np.round(nt)):
-                raise ValueError(f"decision {i}: n_tokens must be integers, got {nt}")
-            nt = nt.astype(np.int64)
+        check_real("log_q", lq, f"decision {i}: ")
+        nt = _integers("n_tokens", nt, f"decision {i}: ")
         hs.append(h)
         lqs.append(lq)
         nts.append(nt)
     sizes = np.array([h.shape[0] for h in hs], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     return _from_arrays(np.concatenate(hs), np.concatenate(lqs), np.concatenate(nts), offsets,
-                        np.asarray(expert, dtype=np.int64))
+                        _integers("expert index", list(expert), per_decision=True))
 
 
 @jax.tree_util.register_dataclass

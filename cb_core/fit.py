@@ -35,7 +35,8 @@ import numpy as np
 from cb_core.cache import call_compiled
 from cb_core.decisions import Decisions, bucket_size, to_padded, validate_decisions
 from cb_core.model import compiled, hessian_factor, prepare
-from cb_core.fit_arguments import check_init, check_inits, check_number, check_problems, check_sets, check_shared
+from cb_core.fit_arguments import (check_init, check_inits, check_lam_dtype, check_number, check_problems, check_sets,
+                                   check_shared)
 from cb_core.solver_protocol import Solver, SolverOutput, solver_settings
 from cb_core.solvers import Newton
 
@@ -301,6 +302,7 @@ def _fit_problems(sets: list[Decisions], originals: Sequence[Decisions], solver:
     non-finite hidden state); lam [S, K] float64; weights: S arrays [K, N_s] (None: all 1); init
     [S, K, m] or None. Returns S lists of K results.
     """
+    check_lam_dtype(lam, dt)
     padded, weight = _pad(sets, lam.shape[1], weights, dt)
     scalars = tuple(np.asarray(x, dt) for x in (gamma, eps, tol))
     with _x64_context(dt):
@@ -351,7 +353,8 @@ def fit(
         FitResult with alpha [d + 1] (numpy, ``dtype``) and its :class:`Certificate`.
 
     Raises:
-        ValueError: lam <= 0 or non-finite, gamma/eps/tol/max_iter invalid, a setting the solver's
+        ValueError: lam <= 0, non-finite or outside ``dtype``'s normal range (1e39 or 1e-46 in
+            float32), gamma/eps/tol/max_iter invalid, a setting the solver's
             ``check`` refuses, an ``init`` that is not a finite [d + 1] vector, an object that is no
             solver, an unknown dtype, or bad decisions (naming the decision at fault; a non-finite
             hidden state is found by the compiled fit's first pass); a fit whose loss or gradient is

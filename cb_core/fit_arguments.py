@@ -33,6 +33,18 @@ def check_number(name: str, value: object, low: float, strict: bool) -> float:
     return value
 
 
+def check_lam_dtype(lam: np.ndarray, dt) -> None:
+    """Refuse strengths the fit's dtype cannot hold: past its largest value (inf) or below its
+    smallest normal number (0 or a subnormal, and a certificate gap ||g||^2 / (2 lam) for a lam
+    that is not the one fitted). ValueError, one line naming lam."""
+    info = np.finfo(np.dtype(dt.name))
+    for value in np.unique(lam):
+        if not info.tiny <= value <= info.max:
+            fix = " or fit in float64 (dtype='float64', `--float64`)" if dt == jnp.float32 else ""
+            raise ValueError(f"lam={value:g} {'overflows' if value > info.max else 'underflows'} {dt.name} (it holds "
+                             f"{info.tiny:.4g} to {info.max:.4g}): choose a strength in that range{fix}")
+
+
 def check_init(init: ArrayLike, m: int, dt) -> np.ndarray:
     """``init`` as a [m] array of ``dt``; ValueError (one line) for another shape or a non-finite entry."""
     alpha0 = np.asarray(init, dtype=np.dtype(dt.name))

@@ -11,6 +11,12 @@ concepts) in one rename, and :func:`stamped_folder` builds one (an extracted or 
 once per source; :func:`claim_writer` gives one process at a time the right to append to a
 file. (cb_core writes no files: its callers write what it serialises through this module.)
 
+Temporary files and folders of the atomic writers are named ``<name>.tmp-<host>-<pid>-<random>``
+beside their target; a write killed part-way (SIGKILL, a lost machine) leaves one, and the next
+atomic write into that folder removes it (:func:`remove_leftovers`: its process, on this host, is
+gone, or it is older than :data:`LEFTOVER_AGE_S`), so a killed fit leaves no staging folder in the
+concept cache and no ``tmp*`` file in an output folder for long.
+
 One rule for links: no file the project writes, whether an output, an appended line, a lock or a
 side file beside an output, is written through a symbolic link. The atomic writers replace a link
 at the path; every file opened to be written in place is opened with ``O_NOFOLLOW``
@@ -27,9 +33,12 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import shutil
+import socket
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -249,9 +258,76 @@ def _default_mode() -> int:
     return 0o666 & ~_umask()
 
 
+#: This machine's name as temporary names carry it (letters, digits, ``_`` and ``.`` only).
+_HOST = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+#: A temporary entry of :func:`atomic_path` / :func:`atomic_folder`: ``<name>.tmp-<host>-<pid>-<random><suffix>``.
+_TEMP = re.compile(r"\.tmp-(?P<host>[A-Za-z0-9_.]+)-(?P<pid>\d+)-[A-Za-z0-9_]+(\.[A-Za-z0-9]+)?$")
+#: Temporary entries from before the names carried their writer (``tmpXXXXXXXX.tmp``, ``name.tmp-XXXXXXXX``).
+_OLD_TEMP = re.compile(r"^tmp[A-Za-z0-9_]{8}(\.[A-Za-z0-9]+)?$|\.tmp-[A-Za-z0-9_]{8}$")
+#: Age past which a temporary entry is a leftover whoever wrote it (no write takes a day).
+LEFTOVER_AGE_S = 24 * 3600.0
+_SWEPT: set[str] = set()
+
+
+def _temp_prefix(path: Path) -> str:
+    return f"{path.name}.tmp-{_HOST}-{os.getpid()}-"
+
+
+def _gone(pid: int) -> bool:
+    """Whether no process ``pid`` runs on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it runs, as another user
+        return False
+    return False
+
+
+def remove_leftovers(directory: str | os.PathLike, force: bool = False) -> list[str]:
+    """Remove the temporary files and folders that killed atomic writes left in ``directory``:
+    those whose writing process ran on this host and is gone, and any older than
+    :data:`LEFTOVER_AGE_S` (from another host, or named before names carried their writer).
+    A temporary entry of a write still running is never touched. Done once per folder and
+    process (the atomic writers call it) unless ``force``.
+
+    Returns:
+        the names removed.
+    """
+    key = os.path.abspath(directory)
+    if key in _SWEPT and not force:
+        return []
+    _SWEPT.add(key)
+    try:
+        entries = list(os.scandir(key))
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        mine = _TEMP.search(entry.name)
+        try:
+            if mine is not None and mine["host"] == _HOST:
+                stale = int(mine["pid"]) != os.getpid() and _gone(int(mine["pid"]))
+            elif mine is not None or _OLD_TEMP.search(entry.name):
+                stale = time.time() - entry.stat(follow_symlinks=False).st_mtime > LEFTOVER_AGE_S
+            else:
+                continue
+            if not stale:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+            removed.append(entry.name)
+        except OSError:  # removed meanwhile by another process, or not ours to remove
+            pass
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str]:
     """Yield a temporary path beside ``path``; on success it replaces ``path`` in one rename.
+    The leftovers of killed writes in its folder go first (:func:`remove_leftovers`).
 
     The new file gets the ordinary permissions of a newly created file (not mkstemp's 0600). On
     any exception the temporary file is removed and ``path`` is left untouched. A symbolic link at
@@ -262,7 +338,8 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str]:
     directory = os.path.dirname(os.path.abspath(path))
     with writing(path):
         os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, suffix=suffix)
+        remove_leftovers(directory)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=_temp_prefix(Path(path)), suffix=suffix)
         os.close(fd)
         try:
             yield tmp
@@ -284,7 +361,8 @@ def atomic_folder(path: str | os.PathLike, marker: str | None = None) -> Iterato
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
+    remove_leftovers(path.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), dir=path.parent))
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # a new folder's ordinary mode, not mkdtemp's 0700
         yield tmp
@@ -391,6 +469,6 @@ def stamped_folder(target: str | os.PathLike, stamp: Mapping[str, Any], build: C
     return target
 
 
-__all__ = ["STAMP_FILE", "FileBusy", "MalformedLine", "OutputError", "append_jsonl", "atomic_folder", "atomic_path",
-           "claim_writer", "iter_jsonl", "open_for_writing", "refuse_link", "repair_jsonl", "stamped_folder",
-           "write_bytes_atomic", "write_json_atomic", "writing"]
+__all__ = ["LEFTOVER_AGE_S", "STAMP_FILE", "FileBusy", "MalformedLine", "OutputError", "append_jsonl", "atomic_folder",
+           "atomic_path", "claim_writer", "iter_jsonl", "open_for_writing", "refuse_link", "remove_leftovers",
+           "repair_jsonl", "stamped_folder", "write_bytes_atomic", "write_json_atomic", "writing"]

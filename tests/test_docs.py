@@ -1,10 +1,12 @@
-"""The documentation keeps up with the repository: every committed results table is on the results page, and
-the README stays a front door."""
+"""The documentation keeps up with the repository: every committed results table is on the results page, the
+README stays a front door, and every Python example of docs/ runs as written."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,3 +41,42 @@ def test_the_site_takes_no_script_style_or_font_from_a_network():
     for css in (ROOT / "docs").rglob("*.css"):
         text = css.read_text()
         assert not re.search(r"url\(\s*['\"]?(https?:)?//|@import", text), f"{css}: fetches from a network"
+
+
+def python_examples() -> list[tuple[str, int, str]]:
+    """(page, index, code) of every ```python block of docs/."""
+    found = []
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)
+        found += [(page.name, i, code) for i, code in enumerate(blocks)]
+    return found
+
+
+#: The examples that load the real backbone, play real games or compile many fits (10 s and more on
+#: a CPU; run with -m slow).
+SLOW_EXAMPLES = {("getting-started.md", 0), ("agents.md", 0), ("lm-backends.md", 0), ("lm-backends.md", 1),
+                 ("concept.md", 0), ("concept.md", 2), ("concept.md", 3)}
+
+
+@pytest.mark.parametrize("page, index, code", [
+    pytest.param(page, index, code, id=f"{page}:{index}",
+                 marks=[pytest.mark.slow] if (page, index) in SLOW_EXAMPLES else [])
+    for page, index, code in python_examples()])
+def test_every_python_example_in_the_docs_runs_as_written(page, index, code, tmp_path, monkeypatch):
+    """Each block runs as it is printed, in a fresh namespace, in an empty folder with its own
+    cache; a block that defines ``test_*`` functions (a property test) has them called too. The
+    persistent compile cache a block turns on is this process's, so its state is put back after."""
+    import jax
+
+    from cb_core import cache as store
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "cache"))
+    for name, value in (("_EXECUTABLES", None), ("_WRITE", None), ("_LOADED", {}), ("_WARNED", set())):
+        monkeypatch.setattr(store, name, value, raising=False)
+    monkeypatch.setattr(jax.config, "update", lambda name, value: None)
+    namespace = {"__name__": f"docs_{page.removesuffix('.md').replace('-', '_')}_{index}"}
+    exec(compile(code, f"docs/{page} example {index}", "exec"), namespace)  # noqa: S102 - the documented code
+    for name, value in list(namespace.items()):
+        if name.startswith("test_") and callable(value):
+            value()

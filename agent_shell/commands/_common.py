@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
@@ -151,8 +152,8 @@ COMMON_OPTIONS = {
                          help="Fitted calibrator file (`cb-agent calibrate fit`); needed by --history "
                               "calibrator, which shows the experiences it writes."),
     "cache_dir": shared("--cache-dir", type=click.Path(file_okay=False), default=None,
-                        help="Cache for expert trajectories, features and concepts "
-                             "(default: $CB_AGENT_CACHE or ~/.cache/cb-agent)."),
+                        help="Cache root for this command: expert trajectories, features, concepts, generated "
+                             "TextWorld games and compiled programs (default: $CB_AGENT_CACHE or ~/.cache/cb-agent)."),
 }
 #: The options of ``cb-agent run`` besides :data:`COMMON_OPTIONS`.
 RUN_OPTIONS = {
@@ -274,6 +275,8 @@ def config_from(*names: str, check_model: bool = True) -> Callable[[Callable], C
                     writable_folder(config.cache_dir if config.cache_dir is not None else cache_root())
                 except ValueError as err:
                     raise click.ClickException(str(err)) from None
+                if config.cache_dir is not None:  # the cache root of everything: games, compiled programs too
+                    os.environ["CB_AGENT_CACHE"] = os.path.abspath(os.path.expanduser(config.cache_dir))
             if "model" in names and check_model:
                 check_backbone(config.model, config.device)
             return fn(config=config, **kwargs)

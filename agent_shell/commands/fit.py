@@ -96,15 +96,13 @@ def fit(decisions, out, lam, gamma, eps, method, max_iter, tol, float64, certify
                                    f"{err}); fit it on a machine with more memory, or lower --max-gib to refuse "
                                    "such files early") from None
     trajectories = meta.get("trajectories", [])
-    if not isinstance(trajectories, list):
-        raise click.ClickException(f"{decisions}: metadata 'trajectories' must be a list")
     concept = cb_core.Concept.from_fit(
         result,
         backbone=backbone or str(meta.get("backbone", "unknown")),
         features=features or meta.get("features", "seed App. B: last-layer hidden state at the "
                                       "action's final token, standardised per candidate set"),
         task_type=task_type or str(meta.get("task_type", "unknown")),
-        trajectories=[str(t) for t in trajectories],
+        trajectories=trajectories,
         extra={"decisions_file": str(decisions)},
     )
     t = time.perf_counter()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import click
@@ -41,9 +40,9 @@ def fit_concepts(config: RunConfig) -> None:
         make_console().print(table)
         out_dir = config.out_dir
         if out_dir is not None and setup.concepts_dir is not None:
-            Path(out_dir).mkdir(parents=True, exist_ok=True)
-            for f in setup.concepts_dir.glob("*.safetensors"):
-                shutil.copy2(f, Path(out_dir) / f.name)
+            from agent_shell.concepts import copy_concepts
+
+            copy_concepts(setup.concepts_dir, out_dir)
             click.echo(f"concepts copied to {out_dir}")
             curves = {t: c.metadata["strength"] for t, c in setup.concepts.items() if "strength" in c.metadata}
             if curves:  # --lam auto: each type's cross-validation curve, as numbers and as a picture

@@ -119,8 +119,14 @@ def _side_by_side(blocks: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def _describe(extractor: FeatureExtractor, lm: LanguageModel) -> dict[str, Any]:
+    """name, size, metadata, and the version the extractor declares (when it declares one): what
+    a concept records and what keys the extractor's cached blocks."""
     meta = json.loads(json.dumps(dict(extractor.metadata)))  # JSON-normalised, as it reads back from a file
-    return {"name": extractor.name, "size": int(extractor.size(lm)), "metadata": meta}
+    described = {"name": extractor.name, "size": int(extractor.size(lm)), "metadata": meta}
+    version = getattr(extractor, "version", None)
+    if version is not None:
+        described["version"] = json.loads(json.dumps(version))
+    return described
 
 
 def recorded_extractors(features_meta: object, hidden_size: int) -> list[dict[str, Any]]:

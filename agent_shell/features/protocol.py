@@ -89,6 +89,16 @@ class FeatureExtractor(Protocol):
         metadata: JSON-serialisable description of how the block is computed (model names and
             versions, column names, ...); recorded in the concept and compared when acting, so
             put in it everything a block of another construction would differ by.
+        version: optional (a string or number): the version of the extractor's code. The block
+            cache keys a block by the extractor's name, width, metadata and this version, not by
+            its code: after changing what ``extract`` computes, change ``version`` (or the
+            metadata), or the cached blocks of the old code are read back.
+
+    ``extract`` gets the LM's scores of the decision (``scores``: a
+    :class:`agent_shell.lm.scores.CandidateScores`, ``.log_q`` [M], ``.n_tokens`` [M] and
+    ``.hidden`` [M, d], the LM head's input at each candidate's final action token) and the
+    backbone itself (``lm.hidden_size`` is d; ``lm.score``, ``lm.generate`` are there too).
+    A complete example is :mod:`agent_shell.features.examples`.
     """
 
     name: str

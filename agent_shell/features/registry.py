@@ -12,8 +12,8 @@ protocol whose ``name`` is the full spec. In a package's ``pyproject.toml``::
     [project.entry-points."cb_agent.feature_extractors"]
     word-count = "my_package.features:WordCount"
 
-(``tests/agents/test_features.py`` has a complete example extractor.) Built-in names cannot be
-overridden.
+(:mod:`agent_shell.features.examples` is a complete example extractor; ``cb-agent features``
+lists the available ones.) Built-in names cannot be overridden.
 
 Must not import the agents, the environments or cb_core.
 """
@@ -89,7 +89,7 @@ def make_extractor(spec: str) -> FeatureExtractor:
 
     Raises:
         ValueError: an unknown name (listing the known ones), a plug-in that fails to import, a bad
-            argument (from the factory),
+            argument (from the factory; a plug-in's error of any type, named with the extractor),
             or a factory whose result is no FeatureExtractor or is named other than ``spec``.
     """
     base, _, arg = spec.strip().partition(":")
@@ -97,7 +97,14 @@ def make_extractor(spec: str) -> FeatureExtractor:
     if not callable(factory):
         raise ValueError(f"feature extractor {spec!r}: its entry point gives a {type(factory).__name__}, not a "
                          "factory")
-    extractor = factory(arg or None)
+    try:
+        extractor = factory(arg or None)
+    except Exception as err:  # noqa: BLE001 - a plug-in's own error, however it words it
+        if base in BUILTIN:  # the built-ins' errors name them already
+            raise
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise ValueError(f"feature extractor {spec.strip()!r} ({available_extractors()[base]}) refused its "
+                         f"argument {arg or None!r}: {type(err).__name__}: {first}") from err
     if not _is_extractor(extractor):
         raise ValueError(f"feature extractor {spec!r}: its factory returned a {type(extractor).__name__}, which "
                          f"lacks name / metadata / size / extract")

@@ -114,15 +114,26 @@ def decide_scores(concept: Concept, scores: DeviceScores) -> Decided:
 
 def as_jax(array: torch.Tensor | np.ndarray) -> jax.Array | np.ndarray:
     """A torch tensor as a JAX array on the matching device without a copy (DLPack), a numpy array as
-    it is; a tensor on a device JAX does not see here comes to the host first."""
+    it is; a tensor on a device JAX does not see here comes to the host first. A tensor that
+    requires grad is detached (DLPack refuses it) and a strided one made contiguous (a copy) first;
+    bfloat16 stays bfloat16 (through the host: ml_dtypes' bfloat16, bit for bit)."""
     import jax
 
     if isinstance(array, np.ndarray):
         return array
+    array = array.detach()
+    if not array.is_contiguous():
+        array = array.contiguous()
     try:
         return jax.dlpack.from_dlpack(array)
-    except (RuntimeError, TypeError, ValueError):  # no JAX device of the tensor's kind: through the host
-        return array.cpu().numpy()
+    except (RuntimeError, TypeError, ValueError, BufferError):  # no JAX device of its kind: through the host
+        host = array.cpu()
+        if str(host.dtype) == "torch.bfloat16":  # numpy has no bfloat16: the same bits, as ml_dtypes'
+            import ml_dtypes
+            import torch
+
+            return host.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return host.numpy()
 
 
 __all__ = ["as_jax", "concept_vector", "decide_scores", "decision", "packed", "unpacked"]

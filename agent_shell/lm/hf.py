@@ -33,7 +33,8 @@ from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, decode, eos_
 from agent_shell.lm.dtypes import resolve_device, resolve_dtype
 from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache
 from agent_shell.lm.torch_kv import TransformersKV, restore, snapshot, truncatable
-from agent_shell.lm.protocol import BackboneFault, CandidateScores, Context, DeviceScores
+from agent_shell.lm.faults import pass_fault
+from agent_shell.lm.protocol import CandidateScores, Context, DeviceScores
 from agent_shell.lm.scoring import (CANDIDATE_LAYOUTS, action_positions, captured_output, pool_states, score_batched,
                                     score_packed)
 from agent_shell.lm.shared_prefix import SharedPrefix
@@ -176,10 +177,9 @@ class HFLanguageModel(TokenizedBackend):
         # kept KV cache would otherwise hold every earlier step's activations alive)
         try:
             return self.model(input_ids=input_ids, use_cache=True, **{self._cache_kw: cache}, **kwargs)
-        except torch.OutOfMemoryError:
-            raise
-        except (IndexError, RuntimeError) as err:  # shapes that do not fit, ids past the embedding table
-            raise BackboneFault.of(err, "the PyTorch forward pass") from err
+        except (IndexError, RuntimeError) as err:  # out of memory (the episode's), or shapes that do not fit
+            held = cache.get_seq_length() if hasattr(cache, "get_seq_length") else 0
+            raise pass_fault(err, "the PyTorch forward pass", int(held) + int(input_ids.shape[-1])) from err
 
     # ------------------------------------------------------------------ scoring
     @torch.inference_mode()

@@ -42,6 +42,7 @@ from flax import nnx
 
 from agent_shell.lm.buckets import bucket, padded
 from agent_shell.lm.jax_model import KV, Decoder
+from agent_shell.lm.faults import is_out_of_memory, pass_fault
 from agent_shell.lm.protocol import BackboneFault
 
 if TYPE_CHECKING:
@@ -270,6 +271,10 @@ class Programs:
                                  _EXAMPLES[name])
         except (TypeError, ValueError, IndexError) as err:  # raised while tracing: the same shapes fail again
             raise BackboneFault.of(err, f"the JAX decoder's {name} pass") from err
+        except RuntimeError as err:  # XLA's RESOURCE_EXHAUSTED: this context is too large for the memory
+            if not is_out_of_memory(err):
+                raise
+            raise pass_fault(err, f"the JAX decoder's {name} pass", _context_tokens(name, shape, args)) from err
 
     def concept(self, concept: Concept, width: int) -> jax.Array:
         """:func:`agent_shell.lm.decision.concept_vector` on this decoder's device.
@@ -280,6 +285,15 @@ class Programs:
         from agent_shell.lm.decision import concept_vector
 
         return concept_vector(concept, width, self.device)
+
+
+def _context_tokens(name: str, shape: Shape | tuple[()], args: tuple) -> int | None:
+    """The context a stream, score or decide pass was asked to hold: its last token's position + 1
+    (the positions follow the tokens in its int32 inputs, :meth:`Pass.arrays`); None for another pass."""
+    ints = args[1] if name in ("stream", "score", "decide") and len(args) > 1 else None
+    if not isinstance(shape, Shape) or not isinstance(ints, np.ndarray) or ints.size < 2 * shape.t:
+        return None
+    return int(ints[shape.t:2 * shape.t].max()) + 1
 
 
 @contextlib.contextmanager

@@ -5,7 +5,10 @@ its weights before anything loads, and a folder that disagrees with itself is re
 (:func:`agent_shell.lm.factory.check_model_source`, before the expert demonstrations are
 collected) and again, at no cost, when a backend loads the folder. It reads no tensor: the
 configuration comes from transformers (:func:`agent_shell.lm.model_config.load_config`) and every
-tensor's shape from the safetensors headers. It refuses, naming the file, the field and both values:
+tensor's shape from the safetensors headers, or, in a folder of PyTorch pickles (``pytorch_model.bin``,
+sharded or not: checkpoints saved before safetensors became the default; the PyTorch backend only),
+from the pickles memory-mapped onto torch's ``meta`` device (torch is imported for that alone). It
+refuses, naming the file, the field and both values:
 
 * a file that is a Git LFS pointer instead of its content, a safetensors file that is truncated or
   not one, an index naming a shard the folder lacks, a ``config.json`` that is not JSON or not a
@@ -14,13 +17,16 @@ tensor's shape from the safetensors headers. It refuses, naming the file, the fi
   tensor), a tensor the configuration implies that the weights lack, and an untied LM head
   (``tie_word_embeddings`` false) with no ``lm_head.weight`` (transformers would start it at random);
 * a tokenizer with more tokens than the embedding table has rows (ids past the table);
+* a pre-quantized folder (``quantization_config`` in ``config.json``: GPTQ, AWQ, bitsandbytes...),
+  whose weights are packed integers neither backend computes with, naming the method;
 * a window past :data:`agent_shell.lm.tokenized.MAX_WINDOW`, or none at all.
 
 A ``generation_config.json`` transformers cannot read is ignored by both backends, as transformers
 ignores it, with one warning line. Weights that are not finite are found when a backend loads them
 (:func:`refuse_nonfinite`).
 
-Must not import the agents, the environments, torch or JAX.
+Must not import the agents, the environments or JAX; torch only inside :func:`tensor_shapes`, for
+a folder of PyTorch pickles.
 """
 
 from __future__ import annotations
@@ -49,10 +55,23 @@ def weight_files(folder: str | os.PathLike) -> list[Path]:
     Raises:
         BadModelFolder: the index is not JSON, names no shard, or names a shard the folder lacks.
     """
-    folder = Path(folder)
-    index = folder / "model.safetensors.index.json"
+    return _indexed_files(Path(folder), "model.safetensors.index.json", "*.safetensors")
+
+
+def pickle_files(folder: str | os.PathLike) -> list[Path]:
+    """The PyTorch pickle files of a model folder with no safetensors weights: the shards its
+    ``pytorch_model.bin.index.json`` names, else ``pytorch_model.bin`` (none: an empty list).
+
+    Raises:
+        BadModelFolder: the index is not JSON, names no shard, or names a shard the folder lacks.
+    """
+    return _indexed_files(Path(folder), "pytorch_model.bin.index.json", "pytorch_model.bin")
+
+
+def _indexed_files(folder: Path, index_name: str, pattern: str) -> list[Path]:
+    index = folder / index_name
     if not index.is_file():
-        return sorted(folder.glob("*.safetensors"))
+        return sorted(folder.glob(pattern))
     weight_map = read_json(index).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise BadModelFolder(f"{index} holds no weight_map")
@@ -65,17 +84,21 @@ def weight_files(folder: str | os.PathLike) -> list[Path]:
 
 
 def tensor_shapes(folder: str | os.PathLike) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Every tensor of a folder's safetensors files -> (its shape, the file's name), read from the
-    files' headers (no tensor is loaded).
+    """Every tensor of a folder's weights -> (its shape, the file's name): read from the safetensors
+    files' headers, or, in a folder without them, from its PyTorch pickles (:func:`pickle_files`)
+    memory-mapped onto the ``meta`` device (no tensor is loaded either way).
 
     Raises:
-        BadModelFolder: a file is not a whole safetensors file (truncated, or something else),
-            or what :func:`weight_files` raises.
+        BadModelFolder: a file is not a whole safetensors file or PyTorch pickle (truncated, or
+            something else), or what :func:`weight_files` raises.
     """
     from safetensors import SafetensorError, safe_open
 
     shapes: dict[str, tuple[tuple[int, ...], str]] = {}
-    for path in weight_files(folder):
+    files = weight_files(folder)
+    if not files:
+        return _pickle_shapes(pickle_files(folder))
+    for path in files:
         refuse_pointer(path)
         try:
             with safe_open(str(path), framework="np") as f:
@@ -85,6 +108,47 @@ def tensor_shapes(folder: str | os.PathLike) -> dict[str, tuple[tuple[int, ...],
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise BadModelFolder(f"{path} is not a whole safetensors file ({reason}): fetch it again") from None
     return shapes
+
+
+def _pickle_shapes(files: list[Path]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Every tensor of PyTorch pickle files -> (its shape, the file's name), the tensors mapped
+    onto the ``meta`` device (``weights_only``: no code in the pickle runs; ``mmap``: nothing read
+    but the pickle's index)."""
+    if not files:
+        return {}
+    import torch
+
+    shapes: dict[str, tuple[tuple[int, ...], str]] = {}
+    for path in files:
+        refuse_pointer(path)
+        try:
+            state = torch.load(str(path), map_location="meta", mmap=True, weights_only=True)
+        except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, pickle errors, EOFError...
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise BadModelFolder(f"{path} is not a whole PyTorch weights file ({type(err).__name__}: {reason}): "
+                                 "fetch it again") from None
+        if not isinstance(state, dict):
+            raise BadModelFolder(f"{path} holds a {type(state).__name__}, not a state dict of named tensors")
+        for name, tensor in state.items():
+            if hasattr(tensor, "shape"):
+                shapes[str(name)] = (tuple(int(n) for n in tensor.shape), path.name)
+    return shapes
+
+
+def refuse_quantized(folder: Path, raw: Mapping[str, object]) -> None:
+    """Refuse a pre-quantized folder (``quantization_config`` in ``config.json``, ``raw``).
+
+    Raises:
+        BadModelFolder: one line naming the file, the field and the method.
+    """
+    quant = raw.get("quantization_config")
+    if quant is None:
+        return
+    method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else quant
+    bits = f" {quant['bits']}-bit" if isinstance(quant, dict) and "bits" in quant else ""
+    raise BadModelFolder(f"{folder / 'config.json'}: quantization_config says the weights are pre-quantized "
+                         f"({method}{bits}): neither backend computes with quantized weights; pass the model's "
+                         "unquantized folder (float16, bfloat16 or float32 weights)")
 
 
 def refuse_pointer(path: Path) -> None:
@@ -132,6 +196,7 @@ def _check(folder_name: str, backend: str, files: tuple) -> None:
     for name, _, _ in files:
         refuse_pointer(folder / name)
     config = load_config(folder)
+    refuse_quantized(folder, read_json(folder / "config.json"))
     decoder = None
     if backend == "jax" or config.model_type in ARCHITECTURES:
         decoder = decoder_config(config, f"model {folder_name!r}", strict=backend == "jax")
@@ -140,8 +205,10 @@ def _check(folder_name: str, backend: str, files: tuple) -> None:
         raise BadModelFolder(f"{folder / 'config.json'}: max_position_embeddings is {window:,}, past any window "
                              f"a backbone can use here ({MAX_WINDOW:,} tokens): set it to the model's context length")
     shapes = tensor_shapes(folder)
-    if backend == "jax" and not shapes:
-        raise FileNotFoundError(f"{folder_name!r} holds no safetensors weights (model.safetensors or an index)")
+    if backend == "jax" and not weight_files(folder):
+        bins = " (its pytorch_model.bin weights are for the PyTorch backend: drop the jax: prefix, or save "
+        "the model with safetensors)" if pickle_files(folder) else ""
+        raise FileNotFoundError(f"{folder_name!r} holds no safetensors weights (model.safetensors or an index){bins}")
     if decoder is not None:
         check_tensor_shapes(folder, decoder, shapes)
     _check_tokenizer(folder, config, window)
@@ -225,5 +292,5 @@ def refuse_nonfinite(folder: str | os.PathLike, counts: Iterable[tuple[str, int]
                                  "the backbone's weights are not finite (fetch them again)")
 
 
-__all__ = ["LFS_POINTER", "check_model_folder", "check_tensor_shapes", "refuse_nonfinite", "refuse_pointer",
-           "tensor_shapes", "weight_files"]
+__all__ = ["LFS_POINTER", "check_model_folder", "check_tensor_shapes", "pickle_files", "refuse_nonfinite",
+           "refuse_pointer", "refuse_quantized", "tensor_shapes", "weight_files"]

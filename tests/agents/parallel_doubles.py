@@ -7,8 +7,10 @@ tasks whose first ``kills`` resets SIGKILL the worker process (counted in files 
 ``marker_dir``, shared by all workers); ``raise_on``: tasks whose every reset raises (an engine
 fault); ``fail_on``: tasks whose every LM call raises (an exception that is no engine fault);
 ``broken_on``: tasks whose every LM call meets a fault of the backbone itself
-(:class:`agent_shell.lm.protocol.BackboneFault`); ``hang_on``: tasks whose second engine step
-never returns (an engine that hangs).
+(:class:`agent_shell.lm.protocol.BackboneFault`); ``oom_on``: tasks whose every LM call runs out of
+memory, raising ``oom_kind``'s own error (:data:`OUT_OF_MEMORY`) through the backends' rule
+(:func:`agent_shell.lm.faults.pass_fault`); ``hang_on``: tasks whose second engine step never
+returns (an engine that hangs).
 """
 
 from __future__ import annotations
@@ -47,12 +49,42 @@ class FaultyEnv(HangingEnv):
         return super().reset(task_id)
 
 
-def make_players(kill_on=(), kills=1, raise_on=(), marker_dir=None, fail_on=(), hang_on=(), broken_on=()):
-    env = FaultyEnv(kill_on, kills, raise_on, marker_dir, hang_on)
+#: Each library's out-of-memory error as it raises it: (its type, its message); the type is built
+#: by :func:`library_oom`.
+OUT_OF_MEMORY = {
+    "torch-cpu": ("RuntimeError", "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                  "memory: you tried to allocate 100000000000000 bytes. Error code 12 (Cannot allocate memory)"),
+    "torch-cuda": ("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                   "capacity of 79.15 GiB of which 1.02 GiB is free."),
+    "jax": ("jax.errors.JaxRuntimeError", "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 17179869184 "
+            "bytes."),
+}
+#: The bytes each message of :data:`OUT_OF_MEMORY` asks for.
+ASKED = {"torch-cpu": 100_000_000_000_000, "torch-cuda": 2 * 2**30, "jax": 17_179_869_184}
 
+
+def library_oom(kind: str) -> BaseException:
+    """The library's own out-of-memory exception of :data:`OUT_OF_MEMORY` ``kind``."""
+    _, message = OUT_OF_MEMORY[kind]
+    if kind == "torch-cuda":
+        import torch
+
+        return torch.OutOfMemoryError(message)
+    if kind == "jax":
+        import jax
+
+        return jax.errors.JaxRuntimeError(message)
+    return RuntimeError(message)
+
+
+def faulty_lm(fail_on=(), broken_on=(), oom_on=(), oom_kind="torch-cpu") -> FakeLM:
+    """The looping LM, with the faults :func:`make_players` describes."""
     def reply(prompt, temperature, n):
+        from agent_shell.lm.faults import pass_fault
         from agent_shell.lm.protocol import BackboneFault
 
+        if any(f"solve {t}." in prompt for t in oom_on):  # the context's length in characters stands for tokens
+            raise pass_fault(library_oom(oom_kind), "the double's pass", len(prompt))
         task = next((t for t in fail_on if f"solve {t}." in prompt), None)
         if task is not None:
             raise RuntimeError(f"the LM failed on {task}")
@@ -60,7 +92,14 @@ def make_players(kill_on=(), kills=1, raise_on=(), marker_dir=None, fail_on=(), 
             raise BackboneFault.of(TypeError("cannot reshape array"), "the JAX decoder's stream pass")
         return loop_reply(prompt, temperature, n)
 
-    return env, {name: build_agent(name, FakeLM(reply), DEMOS) for name in AGENTS}
+    return FakeLM(reply)
+
+
+def make_players(kill_on=(), kills=1, raise_on=(), marker_dir=None, fail_on=(), hang_on=(), broken_on=(),
+                 oom_on=(), oom_kind="torch-cpu"):
+    env = FaultyEnv(kill_on, kills, raise_on, marker_dir, hang_on)
+    lm = faulty_lm(fail_on, broken_on, oom_on, oom_kind)
+    return env, {name: build_agent(name, lm, DEMOS) for name in AGENTS}
 
 
 def players_built_together(workers: int, marker_dir: str, timeout_s: float = 120.0):

@@ -126,3 +126,31 @@ def test_a_ray_tmpdir_too_long_for_a_socket_is_one_line(tmp_path, monkeypatch):
     assert res.exit_code == 1 and "Traceback" not in res.output, res.output
     (line,) = [ln for ln in res.output.splitlines() if ln.strip()]
     assert "RAY_TMPDIR" in line and "107 bytes" in line and "/tmp/ray" in line
+
+
+@pytest.mark.parametrize("lam, edge", [("1e39", "overflows"), ("1e-46", "underflows")])
+def test_a_strength_float32_cannot_hold_is_refused_before_anything_loads(no_backbone, lam, edge):
+    """The concepts are fitted in float32: --lam 1e39 (inf) or 1e-46 (0) is a usage error naming
+    lam, before any demonstration is collected or the backbone loads."""
+    res = CliRunner().invoke(main, ["fit-concepts", "--env", "textworld", "--lam", lam])
+    assert res.exit_code == 2 and f"lam={float(lam)!r} {edge} float32" in res.output, res.output
+    assert "Traceback" not in res.output
+
+
+def test_cache_dir_moves_every_cache_textworld_s_generated_games_too(tmp_path, monkeypatch):
+    """``--cache-dir`` is the cache root of the whole command: TextWorld's generated games (the
+    folder ``envs.textworld.generate_game`` writes to) go there, not to ``~/.cache/cb-agent``."""
+    import agent_shell.commands.fit_concepts as command
+    from cb_io.paths import cache_dir
+
+    monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "default"))  # restored after the test
+    seen = []
+
+    def prepare(config, **kw):
+        seen.append(cache_dir("textworld", "cooking", "train"))  # generate_game's folder
+        raise SystemExit(0)
+
+    monkeypatch.setattr(command, "prepare", prepare)
+    res = CliRunner().invoke(main, ["fit-concepts", "--env", "textworld", "--cache-dir", str(tmp_path / "mine")])
+    assert res.exit_code == 0 and seen == [tmp_path / "mine" / "textworld" / "cooking" / "train"], res.output
+    assert not (tmp_path / "default").exists()

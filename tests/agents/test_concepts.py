@@ -166,3 +166,40 @@ def test_a_damaged_cached_concept_is_refitted_with_a_warning_not_trusted(tmp_pat
     assert folder2 == folder
     np.testing.assert_array_equal(again["open"].alpha, concepts["open"].alpha)
     np.testing.assert_array_equal(cb_core.Concept.load(path).alpha, concepts["open"].alpha)  # the entry replaced
+
+
+def test_the_out_dir_copy_of_the_concepts_killed_part_way_leaves_no_torn_concept(tmp_path):
+    """``fit-concepts --out-dir`` copies the cached concepts one atomic file at a time: a process
+    killed while writing the second leaves the first whole and no file under the second's name,
+    and the next copy completes and removes what the killed one left."""
+    import os
+    import subprocess
+    import sys
+
+    from agent_shell.concepts import copy_concepts
+    from cb_io.paths import REPO_ROOT
+
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    cache.mkdir()
+    for name in ("a", "b"):
+        (cache / f"{name}.safetensors").write_bytes(os.urandom(100_000))
+    script = f"""
+import os, signal
+import cb_io.storage as storage
+real = os.replace
+def replace(src, dst):
+    if str(dst).endswith("b.safetensors"):  # the second file's bytes are written, not yet in place
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(src, dst)
+storage.os.replace = replace
+from agent_shell.concepts import copy_concepts
+copy_concepts({str(cache)!r}, {str(out)!r})
+"""
+    res = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=120)
+    assert res.returncode == -9
+    names = sorted(p.name for p in out.iterdir())
+    assert names[0] == "a.safetensors" and len(names) == 2 and names[1].startswith("b.safetensors.tmp-"), names
+    assert (out / "a.safetensors").read_bytes() == (cache / "a.safetensors").read_bytes()
+    assert copy_concepts(cache, out) == [out / "a.safetensors", out / "b.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["a.safetensors", "b.safetensors"]
+    assert all((out / n).read_bytes() == (cache / n).read_bytes() for n in ("a.safetensors", "b.safetensors"))

@@ -22,24 +22,9 @@ from agent_shell.features import (DecisionInput, FeatureExtractor, FeatureSet, a
                                   check_extractors, make_extractor, parse_features, recorded_extractors)
 from agent_shell.features import registry
 from agent_shell.features.actions import names_in, split_action
+from agent_shell.features.examples import TokenLogProb, WordCount
 from agent_shell.features.goal import GoalSimilarity
 from agent_shell.features.novelty import Novelty
-
-
-class WordCount:
-    """Example third-party extractor: one column, the candidate's number of words (``word-count``),
-    or of words longer than N letters (``word-count:N``)."""
-
-    def __init__(self, arg: str | None = None):
-        self.min_len = int(arg) if arg else 0
-        self.name = "word-count" + (f":{arg}" if arg else "")
-        self.metadata = {"columns": ["n_words"], "min_len": self.min_len}
-
-    def size(self, lm) -> int:
-        return 1
-
-    def extract(self, decision, lm, scores) -> np.ndarray:
-        return np.array([[sum(len(w) > self.min_len for w in c.split())] for c in decision.candidates], np.float32)
 
 
 def step(action: str, observation: str, kind: str = "env"):
@@ -54,7 +39,8 @@ def decision(candidates, history=(), instruction="Your task is to: put a clean m
 @pytest.fixture()
 def plugin(site):
     for name in ("word-count", "lm-hidden", "misnamed"):
-        install_entry_point(site, registry.ENTRY_POINT_GROUP, name, "test_features:WordCount", f"cb-{name}-plugin")
+        install_entry_point(site, registry.ENTRY_POINT_GROUP, name, "agent_shell.features.examples:WordCount",
+                            f"cb-{name}-plugin")
 
 
 # ---------------------------------------------------------------------------------- actions
@@ -274,7 +260,7 @@ def test_lm_layer_reads_candidate_states_and_needs_a_backend_that_has_them():
 # ---------------------------------------------------------------------------------- entry points
 
 def test_third_party_extractor_through_the_entry_point(plugin):
-    assert available_extractors()["word-count"] == "test_features:WordCount"
+    assert available_extractors()["word-count"] == "agent_shell.features.examples:WordCount"
     assert available_extractors()["lm-hidden"] == "built-in"  # built-ins cannot be overridden
     fs = FeatureSet.from_spec("lm-hidden,word-count:3")
     assert isinstance(fs.extractors[1], WordCount) and isinstance(fs.extractors[1], FeatureExtractor)
@@ -310,3 +296,56 @@ def test_old_concepts_read_as_lm_hidden_and_mismatches_are_named():
         check_extractors(changed, emb)
     with pytest.raises(ValueError, match="empty candidate set"):
         decision([])
+
+
+def test_a_plug_in_s_own_argument_error_names_the_extractor(plugin):
+    """A plug-in's factory refusing its argument (in its own words, any exception type) is one
+    ValueError line naming the spec and where the extractor comes from."""
+    with pytest.raises(ValueError) as err:
+        FeatureSet.from_spec("lm-hidden,word-count:many")
+    line = str(err.value)
+    assert line.startswith("feature extractor 'word-count:many' (agent_shell.features.examples:WordCount) refused "
+                           "its argument 'many': ValueError: word-count:N takes a whole number"), line
+
+
+def test_cb_agent_features_lists_the_built_in_and_installed_extractors(plugin):
+    from click.testing import CliRunner
+
+    from agent_shell.cli import main
+
+    res = CliRunner().invoke(main, ["features"])
+    rows = dict(line.split("\t") for line in res.output.splitlines() if "\t" in line)
+    assert res.exit_code == 0 and rows == {**{n: "built-in" for n in registry.BUILTIN},
+                                           **{n: "agent_shell.features.examples:WordCount"
+                                              for n in ("misnamed", "word-count")}}, res.output
+
+
+def test_an_extractor_s_declared_version_keys_its_cached_blocks(tmp_path):
+    """Cached blocks are keyed by the extractor's name, width, metadata and declared version: the
+    same description reads the old blocks back (even after extract() changed), a new version
+    computes them again."""
+    class Doubled(WordCount):
+        def extract(self, decision, lm, scores):
+            return 2 * super().extract(decision, lm, scores)
+
+    class DoubledV2(Doubled):
+        version = 2
+
+    decisions = [decision(["take mug 2 from countertop 1", "go to bed 1"])]
+    lm = FakeLM(hidden_size=4)
+    scores = [lm.score("ctx", list(decisions[0].candidates), "\n> ")]
+    run = lambda e: FeatureSet((e,)).extract_trajectory(decisions, lm, scores, tmp_path)[0][0][:, 0].tolist()  # noqa: E731
+    assert run(WordCount()) == [6, 4]
+    assert run(Doubled()) == [6, 4]  # the same name, metadata and version: the cached block of the old code
+    assert run(DoubledV2()) == [12, 8]
+
+
+def test_the_shipped_example_reads_the_lm_s_scores():
+    """``token-log-prob``: the mean log-probability per action token and the token count, from
+    ``scores.log_q`` and ``scores.n_tokens``."""
+    d = decision(["take mug 2 from countertop 1", "go to bed 1"])
+    lm = FakeLM(hidden_size=4)
+    s = lm.score("ctx", list(d.candidates), "\n> ")
+    block = FeatureSet((TokenLogProb(),)).extract(d, lm, s)
+    np.testing.assert_allclose(block, np.stack([s.log_q / s.n_tokens, s.n_tokens], axis=1))
+    assert block[:, 1].tolist() == [6, 4]  # FakeLM counts words as tokens

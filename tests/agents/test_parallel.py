@@ -225,3 +225,24 @@ def test_without_ray_a_parallel_run_says_how_to_install_it(monkeypatch, tmp_path
 
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'cb-agent\[ray\]'.*--workers 1"):
         start_ray(2)
+
+
+def test_an_episode_out_of_memory_on_a_worker_is_its_error_record_as_in_process(cluster, sequential, tmp_path):
+    """A worker's pass out of memory (PyTorch's CPU out-of-memory, a plain RuntimeError, the one
+    that stopped runs: the other libraries' errors take the same path, tested in process) ends that
+    episode as the error record the in-process executor stores, at its first attempt, and the
+    other episodes run as they do without the fault."""
+    from parallel_doubles import ASKED
+
+    players = functools.partial(make_players, oom_on=("a/2",))
+    got = {}
+    for name, run in (("in-process", in_process), ("ray", on_ray)):
+        out = tmp_path / f"{name}.jsonl"
+        lines: list[str] = []
+        run(players, ["react"], TASKS, out, echo=lines.append)
+        got[name] = by_episode(read_results(out))
+        assert not any("retried" in line or "FAILED" in line for line in lines), lines
+    assert got["ray"] == got["in-process"]
+    error = got["ray"].pop(("react", "a/2"))["error"]
+    assert error["type"] == "PassOutOfMemory" and error["bytes_asked"] == ASKED["torch-cpu"]
+    assert got["ray"] == {key: r for key, r in sequential.items() if key in got["ray"]}

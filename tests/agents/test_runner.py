@@ -393,3 +393,47 @@ def test_cb_agent_run_with_a_broken_backbone_ends_in_one_line(tmp_path, monkeypa
     assert lines[-1].startswith("Error: the JAX decoder's stream pass cannot run"), res.output
     assert not any("retried" in line or "FAILED" in line for line in lines), res.output
     assert read_results(tmp_path / "out" / "results.jsonl") == []
+
+
+@pytest.mark.parametrize("kind", ["torch-cpu", "torch-cuda", "jax"])
+def test_an_episode_out_of_memory_is_its_error_record_and_the_run_and_resume_go_on(tmp_path, kind):
+    """A pass that runs out of memory (each library's own error: PyTorch's plain CPU RuntimeError,
+    torch.OutOfMemoryError, XLA's RESOURCE_EXHAUSTED) ends that episode as an error record naming
+    the context length and the bytes asked, at the first attempt; the games after it run, and
+    ``--resume`` plays it again, stores its error record again and goes on."""
+    from agent_shell.scheduler import InProcessExecutor, play_episodes
+    from parallel_doubles import ASKED, make_players
+
+    out = tmp_path / "results.jsonl"
+    for resume in (False, True):
+        env, agents = make_players(oom_on=("a/2",), oom_kind=kind)
+        lines: list[str] = []
+        play_episodes(InProcessExecutor(env, {"react": agents["react"]}), ["react"], ["a/1", "a/2", "b/1"], out, 4,
+                      echo=lines.append, resume=resume)
+        records = read_results(out)
+        assert [r["task_id"] for r in records] == ["a/1", "a/2", "b/1"] + ["a/2"] * resume
+        error = records[-1 if resume else 1]["error"]
+        assert error["bytes_asked"] == ASKED[kind] and error["context_tokens"] > 100, error
+        assert error["type"] == "PassOutOfMemory" and "ran out of memory on a context of" in error["message"]
+        assert "\n" not in error["message"] and not any("retried" in line or "FAILED" in line for line in lines)
+        assert all("error" not in r for r in records if r["task_id"] != "a/2")
+
+
+@pytest.mark.slow  # a whole command twice (~10 s); the scheduler's rule is the test above
+def test_cb_agent_run_resume_goes_past_an_episode_out_of_memory(tmp_path, monkeypatch):
+    """``cb-agent run`` and ``cb-agent run --resume``: a game whose pass runs out of memory (PyTorch's
+    plain CPU RuntimeError) is an error record each time, and both runs end normally."""
+    from parallel_doubles import faulty_lm
+
+    monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(envs, "make_env", lambda name, **kw: ScriptedEnv(expert_looks=True))
+    lm = faulty_lm(oom_on=("a/2",))
+    monkeypatch.setattr(agent_shell.lm, "load_language_model", lambda *a, **k: lm)
+    args = ["run", "--env", "textworld", "--split", "test", "--all-games", "--agent", "react", "--max-steps", "4",
+            "--demos-per-type", "1", "--out-dir", str(tmp_path / "out")]
+    for extra in ([], ["--resume"]):
+        res = CliRunner().invoke(main, args + extra)
+        assert res.exit_code == 0, res.output
+        records = read_results(tmp_path / "out" / "results.jsonl")
+        assert sorted(r["task_id"] for r in records if "error" not in r) == ["a/1", "a/3", "b/1", "b/2"]
+        assert [r["error"]["bytes_asked"] for r in records if "error" in r] == [100_000_000_000_000] * (1 + len(extra))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import importlib
+import re
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -234,3 +235,29 @@ def test_bad_fit_arguments(args, kwargs, match):
     dec = random_decisions(0, [2, 3], 3)
     with pytest.raises(ValueError, match=match):
         cb_core.fit(dec, *args, **kwargs)
+
+
+@pytest.mark.parametrize("lam, edge", [(1e39, "overflows"), (1e-46, "underflows"), (1e-40, "underflows")])
+def test_a_strength_the_fit_s_dtype_cannot_hold_is_one_line_naming_lam(lam, edge):
+    """float32 holds 1.18e-38 to 3.40e38 (numpy.finfo): 1e39 would be inf (the error blamed the
+    features), 1e-46 would be 0 and 1e-40 a subnormal (a certificate for a lam that was not
+    fitted). fit and fit_many refuse each in one line naming lam, and point to float64, which holds them."""
+    dec = random_decisions(0, [3, 4, 2, 5], 4)
+    assert not np.finfo(np.float32).tiny <= lam <= np.finfo(np.float32).max
+    for call in (lambda: cb_core.fit(dec, lam=lam), lambda: cb_core.fit_many(dec, lam=[1.0, lam])):
+        with pytest.raises(ValueError, match="^" + re.escape(f"lam={lam:g} {edge} float32 ") + ".*float64") as err:
+            call()
+        assert "\n" not in str(err.value)
+
+
+def test_cb_agent_fit_refuses_a_strength_float32_cannot_hold(tmp_path):
+    from click.testing import CliRunner
+
+    from agent_shell.commands.fit import fit as fit_cmd
+    from core_helpers import save_decisions
+
+    save_decisions(tmp_path / "d.npz", random_decisions(0, [3, 4, 2, 5], 4))
+    res = CliRunner().invoke(fit_cmd, [str(tmp_path / "d.npz"), "--out", str(tmp_path / "c"), "--lam", "1e39",
+                                       "--no-cache"])
+    assert res.exit_code == 1 and res.output.startswith("Error: lam=1e+39 overflows float32"), res.output
+    assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / "c").exists()

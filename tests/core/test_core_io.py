@@ -31,6 +31,11 @@ def _lists():
     (lambda h, q, n, e: h.__setitem__(2, np.zeros((4, 6))), "decision 2: hidden size 6"),
     (lambda h, q, n, e: q.__setitem__(0, np.zeros(2)), "decision 0: log_q"),
     (lambda h, q, n, e: e.pop(), "expert has 2 entries"),
+    (lambda h, q, n, e: e.__setitem__(1, 1.5), "decision 1: expert index 1.5 is not a whole number"),
+    (lambda h, q, n, e: h.__setitem__(1, np.full((2, 5), "0.5")), "decision 1: hidden must hold real numbers.*text"),
+    (lambda h, q, n, e: h.__setitem__(0, h[0] + 1j), "decision 0: hidden must hold real numbers.*complex"),
+    (lambda h, q, n, e: q.__setitem__(2, np.array(["-1"] * 4)), "decision 2: log_q must hold real numbers"),
+    (lambda h, q, n, e: n.__setitem__(0, np.array([1.0, 2.5, 1.0])), "decision 0: n_tokens 2.5 is not a whole"),
 ])
 def test_bad_input_raises_naming_the_decision(mutate, match):
     h, q, n, e = _lists()
@@ -103,6 +108,29 @@ def test_decision_file_malformed_field(tmp_path, field, value, match):
     np.savez(tmp_path / "x.npz", **arrays)
     with pytest.raises(ValueError, match=match):
         cb_core.load_decisions(tmp_path / "x.npz")
+
+
+@pytest.mark.parametrize("meta", [{"trajectories": "t1"}, {"trajectories": [1, 2]}, {"backbone": 3},
+                                  {"features": ["lm-hidden"]}, {"task_type": None}],
+                         ids=["trajectories not a list", "trajectories not strings", "backbone", "features",
+                              "task_type"])
+def test_load_decisions_refuses_the_metadata_cb_agent_fit_refuses(tmp_path, meta):
+    """One check: a decision-set file whose metadata a concept cannot take is refused by
+    ``load_decisions`` and ``cb-agent fit`` in the same line, naming the field."""
+    import json
+
+    from agent_shell.commands.fit import fit as fit_cmd
+
+    dec = random_decisions(2, [2, 3], 3)
+    path = tmp_path / "d.npz"
+    np.savez(path, hidden=dec.hidden, log_q=dec.log_q, n_tokens=dec.n_tokens, offsets=dec.offsets, expert=dec.expert,
+             metadata=np.asarray(json.dumps(meta)))
+    field = next(iter(meta))
+    with pytest.raises(ValueError, match=rf"d.npz: metadata '{field}' must") as err:
+        cb_core.load_decisions(path)
+    res = CliRunner().invoke(fit_cmd, [str(path), "--out", str(tmp_path / "c"), "--no-cache"])
+    assert res.exit_code == 1 and res.output.strip() == f"Error: {err.value}", res.output
+    assert not (tmp_path / "c").exists()
 
 
 # ---------------------------------------------------------------- concept file

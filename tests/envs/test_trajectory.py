@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -190,6 +191,48 @@ def test_atomic_folder_appears_whole_or_not_at_all(tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert target.stat().st_mode & 0o777 == 0o777 & ~mask  # a new folder's mode, not mkdtemp's private 0700
+
+
+def _killed_inside(tmp_path, code: str) -> None:
+    """Run ``code`` in a fresh process that SIGKILLs itself where ``code`` says ``KILL``."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from cb_io.paths import REPO_ROOT
+
+    script = "import os, signal\nfrom pathlib import Path\n" + textwrap.dedent(code).replace(
+        "KILL", "os.kill(os.getpid(), signal.SIGKILL)")
+    res = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                         cwd=tmp_path, timeout=120)
+    assert res.returncode == -9
+
+
+@pytest.mark.parametrize("writer", ["atomic_folder", "atomic_path"])
+def test_the_next_write_removes_what_a_killed_write_left_and_nothing_of_a_running_one(tmp_path, writer):
+    """A process killed inside an atomic write (a ``--lam auto`` fit staging the concepts' cache
+    folder, a chart written into ``--out-dir``) leaves its temporary entry; the next atomic write
+    into that folder removes it (its process is gone), while a temporary entry of a write still
+    running (this process's) and every other file stay."""
+    from cb_io.storage import atomic_folder, atomic_path, remove_leftovers, write_bytes_atomic
+
+    target = tmp_path / "out" / ("key" if writer == "atomic_folder" else "strength.json")
+    _killed_inside(tmp_path, f"""
+        from cb_io.storage import {writer}
+        with {writer}(Path({str(target)!r})) as tmp:
+            (Path(tmp) / "cooking.safetensors" if Path(tmp).is_dir() else Path(tmp)).write_bytes(b"half")
+            KILL
+        """)
+    left = [p.name for p in (tmp_path / "out").iterdir()]
+    assert len(left) == 1 and ".tmp-" in left[0] and str(os.getpid()) not in left[0], left
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    with atomic_folder(target) if writer == "atomic_folder" else atomic_path(target) as tmp:  # the next write
+        assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(["notes.txt", Path(tmp).name])
+        assert remove_leftovers(tmp_path / "out", force=True) == []  # this write's own entry stays
+        (Path(tmp) / "cooking.safetensors" if Path(tmp).is_dir() else Path(tmp)).write_bytes(b"whole")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(["notes.txt", target.name])
+    write_bytes_atomic(tmp_path / "out" / "notes.txt", b"again")
+    assert (tmp_path / "out" / "notes.txt").read_bytes() == b"again"
 
 
 @pytest.mark.parametrize("side", ["lock", "torn", "line"])

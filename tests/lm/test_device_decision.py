@@ -112,6 +112,33 @@ def test_a_tensor_on_a_device_jax_lacks_comes_through_the_host(monkeypatch):
     assert isinstance(out, np.ndarray) and np.array_equal(out, tensor.numpy())
 
 
+@pytest.mark.parametrize("through_host", [False, True], ids=["DLPack", "through the host"])
+@pytest.mark.parametrize("case", ["strided bfloat16", "requires grad", "strided float32 that requires grad"])
+def test_the_hand_off_takes_strided_bfloat16_and_tensors_that_require_grad(monkeypatch, case, through_host):
+    """A plug-in's feature block or a backend's scores may be a strided view (every other column)
+    in bfloat16, or a tensor that requires grad: the hand-off gives the same values in the same
+    dtype, by DLPack or, where JAX lacks the tensor's device, through the host."""
+    import jax
+    import ml_dtypes
+
+    from agent_shell.lm.decision import as_jax
+
+    if through_host:
+        monkeypatch.setattr(jax.dlpack, "from_dlpack", lambda _: (_ for _ in ()).throw(RuntimeError("no device")))
+    base = torch.randn(5, 8, generator=torch.Generator().manual_seed(0))
+    tensor = {"strided bfloat16": lambda: base.to(torch.bfloat16)[:, ::2],
+              "requires grad": lambda: base.clone().requires_grad_(True),
+              "strided float32 that requires grad": lambda: base.clone().requires_grad_(True)[::2, 1:]}[case]()
+    out = as_jax(tensor)
+    want = tensor.detach().float().numpy()
+    assert out.shape == want.shape
+    assert str(out.dtype) == ("bfloat16" if tensor.dtype == torch.bfloat16 else "float32")
+    assert np.array_equal(np.asarray(out).astype(np.float32), want)
+    if tensor.dtype == torch.bfloat16:  # bit for bit: bfloat16 is float32's upper half
+        bits = np.asarray(out).view(np.uint16) if np.asarray(out).dtype == ml_dtypes.bfloat16 else None
+        assert bits is not None and np.array_equal(bits, tensor.contiguous().view(torch.int16).numpy().view(np.uint16))
+
+
 def test_cudnn_attention_is_switched_off_on_cuda_devices_only(lm32, monkeypatch):
     """The choice (cuDNN's scaled-dot-product attention off) is made for a CUDA device and not for
     the CPU, and every PyTorch backend makes it for its own device when it is built."""

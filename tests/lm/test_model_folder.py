@@ -143,6 +143,90 @@ def test_a_folder_that_disagrees_with_itself_is_one_line_before_anything_loads(t
     assert " ".join(str(err.value).split()) == line.removeprefix("Error: ")
 
 
+# ---------------------------------------------------------------------------------------- PyTorch pickles, quantized weights
+def as_pickles(folder: Path, to: Path, shards: int = 1) -> Path:
+    """``folder``'s model as transformers saved it before safetensors was the default:
+    ``pytorch_model.bin``, or ``shards`` files ``pytorch_model-0000i-of-0000n.bin`` and their
+    ``pytorch_model.bin.index.json``."""
+    from safetensors.torch import load_file
+
+    to.mkdir()
+    for f in folder.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, to / f.name)
+    weights = load_file(str(folder / "model.safetensors"))
+    if shards == 1:
+        torch.save(weights, to / "pytorch_model.bin")
+        return to
+    names, weight_map = sorted(weights), {}
+    for i in range(shards):
+        file = f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin"
+        torch.save({n: weights[n] for n in names[i::shards]}, to / file)
+        weight_map |= {n: file for n in names[i::shards]}
+    (to / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return to
+
+
+@pytest.mark.parametrize("shards", [1, 3], ids=["one file", "sharded"])
+def test_a_folder_of_pytorch_pickles_loads_and_scores_as_its_safetensors_twin(tiny, tmp_path, shards):
+    """A Llama folder with ``pytorch_model.bin`` and no safetensors (one file, or shards and their
+    index) passes the checks, its shapes read without loading a tensor, and the PyTorch backend
+    scores what it scores from the safetensors folder."""
+    from agent_shell.lm import load_language_model
+    from agent_shell.lm.model_folder import check_model_folder, tensor_shapes
+
+    folder = as_pickles(tiny["llama"], tmp_path / "bin", shards)
+    check_model_folder(folder)
+    shapes, want = tensor_shapes(folder), tensor_shapes(tiny["llama"])
+    assert {k: v[0] for k, v in shapes.items()} == {k: v[0] for k, v in want.items()}
+    context = make_context(1)
+    got, ref = (load_language_model(str(f), dtype="float32", device="cpu").score(context, ALFWORLD_CANDIDATES[:3],
+                                                                                   PREFIX)
+                for f in (folder, tiny["llama"]))
+    np.testing.assert_array_equal(got.log_q, ref.log_q)
+
+
+def test_a_folder_of_pytorch_pickles_is_refused_by_the_jax_backend_naming_the_other(tiny, tmp_path):
+    from agent_shell.lm.model_folder import check_model_folder
+
+    folder = as_pickles(tiny["qwen2"], tmp_path / "bin")
+    with pytest.raises(FileNotFoundError, match="no safetensors weights.*pytorch_model.bin.*PyTorch backend"):
+        check_model_folder(folder, backend="jax")
+
+
+def gptq_weights(folder: Path) -> None:
+    """``folder`` as AutoGPTQ saves a 4-bit model: packed int32 ``qweight``/``qzeros``, ``scales`` and
+    ``g_idx`` in place of each projection's ``weight``, and ``quantization_config`` in config.json."""
+    def quantize(w):
+        out = {}
+        for name, v in w.items():
+            if "layers" not in name or not name.endswith("proj.weight"):
+                out[name] = v
+                continue
+            base = name.removesuffix(".weight")
+            out |= {f"{base}.qweight": torch.zeros(v.shape[1] // 8, v.shape[0], dtype=torch.int32),
+                    f"{base}.qzeros": torch.zeros(1, v.shape[0] // 8, dtype=torch.int32),
+                    f"{base}.scales": torch.ones(1, v.shape[0], dtype=torch.float16),
+                    f"{base}.g_idx": torch.zeros(v.shape[1], dtype=torch.int32)}
+        return out
+
+    edit_weights(folder, quantize)
+    edit_config(folder, quantization_config={"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False})
+
+
+def test_a_pre_quantized_folder_is_refused_naming_its_quantization(tiny, tmp_path, monkeypatch, backend):
+    """A GPTQ folder is refused in one line naming config.json's quantization_config and the
+    method, not a missing q_proj.weight; on either backend, before anything loads."""
+    folder = copy_of(tiny["qwen2"], tmp_path / "model")
+    gptq_weights(folder)
+    _no_loading(monkeypatch)
+    out = CliRunner().invoke(main, ["run", "--env", "textworld", "--model", uri(backend, folder)])
+    line = out.output.strip()
+    assert out.exit_code == 1 and "\n" not in line, out.output
+    assert str(folder / "config.json") in line and "quantization_config" in line and "gptq 4-bit" in line, line
+    assert "q_proj" not in line
+
+
 # ---------------------------------------------------------------------------------------- read as transformers reads
 def stored_head_under_tie(folder: Path) -> None:  # transformers keeps both (and warns)
     def add_head(w):
@@ -251,6 +335,52 @@ def test_a_pass_that_cannot_run_is_a_fault_of_the_backbone(tiny, backend):
     with pytest.raises(BackboneFault) as err:
         lm.score(make_context(1), ALFWORLD_CANDIDATES[:2], PREFIX)
     assert "\n" not in str(err.value) and ("reshape" in str(err.value) or "invalid" in str(err.value))
+
+
+def _oom(kind: str) -> tuple[BaseException, int]:
+    """A library's own out-of-memory error, as it words it, and the bytes it asks for."""
+    import jax
+
+    if kind == "torch-cpu":  # PyTorch's CPU allocator: a plain RuntimeError
+        return RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                            "memory: you tried to allocate 3221225472 bytes. Error code 12 (Cannot allocate "
+                            "memory)"), 3 * 2**30
+    if kind == "torch-cuda":
+        return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total "
+                                      "capacity of 79.15 GiB of which 100.00 MiB is free."), 512 * 2**20
+    return jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 805306368 "
+                                      "bytes."), 805306368
+
+
+@pytest.mark.parametrize("kind", ["torch-cpu", "torch-cuda", "jax"])
+def test_a_pass_out_of_memory_is_a_fault_of_the_episode_naming_its_context(tiny, monkeypatch, kind):
+    """A pass that runs out of memory (each library's own error, raised where the backend's pass
+    runs) is no fault of the backbone: :class:`PassOutOfMemory`, one line naming the pass, the
+    context's length in tokens and the bytes asked (an engine fault: the episode's error record)."""
+    import cb_core.cache
+    from agent_shell.lm import load_language_model
+    from agent_shell.lm.faults import PassOutOfMemory
+    from cb_io.records import EngineError
+
+    lm = load_language_model(uri("jax" if kind == "jax" else "torch", tiny["qwen2"]), dtype="float32", device="cpu")
+    error, asked = _oom(kind)
+
+    def out_of_memory(*args, **kwargs):
+        raise error
+
+    if kind == "jax":
+        monkeypatch.setattr(cb_core.cache, "call_compiled", out_of_memory)
+    else:
+        monkeypatch.setattr(lm.model, "forward", out_of_memory)
+    context = make_context(2)
+    with pytest.raises(PassOutOfMemory) as err:
+        lm.score(context, ALFWORLD_CANDIDATES[:2], PREFIX)
+    held = len(lm.tokenizer(context)["input_ids"])  # the context the first pass encodes
+    assert isinstance(err.value, EngineError) and "\n" not in str(err.value)
+    assert err.value.details["bytes_asked"] == asked
+    tokens = err.value.details["context_tokens"]
+    assert held <= tokens <= held + 64, (tokens, held)
+    assert f"on a context of {tokens:,} tokens" in str(err.value) and f"{asked:,} bytes" in str(err.value)
 
 
 @pytest.mark.parametrize("setting", ["tpu", "bogus", "cuda", "cpu,tpu"])
