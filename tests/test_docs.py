@@ -76,7 +76,7 @@ def test_every_python_example_in_the_docs_runs_as_written(page, index, code, tmp
         monkeypatch.setattr(store, name, value, raising=False)
     monkeypatch.setattr(jax.config, "update", lambda name, value: None)
     namespace = {"__name__": f"docs_{page.removesuffix('.md').replace('-', '_')}_{index}"}
-    exec(compile(code, f"docs/{page} example {index}", "exec"), namespace)  # noqa: S102 - the documented code
+    exec(compile(code, f"docs/{page} example {index}", "exec", dont_inherit=True), namespace)  # noqa: S102 - the documented code
     for name, value in list(namespace.items()):
         if name.startswith("test_") and callable(value):
             value()
