@@ -39,11 +39,11 @@ def test_held_out_log_likelihood_is_the_expert_row_of_log_probs():
         np.testing.assert_allclose(got[k], np.asarray(cb_core.log_probs(alpha, dec))[rows], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rule", ["one-se", "best"])
+@pytest.mark.parametrize("rule", ["default-se", "one-se", "best"])
 def test_the_curve_equals_one_fit_per_fold_and_strength(rule):
     """Two task types (5 and 3 trajectories), every fold x strength x type in one batched fit, against
     cb_core.fit on each training fold's own decisions and log_probs on the held-out fold's."""
-    lams = (0.03, 0.3, 3.0)
+    lams = (0.1, 1.0, 10.0)
     sets, groups, lists_of = [], [], []
     for seed, n_traj in ((3, 5), (4, 3)):
         g = np.repeat(np.arange(n_traj), 3)  # 3 decisions a trajectory
@@ -65,18 +65,55 @@ def test_the_curve_equals_one_fit_per_fold_and_strength(rule):
             for l, lam in enumerate(lams):
                 alpha = cb_core.fit(_subset(lists, train), lam=lam, dtype=np.float64).alpha
                 held[l, test] = np.asarray(cb_core.log_probs(alpha, test_dec))[rows]
-        np.testing.assert_allclose(curve.mean, held.mean(axis=1), rtol=1e-6, atol=1e-6)
+        mean = held.mean(axis=1)
+        np.testing.assert_allclose(curve.mean, mean, rtol=1e-6, atol=1e-6)
         fold_means = np.array([[held[l, fold == f].mean() for l in range(len(lams))] for f in range(n)])
         np.testing.assert_allclose(curve.fold_means, fold_means, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(curve.se, fold_means.std(axis=0, ddof=1) / np.sqrt(n), rtol=1e-6, atol=1e-9)
-        best = lams[int(np.argmax(held.mean(axis=1)))]
+        # the paired difference from the default (lam = 1, index 1) and its standard error over folds
+        np.testing.assert_allclose(curve.diff, mean - mean[1], atol=1e-6)
+        paired = [fold_means[:, l] - fold_means[:, 1] for l in range(len(lams))]
+        np.testing.assert_allclose(curve.diff_se, [np.std(p, ddof=1) / np.sqrt(n) for p in paired], atol=1e-6)
+        best = lams[int(np.argmax(mean))]
         assert curve.best == best
-        if rule == "best":
+        better = [l for l in range(len(lams)) if mean[l] - mean[1] > np.std(paired[l], ddof=1) / np.sqrt(n)]
+        assert curve.flat == (not better)
+        if not better:
+            assert curve.chosen == 1.0
+        elif rule == "best":
             assert curve.chosen == best
+        elif rule == "default-se":
+            assert curve.chosen == lams[max(better, key=lambda l: mean[l])]
         else:
             b = int(np.argmax(curve.mean))
             ok = [lam for lam, m in zip(lams, curve.mean) if m >= curve.mean[b] - curve.se[b]]
             assert curve.chosen == max(ok) and curve.chosen >= best
+
+
+def test_an_exactly_flat_curve_keeps_the_default_under_every_rule():
+    """Hidden states equal within every candidate set: alpha . phi is one constant per set whatever
+    alpha, every strength scores alike, and no rule may pick the largest strength (nor call another
+    one best)."""
+    hidden, log_q, n_tokens, expert = random_lists(6, _sizes(6, 12), 4)
+    hidden = [np.ones_like(h) * (i + 1) for i, h in enumerate(hidden)]
+    dec = cb_core.decisions_from_lists(hidden, log_q, n_tokens, expert)
+    for rule in ("default-se", "one-se", "best"):
+        (curve,) = select_strengths([dec], [np.repeat(np.arange(4), 3)], rule=rule, dtype=np.float64)
+        assert np.ptp(curve.mean) < 1e-9
+        assert curve.flat and curve.chosen == 1.0 and curve.best == 1.0, (rule, curve.chosen, curve.best)
+        assert curve.to_dict()["flat"] is True
+
+
+def test_trajectory_labels_of_mixed_types_are_refused():
+    """1 and "1" are one label once numpy turns them into strings: refused, not merged."""
+    with pytest.raises(ValueError, match=r"mixes trajectory label types \(int, str\)") as err:
+        fold_of([1, 1, "1", 2])
+    assert "\n" not in str(err.value)
+    dec = cb_core.decisions_from_lists(*random_lists(5, [3, 4, 2, 3], 4))
+    with pytest.raises(ValueError, match="mixes trajectory label types"):
+        select_strengths([dec], [[1, "1", 2, 2]])
+    # one type, as a list or an array, is dealt as before
+    assert fold_of(np.array(["1", "1", "2"]))[0].tolist() == fold_of([1, 1, 2])[0].tolist() == [0, 0, 1]
 
 
 def test_the_default_grid_is_log_spaced_and_holds_the_fixed_default():
@@ -94,3 +131,7 @@ def test_bad_input_is_one_line_naming_it():
         select_strengths([dec], [[0, 1, 2]], lams=(1.0, -1.0))
     with pytest.raises(ValueError, match="at least 2 trajectories"):
         select_strengths([dec], [[0, 0, 0]])
+    with pytest.raises(ValueError, match="default strength 1.0 is not on the grid"):
+        select_strengths([dec], [[0, 1, 2]], lams=(0.1, 10.0))
+    with pytest.raises(ValueError, match="criterion must be"):
+        select_strengths([dec], [[0, 1, 2]], criterion="auc")
