@@ -135,7 +135,8 @@ def strength_figure(curves: Mapping[str, Mapping], title: str = "The L2 strength
     """The cross-validation curves of ``--lam auto`` (:meth:`cb_core.StrengthCurve.to_dict` per task
     type) as a matplotlib Figure: one panel per task type, the mean held-out expert log-likelihood
     (nats per decision) against lam on a log axis with a one-standard-error band, the best strength
-    and the chosen one marked, and the rule in the caption."""
+    and the chosen one marked (a flat curve, which keeps the default, says so in its title), and the
+    rule in the caption."""
     import math
 
     import matplotlib
@@ -157,7 +158,8 @@ def strength_figure(curves: Mapping[str, Mapping], title: str = "The L2 strength
         ax.axvline(c["best"], color="C2", linestyle=":", linewidth=1, label="best")
         ax.axvline(c["chosen"], color="C3", linewidth=1, label="chosen")
         ax.set_xscale("log")
-        ax.set_title(f"{name} ({c['n_trajectories']} traj., {c['n_folds']} folds)", fontsize=TEXT_PT)
+        flat = ", flat" if c.get("flat") else ""  # no strength beats the default beyond noise: it is kept
+        ax.set_title(f"{name} ({c['n_trajectories']} traj., {c['n_folds']} folds{flat})", fontsize=TEXT_PT)
         ax.tick_params(labelsize=LABEL_PT + 1)
     for ax in list(axes.flat)[len(names):]:
         ax.set_visible(False)

@@ -349,13 +349,14 @@ def concept_feature_spec(lm: LanguageModel, settings: FeatureSettings) -> dict[s
 
 
 def strength_key(lam: float | str) -> float | dict:
-    """How the strength is set, for a cache key: the number, or under ``"auto"`` the rule, the grid and
-    the folds that choose it."""
+    """How the strength is set, for a cache key: the number, or under ``"auto"`` the rule, its criterion,
+    the default a flat curve keeps, the grid and the folds that choose it."""
     if lam != "auto":
         return lam
-    from cb_core.strength import DEFAULT_FOLDS, DEFAULT_GRID
+    from cb_core.strength import DEFAULT_CRITERION, DEFAULT_FOLDS, DEFAULT_GRID, DEFAULT_RULE, DEFAULT_STRENGTH
 
-    return {"lam": "auto", "rule": "one-se", "grid": list(DEFAULT_GRID), "folds": DEFAULT_FOLDS}
+    return {"lam": "auto", "rule": DEFAULT_RULE, "criterion": DEFAULT_CRITERION, "default": DEFAULT_STRENGTH,
+            "grid": list(DEFAULT_GRID), "folds": DEFAULT_FOLDS}
 
 
 def concepts_dir_key(features: dict[str, TypeFeatures], lm: LanguageModel, settings: FeatureSettings,

@@ -50,7 +50,7 @@ from cb_core.fit import DEFAULT_SOLVER, fit_many
 from cb_core.model import features, prior_log_probs
 from cb_core.solvers import Solver
 
-__all__ = ["CRITERIA", "DEFAULT_GRID", "DEFAULT_FOLDS", "DEFAULT_RULE", "DEFAULT_STRENGTH", "HeldOut", "RULES",
+__all__ = ["CRITERIA", "DEFAULT_CRITERION", "DEFAULT_GRID", "DEFAULT_FOLDS", "DEFAULT_RULE", "DEFAULT_STRENGTH", "HeldOut", "RULES",
            "StrengthCurve", "cross_validate", "fold_of", "held_out_log_likelihood", "held_out_scores",
            "select_strengths", "strength_curve"]
 
@@ -66,6 +66,8 @@ RULES = ("default-se", "one-se", "best")
 DEFAULT_RULE = "default-se"
 #: the held-out scores a curve can average: the expert action's log-likelihood, or whether it is the top choice
 CRITERIA = ("log-lik", "top-1")
+#: the criterion of :func:`select_strengths` and ``--lam auto``
+DEFAULT_CRITERION = "log-lik"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,7 +280,7 @@ def _nearest(lams: np.ndarray, candidates: np.ndarray, default: float) -> int:
     return int(candidates[np.argmin(np.abs(np.log(lams[candidates] / default)))])
 
 
-def strength_curve(held: HeldOut | Sequence[HeldOut], rule: str = DEFAULT_RULE, *, criterion: str = "log-lik",
+def strength_curve(held: HeldOut | Sequence[HeldOut], rule: str = DEFAULT_RULE, *, criterion: str = DEFAULT_CRITERION,
                    default: float = DEFAULT_STRENGTH, z: float = 1.0) -> StrengthCurve:
     """The curve of one set's held-out scores, or of several sets' pooled into one curve (every
     set's folds are folds of the pooled curve), and the strength ``rule`` picks from it.
@@ -336,7 +338,7 @@ def select_strengths(
     lams: Sequence[float] = DEFAULT_GRID,
     n_folds: int = DEFAULT_FOLDS,
     rule: Literal["default-se", "one-se", "best"] = DEFAULT_RULE,
-    criterion: Literal["log-lik", "top-1"] = "log-lik",
+    criterion: Literal["log-lik", "top-1"] = DEFAULT_CRITERION,
     default: float = DEFAULT_STRENGTH,
     solver: Solver = DEFAULT_SOLVER,
     gamma: float = 0.8,

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import cb_core
-from cb_core.strength import DEFAULT_GRID, fold_of, held_out_log_likelihood, select_strengths
+from cb_core.strength import (DEFAULT_GRID, RULES, HeldOut, fold_of, held_out_log_likelihood, select_strengths,
+                              strength_curve)
 from cb_core.testing import random_lists
 
 
@@ -90,18 +91,48 @@ def test_the_curve_equals_one_fit_per_fold_and_strength(rule):
             assert curve.chosen == max(ok) and curve.chosen >= best
 
 
-def test_an_exactly_flat_curve_keeps_the_default_under_every_rule():
-    """Hidden states equal within every candidate set: alpha . phi is one constant per set whatever
-    alpha, every strength scores alike, and no rule may pick the largest strength (nor call another
-    one best)."""
-    hidden, log_q, n_tokens, expert = random_lists(6, _sizes(6, 12), 4)
-    hidden = [np.ones_like(h) * (i + 1) for i, h in enumerate(hidden)]
-    dec = cb_core.decisions_from_lists(hidden, log_q, n_tokens, expert)
-    for rule in ("default-se", "one-se", "best"):
-        (curve,) = select_strengths([dec], [np.repeat(np.arange(4), 3)], rule=rule, dtype=np.float64)
-        assert np.ptp(curve.mean) < 1e-9
+def _held(values, fold, lams=(0.1, 1.0, 10.0, 100.0)):
+    """HeldOut scores [N, L] given directly (both criteria the same numbers)."""
+    values = np.asarray(values, np.float64)
+    fold = np.asarray(fold)
+    return HeldOut(lams, fold, int(fold.max()) + 1, int(fold.max()) + 1, values, values, np.zeros_like(values))
+
+
+@pytest.mark.parametrize("criterion", ["log-lik", "top-1"])
+def test_an_exactly_flat_curve_keeps_the_default_under_every_rule(criterion):
+    """Every strength scores every decision alike: no rule may pick the largest strength, nor call
+    another one best."""
+    per_decision = np.random.default_rng(0).normal(size=12)
+    held = _held(np.repeat(per_decision[:, None], 4, axis=1), np.arange(12) % 4)
+    for rule in RULES:
+        curve = strength_curve(held, rule, criterion=criterion)
         assert curve.flat and curve.chosen == 1.0 and curve.best == 1.0, (rule, curve.chosen, curve.best)
-        assert curve.to_dict()["flat"] is True
+        assert curve.to_dict()["flat"] is True and curve.to_dict()["criterion"] == criterion
+
+
+def test_the_default_gives_way_only_to_a_strength_better_in_every_fold_beyond_noise():
+    fold = np.arange(16) % 4
+    rng = np.random.default_rng(1)
+    base = rng.normal(size=16)
+    # 0.1 better by 0.5 on every decision; 100 better on average by 0.2 but with a spread of 2 across folds
+    swing = np.array([2.0, -2.0, 2.0, -1.2])[fold]
+    values = np.stack([base + 0.5, base, base - 0.1, base + swing], axis=1)
+    curve = strength_curve(_held(values, fold), "default-se")
+    assert not curve.flat and curve.chosen == 0.1
+    np.testing.assert_allclose(curve.diff, [0.5, 0.0, -0.1, 0.2])
+    # the raw maximiser would be 0.1 too; without 0.1's gain the noisy 100 does not count: flat
+    curve = strength_curve(_held(values[:, 1:], fold, (1.0, 10.0, 100.0)), "default-se")
+    assert curve.flat and curve.chosen == 1.0 and curve.best == 100.0
+    assert curve.diff_se[2] == pytest.approx(np.std([2.0, -2.0, 2.0, -1.2], ddof=1) / 2)
+
+
+def test_pooled_sets_make_one_curve_of_all_their_folds():
+    fold_a, fold_b = np.arange(10) % 5, np.arange(6) % 2
+    va, vb = np.random.default_rng(2).normal(size=(10, 4)), np.random.default_rng(3).normal(size=(6, 4))
+    curve = strength_curve([_held(va, fold_a), _held(vb, fold_b)], "best")
+    assert curve.n_folds == 7 and curve.n_decisions == 16
+    np.testing.assert_allclose(curve.mean, np.concatenate([va, vb]).mean(axis=0))
+    np.testing.assert_allclose(curve.fold_means[5], vb[fold_b == 0].mean(axis=0))
 
 
 def test_trajectory_labels_of_mixed_types_are_refused():
@@ -135,3 +166,21 @@ def test_bad_input_is_one_line_naming_it():
         select_strengths([dec], [[0, 1, 2]], lams=(0.1, 10.0))
     with pytest.raises(ValueError, match="criterion must be"):
         select_strengths([dec], [[0, 1, 2]], criterion="auc")
+
+
+@pytest.mark.slow  # one batched fit of 5 folds x 10 strengths: a compile
+def test_five_noisy_trajectories_and_a_flat_curve_keep_the_default():
+    """Five trajectories whose expert actions are drawn at random, unrelated to the hidden states:
+    no strength does better held out than the default beyond the folds' noise, so the default rule
+    keeps lam = 1 and says the curve is flat, where the means alone would move (the curve's own
+    best is not 1)."""
+    groups = np.repeat(np.arange(5), 4)  # 5 trajectories of 4 decisions
+    dec = cb_core.decisions_from_lists(*random_lists(7, _sizes(7, groups.size), 6))
+    (curve,) = select_strengths([dec], [groups])
+    assert curve.n_folds == 5 and curve.lams == DEFAULT_GRID
+    # the flatness, from the fold means: no strength beats lam = 1 by one paired standard error
+    d = DEFAULT_GRID.index(1.0)
+    paired = curve.fold_means - curve.fold_means[:, [d]]
+    assert np.all(paired.mean(axis=0) <= paired.std(axis=0, ddof=1) / np.sqrt(5) + 1e-12)
+    assert curve.flat and curve.chosen == 1.0 and curve.default == 1.0
+    assert curve.best != 1.0  # what a rule on the means alone would have taken
