@@ -46,8 +46,8 @@ from paired_decisions import paired_rows  # noqa: E402
 CV_RULES: list[tuple[str, dict, bool]] = [
     ("log-lik one-se, raw", {"rule": "one-se", "criterion": "log-lik", "z": -math.inf}, False),
     ("log-lik best, raw", {"rule": "best", "criterion": "log-lik", "z": -math.inf}, False),
-    ("log-lik one-se, flat keeps 1", {"rule": "one-se", "criterion": "log-lik"}, False),
-    ("log-lik best, flat keeps 1", {"rule": "best", "criterion": "log-lik"}, False),
+    ("log-lik one-se, flat keeps 1", {"rule": "one-se", "criterion": "log-lik", "z": 1.0}, False),
+    ("log-lik best, flat keeps 1", {"rule": "best", "criterion": "log-lik", "z": 1.0}, False),
     ("log-lik default-se z=1", {"rule": "default-se", "criterion": "log-lik", "z": 1.0}, False),
     ("log-lik default-se z=2", {"rule": "default-se", "criterion": "log-lik", "z": 2.0}, False),
     ("top-1 best, raw", {"rule": "best", "criterion": "top-1", "z": -math.inf}, False),
@@ -134,6 +134,26 @@ def summary_line(rule: str, rows: list[dict]) -> str:
             f"worst type {worst['task_type']} {100 * worst['diff']:+.1f} pp p={worst['p']:.3g}{flag}")
 
 
+def markdown(records: list[dict], rules: list[str]) -> str:
+    """One row per configuration and rule: over all held-out decisions, lam = 1's top-1 and the rule's,
+    the decisions only one gets right, the sign test, the difference with its bootstrap interval,
+    and the rule's worst task type (its difference and sign test)."""
+    lines = ["| environment, held out, demonstrations per type | rule | decisions | lam 1 | rule's | only 1 / only rule "
+             "| sign test p | rule - 1 [95% CI] | worst type: rule - 1, p |", "| --- " * 9 + "|"]
+    for rec in records:
+        for name, cfg in rec["configs"].items():
+            for rule in rules:
+                rows = cfg["rows"][rule]
+                a = rows[-1]
+                worst = min(rows[:-1], key=lambda r: (r["p"] if r["diff"] < 0 else 2.0, r["diff"]))
+                lines.append(
+                    f"| {rec['env']}, {rec['heldout_split']}, {cfg['demos_per_type']} | {rule} | {a['n']} | "
+                    f"{100 * a['acc_a']:.1f}% | {100 * a['acc_b']:.1f}% | {a['only_a']} / {a['only_b']} | {a['p']:.3g} | "
+                    f"{100 * a['diff']:+.1f} pp [{100 * a['ci_diff'][0]:+.1f}, {100 * a['ci_diff'][1]:+.1f}] | "
+                    f"{worst['task_type']}: {100 * worst['diff']:+.1f} pp, {worst['p']:.3g} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="alfworld")
@@ -145,9 +165,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gamma", type=float, default=0.8)
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--json", type=Path, default=None, help="write every rule's rows and choices here")
+    parser.add_argument("--from-json", type=Path, nargs="+", default=None,
+                        help="print the markdown table of these results files instead of measuring")
+    parser.add_argument("--rules", nargs="+", default=None, help="the rules of the table (default: all)")
     args = parser.parse_args(argv)
 
     import orjson
+
+    if args.from_json:
+        records = [orjson.loads(p.read_bytes()) for p in args.from_json]
+        names = args.rules or list(next(iter(records[0]["configs"].values()))["rows"])
+        print(markdown(records, names))
+        return 0
 
     from agent_shell.commands.eval_decisions import heldout_trajectories
     from agent_shell.concepts import collect_features

@@ -2,7 +2,7 @@
 
 Eq. 6's strength lam trades the expert decisions' likelihood against ||alpha||^2; a fixed lam = 1
 serves 2 demonstrations and 20 alike. :func:`select_strengths` chooses it per decision set (one set
-per task type) from the held-out expert-choice log-likelihood:
+per task type) from held-out expert decisions:
 
 1. the decisions of one set are split into folds **by trajectory** (``groups``: the trajectory of
    each decision; a trajectory's decisions are never split), ``n_folds`` folds or one per
@@ -13,23 +13,29 @@ per task type) from the held-out expert-choice log-likelihood:
 3. each decision is scored once, held out, under the concept fitted without its fold: its expert
    action's log-probability (Eq. 3: log P_alpha(a*|x) = s(a*) - logsumexp_a s(a),
    s(a) = log Qbar(a|x) + alpha . phi(x, a)), whether the expert's action is the concept's top
-   choice, and its rank (:class:`HeldOut`);
-4. the curve is the mean held-out score per strength (``criterion``: log-likelihood in nats per
-   decision, or top-1) with its standard error over folds (the std of the F fold means over
-   sqrt(F)), and each strength's **paired** difference from the default strength (lam = 1) with
-   its standard error over folds (:func:`strength_curve`);
+   choice (top-1: what the agent does with it), and its rank (:class:`HeldOut`);
+4. the curve is the mean held-out score per strength (``criterion``: top-1 by default, or the
+   log-likelihood in nats per decision) with its standard error over folds (the std of the F fold
+   means over sqrt(F)), and each strength's **paired** difference from the default strength
+   (lam = 1) on the same decisions, with its standard error over folds (:func:`strength_curve`);
 5. the rule picks a strength from the curve:
 
    - ``"default-se"`` (the default): keep the default strength unless some strength's mean beats
-     the default's by more than one paired standard error; then the best of those. A curve flat
-     within its noise, which is what 2 to 5 trajectories a type give, keeps the default;
+     the default's by more than ``z`` paired standard errors (:data:`DEFAULT_Z`); then the best
+     of those. A curve flat within its noise, which is what 2 to 5 trajectories a type give,
+     keeps the default;
    - ``"one-se"``: the **largest** strength whose mean lies within one standard error of the best
      mean (the simplest concept the data cannot tell from the best);
    - ``"best"``: the maximiser.
 
-   Under every rule a curve on which no strength beats the default by more than one paired
-   standard error is **flat** (:attr:`StrengthCurve.flat`) and keeps the default; the best mean's
-   ties go to the strength nearest the default.
+   Under every rule a curve on which no strength beats the default by more than ``z`` paired
+   standard errors is **flat** (:attr:`StrengthCurve.flat`) and keeps the default; the best
+   mean's ties go to the strength nearest the default.
+
+The default rule and criterion were chosen on held-out expert decisions
+(``benchmarks/strength_rules.py``, docs/concept.md): the log-likelihood curve of a type with few
+trajectories favours strong strengths that give the choice back to the prior, and the rules
+that follow it lost top-1 where lam = 1 did not.
 
 Imports nothing of this project outside :mod:`cb_core`; no I/O.
 """
@@ -50,9 +56,9 @@ from cb_core.fit import DEFAULT_SOLVER, fit_many
 from cb_core.model import features, prior_log_probs
 from cb_core.solvers import Solver
 
-__all__ = ["CRITERIA", "DEFAULT_CRITERION", "DEFAULT_GRID", "DEFAULT_FOLDS", "DEFAULT_RULE", "DEFAULT_STRENGTH", "HeldOut", "RULES",
-           "StrengthCurve", "cross_validate", "fold_of", "held_out_log_likelihood", "held_out_scores",
-           "select_strengths", "strength_curve"]
+__all__ = ["CRITERIA", "DEFAULT_CRITERION", "DEFAULT_GRID", "DEFAULT_FOLDS", "DEFAULT_RULE", "DEFAULT_STRENGTH",
+           "DEFAULT_Z", "HeldOut", "RULES", "StrengthCurve", "cross_validate", "fold_of", "held_out_log_likelihood",
+           "held_out_scores", "select_strengths", "strength_curve"]
 
 #: the default grid: 10 strengths log-spaced at half decades, 10**-2.5 to 10**2 (lam = 1 among them)
 DEFAULT_GRID: tuple[float, ...] = tuple(float(10.0 ** (k / 2)) for k in range(-5, 5))
@@ -67,7 +73,9 @@ DEFAULT_RULE = "default-se"
 #: the held-out scores a curve can average: the expert action's log-likelihood, or whether it is the top choice
 CRITERIA = ("log-lik", "top-1")
 #: the criterion of :func:`select_strengths` and ``--lam auto``
-DEFAULT_CRITERION = "log-lik"
+DEFAULT_CRITERION = "top-1"
+#: paired standard errors a strength must beat the default by (the ``"default-se"`` rule, flatness)
+DEFAULT_Z = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +124,9 @@ class StrengthCurve:
         diff_se: [L] float64, the paired difference's standard error over folds (0 at the default).
         chosen: the strength the rule picks (the default on a flat curve).
         best: the strength of the largest mean (ties: the one nearest the default).
-        flat: no strength's mean beats the default's by more than one paired standard error (the
+        flat: no strength's mean beats the default's by more than ``z`` paired standard errors (the
             curve is flat within its noise, and the default is kept).
+        z: the paired standard errors a strength had to beat the default by.
         default: the strength a flat curve keeps.
         rule: one of :data:`RULES`; criterion: one of :data:`CRITERIA`.
         n_folds, n_trajectories, n_decisions: the split's sizes.
@@ -133,6 +142,7 @@ class StrengthCurve:
     best: float
     flat: bool
     default: float
+    z: float
     rule: str
     criterion: str
     n_folds: int
@@ -142,7 +152,8 @@ class StrengthCurve:
     def to_dict(self) -> dict:
         """A JSON-ready record (plain floats and lists): the concept's provenance."""
         return {"rule": self.rule, "criterion": self.criterion, "chosen": self.chosen, "best": self.best,
-                "flat": self.flat, "default": self.default, "lams": list(self.lams), "mean": self.mean.tolist(),
+                "flat": self.flat, "default": self.default, "z": self.z, "lams": list(self.lams),
+                "mean": self.mean.tolist(),
                 "se": self.se.tolist(), "diff": self.diff.tolist(), "diff_se": self.diff_se.tolist(),
                 "fold_means": self.fold_means.tolist(), "n_folds": self.n_folds,
                 "n_trajectories": self.n_trajectories, "n_decisions": self.n_decisions}
@@ -281,7 +292,7 @@ def _nearest(lams: np.ndarray, candidates: np.ndarray, default: float) -> int:
 
 
 def strength_curve(held: HeldOut | Sequence[HeldOut], rule: str = DEFAULT_RULE, *, criterion: str = DEFAULT_CRITERION,
-                   default: float = DEFAULT_STRENGTH, z: float = 1.0) -> StrengthCurve:
+                   default: float = DEFAULT_STRENGTH, z: float = DEFAULT_Z) -> StrengthCurve:
     """The curve of one set's held-out scores, or of several sets' pooled into one curve (every
     set's folds are folds of the pooled curve), and the strength ``rule`` picks from it.
 
@@ -327,7 +338,7 @@ def strength_curve(held: HeldOut | Sequence[HeldOut], rule: str = DEFAULT_RULE, 
     else:
         chosen = int(np.flatnonzero(mean >= mean[best] - se[best]).max())
     return StrengthCurve(tuple(lams.tolist()), fold_means, mean, se, diff, diff_se, float(lams[chosen]),
-                         float(lams[best]), bool(flat), float(lams[d]), rule, criterion, n,
+                         float(lams[best]), bool(flat), float(lams[d]), float(z), rule, criterion, n,
                          sum(h.n_trajectories for h in sets), sum(h.n_decisions for h in sets))
 
 
@@ -340,6 +351,7 @@ def select_strengths(
     rule: Literal["default-se", "one-se", "best"] = DEFAULT_RULE,
     criterion: Literal["log-lik", "top-1"] = DEFAULT_CRITERION,
     default: float = DEFAULT_STRENGTH,
+    z: float = DEFAULT_Z,
     solver: Solver = DEFAULT_SOLVER,
     gamma: float = 0.8,
     eps: float = 1e-6,
@@ -356,9 +368,10 @@ def select_strengths(
         lams: the grid, > 0 (default :data:`DEFAULT_GRID`: 10 strengths, 10**-2.5 to 10**2).
         n_folds: folds per set (default 5; a set with fewer trajectories gets one fold each).
         rule: one of :data:`RULES` (default ``"default-se"``: the default strength unless another
-            beats it by more than one paired standard error).
-        criterion: the held-out score the curve averages (:data:`CRITERIA`).
+            beats it by more than ``z`` paired standard errors).
+        criterion: the held-out score the curve averages (:data:`CRITERIA`; default top-1).
         default: the strength a flat curve keeps (on the grid; default 1.0).
+        z: the paired standard errors a strength must beat the default by (default :data:`DEFAULT_Z`).
         solver, gamma, eps, dtype: as for :func:`cb_core.fit`.
 
     Returns:
@@ -377,4 +390,4 @@ def select_strengths(
         raise ValueError(f"the default strength {default!r} is not on the grid {sorted(lams)!r}")
     held = cross_validate(decision_sets, groups, lams=lams, n_folds=n_folds, solver=solver, gamma=gamma, eps=eps,
                           dtype=dtype)
-    return [strength_curve(h, rule, criterion=criterion, default=default) for h in held]
+    return [strength_curve(h, rule, criterion=criterion, default=default, z=z) for h in held]

@@ -54,7 +54,8 @@ def test_the_curve_equals_one_fit_per_fold_and_strength(rule):
         sets.append(cb_core.decisions_from_lists(*lists))
         groups.append(g)
         lists_of.append(lists)
-    curves = select_strengths(sets, groups, lams=lams, n_folds=4, rule=rule, dtype=np.float64)
+    curves = select_strengths(sets, groups, lams=lams, n_folds=4, rule=rule, criterion="log-lik", z=1.0,
+                              dtype=np.float64)
     for curve, lists, g in zip(curves, lists_of, groups):
         fold, n = fold_of(g, 4)
         assert curve.n_folds == n and curve.lams == lams and curve.n_decisions == g.size
@@ -175,12 +176,13 @@ def test_five_noisy_trajectories_and_a_flat_curve_keep_the_default():
     keeps lam = 1 and says the curve is flat, where the means alone would move (the curve's own
     best is not 1)."""
     groups = np.repeat(np.arange(5), 4)  # 5 trajectories of 4 decisions
-    dec = cb_core.decisions_from_lists(*random_lists(7, _sizes(7, groups.size), 6))
+    dec = cb_core.decisions_from_lists(*random_lists(8, _sizes(8, groups.size), 6))
     (curve,) = select_strengths([dec], [groups])
     assert curve.n_folds == 5 and curve.lams == DEFAULT_GRID
-    # the flatness, from the fold means: no strength beats lam = 1 by one paired standard error
+    assert curve.rule == "default-se" and curve.criterion == "top-1" and curve.z == 2.0
+    # the flatness, from the fold means: no strength beats lam = 1 by two paired standard errors
     d = DEFAULT_GRID.index(1.0)
     paired = curve.fold_means - curve.fold_means[:, [d]]
-    assert np.all(paired.mean(axis=0) <= paired.std(axis=0, ddof=1) / np.sqrt(5) + 1e-12)
+    assert np.all(curve.mean - curve.mean[d] <= 2 * paired.std(axis=0, ddof=1) / np.sqrt(5) + 1e-12)
     assert curve.flat and curve.chosen == 1.0 and curve.default == 1.0
     assert curve.best != 1.0  # what a rule on the means alone would have taken
