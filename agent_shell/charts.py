@@ -133,9 +133,10 @@ def save_figure(fig, path: str | Path, dpi: int) -> Path:
 
 def strength_figure(curves: Mapping[str, Mapping], title: str = "The L2 strength by cross-validation"):
     """The cross-validation curves of ``--lam auto`` (:meth:`cb_core.StrengthCurve.to_dict` per task
-    type) as a matplotlib Figure: one panel per task type, the mean held-out expert log-likelihood
-    (nats per decision) against lam on a log axis with a one-standard-error band, the best strength
-    and the chosen one marked, and the rule in the caption."""
+    type) as a matplotlib Figure: one panel per task type, the mean held-out criterion (top-1, or
+    the expert log-likelihood in nats per decision) against lam on a log axis with a
+    one-standard-error band, the best strength and the chosen one marked (a flat curve, which keeps
+    the default, says so in its title), and the rule in the caption."""
     import math
 
     import matplotlib
@@ -157,13 +158,16 @@ def strength_figure(curves: Mapping[str, Mapping], title: str = "The L2 strength
         ax.axvline(c["best"], color="C2", linestyle=":", linewidth=1, label="best")
         ax.axvline(c["chosen"], color="C3", linewidth=1, label="chosen")
         ax.set_xscale("log")
-        ax.set_title(f"{name} ({c['n_trajectories']} traj., {c['n_folds']} folds)", fontsize=TEXT_PT)
+        flat = ", flat" if c.get("flat") else ""  # no strength beats the default beyond noise: it is kept
+        ax.set_title(f"{name} ({c['n_trajectories']} traj., {c['n_folds']} folds{flat})", fontsize=TEXT_PT)
         ax.tick_params(labelsize=LABEL_PT + 1)
     for ax in list(axes.flat)[len(names):]:
         ax.set_visible(False)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("held-out log-lik.\n(nats/decision)", fontsize=TEXT_PT)
-    rule = next(iter(curves.values()))["rule"] if curves else ""
+    first = next(iter(curves.values()), {})
+    for ax in axes[:, 0]:  # curves recorded before the criterion was named are log-likelihoods
+        ax.set_ylabel("held-out top-1" if first.get("criterion") == "top-1" else "held-out log-lik.\n(nats/decision)",
+                      fontsize=TEXT_PT)
+    rule = first.get("rule", "")
     axes.flat[0].legend(fontsize=LABEL_PT, loc="lower left")
     fig.suptitle(title, fontsize=TEXT_PT + 2)
     fig.supxlabel(f"lam (log scale); band: one standard error over folds; chosen by the {rule} rule",

@@ -263,8 +263,9 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], sett
 def strength_curves(features: Mapping[str, TypeFeatures], gamma: float = 0.8, eps: float = 1e-6) -> dict:
     """Task type -> :class:`cb_core.StrengthCurve`: each type's L2 strength chosen by cross-validation
     over its trajectories (:func:`cb_core.select_strengths` with :data:`cb_core.strength.DEFAULT_GRID`,
-    :data:`~cb_core.strength.DEFAULT_FOLDS` folds and the one-standard-error rule), every type x fold
-    x strength in one batched fit. Types without decisions are left out.
+    :data:`~cb_core.strength.DEFAULT_FOLDS` folds and the default rule: lam = 1 unless a strength beats
+    it on held-out top-1 by more than :data:`~cb_core.strength.DEFAULT_Z` paired standard errors),
+    every type x fold x strength in one batched fit. Types without decisions are left out.
 
     Raises:
         ValueError: a type with fewer than 2 won trajectories (naming it), or decisions that carry no
@@ -349,13 +350,15 @@ def concept_feature_spec(lm: LanguageModel, settings: FeatureSettings) -> dict[s
 
 
 def strength_key(lam: float | str) -> float | dict:
-    """How the strength is set, for a cache key: the number, or under ``"auto"`` the rule, the grid and
-    the folds that choose it."""
+    """How the strength is set, for a cache key: the number, or under ``"auto"`` the rule, its criterion,
+    the default a flat curve keeps, the grid and the folds that choose it."""
     if lam != "auto":
         return lam
-    from cb_core.strength import DEFAULT_FOLDS, DEFAULT_GRID
+    from cb_core.strength import (DEFAULT_CRITERION, DEFAULT_FOLDS, DEFAULT_GRID, DEFAULT_RULE, DEFAULT_STRENGTH,
+                                  DEFAULT_Z)
 
-    return {"lam": "auto", "rule": "one-se", "grid": list(DEFAULT_GRID), "folds": DEFAULT_FOLDS}
+    return {"lam": "auto", "rule": DEFAULT_RULE, "criterion": DEFAULT_CRITERION, "default": DEFAULT_STRENGTH,
+            "z": DEFAULT_Z, "grid": list(DEFAULT_GRID), "folds": DEFAULT_FOLDS}
 
 
 def concepts_dir_key(features: dict[str, TypeFeatures], lm: LanguageModel, settings: FeatureSettings,

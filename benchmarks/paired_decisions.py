@@ -54,6 +54,13 @@ def rows(a_path: Path, b_path: Path) -> list[dict]:
     keys_b, b = hits(b_path)
     if keys_a != keys_b:
         raise ValueError(f"{a_path} and {b_path} do not hold the same held-out decisions")
+    return paired_rows(keys_a, a, b)
+
+
+def paired_rows(keys: list[tuple[str, str, int]], a: np.ndarray, b: np.ndarray) -> list[dict]:
+    """:func:`rows` of two [N] bool hit arrays on the same decisions (``keys``: (task type,
+    trajectory, step) of each)."""
+    keys_a = keys
     types = [k[0] for k in keys_a]
     out = []
     for name in sorted(set(types)) + ["all"]:

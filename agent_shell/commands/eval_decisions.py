@@ -71,6 +71,22 @@ def heldout_decisions(features: Mapping, trajectories: Sequence, concepts: Mappi
     return out
 
 
+def heldout_trajectories(setup, config: RunConfig, heldout_split: str, heldout_per_type: int,
+                         task_types: Sequence[str] | None = None, on_task=None) -> list:
+    """The held-out won expert trajectories of ``heldout_split`` (collected once into the cache):
+    ``heldout_per_type`` of each type, or, when it is ``config.demo_split``, the next
+    ``heldout_per_type`` of each type after the ``config.demos_per_type`` fitting ones
+    (``setup.demo_trajectories``: :func:`agent_shell.pipeline.prepare`'s)."""
+    from agent_shell.demos import expert_demos
+
+    same_split = heldout_split == config.demo_split
+    trajs = expert_demos(setup.env, config.demos_per_type + heldout_per_type if same_split else heldout_per_type,
+                         split=heldout_split, path=setup.cache / "expert" / config.env / f"{heldout_split}.jsonl",
+                         task_types=task_types, on_task=on_task)
+    used = {t.task_id for t in setup.demo_trajectories}
+    return [t for t in trajs if t.task_id not in used]
+
+
 @click.command("eval-decisions")
 @config_options(*COMMON_OPTIONS, "concepts")
 @click.option("--heldout-split", default=None,
@@ -93,7 +109,6 @@ def eval_decisions(config: RunConfig, heldout_split: str | None, heldout_per_typ
     heldout_split = heldout_split or default_split(config.env)
 
     from agent_shell.concepts import collect_features, skipped_summary
-    from agent_shell.demos import expert_demos
 
     from agent_shell.commands.tasks import validated_tasks
     from envs import make_env
@@ -111,13 +126,8 @@ def eval_decisions(config: RunConfig, heldout_split: str | None, heldout_per_typ
         raise
     settings = setup.feature_settings
     try:
-        same_split = heldout_split == config.demo_split
-        trajs = expert_demos(setup.env, config.demos_per_type + heldout_per_type if same_split else heldout_per_type,
-                             split=heldout_split,
-                             path=setup.cache / "expert" / config.env / f"{heldout_split}.jsonl", task_types=task_types,
-                             on_task=lambda tid: console.print(f"collecting expert trajectory {tid}"))
-        used = {t.task_id for t in setup.demo_trajectories}
-        heldout = [t for t in trajs if t.task_id not in used]
+        heldout = heldout_trajectories(setup, config, heldout_split, heldout_per_type, task_types,
+                                       on_task=lambda tid: console.print(f"collecting expert trajectory {tid}"))
         console.print(f"held out: {len(heldout)} won expert trajectories from {heldout_split}")
         features = collect_features(setup.lm, heldout, settings, cache_dir=setup.cache)
         console.print(f"held-out decisions: {sum(f.n_decisions for f in features.values())}; "

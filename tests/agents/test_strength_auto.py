@@ -42,22 +42,32 @@ def test_each_type_is_fitted_at_the_strength_its_held_out_trajectories_choose(wa
 
     concept = fit_concepts(features, lm, FeatureSettings(), lam="auto")["walk"]
     curve = concept.metadata["strength"]
-    assert curve["rule"] == "one-se" and curve["lams"] == list(DEFAULT_GRID) and curve["n_folds"] == 3
+    assert curve["rule"] == "default-se" and curve["criterion"] == "top-1" and curve["default"] == 1.0
+    assert curve["lams"] == list(DEFAULT_GRID) and curve["n_folds"] == 3 and curve["z"] == 2.0
 
     # three trajectories, three folds: each held out once, fitted on the other two at every strength
     ids = np.array(tf.decision_task_ids)
-    held = np.zeros((len(DEFAULT_GRID), tf.n_decisions))
+    held_top1 = np.zeros((len(DEFAULT_GRID), tf.n_decisions))
     for w in walks:
         train, test = np.flatnonzero(ids != w.task_id), np.flatnonzero(ids == w.task_id)
         test_dec = cb_core.decisions_from_lists(*_lists(tf, test))
-        rows = np.asarray(test_dec.offsets)[:-1] + np.asarray(test_dec.expert)
+        starts = np.asarray(test_dec.offsets)[:-1]
+        rows = starts + np.asarray(test_dec.expert)
         for l, lam in enumerate(DEFAULT_GRID):
             alpha = cb_core.fit(cb_core.decisions_from_lists(*_lists(tf, train)), lam=lam).alpha
-            held[l, test] = np.asarray(cb_core.log_probs(alpha, test_dec))[rows]
-    np.testing.assert_allclose(curve["mean"], held.mean(axis=1), atol=2e-3)
-    means, se = np.asarray(curve["mean"]), np.asarray(curve["se"])
-    best = int(np.argmax(means))
-    assert curve["chosen"] == max(lam for lam, m in zip(DEFAULT_GRID, means) if m >= means[best] - se[best])
+            log_p = np.asarray(cb_core.log_probs(alpha, test_dec))
+            held_top1[l, test] = [float(log_p[r] >= log_p[a:b].max() - 1e-6)
+                                  for r, a, b in zip(rows, starts, np.asarray(test_dec.offsets)[1:])]
+    np.testing.assert_allclose(curve["mean"], held_top1.mean(axis=1), atol=1e-9)
+    # lam = 1 unless a strength beats it on top-1 by two paired standard errors over the 3 folds
+    fold_means = np.array([held_top1[:, ids == w.task_id].mean(axis=1) for w in walks])  # [3, L]
+    d = DEFAULT_GRID.index(1.0)
+    paired = fold_means - fold_means[:, [d]]
+    means = held_top1.mean(axis=1)
+    better = [l for l in range(len(DEFAULT_GRID))
+              if means[l] - means[d] > 2 * paired[:, l].std(ddof=1) / np.sqrt(3) + 1e-12]
+    assert curve["flat"] == (not better)
+    assert curve["chosen"] == (DEFAULT_GRID[max(better, key=lambda l: means[l])] if better else 1.0)
 
     # the concept itself: every decision at the chosen strength
     assert concept.metadata["lam"] == curve["chosen"]
@@ -78,7 +88,8 @@ def test_the_rule_and_grid_name_the_concepts_cache_folder(walks):
     features = collect_features(lm, walks, FeatureSettings())
     keys = {concepts_dir_key(features, lm, FeatureSettings(), lam, 0.8, 1e-6) for lam in ("auto", 1.0, 0.5)}
     assert len(keys) == 3
-    assert strength_key("auto") == {"lam": "auto", "rule": "one-se", "grid": list(DEFAULT_GRID), "folds": 5}
+    assert strength_key("auto") == {"lam": "auto", "rule": "default-se", "criterion": "top-1", "default": 1.0, "z": 2.0,
+                                    "grid": list(DEFAULT_GRID), "folds": 5}
     assert strength_key(0.5) == 0.5
 
 

@@ -53,6 +53,8 @@ NOT_IN_THE_DEFAULT_SUITE = {
     "host_share": "test_host_share_tiny (slow marker: four fresh processes loading torch, JAX and a model)",
     "gpu_check": "tests/lm/test_gpu_check.py (slow marker: --quick on the CPU)",
     "explorer_open": "tests/agents/test_view_browser.py (slow marker: headless Chromium)",
+    "strength_rules": "test_strength_rules_tiny (slow marker: batched fits of every fold and strength; "
+                      "its measurement needs the LM's features)",
 }
 ROOT = BENCHMARKS.parent
 DESELECTED = {"slow", "gpu"}  # pyproject's addopts: -m 'not slow and not gpu'
@@ -481,3 +483,53 @@ def test_paired_decisions_counts_the_decisions_only_one_concept_gets_right(tmp_p
     low, high = everything["ci_diff"]
     assert low <= everything["diff"] <= high
     assert module.main([str(a), str(write("c.json", [0, 0, 0, 0, 0]))]) == 2
+
+
+@pytest.mark.slow
+def test_strength_rules_tiny(tmp_path, capsys):
+    """The rules on synthetic features (two types, 4 and 2 demonstration trajectories, 3 held-out
+    ones each): a fixed strength's hits are the top-1 of cb_core.fit at that strength on the
+    held-out decisions, lam = 1 against itself differs nowhere, every rule chooses a grid strength
+    per type, and --from-json prints one row per configuration and rule."""
+    import numpy as np
+
+    import cb_core
+    from agent_shell.concepts import TypeFeatures
+    from cb_core.strength import DEFAULT_GRID
+    from cb_core.testing import random_lists
+
+    module = load("strength_rules")
+
+    def features(name, seed, n_traj, per=3):
+        sizes = list(np.random.default_rng(seed).integers(3, 7, size=n_traj * per))
+        hidden, log_q, n_tokens, expert = random_lists(seed, sizes, 5)
+        expert = [int(np.argmax(h[:, 0])) if i % 2 else e for i, (h, e) in enumerate(zip(hidden, expert))]
+        tf = TypeFeatures(name, phi=[h.astype(np.float32) for h in hidden], log_q=[q.astype(np.float32) for q in log_q],
+                          n_tokens=list(n_tokens), expert=expert)
+        tf.decision_task_ids = [f"{name}/{seed}/{i // per}" for i in range(n_traj * per)]
+        tf.task_ids = list(dict.fromkeys(tf.decision_task_ids))
+        return tf
+
+    demo = {"a": features("a", 1, 4), "b": features("b", 2, 2)}
+    held = {"a": features("a", 3, 3), "b": features("b", 4, 3)}
+    grid = np.asarray(DEFAULT_GRID)
+    choices, curves = module.rule_choices(demo, grid, 0.8)
+    hits = module.held_out_hits(demo, held, grid, 0.8)
+    for t in ("a", "b"):
+        dec = held[t].decisions()
+        log_p = np.asarray(cb_core.log_probs(cb_core.fit(demo[t].decisions(), lam=0.1).alpha, dec))
+        off = np.asarray(dec.offsets)
+        top = [int(np.argmax(log_p[a:b])) == e for a, b, e in zip(off[:-1], off[1:], np.asarray(dec.expert))]
+        assert hits[t][list(grid).index(0.1)].tolist() == top
+    table = module.compare(choices, hits, module.decision_keys(held), grid)
+    assert set(table) == set(choices) and len(table) == len(grid) + len(module.CV_RULES)
+    assert all(r["only_a"] == r["only_b"] == 0 for r in table["fixed 1"])
+    assert all(set(c.values()) <= set(grid.tolist()) for c in choices.values())
+    assert set(curves["top-1 default-se z=2"]) == {"a", "b"} and "pooled" in curves["pooled top-1 best, raw"]
+    record = {"env": "synthetic", "heldout_split": "test",
+              "configs": {"2": {"demos_per_type": 2, "rows": table}}}
+    path = tmp_path / "rules.json"
+    path.write_bytes(orjson.dumps(record))
+    assert module.main(["--from-json", str(path), "--rules", "fixed 1", "top-1 default-se z=2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| synthetic, test, 2 |") == 2

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import cb_core
-from cb_core.strength import DEFAULT_GRID, fold_of, held_out_log_likelihood, select_strengths
+from cb_core.strength import (DEFAULT_GRID, RULES, HeldOut, fold_of, held_out_log_likelihood, select_strengths,
+                              strength_curve)
 from cb_core.testing import random_lists
 
 
@@ -39,11 +40,11 @@ def test_held_out_log_likelihood_is_the_expert_row_of_log_probs():
         np.testing.assert_allclose(got[k], np.asarray(cb_core.log_probs(alpha, dec))[rows], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rule", ["one-se", "best"])
+@pytest.mark.parametrize("rule", ["default-se", "one-se", "best"])
 def test_the_curve_equals_one_fit_per_fold_and_strength(rule):
     """Two task types (5 and 3 trajectories), every fold x strength x type in one batched fit, against
     cb_core.fit on each training fold's own decisions and log_probs on the held-out fold's."""
-    lams = (0.03, 0.3, 3.0)
+    lams = (0.1, 1.0, 10.0)
     sets, groups, lists_of = [], [], []
     for seed, n_traj in ((3, 5), (4, 3)):
         g = np.repeat(np.arange(n_traj), 3)  # 3 decisions a trajectory
@@ -53,7 +54,8 @@ def test_the_curve_equals_one_fit_per_fold_and_strength(rule):
         sets.append(cb_core.decisions_from_lists(*lists))
         groups.append(g)
         lists_of.append(lists)
-    curves = select_strengths(sets, groups, lams=lams, n_folds=4, rule=rule, dtype=np.float64)
+    curves = select_strengths(sets, groups, lams=lams, n_folds=4, rule=rule, criterion="log-lik", z=1.0,
+                              dtype=np.float64)
     for curve, lists, g in zip(curves, lists_of, groups):
         fold, n = fold_of(g, 4)
         assert curve.n_folds == n and curve.lams == lams and curve.n_decisions == g.size
@@ -65,18 +67,85 @@ def test_the_curve_equals_one_fit_per_fold_and_strength(rule):
             for l, lam in enumerate(lams):
                 alpha = cb_core.fit(_subset(lists, train), lam=lam, dtype=np.float64).alpha
                 held[l, test] = np.asarray(cb_core.log_probs(alpha, test_dec))[rows]
-        np.testing.assert_allclose(curve.mean, held.mean(axis=1), rtol=1e-6, atol=1e-6)
+        mean = held.mean(axis=1)
+        np.testing.assert_allclose(curve.mean, mean, rtol=1e-6, atol=1e-6)
         fold_means = np.array([[held[l, fold == f].mean() for l in range(len(lams))] for f in range(n)])
         np.testing.assert_allclose(curve.fold_means, fold_means, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(curve.se, fold_means.std(axis=0, ddof=1) / np.sqrt(n), rtol=1e-6, atol=1e-9)
-        best = lams[int(np.argmax(held.mean(axis=1)))]
+        # the paired difference from the default (lam = 1, index 1) and its standard error over folds
+        np.testing.assert_allclose(curve.diff, mean - mean[1], atol=1e-6)
+        paired = [fold_means[:, l] - fold_means[:, 1] for l in range(len(lams))]
+        np.testing.assert_allclose(curve.diff_se, [np.std(p, ddof=1) / np.sqrt(n) for p in paired], atol=1e-6)
+        best = lams[int(np.argmax(mean))]
         assert curve.best == best
-        if rule == "best":
+        better = [l for l in range(len(lams)) if mean[l] - mean[1] > np.std(paired[l], ddof=1) / np.sqrt(n)]
+        assert curve.flat == (not better)
+        if not better:
+            assert curve.chosen == 1.0
+        elif rule == "best":
             assert curve.chosen == best
+        elif rule == "default-se":
+            assert curve.chosen == lams[max(better, key=lambda l: mean[l])]
         else:
             b = int(np.argmax(curve.mean))
             ok = [lam for lam, m in zip(lams, curve.mean) if m >= curve.mean[b] - curve.se[b]]
             assert curve.chosen == max(ok) and curve.chosen >= best
+
+
+def _held(values, fold, lams=(0.1, 1.0, 10.0, 100.0)):
+    """HeldOut scores [N, L] given directly (both criteria the same numbers)."""
+    values = np.asarray(values, np.float64)
+    fold = np.asarray(fold)
+    return HeldOut(lams, fold, int(fold.max()) + 1, int(fold.max()) + 1, values, values, np.zeros_like(values))
+
+
+@pytest.mark.parametrize("criterion", ["log-lik", "top-1"])
+def test_an_exactly_flat_curve_keeps_the_default_under_every_rule(criterion):
+    """Every strength scores every decision alike: no rule may pick the largest strength, nor call
+    another one best."""
+    per_decision = np.random.default_rng(0).normal(size=12)
+    held = _held(np.repeat(per_decision[:, None], 4, axis=1), np.arange(12) % 4)
+    for rule in RULES:
+        curve = strength_curve(held, rule, criterion=criterion)
+        assert curve.flat and curve.chosen == 1.0 and curve.best == 1.0, (rule, curve.chosen, curve.best)
+        assert curve.to_dict()["flat"] is True and curve.to_dict()["criterion"] == criterion
+
+
+def test_the_default_gives_way_only_to_a_strength_better_in_every_fold_beyond_noise():
+    fold = np.arange(16) % 4
+    rng = np.random.default_rng(1)
+    base = rng.normal(size=16)
+    # 0.1 better by 0.5 on every decision; 100 better on average by 0.2 but with a spread of 2 across folds
+    swing = np.array([2.0, -2.0, 2.0, -1.2])[fold]
+    values = np.stack([base + 0.5, base, base - 0.1, base + swing], axis=1)
+    curve = strength_curve(_held(values, fold), "default-se")
+    assert not curve.flat and curve.chosen == 0.1
+    np.testing.assert_allclose(curve.diff, [0.5, 0.0, -0.1, 0.2])
+    # the raw maximiser would be 0.1 too; without 0.1's gain the noisy 100 does not count: flat
+    curve = strength_curve(_held(values[:, 1:], fold, (1.0, 10.0, 100.0)), "default-se")
+    assert curve.flat and curve.chosen == 1.0 and curve.best == 100.0
+    assert curve.diff_se[2] == pytest.approx(np.std([2.0, -2.0, 2.0, -1.2], ddof=1) / 2)
+
+
+def test_pooled_sets_make_one_curve_of_all_their_folds():
+    fold_a, fold_b = np.arange(10) % 5, np.arange(6) % 2
+    va, vb = np.random.default_rng(2).normal(size=(10, 4)), np.random.default_rng(3).normal(size=(6, 4))
+    curve = strength_curve([_held(va, fold_a), _held(vb, fold_b)], "best")
+    assert curve.n_folds == 7 and curve.n_decisions == 16
+    np.testing.assert_allclose(curve.mean, np.concatenate([va, vb]).mean(axis=0))
+    np.testing.assert_allclose(curve.fold_means[5], vb[fold_b == 0].mean(axis=0))
+
+
+def test_trajectory_labels_of_mixed_types_are_refused():
+    """1 and "1" are one label once numpy turns them into strings: refused, not merged."""
+    with pytest.raises(ValueError, match=r"mixes trajectory label types \(int, str\)") as err:
+        fold_of([1, 1, "1", 2])
+    assert "\n" not in str(err.value)
+    dec = cb_core.decisions_from_lists(*random_lists(5, [3, 4, 2, 3], 4))
+    with pytest.raises(ValueError, match="mixes trajectory label types"):
+        select_strengths([dec], [[1, "1", 2, 2]])
+    # one type, as a list or an array, is dealt as before
+    assert fold_of(np.array(["1", "1", "2"]))[0].tolist() == fold_of([1, 1, 2])[0].tolist() == [0, 0, 1]
 
 
 def test_the_default_grid_is_log_spaced_and_holds_the_fixed_default():
@@ -94,3 +163,26 @@ def test_bad_input_is_one_line_naming_it():
         select_strengths([dec], [[0, 1, 2]], lams=(1.0, -1.0))
     with pytest.raises(ValueError, match="at least 2 trajectories"):
         select_strengths([dec], [[0, 0, 0]])
+    with pytest.raises(ValueError, match="default strength 1.0 is not on the grid"):
+        select_strengths([dec], [[0, 1, 2]], lams=(0.1, 10.0))
+    with pytest.raises(ValueError, match="criterion must be"):
+        select_strengths([dec], [[0, 1, 2]], criterion="auc")
+
+
+@pytest.mark.slow  # one batched fit of 5 folds x 10 strengths: a compile
+def test_five_noisy_trajectories_and_a_flat_curve_keep_the_default():
+    """Five trajectories whose expert actions are drawn at random, unrelated to the hidden states:
+    no strength does better held out than the default beyond the folds' noise, so the default rule
+    keeps lam = 1 and says the curve is flat, where the means alone would move (the curve's own
+    best is not 1)."""
+    groups = np.repeat(np.arange(5), 4)  # 5 trajectories of 4 decisions
+    dec = cb_core.decisions_from_lists(*random_lists(8, _sizes(8, groups.size), 6))
+    (curve,) = select_strengths([dec], [groups])
+    assert curve.n_folds == 5 and curve.lams == DEFAULT_GRID
+    assert curve.rule == "default-se" and curve.criterion == "top-1" and curve.z == 2.0
+    # the flatness, from the fold means: no strength beats lam = 1 by two paired standard errors
+    d = DEFAULT_GRID.index(1.0)
+    paired = curve.fold_means - curve.fold_means[:, [d]]
+    assert np.all(curve.mean - curve.mean[d] <= 2 * paired.std(axis=0, ddof=1) / np.sqrt(5) + 1e-12)
+    assert curve.flat and curve.chosen == 1.0 and curve.default == 1.0
+    assert curve.best != 1.0  # what a rule on the means alone would have taken
