@@ -53,6 +53,8 @@ NOT_IN_THE_DEFAULT_SUITE = {
     "host_share": "test_host_share_tiny (slow marker: four fresh processes loading torch, JAX and a model)",
     "gpu_check": "tests/lm/test_gpu_check.py (slow marker: --quick on the CPU)",
     "explorer_open": "tests/agents/test_view_browser.py (slow marker: headless Chromium)",
+    "cold_cached_scores": "by hand (the default backbone in four backend x dtype legs, minutes on a CPU); its "
+                          "findings in docs/lm-backends.md",
     "strength_rules": "test_strength_rules_tiny (slow marker: batched fits of every fold and strength; "
                       "its measurement needs the LM's features)",
 }
