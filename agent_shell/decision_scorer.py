@@ -178,7 +178,7 @@ class DecisionScorer:
         if self.reads_hidden_only and not request.layers:
             return decide(self.lm, d.context, d.candidates, d.action_prefix, concept.decision_head)
         scored = self.score(request)
-        return decide_scores(concept.decision_head, DeviceScores.padded(scored.scores, scored.phi))
+        return decide_scores(concept.decision_head, DeviceScores.from_host(scored.scores, scored.phi))
 
     def score_many(self, requests: Sequence[DecisionRequest], scores: Sequence[CandidateScores] | None = None,
                    cache_dir=None) -> tuple[list[ScoredDecision], float]:

@@ -43,7 +43,7 @@ def decide(lm: LanguageModel, context: Context, candidates: Sequence[str], actio
     fused = getattr(lm, "decide", None)
     if callable(fused):
         return fused(context, candidates, action_prefix, decision_head)
-    return decide_scores(decision_head, DeviceScores.padded(lm.score(context, candidates, action_prefix)))
+    return decide_scores(decision_head, DeviceScores.from_host(lm.score(context, candidates, action_prefix)))
 
 
 def check_width(decision_head: DecisionHead, width: int) -> None:

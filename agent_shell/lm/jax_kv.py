@@ -83,8 +83,9 @@ class JaxKV:
         slots = cache.kv.keys.shape[3]
         if need > slots:
             return self.programs.run("grow", (), cache.kv, np.zeros(capacity(need), np.int8))
-        if not cache.owned:
-            return KV(cache.kv.keys.copy(), cache.kv.values.copy())
+        if not cache.owned:  # a copy on the device (a transfer, not a compiled program)
+            return KV(*(jax.device_put(x, self.programs.device, may_alias=False)
+                        for x in (cache.kv.keys, cache.kv.values)))
         return cache.kv
 
 

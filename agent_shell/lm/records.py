@@ -28,76 +28,33 @@ if TYPE_CHECKING:
     import jax
 
 
-class StreamInputs(NamedTuple):
-    """A stream pass's inputs (``stream``): ``tokens`` and ``positions`` [t], ``at`` [] (the tokens
-    the buffer holds before), ``head`` [k] (the LM head's rows), ``pair_row``/``pair_target`` [p]
-    (the token pairs whose log-probabilities are wanted), ``capture`` [c] (tokens whose inner states
-    are kept) at ``layers`` [l]."""
-
-    tokens: Any
-    positions: Any
-    at: Any
-    head: Any
-    pair_row: Any
-    pair_target: Any
-    capture: Any
-    layers: Any
+def _record(name: str, fields: tuple[str, ...], doc: str) -> type:
+    """A named tuple type of arrays (a pytree), ``fields`` in order."""
+    kind = NamedTuple(name, [(f, Any) for f in fields])
+    kind.__doc__, kind.__module__ = doc, __name__
+    return kind
 
 
-class ScoreInputs(NamedTuple):
-    """A candidates' pass (``score``): :class:`StreamInputs`' fields, then each pair's candidate
-    ``owner`` [p] (``m``: padding) and each candidate's final head row ``final`` [m]."""
+#: The fields every pass over a stream's buffer has.
+PASS_FIELDS = ("tokens", "positions", "at", "head", "pair_row", "pair_target")
 
-    tokens: Any
-    positions: Any
-    at: Any
-    head: Any
-    pair_row: Any
-    pair_target: Any
-    capture: Any
-    layers: Any
-    owner: Any
-    final: Any
-
-
-class DecideInputs(NamedTuple):
-    """A decision's pass (``decide``): the candidates' pass without captures, then each candidate's
-    ``n_tokens`` [m] (1 in padded slots) and ``count`` [] (M)."""
-
-    tokens: Any
-    positions: Any
-    at: Any
-    head: Any
-    pair_row: Any
-    pair_target: Any
-    owner: Any
-    final: Any
-    n_tokens: Any
-    count: Any
-
-
-class CountInputs(NamedTuple):
-    """A decision on scores already on the device (:func:`agent_shell.lm.decision.decide_scores`):
-    each candidate's ``n_tokens`` [m] (1 in padded slots) and ``count`` [] (M)."""
-
-    n_tokens: Any
-    count: Any
-
-
-class RowsInputs(NamedTuple):
-    """The batched layout's rows over one context buffer (``rows``): ``ids`` [rows, width] and
-    ``shared_len`` [] (the context's tokens), then :class:`ScoreInputs`' head, pairs, candidates and
-    captures."""
-
-    ids: Any
-    shared_len: Any
-    head: Any
-    pair_row: Any
-    pair_target: Any
-    owner: Any
-    final: Any
-    capture: Any
-    layers: Any
+StreamInputs = _record("StreamInputs", PASS_FIELDS + ("capture", "layers"), """A stream pass's inputs (``stream``):
+    ``tokens`` and ``positions`` [t], ``at`` [] (the tokens the buffer holds before), ``head`` [k]
+    (the LM head's rows), ``pair_row``/``pair_target`` [p] (the token pairs whose log-probabilities
+    are wanted), ``capture`` [c] (tokens whose inner states are kept) at ``layers`` [l].""")
+ScoreInputs = _record("ScoreInputs", PASS_FIELDS + ("capture", "layers", "owner", "final"), """A candidates'
+    pass (``score``): :class:`StreamInputs`' fields, then each pair's candidate ``owner`` [p] (``m``:
+    padding) and each candidate's final head row ``final`` [m].""")
+DecideInputs = _record("DecideInputs", PASS_FIELDS + ("owner", "final", "n_tokens", "count"), """A decision's
+    pass (``decide``): the candidates' pass without captures, then each candidate's ``n_tokens`` [m]
+    (1 in padded slots) and ``count`` [] (M).""")
+CountInputs = _record("CountInputs", ("n_tokens", "count"), """A decision on scores already on the device
+    (:func:`agent_shell.lm.decision.decide_scores`): each candidate's ``n_tokens`` [m] (1 in padded
+    slots) and ``count`` [] (M).""")
+RowsInputs = _record("RowsInputs", ("ids", "shared_len", "head", "pair_row", "pair_target", "owner", "final",
+                                    "capture", "layers"), """The batched layout's rows over one context
+    buffer (``rows``): ``ids`` [rows, width] and ``shared_len`` [] (the context's tokens), then
+    :class:`ScoreInputs`' head, pairs, candidates and captures.""")
 
 
 class StreamOutput(NamedTuple):

@@ -57,8 +57,9 @@ class DeviceScores:
     count: int
 
     @classmethod
-    def padded(cls, scores: CandidateScores, hidden: np.ndarray | None = None) -> "DeviceScores":
-        """Host ``scores`` padded (``hidden``: features to decide on in the place of the hidden states)."""
+    def from_host(cls, scores: CandidateScores, hidden: np.ndarray | None = None) -> "DeviceScores":
+        """Host ``scores`` in :func:`agent_shell.lm.buckets.slots` slots (``hidden``: features to decide
+        on in the place of the hidden states)."""
         from agent_shell.lm.buckets import slots
 
         features = np.asarray(scores.hidden if hidden is None else hidden, np.float32)
