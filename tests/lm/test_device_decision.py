@@ -71,9 +71,13 @@ def test_a_decision_on_either_backend_equals_the_hosts_and_fetches_one_array(fre
             ran = {key: n - runs.get(key, 0) for key, n in lm.programs.compiled.items() if n != runs.get(key, 0)}
             assert [key[0] for key in ran] == ["decide"] and sum(ran.values()) == 1, ran
         assert decided.chosen == int(np.argmax(want.log_p))
+        # the JAX stream encodes its context in other passes than the fresh view (prefill chunks of
+        # 128 tokens, candidates' passes padded to a power of two): log q agrees to the backbone's
+        # float32 rounding (1e-4 nats, the scoring tests' tolerance), the kernel adds none
+        tol = 3e-5 if backend == "torch" else 2e-4
         for got, ref in zip((decided.log_p, decided.prior, decided.concept_term), want):
             assert got.shape == (m,)
-            np.testing.assert_allclose(got, ref, rtol=3e-5, atol=3e-5)
+            np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
 
 
 def test_a_concept_of_another_width_is_refused_on_either_backend(fresh_any):
