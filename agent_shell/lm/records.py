@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, TypeVar
 import numpy as np
 
 from agent_shell.lm.buckets import Sizes
+from agent_shell.lm.protocol import HeadOutput
 from agent_shell.lm.scores import Decided
 
 if TYPE_CHECKING:
@@ -90,15 +91,10 @@ class DecideOutput(NamedTuple):
     hidden: Any
 
 
-class DecisionFields(NamedTuple):
-    """A decision as it travels to the host (:func:`pack_decision`): ``log_p``, ``prior``,
-    ``concept_term`` [m], ``chosen`` [] and ``finite`` [] (1.0 or 0.0), all float32."""
-
-    log_p: Any
-    prior: Any
-    concept_term: Any
-    chosen: Any
-    finite: Any
+DecisionFields = _record("DecisionFields", tuple(HeadOutput.__annotations__), """A decision as it travels to
+    the host (:func:`pack_decision`): a head's output (:class:`agent_shell.lm.protocol.HeadOutput`),
+    ``log_p``, ``prior``, ``concept_term`` [m], ``chosen`` [] and ``finite`` [] (1.0 or 0.0), all
+    float32.""")
 
 
 #: Each record's fields' shapes from the pass's sizes.
@@ -151,7 +147,7 @@ def pack_decision(out: Any) -> jax.Array:
     reads them). Traceable."""
     import jax.numpy as jnp
 
-    fields = DecisionFields(out.log_p, out.prior, out.concept_term, out.chosen, out.finite)
+    fields = DecisionFields(*(getattr(out, name) for name in DecisionFields._fields))
     spans = _spans(DecisionFields, Sizes(0, 0, 0, m=int(jnp.shape(out.log_p)[0])))
     flat = jnp.zeros(sum(b - a for a, b, _ in spans), jnp.float32)
     for value, (start, stop, _) in zip(fields, spans):
