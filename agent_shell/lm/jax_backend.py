@@ -20,8 +20,9 @@ padded with tokens no real token attends to; attention reads a buffer's filled s
 run-time length), so a program serves every context its buffer holds, and an episode compiles a
 bounded number of programs (:attr:`JaxLanguageModel.programs` counts them).
 
-**A decision is one program** (:meth:`JaxLanguageModel.decide`): the context's new tokens and the
-candidates' prefix tree in one pass over the stream's donated buffer, each candidate's log q and
+**A decision is one program** (:meth:`JaxLanguageModel.decide`; a step with more new context tokens
+than a prefill chunk encodes the excess first): the context's new tokens and the candidates' prefix
+tree in one pass over the stream's donated buffer, each candidate's log q and
 hidden state gathered, the concept's terms and their argmax, and the record the results keep packed
 into one array: the one fetch of a step's decision, after the argmax.
 
