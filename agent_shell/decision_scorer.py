@@ -8,10 +8,10 @@ evaluation (:func:`decision_accuracy`) and the calibrator
   alike (the run's seed is required: the shuffle renderings read it);
 * a :class:`DecisionRequest` is one decision as the feature extractors see it
   (:class:`agent_shell.features.DecisionInput`) plus the inner LM layers its features want;
-* :meth:`DecisionScorer.decide` takes one request's decision under a concept (acting): through the
-  backend's :meth:`~agent_shell.lm.protocol.LanguageModel.decide` when the features are its hidden
-  states (the pass and the decision on its device, one fetch after the argmax), else from the
-  scored features on the host through the same kernel;
+* :meth:`DecisionScorer.decide` takes one request's decision under a concept (acting): the
+  concept's decision head handed to the backend (:func:`agent_shell.lm.decision.decide`) when the
+  features are its hidden states (the pass and the decision on its device, one fetch after the
+  argmax), else from the scored features on the host through the same head;
 * :meth:`DecisionScorer.score` scores one request, :meth:`DecisionScorer.score_many` a
   list of them (fitting; the shape of lm-evaluation-harness's ``loglikelihood(requests)``). The LM
   runs once per request: the ``lm-layer:K`` states come from the same forward pass as log q and
@@ -163,22 +163,22 @@ class DecisionScorer:
     def decide(self, request: DecisionRequest, concept: Concept) -> Decided:
         """The request's decision under ``concept`` (Eq. 3, Eq. 7: the terms and their argmax).
 
-        With phi = the LM's hidden states and no inner layers asked for, the backend decides
-        (:meth:`agent_shell.lm.protocol.LanguageModel.decide`: on its device, one fetch); otherwise
-        the request is scored on the host (:meth:`score`) and its features decided on by the same
-        kernel (:func:`agent_shell.lm.decision.decide_scores`).
+        With phi = the LM's hidden states and no inner layers asked for, the concept's decision
+        head goes to the backend (:func:`agent_shell.lm.decision.decide`: on its device when it
+        has one, one fetch); otherwise the request is scored on the host (:meth:`score`) and its
+        features decided on by the same head (:func:`agent_shell.lm.decision.decide_scores`).
 
         Raises:
             ValueError: what :meth:`score` raises; features whose width differs from the concept's
                 d; non-finite scores (naming the candidate).
         """
+        from agent_shell.lm.decision import decide, decide_scores
+
         d = request.decision
         if self.reads_hidden_only and not request.layers:
-            return self.lm.decide(d.context, d.candidates, d.action_prefix, concept)
-        from agent_shell.lm.decision import decide_scores
-
+            return decide(self.lm, d.context, d.candidates, d.action_prefix, concept.decision_head)
         scored = self.score(request)
-        return decide_scores(concept, DeviceScores.padded(scored.scores, scored.phi))
+        return decide_scores(concept.decision_head, DeviceScores.from_host(scored.scores, scored.phi))
 
     def score_many(self, requests: Sequence[DecisionRequest], scores: Sequence[CandidateScores] | None = None,
                    cache_dir=None) -> tuple[list[ScoredDecision], float]:

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "lm"))  #
 def main() -> None:
     import cb_core
     from agent_shell.lm import load_language_model
+    from agent_shell.lm.decision import decide
     from test_lm_scoring import ALFWORLD_CANDIDATES, PREFIX, make_context
 
     context, out = make_context(3), {}
@@ -36,7 +37,7 @@ def main() -> None:
             lm = load()
             alpha = np.random.default_rng(1).standard_normal(lm.hidden_size + 1).astype(np.float32) * 0.3
             concept = cb_core.Concept(alpha, 0.8, 1e-6, {})
-            d_cold, d_cached = (lm.decide(context, ALFWORLD_CANDIDATES, PREFIX, concept) for _ in range(2))
+            d_cold, d_cached = (decide(lm, context, ALFWORLD_CANDIDATES, PREFIX, concept.decision_head) for _ in range(2))
             h = np.asarray(s_cold.hidden, np.float64)
             out[f"{backend}-{dtype}"] = {
                 "log_q_move_cached": float(np.abs(np.asarray(s_cached.log_q) - np.asarray(s_cold.log_q)).max()),

@@ -37,7 +37,7 @@ Counted per step (``--count-steps`` steps after the timed ones, averaged):
   program too); both libraries are counted on both backends (the decision runs in JAX);
 * ``syncs``: reads of a device value on the host (PyTorch: ``.item()``, ``int()``/``float()``/
   ``bool()`` of a tensor, ``.tolist()``, ``.numpy()``; JAX: every first read of an array's value,
-  :func:`agent_shell.lm.jax_backend.host_fetches`);
+  :func:`_fetches.host_fetches`);
 * ``to_device``: host arrays that enter the library (PyTorch: ``torch.tensor``, ``torch.as_tensor``,
   ``torch.from_numpy``; JAX: device puts and host arguments of compiled programs in the trace);
 * ``to_host``: arrays whose values reach the host (the syncs' arrays);
@@ -287,7 +287,7 @@ def leg(spec: dict, backend: str, warmup: int, steps: int, count_steps: int) -> 
         before = compiles["compiled"]
         with contextlib.ExitStack() as stack:
             if counted:  # both libraries: the PyTorch backend's decision runs in JAX (cb_core's kernel)
-                from agent_shell.lm.jax_backend import host_fetches
+                from _fetches import host_fetches
 
                 stack.enter_context(tokenizer_counts(lm.tokenizer, counts))
                 stack.enter_context(jax_counts(counts, host_fetches))

@@ -70,7 +70,7 @@ def play(env_name: str, split: str, game: str | None, steps: int, dtype: str) ->
     per step, the programs so far, the store's executables so far, the step's seconds and its
     copies to the device and to the host (the decision's apart)."""
     from agent_shell.lm import load_language_model
-    from agent_shell.lm.jax_backend import host_fetches
+    from _fetches import host_fetches
     from agent_shell.pipeline import players_of, prepare
     from agent_shell.configure import resolve
     from agent_shell.run_config import RunConfig

@@ -31,11 +31,14 @@ unchecked.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
+import weakref
 from importlib import metadata as importlib_metadata
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import jax
 import numpy as np
@@ -48,7 +51,8 @@ from cb_core.model import DeviceDecision, Terms, _k_decide, _k_terms
 if TYPE_CHECKING:
     from cb_core.fit import FitResult
 
-__all__ = ["Concept", "REQUIRED_FIELDS", "library_versions", "FORMAT"]
+__all__ = ["Concept", "ConceptHead", "HeadParameters", "DecisionKernel", "DECISION_KERNEL", "REQUIRED_FIELDS",
+           "library_versions", "FORMAT"]
 
 FORMAT = "cb-agent-concept/1"
 
@@ -274,6 +278,12 @@ class Concept:
         return _k_decide(self.alpha.astype(np.float32), hidden, log_q, n_tokens, np.int32(count),
                          np.float32(self.gamma), np.float32(self.eps))
 
+    @property
+    def decision_head(self) -> ConceptHead:
+        """This concept as the head an LM backend runs after its scoring pass (its decision fused
+        into the backend's own program): :class:`ConceptHead`."""
+        return ConceptHead(self)
+
     def log_probs(self, hidden: ArrayLike, log_q: ArrayLike, n_tokens: ArrayLike) -> np.ndarray:
         """log P_alpha(a | x) over one candidate set (Eq. 3), as numpy float32 [M]: the ``log_p``
         of :meth:`terms` (same arguments, same errors)."""
@@ -370,6 +380,88 @@ class Concept:
             return cls(alpha, meta["gamma"], meta["eps"], meta)
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from None
+
+
+class HeadParameters(NamedTuple):
+    """A concept's parameters as a head reads them (a pytree): ``alpha`` float32 [d + 1], ``gamma``
+    and ``eps`` float32 []."""
+
+    alpha: jax.Array
+    gamma: jax.Array
+    eps: jax.Array
+
+
+@functools.cache
+def _kernel_source() -> str:
+    """SHA-256 (hex, 16) of the modules the decision kernel traces: part of its name."""
+    here = Path(__file__).parent
+    return digest(b"".join((here / name).read_bytes() for name in ("model.py", "decisions.py"))).hex()[:16]
+
+
+@dataclasses.dataclass(frozen=True)
+class DecisionKernel:
+    """The traceable decision of Eq. 3 and Eq. 7 on one padded candidate set
+    (:data:`cb_core.model.decide_padded`), called as ``kernel(parameters, hidden, log_q, n_tokens,
+    count)``: ``parameters`` a :class:`HeadParameters`, ``hidden`` [M_pad, d] float32, ``log_q``
+    [M_pad] float32, ``n_tokens`` [M_pad] int32 (>= 1 in the first ``count`` slots), ``count`` []
+    int32; returns a :class:`cb_core.model.DeviceDecision` (``log_p``, ``prior``, ``concept_term``
+    [M_pad] float32, ``chosen`` [] int32, ``finite`` [] bool).
+
+    One kernel serves every concept (the parameters are arguments): instances are equal and hash
+    alike, and the repr names the kernel's source, so a program that traces it is stored under a
+    name that changes with the kernel's code."""
+
+    def __call__(self, parameters: HeadParameters, hidden: ArrayLike, log_q: ArrayLike, n_tokens: ArrayLike,
+                 count: ArrayLike) -> DeviceDecision:
+        return _k_decide(parameters.alpha, hidden, log_q, n_tokens, count, parameters.gamma, parameters.eps)
+
+    def __repr__(self) -> str:
+        return f"cb_core.DecisionKernel({_kernel_source()})"
+
+
+#: The decision kernel every :class:`ConceptHead` carries.
+DECISION_KERNEL = DecisionKernel()
+
+_PLACED: "weakref.WeakKeyDictionary[Concept, dict]" = weakref.WeakKeyDictionary()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ConceptHead:
+    """A concept as the head of an LM backend's scoring pass: what a backend needs to take the
+    decision inside its own program, without knowing what a concept is (it reads ``width``,
+    ``kernel``, :meth:`parameters` and :meth:`check`; see :class:`agent_shell.lm.protocol.DecisionHead`).
+
+    Attributes:
+        concept: the concept.
+        kernel: :data:`DECISION_KERNEL`.
+    """
+
+    concept: Concept
+    kernel: ClassVar[DecisionKernel] = DECISION_KERNEL
+
+    @property
+    def width(self) -> int:
+        """d, the features' width the head reads."""
+        return self.concept.hidden_size
+
+    def parameters(self, device: Any = None) -> HeadParameters:
+        """The concept's alpha, gamma and eps as float32 arrays on ``device`` (default JAX's
+        default device), put there once per concept and device."""
+        device = jax.devices()[0] if device is None else device
+        placed = _PLACED.setdefault(self.concept, {})
+        if device not in placed:
+            c = self.concept
+            placed[device] = HeadParameters(*(jax.device_put(np.asarray(v, np.float32), device)
+                                              for v in (c.alpha, c.gamma, c.eps)))
+        return placed[device]
+
+    def check(self, hidden: ArrayLike, log_q: ArrayLike, n_tokens: ArrayLike) -> None:
+        """The host's checks of one candidate set's scores (the unpadded [M, d], [M], [M]).
+
+        Raises:
+            ValueError: naming the candidate whose scores are not finite, or a shape at fault.
+        """
+        _check_candidate_set(hidden, log_q, n_tokens, self.width)
 
 
 def _digest(alpha: np.ndarray, metadata: str) -> str:

@@ -336,6 +336,21 @@ class DeviceDecision(NamedTuple):
     chosen: jax.Array
     finite: jax.Array
 
+    @property
+    def log_p(self) -> jax.Array:
+        """[M_pad] log P (the :attr:`terms`' first)."""
+        return self.terms.log_p
+
+    @property
+    def prior(self) -> jax.Array:
+        """[M_pad] the prior term."""
+        return self.terms.prior
+
+    @property
+    def concept_term(self) -> jax.Array:
+        """[M_pad] the concept term."""
+        return self.terms.concept_term
+
 
 @compiled
 def _k_decide(alpha, hidden, log_q, n_tokens, count, gamma, eps) -> DeviceDecision:

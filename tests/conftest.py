@@ -18,6 +18,19 @@ settings.load_profile("deterministic")
 
 
 @pytest.fixture(scope="session")
+def host_fetches():
+    """The benchmarks' diagnostic :func:`benchmarks._fetches.host_fetches` (the JAX arrays whose
+    values reach the host inside a block), loaded from its file."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "_fetches.py"
+    spec = importlib.util.spec_from_file_location("benchmark_fetches", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.host_fetches
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     """A local two-CPU Ray cluster whose workers import this checkout and the test doubles."""
     ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'cb-agent[ray]')")

@@ -246,3 +246,44 @@ def test_agents_features_lm_scorer_renderings_and_calibration_import_no_game():
     offenders = {m: sorted(f) for m, f in importers.items() if under(m, READS_RECORDS_ONLY)}
     assert offenders == {"agent_shell.calibration.expert_distance": ["envs.episode", "envs.protocol"]}
     assert {m for m in PLAYS_GAMES if under(m, READS_RECORDS_ONLY)} == {"agent_shell.calibration.expert_distance"}
+
+
+def imported_names(path: Path) -> set[str]:
+    """Every dotted name ``path`` imports anywhere in its text: ``import a.b`` gives ``a.b``, ``from
+    a import b`` gives ``a.b`` (module level, under TYPE_CHECKING, inside functions alike)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+#: What the LM layer may import of cb_core: the shared numerics it runs, named (the concept is not
+#: among them: a decision head is handed to the backends, agent_shell.lm.protocol.DecisionHead).
+LM_USES_OF_CB_CORE = {
+    "cb_core.cache.call_compiled": "the executable store the JAX programs go through",
+    "cb_core.cache": "imported before JAX starts a platform: importing cb_core sets JAX's memory settings",
+}
+
+
+def test_the_finder_sees_every_kind_of_import_of_a_name(tmp_path):
+    (tmp_path / "m.py").write_text("from typing import TYPE_CHECKING\nimport cb_core\nif TYPE_CHECKING:\n"
+                                   "    from cb_core import Concept\ndef f():\n    from cb_core.concept import X\n")
+    assert imported_names(tmp_path / "m.py") >= {"cb_core", "cb_core.Concept", "cb_core.concept.X"}
+
+
+def test_the_lm_layer_imports_no_concept_and_its_protocol_nothing_of_cb_core():
+    """No module under agent_shell.lm imports cb_core's concept (nor cb_core as a whole), whatever
+    the kind of import; the protocol module imports nothing of cb_core; what the layer does import
+    of cb_core is the named numerics of LM_USES_OF_CB_CORE."""
+    lm = ROOT / "agent_shell" / "lm"
+    uses = {}
+    for path in sorted(lm.rglob("*.py")):
+        names = {n for n in imported_names(path) if n == "cb_core" or n.startswith("cb_core.")}
+        concept = {n for n in names if n in ("cb_core", "cb_core.Concept") or n.startswith("cb_core.concept")}
+        assert not concept, f"{path.name} imports the concept: {sorted(concept)}"
+        uses.update({n: path.name for n in names})
+    assert not {n for n in imported_names(lm / "protocol.py") if n.split(".")[0] == "cb_core"}
+    assert set(uses) <= set(LM_USES_OF_CB_CORE), sorted(set(uses) - set(LM_USES_OF_CB_CORE))

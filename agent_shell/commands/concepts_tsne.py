@@ -21,6 +21,7 @@ import click
 
 from agent_shell.commands._common import COMMON_OPTIONS, cli_errors, config_options, fixed_strength, make_console
 from agent_shell.feature_pool import pooled_features
+from agent_shell.lm.protocol import backbone_dtype
 from agent_shell.run_config import RunConfig
 from cb_io.storage import write_bytes_atomic
 
@@ -80,7 +81,7 @@ def concepts_tsne(config: RunConfig, pool_per_type: int, sample_size: int, sampl
     labels = [c.task_type for c in fitted]
     points = embed_concepts(alphas, seed=seed, perplexity=perplexity)
     sil = silhouette(alphas, labels)
-    dtype = str(getattr(setup.lm, "dtype", "")).removeprefix("torch.")
+    dtype = backbone_dtype(setup.lm)
     title = (f"Concepts of {len(set(labels))} task types ({config.env}, {setup.lm.name}, {dtype}): "
              f"{len(fitted) // max(1, len(set(labels)))} per type, each fitted on {sample_size} expert trajectories")
     caption = (f"t-SNE (scikit-learn, perplexity {min(perplexity, max(1.0, (len(fitted) - 1) / 3)):g}, seed {seed}) of "
@@ -149,7 +150,7 @@ def concept_data_size(config: RunConfig, sizes: list[int], heldout_split: str, h
     types = sorted(per_trajectory)
     held = next(r for r in results[-1].rows if r["task_type"] == "all")["decisions"] if results else 0
     record = {"env": config.env, "backbone": setup.lm.name,
-              "dtype": str(getattr(setup.lm, "dtype", "")).removeprefix("torch."), "demo_split": config.demo_split,
+              "dtype": backbone_dtype(setup.lm), "demo_split": config.demo_split,
               "heldout_split": heldout_split, "heldout_per_type": heldout_per_type, "heldout_decisions": held,
               "lam": lam, "gamma": config.gamma, "task_types": types,
               "sizes": [{"k": r.size, "used": r.used, "rows": r.rows} for r in results]}

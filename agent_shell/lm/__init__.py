@@ -8,6 +8,6 @@ is :mod:`agent_shell.lm.dtypes`. Importing this package imports neither torch no
 """
 
 from agent_shell.lm.factory import load_language_model
-from agent_shell.lm.protocol import CandidateScores, Context, LanguageModel
+from agent_shell.lm.protocol import CandidateScores, Context, DecisionHead, LanguageModel
 
-__all__ = ["CandidateScores", "Context", "LanguageModel", "load_language_model"]
+__all__ = ["CandidateScores", "Context", "DecisionHead", "LanguageModel", "load_language_model"]

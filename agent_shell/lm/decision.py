@@ -1,115 +1,100 @@
 """A decision of Eq. 3 taken where its scores lie, and fetched to the host once.
 
-cb_core's decision kernel (:data:`cb_core.model.decide_padded`: the standardised features, the
-prior and concept terms, log P and the argmax of one padded candidate set) runs on the scores of
-:class:`agent_shell.lm.protocol.DeviceScores` where they are (a JAX device, or the host), and its
-outputs are packed into one float32 array (:func:`packed`): the one array fetched to the host,
-after the argmax, holding what the results record (:func:`unpacked`). The JAX backend traces the
-same kernel and packing into its scoring program
-(:meth:`agent_shell.lm.jax_backend.JaxLanguageModel.decide`); the PyTorch backend hands its
-scores to it through DLPack (:meth:`agent_shell.lm.hf.HFLanguageModel.decide`).
+The decision is a head handed to the backend (:class:`agent_shell.lm.protocol.DecisionHead`: a
+traceable kernel and its parameters; a concept's is :attr:`cb_core.Concept.decision_head`).
+:func:`decide` is the one entry: a backend that decides on its device (``decide``, the PyTorch and
+JAX backends) runs the head inside its own program; any other backend's scores are decided here
+(:func:`decide_scores`: the head's kernel in one compiled call where the scores lie, its fields
+packed into one float32 array, :func:`agent_shell.lm.records.pack_decision`, the one array fetched
+to the host after the argmax). The PyTorch backend hands its scores to this path through DLPack
+(:func:`as_jax`).
 
-Imports JAX and cb_core only when a decision is taken; must not import the agents, the
+Imports JAX only when a decision is taken; nothing of cb_core; must not import the agents, the
 environments or torch.
 """
 
 from __future__ import annotations
 
 import functools
-import weakref
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from agent_shell.lm.protocol import Context, DecisionHead, LanguageModel
+from agent_shell.lm.buckets import Sizes
+from agent_shell.lm.records import CountInputs, pack, pack_decision, read_decision, unpack
 from agent_shell.lm.scores import CandidateScores, Decided, DeviceScores
 
 if TYPE_CHECKING:
     import jax
     import torch
 
-    from cb_core import Concept
-    from cb_core.model import DeviceDecision
+
+def decide(lm: LanguageModel, context: Context, candidates: Sequence[str], action_prefix: str,
+           decision_head: DecisionHead) -> Decided:
+    """The decision among ``candidates`` under ``decision_head`` (seed Eq. 3 and Eq. 7 for a
+    concept's head): the backend's own ``decide`` when it has one (on its device: one fetch, after
+    the argmax), else :meth:`LanguageModel.score`'s numbers decided by :func:`decide_scores`.
+
+    Raises:
+        ValueError: what ``score`` raises; a head whose width is not the backend's hidden size;
+            non-finite scores (naming the candidate).
+    """
+    fused = getattr(lm, "decide", None)
+    if callable(fused):
+        return fused(context, candidates, action_prefix, decision_head)
+    return decide_scores(decision_head, DeviceScores.from_host(lm.score(context, candidates, action_prefix)))
 
 
-def packed(decision: DeviceDecision) -> jax.Array:
-    """float32 [3 * M_pad + 2]: log P, the prior and the concept term (each [M_pad]), then the chosen
-    index and 1.0 when every real candidate's inputs are finite (else 0.0). Traceable."""
-    import jax.numpy as jnp
-
-    t = decision.terms
-    flags = jnp.stack([decision.chosen.astype(jnp.float32), decision.finite.astype(jnp.float32)])
-    return jnp.concatenate([t.log_p.astype(jnp.float32), t.prior.astype(jnp.float32),
-                            t.concept_term.astype(jnp.float32), flags])
+def check_width(decision_head: DecisionHead, width: int) -> None:
+    """Raises ValueError when features of ``width`` columns are not what ``decision_head`` reads."""
+    if width != decision_head.width:
+        raise ValueError(f"features of width {width} differ from the decision head's width d = {decision_head.width}")
 
 
-def unpacked(record: np.ndarray, count: int, culprit: Callable[[], CandidateScores], concept: Concept) -> Decided:
-    """The :class:`Decided` of a fetched :func:`packed` record over ``count`` candidates.
+def finished(record: np.ndarray, count: int, culprit: Callable[[], CandidateScores],
+             decision_head: DecisionHead) -> Decided:
+    """The :class:`Decided` of a fetched decision record over ``count`` candidates
+    (:func:`agent_shell.lm.records.read_decision`).
 
     Raises:
         ValueError: the record says an input was not finite: the scores (``culprit()``, fetched only
-            then) go through the host's checks, which name the candidate.
+            then) go through the head's host checks, which name the candidate.
     """
-    m_pad = (record.shape[0] - 2) // 3
-    if record[-1] != 1.0:
+    decided = read_decision(record, count)
+    if decided is None:
         scores = culprit()
-        concept.terms(scores.hidden, scores.log_q, scores.n_tokens)  # names the culprit
+        decision_head.check(scores.hidden, scores.log_q, scores.n_tokens)  # names the culprit
         raise ValueError("non-finite scores from the backend's device")
-    log_p, prior, term = (record[k * m_pad:k * m_pad + count] for k in range(3))
-    return Decided(int(record[-2]), log_p.copy(), prior.copy(), term.copy())
-
-
-def decision(vector: jax.Array, hidden: jax.Array, log_q: jax.Array, ints: jax.Array) -> DeviceDecision:
-    """cb_core's decision kernel on one padded candidate set, traceable: ``vector`` the concept's
-    alpha, gamma and eps (:func:`concept_vector`), ``hidden`` [M_pad, d], ``log_q`` [M_pad], ``ints``
-    int32 [M_pad + 1] the token counts and then M."""
-    from cb_core.model import decide_padded
-
-    m_pad, d = hidden.shape
-    return decide_padded(vector[:d + 1], hidden, log_q, ints[:m_pad], ints[m_pad], vector[d + 1], vector[d + 2])
+    return decided
 
 
 @functools.cache
-def _program() -> Callable:
+def _program(kernel: Any) -> Callable:
     import jax
 
-    return jax.jit(lambda vector, hidden, log_q, ints: packed(decision(vector, hidden, log_q, ints)))
+    def run(sizes, parameters, hidden, log_q, ints):
+        counts = unpack(CountInputs, sizes, ints)
+        return pack_decision(kernel(parameters, hidden, log_q, counts.n_tokens, counts.count))
+
+    return jax.jit(run, static_argnums=0)
 
 
-_VECTORS: "weakref.WeakKeyDictionary[Concept, dict]" = weakref.WeakKeyDictionary()
-
-
-def concept_vector(concept: Concept, width: int, device: jax.Device | None = None) -> jax.Array:
-    """float32 [d + 3] on ``device`` (default JAX's default device): ``concept``'s alpha, then gamma
-    and eps, put there once per concept and device, for a decision on features of ``width`` columns.
-
-    Raises:
-        ValueError: ``width`` differs from the concept's d.
-    """
-    import jax
-
-    if width != concept.hidden_size:
-        raise ValueError(f"features of width {width} differ from the concept's d = {concept.hidden_size}")
-    device = jax.devices()[0] if device is None else device
-    on = _VECTORS.setdefault(concept, {})
-    if device not in on:
-        values = np.concatenate([np.asarray(concept.alpha, np.float32), [concept.gamma, concept.eps]])
-        on[device] = jax.device_put(values.astype(np.float32), device)
-    return on[device]
-
-
-def decide_scores(concept: Concept, scores: DeviceScores) -> Decided:
-    """The decision of Eq. 3 under ``concept`` on padded ``scores`` (features = ``scores.hidden``),
+def decide_scores(decision_head: DecisionHead, scores: DeviceScores) -> Decided:
+    """The decision under ``decision_head`` on padded ``scores`` (features = ``scores.hidden``),
     computed where they lie: one compiled call, one array fetched.
 
     Raises:
-        ValueError: features whose width differs from the concept's d; non-finite scores (naming
-            the candidate).
+        ValueError: features whose width differs from the head's; non-finite scores (naming the
+            candidate).
     """
+    check_width(decision_head, int(scores.hidden.shape[1]))
     devices = getattr(scores.hidden, "devices", None)
-    vector = concept_vector(concept, int(scores.hidden.shape[1]), next(iter(devices())) if devices else None)
-    ints = np.append(np.asarray(scores.n_tokens, np.int32), np.int32(scores.count))
-    record = _program()(vector, scores.hidden, scores.log_q, ints)
-    return unpacked(np.asarray(record), scores.count, scores.fetched, concept)
+    parameters = decision_head.parameters(next(iter(devices())) if devices else None)
+    sizes = Sizes(0, 0, 0, m=int(scores.hidden.shape[0]))
+    ints = pack(CountInputs(scores.n_tokens, scores.count), sizes)
+    record = _program(decision_head.kernel)(sizes, parameters, scores.hidden, scores.log_q, ints)
+    return finished(np.asarray(record), scores.count, scores.fetched, decision_head)
 
 
 def as_jax(array: torch.Tensor | np.ndarray) -> jax.Array | np.ndarray:
@@ -136,4 +121,4 @@ def as_jax(array: torch.Tensor | np.ndarray) -> jax.Array | np.ndarray:
         return host.numpy()
 
 
-__all__ = ["as_jax", "concept_vector", "decide_scores", "decision", "packed", "unpacked"]
+__all__ = ["as_jax", "check_width", "decide", "decide_scores", "finished"]

@@ -118,7 +118,9 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device | None = 
 
 def dtype_name(dtype: str | torch.dtype, device: str | torch.device | None = None) -> str:
     """:func:`resolve_dtype` as the name recorded in results and concepts (``"bfloat16"``, ``"float32"``)."""
-    return str(resolve_dtype(dtype, device)).removeprefix("torch.")
+    from agent_shell.lm.protocol import dtype_text
+
+    return dtype_text(resolve_dtype(dtype, device))
 
 
 __all__ = ["DEVICES", "DTYPES", "default_device", "device_name", "dtype_name", "native_bfloat16", "parse_device",

@@ -226,6 +226,6 @@ def _load_plugin(backend: str, arg: str, dtype: str, device: str | None, **kwarg
     lm = factory(arg, dtype=dtype, device=device, **kwargs)
     if not isinstance(lm, LanguageModel):
         raise ValueError(f"LM backend {backend!r}: its factory returned a {type(lm).__name__}, which lacks "
-                         "name / hidden_size / score / decide / generate / fork (the LanguageModel protocol; "
-                         "subclassing agent_shell.lm.protocol.LanguageModel gives decide)")
+                         "name / hidden_size / score / generate / fork (the LanguageModel protocol, "
+                         "agent_shell.lm.protocol.LanguageModel)")
     return lm

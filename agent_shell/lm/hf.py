@@ -21,7 +21,6 @@ This module must not import the agents or the environments.
 from __future__ import annotations
 
 import contextlib
-import copy
 import inspect
 import os
 from typing import TYPE_CHECKING, Any, Sequence
@@ -31,11 +30,10 @@ import torch
 
 from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, decode, eos_ids, sampler
 from agent_shell.lm.dtypes import resolve_device, resolve_dtype
-from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache
-from agent_shell.lm.torch_kv import TransformersKV, restore, snapshot, truncatable
 from agent_shell.lm.faults import pass_fault
 from agent_shell.lm.protocol import CandidateScores, Context, DeviceScores
-from agent_shell.lm.scoring import (CANDIDATE_LAYOUTS, action_positions, captured_output, pool_states, score_batched,
+from agent_shell.lm.torch_kv import TransformersKV, restore, snapshot
+from agent_shell.lm.scoring import (action_positions, captured_output, pool_states, score_batched,
                                     score_packed)
 from agent_shell.lm.shared_prefix import SharedPrefix
 from agent_shell.lm.tokenization import TokenizedContinuation
@@ -88,14 +86,7 @@ class HFLanguageModel(TokenizedBackend):
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, name: str,
                  max_context_tokens: int | None = None, candidate_layout: str = "tree", reuse_cache: bool = True,
                  max_heads: int = 16, draft_tokens: int = DRAFT_TOKENS, shared_prefix: bool = True) -> None:
-        if candidate_layout not in CANDIDATE_LAYOUTS:
-            raise ValueError(f"candidate_layout={candidate_layout!r} is not one of {CANDIDATE_LAYOUTS}")
-        if draft_tokens < 0:
-            raise ValueError(f"draft_tokens={draft_tokens} is negative")
-        self.draft_tokens = int(draft_tokens)
         self.model = model.eval()
-        self.candidate_layout = candidate_layout
-        self.reuse_cache = reuse_cache
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.hidden_size: int = int(config.hidden_size)
         self._set_text(tokenizer, name, max_context_tokens or getattr(config, "max_position_embeddings", None))
@@ -107,7 +98,7 @@ class HFLanguageModel(TokenizedBackend):
         if self._head is None:
             raise ValueError(f"{name!r} has no output embeddings (LM head)")
         self._eos_ids = eos_ids(model, tokenizer)
-        self.cache = PrefixCache(TransformersKV(model, self.device), reuse_cache, HeadStore(max_heads))
+        self._set_options(candidate_layout, reuse_cache, max_heads, draft_tokens)
         self._shared = SharedPrefix.of(model) if shared_prefix else None
 
     # ------------------------------------------------------------------ construction
@@ -154,22 +145,9 @@ class HFLanguageModel(TokenizedBackend):
                                 if t.is_floating_point()))
         return cls(model, tokenizer, name=name or str(path), **kwargs)
 
-    def fork(self) -> "HFLanguageModel":
-        """A view of the same weights and tokenizer with its own, empty prefix KV cache (the pinned
-        heads are shared).
-
-        CB-Agent alternates routing prompts (demonstrations first) and scoring contexts (task
-        first), which share no prefix, so one cache would be re-encoded from scratch at every
-        call; a fork per stream keeps each stream's prefix.
-        """
-        twin = copy.copy(self)
-        twin.cache = PrefixCache(TransformersKV(self.model, self.device), self.reuse_cache, self.cache.heads)
-        return twin
-
-    @property
-    def dtype_name(self) -> str:
-        """The weights' dtype as a plain name (``"float32"``, ``"bfloat16"``)."""
-        return str(self.dtype).removeprefix("torch.")
+    def cache_ops(self) -> TransformersKV:
+        """transformers' caches of this model, on its device."""
+        return TransformersKV(self.model, self.device)
 
     @torch.inference_mode()
     def _forward(self, input_ids: torch.Tensor, cache: Cache, **kwargs: Any) -> CausalLMOutputWithPast:
@@ -210,23 +188,6 @@ class HFLanguageModel(TokenizedBackend):
         return self._score(context, candidates, action_prefix, [(self._layer_module(k), pool, (k, pool))
                                                                  for k, pool in layers])
 
-    @torch.inference_mode()
-    def candidate_states(self, context: Context, candidates: Sequence[str], action_prefix: str, layer: int,
-                         pool: str = "last") -> np.ndarray:
-        """An inner layer's states at the candidates' action tokens, float32 [M, hidden_size].
-
-        ``layer``: 0 = the token embeddings, K = 1..L the output of decoder layer K (before the
-        final norm), negative K counts from the end (-1 = layer L). ``pool``: ``"last"`` = the
-        state at the final action token, ``"mean"`` = the mean over the action's tokens (the
-        same tokens :meth:`score` counts). Runs :meth:`score`'s passes (the context's KV cache is
-        reused) with a hook on that layer; :meth:`score_with_layers` takes them from the scoring
-        pass itself (feature block ``lm-layer:K``, :mod:`agent_shell.features`).
-
-        Raises:
-            ValueError: a layer outside [-L, L], an unknown pool, or what :meth:`score` raises.
-        """
-        return self.score_with_layers(context, candidates, action_prefix, [(layer, pool)]).layers[(layer, pool)]
-
     def _layer_module(self, layer: int) -> torch.nn.Module:
         """The module whose output is layer ``layer`` (0: the embeddings; negative from the end)."""
         layers = self.model.get_decoder().layers
@@ -236,20 +197,19 @@ class HFLanguageModel(TokenizedBackend):
     @torch.inference_mode()
     def score_on_device(self, context: Context, candidates: Sequence[str], action_prefix: str) -> DeviceScores:
         """:meth:`score`'s log q and hidden states left on the model's device, padded to
-        :func:`cb_core.decisions.bucket_size` (M) slots and handed to JAX without a copy (DLPack):
+        :func:`agent_shell.lm.buckets.slots` (M) slots and handed to JAX without a copy (DLPack):
         what :meth:`decide` reads. The same pass as :meth:`score`, with no value read back to the
         host and no synchronisation before the decision.
 
         Raises:
             ValueError, ContextWindowFull: as :meth:`score`.
         """
-        from cb_core.decisions import bucket_size
-
+        from agent_shell.lm.buckets import slots
         from agent_shell.lm.decision import as_jax
 
         toks, log_q, hidden, _ = self._pass(context, candidates, action_prefix)
         m = len(toks)
-        pad = bucket_size(m) - m
+        pad = slots(m) - m
         n_tokens = np.ones(m + pad, np.int32)
         n_tokens[:m] = [t.n_action for t in toks]
         return DeviceScores(as_jax(torch.nn.functional.pad(log_q, (0, pad))),
@@ -296,18 +256,13 @@ class HFLanguageModel(TokenizedBackend):
                            s: int) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
         """Tree (or packed) scoring with the context's uncached tokens in the same forward pass as the
         candidates (one pass per step, as its floor); the stream then keeps the context's ``s``
-        tokens. A context with more than :data:`PREFILL_CHUNK` new tokens encodes the excess first.
+        tokens. A context with more than a prefill chunk (:data:`~agent_shell.lm.kv_cache.PREFILL_CHUNK`) of new tokens encodes the excess first.
         Returns ((log_q, hidden) on the device, the number of context tokens leading that pass)."""
         ids = toks[0].ids
-        cache, start = self.cache.start(ids[:s])
-        lo = max(start, s - PREFILL_CHUNK)
-        self.cache.encode(cache, ids, start, self._forward, stop=lo)
-        self.cache.encoded_tokens += s - lo
+        cache, lo = self.start_context(ids, s)
         out = score_packed(self._forward, self._head, cache, s, toks, self.dtype, self.device, start=lo,
                            layout=self.candidate_layout)
-        restore(cache, snapshot(cache), s)  # the context stays, the candidates go
-        if s and self.cache.reusable(cache):
-            self.cache.keep(cache, ids[:s])
+        self.keep_context(cache, ids, s)
         return out, s - lo
 
     # ------------------------------------------------------------------ generation
@@ -335,7 +290,7 @@ class HFLanguageModel(TokenizedBackend):
         cache, start = self.cache.start(ids[:-1])
         out = self.cache.encode(cache, ids, start, self._forward)
         prompt_kv = snapshot(cache) if self.cache.reusable(cache) else None
-        plain = truncatable(cache)  # drafts cut the cache back; shared rows read its layers as they are
+        plain = self.cache.ops.truncatable(cache)  # drafts cut the cache back; shared rows read its layers as they are
         texts = decode(self._forward, self.tokenizer, self._eos_ids, cache, out.logits[:, -1].float(), len(ids), rows,
                        budget, stop, temperature, generator, self.device, prompt_ids=ids,
                        draft_tokens=self.draft_tokens if plain else 0, shared=self._shared if plain else None)

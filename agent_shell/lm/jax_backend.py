@@ -2,7 +2,7 @@
 :mod:`agent_shell.lm.jax_model` behind the PyTorch backend's text side.
 
 Rendering, tokenization, the candidates' layout (prefix tree, head rows), the prefix cache's
-bookkeeping (the stream, pinned heads, :data:`~agent_shell.lm.kv_cache.PREFILL_CHUNK`) and the
+bookkeeping (the stream, pinned heads, prefill chunks) and the
 decoding loops (prompt-lookup drafts, stop strings, end of sequence) are the PyTorch backend's own
 code (:class:`~agent_shell.lm.tokenized.TokenizedBackend`, :mod:`~agent_shell.lm.layout`,
 :class:`~agent_shell.lm.kv_cache.PrefixCache`, :mod:`~agent_shell.lm.decoding`); only the forward
@@ -20,8 +20,9 @@ padded with tokens no real token attends to; attention reads a buffer's filled s
 run-time length), so a program serves every context its buffer holds, and an episode compiles a
 bounded number of programs (:attr:`JaxLanguageModel.programs` counts them).
 
-**A decision is one program** (:meth:`JaxLanguageModel.decide`): the context's new tokens and the
-candidates' prefix tree in one pass over the stream's donated buffer, each candidate's log q and
+**A decision is one program** (:meth:`JaxLanguageModel.decide`; a step with more new context tokens
+than a prefill chunk encodes the excess first): the context's new tokens and the candidates' prefix
+tree in one pass over the stream's donated buffer, each candidate's log q and
 hidden state gathered, the concept's terms and their argmax, and the record the results keep packed
 into one array: the one fetch of a step's decision, after the argmax.
 
@@ -34,10 +35,8 @@ Must not import the agents, the environments or torch.
 
 from __future__ import annotations
 
-import copy
 import os
 import secrets
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -45,23 +44,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agent_shell.lm.buckets import MIN_CAPACITY, bucket, capacity, padded
-from agent_shell.lm.decision import unpacked
+from agent_shell.lm.buckets import MIN_CAPACITY, Sizes, bucket, capacity, padded, slots
+from agent_shell.lm.decision import decide_scores, finished
 from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, greedy_with_drafts, reply_rows
 from agent_shell.lm.jax_devices import resolve_jax_device, resolve_jax_dtype
 from agent_shell.lm.jax_kv import JaxKV, StreamKV
 from agent_shell.lm.jax_model import Decoder, load_decoder
-from agent_shell.lm.jax_programs import Pass, PassOutput, Programs, Shape, host_fetches
-from agent_shell.lm.kv_cache import PREFILL_CHUNK, HeadStore, PrefixCache
-from agent_shell.lm.layout import CANDIDATE_LAYOUTS, action_positions, batched_head_rows, candidate_tree, head_rows
-from agent_shell.lm.protocol import CandidateScores, Context, Decided, DeviceScores
+from agent_shell.lm.jax_programs import CandidateSlots, Pass, Programs
+from agent_shell.lm.layout import action_positions, batched_head_rows, candidate_tree, head_rows
+from agent_shell.lm.protocol import CandidateScores, Context, Decided, DecisionHead, DeviceScores
+from agent_shell.lm.records import RowsInputs, StreamOutput, pack
 from agent_shell.lm.tokenization import TokenizedContinuation
-from agent_shell.lm.tokenized import TokenizedBackend
+from agent_shell.lm.tokenized import TokenizedBackend, load_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-    from cb_core import Concept
 
 #: Per candidate, (row, the indices of its action tokens among the pass's tokens).
 Positions = list[tuple[int, list[int]]]
@@ -89,17 +86,10 @@ class JaxLanguageModel(TokenizedBackend):
                  eos_token_ids: Sequence[int] = (), max_context_tokens: int | None = None,
                  candidate_layout: str = "tree", reuse_cache: bool = True, max_heads: int = 16,
                  draft_tokens: int = DRAFT_TOKENS) -> None:
-        if candidate_layout not in CANDIDATE_LAYOUTS:
-            raise ValueError(f"candidate_layout={candidate_layout!r} is not one of {CANDIDATE_LAYOUTS}")
-        if draft_tokens < 0:
-            raise ValueError(f"draft_tokens={draft_tokens} is negative")
         self.decoder = decoder
         self.config = decoder.config
         self.hidden_size: int = decoder.config.hidden_size
         self._set_text(tokenizer, name, max_context_tokens or decoder.config.max_position_embeddings or None)
-        self.candidate_layout = candidate_layout
-        self.reuse_cache = reuse_cache
-        self.draft_tokens = int(draft_tokens)
         self.programs = Programs.of(decoder)
         self.device: jax.Device = self.programs.device  # where the weights are
         self.dtype = jnp.dtype(decoder.dtype)
@@ -107,7 +97,7 @@ class JaxLanguageModel(TokenizedBackend):
         value = getattr(tokenizer, "eos_token_id", None)
         eos.update([value] if isinstance(value, int) else (value or []))
         self._eos_ids = frozenset(eos)
-        self.cache = PrefixCache(JaxKV(self.programs), reuse_cache, HeadStore(max_heads))
+        self._set_options(candidate_layout, reuse_cache, max_heads, draft_tokens)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -129,33 +119,19 @@ class JaxLanguageModel(TokenizedBackend):
                 holds a broken file (:func:`agent_shell.lm.model_folder.check_model_folder`).
             ValueError: an unknown dtype or device.
         """
-        from transformers import AutoTokenizer
-
         from agent_shell.lm.model_config import generation_eos
         from agent_shell.lm.model_folder import check_model_folder
 
         dev = resolve_jax_device(device)
         jdtype = resolve_jax_dtype(dtype, dev)
         check_model_folder(path, "jax")  # the folder against its weights, before anything loads
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(path))
-        except OSError as err:
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise FileNotFoundError(f"cannot load a tokenizer from {str(path)!r}: {reason}") from err
+        tokenizer = load_tokenizer(path)
         decoder = load_decoder(path, dtype=jdtype, device=dev)
         return cls(decoder, tokenizer, name=name or str(path), eos_token_ids=generation_eos(path), **kwargs)
 
-    def fork(self) -> "JaxLanguageModel":
-        """A view of the same weights and compiled programs with its own, empty prefix KV cache
-        (the pinned heads are shared)."""
-        twin = copy.copy(self)
-        twin.cache = PrefixCache(JaxKV(self.programs), self.reuse_cache, self.cache.heads)
-        return twin
-
-    @property
-    def dtype_name(self) -> str:
-        """The weights' dtype as a plain name (``"float32"``, ``"bfloat16"``)."""
-        return str(self.dtype)
+    def cache_ops(self) -> JaxKV:
+        """The KV buffers of this decoder's programs."""
+        return JaxKV(self.programs)
 
     @property
     def program_count(self) -> int:
@@ -163,20 +139,22 @@ class JaxLanguageModel(TokenizedBackend):
         return len(self.programs.compiled)
 
     # ------------------------------------------------------------------ passes
-    def _forward(self, ids: Sequence[int], cache: StreamKV, start: int) -> PassOutput:
+    def _forward(self, ids: Sequence[int], cache: StreamKV, start: int) -> StreamOutput:
         """A causal pass over ``ids`` after the ``start`` tokens ``cache`` holds (a chunk of a
         context or prompt); the head runs at its last token."""
         n = len(ids)
-        return PassOutput(*self._run(cache, Pass(list(ids), list(range(start, start + n)), start,
-                                                 np.tril(np.ones((n, n), bool)), [n - 1])))
+        p = Pass(list(ids), list(range(start, start + n)), start, np.tril(np.ones((n, n), bool)), [n - 1])
+        return self._run(cache, p, "stream", p.stream())
 
-    def _run(self, cache: StreamKV, p: Pass) -> list:
-        """Run pass ``p`` on ``cache`` (batch 1) with its program (:attr:`Pass.program`), padded to its
-        buckets; ``cache`` then holds ``p.at`` + the pass's tokens (cut it back to keep fewer).
-        Returns the program's outputs after the buffer."""
-        shape, ints, mask = p.arrays()
-        kv = self.cache.ops.writable(cache, p.at + shape.t)
-        kv, *out = self.programs.run(p.program, shape, kv, ints, mask, *(() if p.concept is None else (p.concept,)))
+    def _run(self, cache: StreamKV, p: Pass, program: str, inputs: tuple[Sizes, np.ndarray, np.ndarray],
+             *extra: Any, static: tuple = ()) -> Any:
+        """Run ``program`` on pass ``p``'s padded ``inputs`` (:meth:`Pass.stream`, :meth:`Pass.score`,
+        :meth:`Pass.decide`) over ``cache`` (batch 1), then ``extra`` arguments; ``cache`` then holds
+        ``p.at`` + the pass's tokens (cut it back to keep fewer). Returns the program's outputs after
+        the buffer."""
+        sizes, ints, mask = inputs
+        kv = self.cache.ops.writable(cache, p.at + sizes.t)
+        kv, out = self.programs.run(program, (sizes, *static), kv, ints, mask, *extra)
         cache.kv, cache.length, cache.owned = kv, p.at + len(p.tokens), True
         return out
 
@@ -198,7 +176,7 @@ class JaxLanguageModel(TokenizedBackend):
 
     def score_on_device(self, context: Context, candidates: Sequence[str], action_prefix: str) -> DeviceScores:
         """:meth:`score`'s log q and hidden states left on the backend's device, padded to
-        :func:`cb_core.decisions.bucket_size` (M) slots: one program (the pass and the gather),
+        :func:`agent_shell.lm.buckets.slots` (M) slots: one program (the pass and the gather),
         nothing fetched. The token log-probabilities are summed in float32 on the device.
 
         Raises:
@@ -207,30 +185,29 @@ class JaxLanguageModel(TokenizedBackend):
         toks, log_q, hidden, _, _ = self._scores(context, candidates, action_prefix, [])
         return DeviceScores(log_q, hidden, padded([t.n_action for t in toks], log_q.shape[0], fill=1), len(toks))
 
-    def decide(self, context: Context, candidates: Sequence[str], action_prefix: str, concept: Concept) -> Decided:
-        """:meth:`agent_shell.lm.protocol.LanguageModel.decide` in ONE program (tree and packed
-        layouts): the context's new tokens and the candidates' tree in one pass over the stream's
-        donated buffer, the gather, the concept's decision and its packed record, which is the one
-        array fetched. The batched layout scores first (:meth:`score_on_device`), then decides.
+    def decide(self, context: Context, candidates: Sequence[str], action_prefix: str,
+               decision_head: DecisionHead) -> Decided:
+        """The decision under ``decision_head`` (:func:`agent_shell.lm.decision.decide`) in ONE
+        program (tree and packed layouts): the context's new tokens and the candidates' tree in one
+        pass over the stream's donated buffer, the gather, the head's kernel and its record
+        (:func:`agent_shell.lm.records.pack_decision`), which is the one array fetched. The batched
+        layout scores first (:meth:`score_on_device`), then decides.
 
         Raises:
-            ValueError, ContextWindowFull: as :meth:`score`; a concept whose d is not hidden_size;
+            ValueError, ContextWindowFull: as :meth:`score`; a head whose width is not hidden_size;
                 non-finite scores (naming the candidate).
         """
-        from cb_core.decisions import bucket_size
-
         if self.candidate_layout == "batched":
-            return super().decide(context, candidates, action_prefix, concept)
-        vector = self.programs.concept(concept, self.hidden_size)
+            return decide_scores(decision_head, self.score_on_device(context, candidates, action_prefix))
+        parameters = self.programs.parameters(decision_head, self.hidden_size)
         toks, s = self.scoring_tokens(context, candidates, action_prefix)
-        m, m_pad = len(toks), bucket_size(len(toks))
         cache, p, (_, _, owner, final_rows), _ = self._tree_pass(toks, s, [])
         n_tokens = [t.n_action for t in toks]
-        record, log_q, hidden = self._run(cache, replace(p, m=m_pad, owner=owner, final=final_rows, n_tokens=n_tokens,
-                                                         concept=vector))
-        self._keep_context(cache, toks, s)
-        scores = DeviceScores(log_q, hidden, padded(n_tokens, m_pad, fill=1), m)
-        return unpacked(np.asarray(record), m, scores.fetched, concept)
+        out = self._run(cache, p, "decide", p.decide(CandidateSlots(owner, final_rows, n_tokens)), parameters,
+                        static=(decision_head.kernel,))
+        self.keep_context(cache, toks[0].ids, s)
+        scores = DeviceScores(out.log_q, out.hidden, padded(n_tokens, out.log_q.shape[0], fill=1), len(toks))
+        return finished(np.asarray(out.record), len(toks), scores.fetched, decision_head)
 
     def score_with_layers(self, context: Context, candidates: Sequence[str], action_prefix: str,
                           layers: Sequence[tuple[int, str]]) -> CandidateScores:
@@ -243,13 +220,6 @@ class JaxLanguageModel(TokenizedBackend):
         ks = self.check_layers(layers, self.config.num_layers)
         return self._score(context, candidates, action_prefix, [(k, pool, (layer, pool))
                                                                 for k, (layer, pool) in zip(ks, layers)])
-
-    def candidate_states(self, context: Context, candidates: Sequence[str], action_prefix: str, layer: int,
-                         pool: str = "last") -> np.ndarray:
-        """An inner layer's states at the candidates' action tokens, float32 [M, hidden_size]
-        (:meth:`agent_shell.lm.hf.HFLanguageModel.candidate_states`: 0 = the embeddings, K = the
-        output of decoder layer K before the final norm, negative from the end)."""
-        return self.score_with_layers(context, candidates, action_prefix, [(layer, pool)]).layers[(layer, pool)]
 
     def _score(self, context: Context, candidates: Sequence[str], action_prefix: str,
                capture: Capture) -> CandidateScores:
@@ -272,15 +242,12 @@ class JaxLanguageModel(TokenizedBackend):
         """The candidates' tokens (checked) and their one program in this backend's layout: (the
         tokens, log q [M_pad] and hidden [M_pad, D] on the device, the captured layers' states, the
         captured tokens of each candidate)."""
-        from cb_core.decisions import bucket_size
-
         toks, s = self.scoring_tokens(context, candidates, action_prefix)
-        m_pad = bucket_size(len(toks))
         if self.candidate_layout == "batched":
-            return (toks, *self._score_rows(toks, s, capture, m_pad))
+            return (toks, *self._score_rows(toks, s, capture, slots(len(toks))))
         cache, p, (_, _, owner, final_rows), positions = self._tree_pass(toks, s, capture)
-        log_q, hidden, captured = self._run(cache, replace(p, m=m_pad, owner=owner, final=final_rows))
-        self._keep_context(cache, toks, s)
+        log_q, hidden, captured = self._run(cache, p, "score", p.score(CandidateSlots(owner, final_rows)))
+        self.keep_context(cache, toks[0].ids, s)
         return toks, log_q, hidden, captured, positions
 
     def _tree_pass(self, toks: Sequence[TokenizedContinuation], s: int,
@@ -290,10 +257,7 @@ class JaxLanguageModel(TokenizedBackend):
         cache (encoded up to the pass's first token): (the cache, the pass, the head rows' roles,
         the captured tokens of each candidate)."""
         ids = toks[0].ids
-        cache, start = self.cache.start(ids[:s])
-        lo = max(start, s - PREFILL_CHUNK)
-        self.cache.encode(cache, ids, start, self._forward, stop=lo)
-        self.cache.encoded_tokens += s - lo
+        cache, lo = self.start_context(ids, s)
         tree = candidate_tree(toks, s, self.candidate_layout)
         needed, rows = head_rows(toks, tree, s)
         n_head, n = s - lo, s - lo + len(tree.tokens)
@@ -307,11 +271,6 @@ class JaxLanguageModel(TokenizedBackend):
         p = Pass(list(ids[lo:s]) + tree.tokens, list(range(lo, s)) + [s + d for d in tree.depths], lo, allowed,
                  [n_head + node for node in needed], (pred_rows, targets), wanted, [k for k, _, _ in capture])
         return cache, p, rows, positions
-
-    def _keep_context(self, cache: StreamKV, toks: Sequence[TokenizedContinuation], s: int) -> None:
-        self.cache.ops.cut(cache, s)  # the context stays, the candidates go
-        if s and self.cache.reusable(cache):
-            self.cache.keep(cache, toks[0].ids[:s])
 
     def _score_rows(self, toks: Sequence[TokenizedContinuation], s: int, capture: Capture,
                     m_pad: int) -> tuple[jax.Array, jax.Array, jax.Array, Positions]:
@@ -327,14 +286,13 @@ class JaxLanguageModel(TokenizedBackend):
         positions = [(b, [b * width + c for c in cols]) for b, cols in action_positions(toks, s, "batched")]
         wanted = sorted({c for _, cols in positions for c in cols}) if capture else []
         shared = cache.kv if cache.kv is not None else self.cache.ops.buffer(1, MIN_CAPACITY)
-        k, p = bucket(len(head)), bucket(len(pred_rows))
-        c = bucket(len(wanted)) if wanted else 0
-        layers = np.asarray([k for k, _, _ in capture], np.int32)
-        ints = np.concatenate([ids.reshape(-1), np.int32([s]), padded(head, k), padded(pred_rows, p),
-                               padded(targets, p), padded(owner, p, fill=m_pad), padded(final_rows, m_pad),
-                               padded(wanted, c), layers])
-        _, log_q, hidden, captured = self.programs.run("rows", Shape((n_rows, width), k, p, c, len(layers), m_pad),
-                                                       self.cache.ops.buffer(n_rows, width), shared, ints)
+        sizes = Sizes((n_rows, width), bucket(len(head)), bucket(len(pred_rows)),
+                      bucket(len(wanted)) if wanted else 0, len(capture), m_pad)
+        record = RowsInputs(ids, s, padded(head, sizes.k), padded(pred_rows, sizes.p), padded(targets, sizes.p),
+                            padded(owner, sizes.p, fill=m_pad), padded(final_rows, m_pad), padded(wanted, sizes.c),
+                            [k for k, _, _ in capture])
+        _, (log_q, hidden, captured) = self.programs.run("rows", (sizes,), self.cache.ops.buffer(n_rows, width),
+                                                         shared, pack(record, sizes))
         return log_q, hidden, captured, positions
 
     # ------------------------------------------------------------------ generation
@@ -362,8 +320,8 @@ class JaxLanguageModel(TokenizedBackend):
 
         def verify(feed: list[int], cached: int) -> list[int]:
             m = len(feed)
-            _, greedy, _, _ = self._run(cache, Pass(feed, list(range(cached, cached + m)), cached,
-                                                    np.tril(np.ones((m, m), bool)), list(range(m))))
+            p = Pass(feed, list(range(cached, cached + m)), cached, np.tril(np.ones((m, m), bool)), list(range(m)))
+            greedy = self._run(cache, p, "stream", p.stream()).greedy
             return np.asarray(greedy)[:m].tolist()
 
         def cut(length: int) -> None:
@@ -431,4 +389,4 @@ def load_jax_model(arg: str | None, *, dtype: str = "auto", device: str | None =
     return JaxLanguageModel.from_pretrained(path, name=arg, dtype=dtype, device=device, **kwargs)
 
 
-__all__ = ["JaxLanguageModel", "host_fetches", "load_jax_model"]
+__all__ = ["JaxLanguageModel", "load_jax_model"]

@@ -81,7 +81,9 @@ def resolve_jax_dtype(dtype: str, device: jax.Device) -> DTypeLike:
     Raises:
         ValueError: another name (float16 is not offered: the decoder runs float32 or bfloat16).
     """
-    name = str(dtype).lower().removeprefix("torch.")
+    from agent_shell.lm.protocol import dtype_text
+
+    name = dtype_text(dtype)
     if name == "auto":
         if device.platform != "cpu":
             return jnp.bfloat16

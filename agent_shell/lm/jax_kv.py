@@ -19,11 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agent_shell.lm.buckets import capacity
+from agent_shell.lm.buckets import STREAM_CHUNK, capacity
 from agent_shell.lm.jax_model import KV
 
 if TYPE_CHECKING:
-    from agent_shell.lm.jax_programs import PassOutput, Programs
+    from agent_shell.lm.jax_programs import Programs
+    from agent_shell.lm.records import StreamOutput
     from agent_shell.lm.kv_cache import Forward
 
 
@@ -40,8 +41,10 @@ class StreamKV:
 
 class JaxKV:
     """:class:`agent_shell.lm.kv_cache.CacheOps` of :class:`StreamKV` buffers (``CacheOps[StreamKV,
-    tuple[KV | None, int], PassOutput]``) for one decoder's ``programs`` (every layer is full
+    tuple[KV | None, int], StreamOutput]``) for one decoder's ``programs`` (every layer is full
     attention: a cache is cut back by its length alone), and the buffers a pass writes into."""
+
+    chunk = STREAM_CHUNK  # a prefill chunk: one stream program, whatever the prompt
 
     def __init__(self, programs: Programs):
         self.programs = programs
@@ -62,7 +65,7 @@ class JaxKV:
     def truncatable(self, cache: StreamKV) -> bool:
         return True
 
-    def encode(self, forward: Forward[PassOutput], cache: StreamKV, ids: Sequence[int], start: int) -> PassOutput:
+    def encode(self, forward: Forward[StreamOutput], cache: StreamKV, ids: Sequence[int], start: int) -> StreamOutput:
         return forward(ids, cache, start)
 
     def buffer(self, batch: int, slots: int) -> KV:
@@ -80,8 +83,9 @@ class JaxKV:
         slots = cache.kv.keys.shape[3]
         if need > slots:
             return self.programs.run("grow", (), cache.kv, np.zeros(capacity(need), np.int8))
-        if not cache.owned:
-            return KV(cache.kv.keys.copy(), cache.kv.values.copy())
+        if not cache.owned:  # a copy on the device (a transfer, not a compiled program)
+            return KV(*(jax.device_put(x, self.programs.device, may_alias=False)
+                        for x in (cache.kv.keys, cache.kv.values)))
         return cache.kv
 
 

@@ -23,7 +23,7 @@ def check_jax_platforms() -> None:
             machine without one, an unknown name, ``cuda`` without a visible NVIDIA GPU), or, with
             no setting, a platform plugin that fails: one line naming the setting and JAX's reason.
     """
-    import cb_core  # noqa: F401 - its JAX memory settings, before JAX starts a platform
+    import cb_core.cache  # noqa: F401 - importing cb_core sets its JAX memory settings, before JAX starts
     import jax
 
     problem = _problem(str(jax.config.jax_platforms or ""))

@@ -8,18 +8,20 @@ met, i.e. every program compiled or loaded by this process. With
 them instead of compiling.
 
 A pass's integer inputs (tokens, positions, where the buffer is filled, the head rows, the token
-pairs, the candidates' rows and counts) travel in ONE int32 array, split inside the program at
-sizes that are part of its static shape (:class:`Shape`), and its mask in a second one: two copies
-to the device a pass. The programs:
+pairs, the candidates' rows and counts) are a named record of the program's kind, laid out in ONE
+int32 array and read back inside the program by :mod:`agent_shell.lm.records` (its field sizes
+follow from the pass's static :class:`agent_shell.lm.buckets.Sizes`), and its mask travels in a
+second one: two copies to the device a pass. The programs:
 
 * ``stream``: a pass over a stream's buffer (a prefill chunk, a draft to verify): the LM head's
   input, greedy's token and the wanted log-probabilities at its head rows;
 * ``score``: the candidates' pass (the context's new tokens, then the prefix tree) with each
   candidate's log q summed and its hidden state gathered (:func:`gather`, the one gather of the
   JAX backend), padded to M_pad candidates; the captured inner layers beside them;
-* ``decide``: the same pass and gather, then the concept's decision (cb_core's kernel,
-  :data:`cb_core.model.decide_padded`) and its record packed for one fetch
-  (:func:`agent_shell.lm.decision.packed`): a decision is one program;
+* ``decide``: the same pass and gather, then the decision head's kernel handed in by the caller (a
+  static argument: :class:`agent_shell.lm.protocol.DecisionHead`; a concept's is cb_core's) and its
+  record packed for one fetch (:func:`agent_shell.lm.records.pack_decision`): a decision is one
+  program;
 * ``rows``: the batched layout's right-padded rows over one context buffer, gathered alike;
 * ``sample``: one sampled token per row over a shared prompt buffer; ``grow``: a bigger buffer.
 
@@ -28,57 +30,52 @@ Must not import the agents, the environments or torch.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, NamedTuple, Sequence, Union
+from typing import Any, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from agent_shell.lm.buckets import bucket, padded
+from agent_shell.lm.buckets import Sizes, padded, pass_sizes
 from agent_shell.lm.jax_model import KV, Decoder
 from agent_shell.lm.faults import is_out_of_memory, pass_fault
-from agent_shell.lm.protocol import BackboneFault
-
-if TYPE_CHECKING:
-    from cb_core import Concept
+from agent_shell.lm.protocol import BackboneFault, DecisionHead
+from agent_shell.lm.records import (OUTPUTS, DecideInputs, DecideOutput, RowsInputs, ScoreInputs, ScoreOutput,
+                                    StreamInputs, StreamOutput, pack, pack_decision, unpack)
 
 
 #: A program's argument after the decoder's state: a device array, a host array or scalar, or a KV buffer.
 Operand = Union[jax.Array, np.ndarray, np.generic, KV]
-#: A program's results: the new KV buffer alone (``grow``), or it and the program's arrays.
-Results = Union[KV, tuple[Union[KV, jax.Array, None], ...]]
+#: A program's results: the new KV buffer alone (``grow``), or it and the program's named outputs.
+Results = Union[KV, tuple[KV, Union[StreamOutput, ScoreOutput, DecideOutput]], tuple[KV, jax.Array]]
 
 
-class Shape(NamedTuple):
-    """A pass's static sizes: ``t`` tokens, ``k`` head rows, ``p`` token pairs, ``c`` captured
-    tokens at ``l`` layers, ``m`` candidate slots (M_pad; 0 for a stream pass)."""
+@dataclass(frozen=True)
+class CandidateSlots:
+    """The candidates of a candidates' pass (padded to the pass's ``m`` slots,
+    :func:`agent_shell.lm.buckets.pass_sizes`): each token pair's candidate (``owner``), each
+    candidate's final head row (``final``) and, for a decision, each candidate's token count
+    (``n_tokens``)."""
 
-    t: int
-    k: int
-    p: int
-    c: int = 0
-    l: int = 0
-    m: int = 0
+    owner: Sequence[int]
+    final: Sequence[int]
+    n_tokens: Sequence[int] = ()
 
 
 @dataclass(frozen=True)
 class Pass:
-    """One stream pass's inputs before padding: ``tokens`` at ``positions``, written after the
-    ``at`` tokens the stream holds; ``allowed`` [n, n] which of them each one sees; the LM head
-    at ``head`` (indices into the tokens); the (head row, target token) pairs whose
-    log-probabilities are wanted; the token indices whose inner states are captured, and at
-    which layers (0..L).
+    """One pass's inputs before padding: ``tokens`` at ``positions``, written after the ``at`` tokens
+    the stream holds; ``allowed`` [n, n] which of them each one sees; the LM head at ``head``
+    (indices into the tokens); the (head row, target token) pairs whose log-probabilities are
+    wanted; the token indices whose inner states are captured, and at which layers (0..L).
 
-    A candidates' pass also names its ``m`` candidate slots (M_pad): each pair's candidate
-    (``owner``) and each candidate's final head row (``final``), and for a decision each
-    candidate's token count (``n_tokens``) and the ``concept`` (its device vector,
-    :meth:`Programs.concept`). Its :attr:`program` follows."""
+    Its records (:mod:`agent_shell.lm.records`), padded to :func:`agent_shell.lm.buckets.pass_sizes`:
+    :meth:`stream` (a stream pass), :meth:`score` and :meth:`decide` (a candidates' pass)."""
 
     tokens: list[int]
     positions: list[int]
@@ -88,61 +85,44 @@ class Pass:
     pairs: tuple[list[int], list[int]] = ([], [])
     capture: list[int] = field(default_factory=list)
     layers: list[int] = field(default_factory=list)
-    m: int = 0
-    owner: Sequence[int] = ()
-    final: Sequence[int] = ()
-    n_tokens: Sequence[int] = ()
-    concept: jax.Array | None = None
 
-    @property
-    def program(self) -> str:
-        """``decide`` (a concept given), ``score`` (candidates given) or ``stream``."""
-        return "decide" if self.concept is not None else "score" if self.m else "stream"
-
-    def arrays(self) -> tuple[Shape, np.ndarray, np.ndarray]:
-        """(the static shape, the int32 inputs in one array, the bool mask [t, t]), padded to buckets:
-        padding tokens see themselves only, padded pairs belong to candidate ``m`` (dropped), padded
-        candidates count one token."""
+    def _padded(self, candidates: bool = False) -> tuple[Sizes, np.ndarray, dict]:
+        """(the sizes, the bool mask [t, t], the padded fields every record shares): padding tokens
+        see themselves only."""
         n = len(self.tokens)
-        t, k, p = bucket(n), bucket(len(self.head)), bucket(len(self.pairs[0]))  # the head runs at k rows only
-        c = bucket(len(self.capture)) if self.capture else 0
+        sizes = pass_sizes(n, len(self.head), len(self.pairs[0]), len(self.capture), len(self.layers), candidates)
+        t, k, p = sizes.t, sizes.k, sizes.p
         mask = np.zeros((t, t), bool)
         mask[:n, :n] = self.allowed
         mask[np.arange(n, t), np.arange(n, t)] = True
-        parts = [padded(self.tokens, t), padded(self.positions, t, self.positions[-1] if self.positions else 0),
-                 np.int32([self.at]), padded(self.head, k), padded(self.pairs[0], p), padded(self.pairs[1], p)]
-        decides = self.concept is not None
-        if not decides:
-            parts += [padded(self.capture, c), np.asarray(self.layers, np.int32)]
-        if self.m:
-            parts += [padded(self.owner, p, fill=self.m), padded(self.final, self.m)]
-        if decides:
-            parts += [padded(self.n_tokens, self.m, fill=1), np.int32([len(self.final)])]
-        return Shape(t, k, p, c, len(self.layers), self.m), np.concatenate(parts), mask
+        common = dict(tokens=padded(self.tokens, t),
+                      positions=padded(self.positions, t, self.positions[-1] if self.positions else 0),
+                      at=self.at, head=padded(self.head, k), pair_row=padded(self.pairs[0], p),
+                      pair_target=padded(self.pairs[1], p))
+        return sizes, mask, common
 
+    def stream(self) -> tuple[Sizes, np.ndarray, np.ndarray]:
+        """(the sizes, the int32 inputs of :class:`StreamInputs` packed, the mask)."""
+        sizes, mask, common = self._padded()
+        record = StreamInputs(**common, capture=padded(self.capture, sizes.c), layers=self.layers)
+        return sizes, pack(record, sizes), mask
 
-@dataclass
-class PassOutput:
-    """A stream pass's outputs (device arrays, fetched on demand): the head rows' hidden states
-    (float32 [K, D], the LM head's input), greedy's token after each head row [K], the token
-    pairs' log-probabilities float32 [P] and the captured layers' states float32 [NL, R, D]."""
+    def score(self, slots: CandidateSlots) -> tuple[Sizes, np.ndarray, np.ndarray]:
+        """:meth:`stream`'s, for a candidates' pass over ``slots`` (:class:`ScoreInputs`): padded
+        pairs belong to candidate ``m`` (dropped)."""
+        sizes, mask, common = self._padded(True)
+        record = ScoreInputs(**common, capture=padded(self.capture, sizes.c), layers=self.layers,
+                             owner=padded(slots.owner, sizes.p, fill=sizes.m), final=padded(slots.final, sizes.m))
+        return sizes, pack(record, sizes), mask
 
-    hidden: jax.Array
-    greedy: jax.Array
-    token_lp: jax.Array
-    captured: jax.Array
-
-    def first_greedy(self) -> int:
-        """Greedy's token after the first head row (a prefill chunk's last token)."""
-        return int(np.asarray(self.greedy)[0])
-
-
-def _split(ints: jax.Array, sizes: Sequence[int]) -> list[jax.Array]:
-    out, at = [], 0
-    for size in sizes:
-        out.append(ints[at:at + size])
-        at += size
-    return out
+    def decide(self, slots: CandidateSlots) -> tuple[Sizes, np.ndarray, np.ndarray]:
+        """:meth:`score`'s, for a decision (:class:`DecideInputs`, no captures): padded candidates
+        count one token."""
+        sizes, mask, common = self._padded(True)
+        record = DecideInputs(**common, owner=padded(slots.owner, sizes.p, fill=sizes.m),
+                              final=padded(slots.final, sizes.m), n_tokens=padded(slots.n_tokens, sizes.m, fill=1),
+                              count=len(slots.final))
+        return sizes, pack(record, sizes), mask
 
 
 def _outputs(model: Decoder, x: jax.Array, head: jax.Array, pair_row: jax.Array, pair_target: jax.Array):
@@ -165,16 +145,22 @@ def gather(token_lp: jax.Array, hidden: jax.Array, owner: jax.Array, final_rows:
 
 
 def _source_digest() -> str:
-    """SHA-256 of the modules whose code the programs trace: part of every stored program's name."""
+    """SHA-256 of the modules whose code the programs trace: part of every stored program's name (a
+    decision head's code is named by its kernel's ``repr``, a static argument)."""
     digest = hashlib.sha256()
-    for module in ("jax_programs.py", "jax_model.py", "decision.py"):
+    for module in ("jax_programs.py", "jax_model.py", "records.py"):
         digest.update(Path(__file__).with_name(module).read_bytes())
     return digest.hexdigest()[:16]
 
 
-#: The output structure of each program (the persistent store rebuilds its results from it).
-_EXAMPLES = {"stream": (KV(0, 0), 0, 0, 0, 0), "score": (KV(0, 0), 0, 0, 0), "decide": (KV(0, 0), 0, 0, 0),
-             "rows": (KV(0, 0), 0, 0, 0), "sample": (KV(0, 0), 0), "grow": KV(0, 0)}
+def _example(name: str) -> Any:
+    """The structure of program ``name``'s results (the executable store rebuilds them from it)."""
+    if name == "grow":
+        return KV(0, 0)
+    if name == "sample":
+        return (KV(0, 0), 0)
+    kind = OUTPUTS[name]
+    return (KV(0, 0), kind(*[0] * len(kind._fields)))
 
 
 class Programs:
@@ -190,8 +176,6 @@ class Programs:
         return cls._of[decoder]
 
     def __init__(self, decoder: Decoder):
-        from agent_shell.lm.decision import decision, packed
-
         self.config = decoder.config
         self.dtype = decoder.dtype
         self.device: jax.Device = next(iter(decoder.embed[...].devices()))
@@ -201,41 +185,37 @@ class Programs:
             (repr(self.config) + str(self.dtype) + _source_digest()).encode()).hexdigest()[:16]
         graphdef = self.graphdef
 
-        def candidates_pass(shape, state, kv, ints, mask, capture: bool):
-            t, k, p, c, n_layers, m = shape
-            parts = _split(ints, (t, t, 1, k, p, p) + ((c, n_layers) if capture else ()) + ((p, m) if m else ()))
-            tokens, positions, at, head, pair_row, pair_target = parts[:6]
+        def forward(state, kv, x: StreamInputs | ScoreInputs | DecideInputs, mask, capture):
             model = nnx.merge(graphdef, state)
-            x, kv, captured = model(tokens[None], positions[None], kv, at[0], mask[None],
-                                    capture=parts[6] if capture else None)
-            hidden, greedy, token_lp = _outputs(model, x[0], head, pair_row, pair_target)
-            return model, kv, (hidden, greedy, token_lp), parts, (captured[parts[7]] if capture else None)
+            h, kv, captured = model(x.tokens[None], x.positions[None], kv, x.at, mask[None], capture=capture)
+            return model, kv, _outputs(model, h[0], x.head, x.pair_row, x.pair_target), captured
 
-        def stream(shape, state, kv, ints, mask):
-            _, kv, outs, _, captured = candidates_pass(shape, state, kv, ints, mask, True)
-            return (kv, *outs, captured)
+        def stream(sizes, state, kv, ints, mask):
+            x = unpack(StreamInputs, sizes, ints)
+            _, kv, outs, captured = forward(state, kv, x, mask, x.capture)
+            return kv, StreamOutput(*outs, captured[x.layers])
 
-        def score(shape, state, kv, ints, mask):
-            _, kv, (hidden, _, token_lp), parts, captured = candidates_pass(shape, state, kv, ints, mask, True)
-            return (kv, *gather(token_lp, hidden, parts[8], parts[9]), captured)
+        def score(sizes, state, kv, ints, mask):
+            x = unpack(ScoreInputs, sizes, ints)
+            _, kv, (hidden, _, token_lp), captured = forward(state, kv, x, mask, x.capture)
+            return kv, ScoreOutput(*gather(token_lp, hidden, x.owner, x.final), captured[x.layers])
 
-        def decide(shape, state, kv, ints, mask, concept):
-            _, kv, (hidden, _, token_lp), parts, _ = candidates_pass(shape, state, kv, ints[:-shape.m - 1], mask,
-                                                                    False)
-            log_q, features = gather(token_lp, hidden, parts[6], parts[7])
-            return kv, packed(decision(concept, features, log_q, ints[-shape.m - 1:])), log_q, features
+        def decide(sizes, kernel, state, kv, ints, mask, parameters):
+            x = unpack(DecideInputs, sizes, ints)
+            _, kv, (hidden, _, token_lp), _ = forward(state, kv, x, mask, None)
+            log_q, features = gather(token_lp, hidden, x.owner, x.final)
+            return kv, DecideOutput(pack_decision(kernel(parameters, features, log_q, x.n_tokens, x.count)), log_q,
+                                    features)
 
-        def rows(shape, state, kv, shared, ints):
-            (n_rows, width), k, p, c, n_layers, m = shape
-            ids, shared_len, head, pair_row, pair_target, owner, final, capture, layers = _split(
-                ints, (n_rows * width, 1, k, p, p, p, m, c, n_layers))
+        def rows(sizes, state, kv, shared, ints):
+            x = unpack(RowsInputs, sizes, ints)
+            n_rows, width = x.ids.shape
             model = nnx.merge(graphdef, state)
-            positions = shared_len[0] + jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (n_rows, width))
-            x, kv, captured = model(ids.reshape(n_rows, width), positions, kv, jnp.int32(0),
-                                    jnp.tril(jnp.ones((1, width, width), bool)), shared=shared,
-                                    shared_len=shared_len[0], capture=capture)
-            hidden, _, token_lp = _outputs(model, x.reshape(-1, x.shape[-1]), head, pair_row, pair_target)
-            return (kv, *gather(token_lp, hidden, owner, final), captured[layers])
+            positions = x.shared_len + jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (n_rows, width))
+            h, kv, captured = model(x.ids, positions, kv, jnp.int32(0), jnp.tril(jnp.ones((1, width, width), bool)),
+                                    shared=shared, shared_len=x.shared_len, capture=x.capture)
+            hidden, _, token_lp = _outputs(model, h.reshape(-1, h.shape[-1]), x.head, x.pair_row, x.pair_target)
+            return kv, ScoreOutput(*gather(token_lp, hidden, x.owner, x.final), captured[x.layers])
 
         def sample(state, kv, shared, shared_len, ids, positions, at, key, step, temperature):
             model = nnx.merge(graphdef, state)
@@ -249,12 +229,14 @@ class Programs:
             return KV(jnp.pad(kv.keys, pad), jnp.pad(kv.values, pad))
 
         self._jitted = {name: jax.jit(fn, static_argnums=0, donate_argnums=2)
-                        for name, fn in (("stream", stream), ("score", score), ("decide", decide), ("rows", rows))}
-        self._jitted.update(sample=jax.jit(sample, donate_argnums=1), grow=jax.jit(grow))
+                        for name, fn in (("stream", stream), ("score", score), ("rows", rows))}
+        self._jitted.update(decide=jax.jit(decide, static_argnums=(0, 1), donate_argnums=3),
+                            sample=jax.jit(sample, donate_argnums=1), grow=jax.jit(grow))
 
-    def run(self, name: str, shape: Shape | tuple[()], *args: Operand) -> Results:
-        """Program ``name`` of static ``shape`` (``()`` for ``sample`` and ``grow``) on ``args`` (after
-        the state), recording its shapes; through the executable store when one is enabled.
+    def run(self, name: str, static: tuple, *args: Operand) -> Results:
+        """Program ``name`` with its ``static`` arguments (``(sizes,)``; ``(sizes, kernel)`` for
+        ``decide``; ``()`` for ``sample`` and ``grow``) on ``args`` (after the state), recording its
+        shapes; through the executable store when one is enabled.
 
         Raises:
             agent_shell.lm.protocol.BackboneFault: the pass cannot be traced for these weights
@@ -262,72 +244,38 @@ class Programs:
         """
         from cb_core.cache import call_compiled
 
-        static = (shape,) if shape else ()
         shapes = tuple((tuple(np.shape(a)), str(getattr(a, "dtype", ""))) for a in jax.tree.leaves(args))
-        key = (name, shape, shapes)
+        key = (name, static[0] if static else (), shapes)
         self.compiled[key] = self.compiled.get(key, 0) + 1
         try:
             return call_compiled(f"{self._name}-{name}", self._jitted[name], static, (self.state, *args),
-                                 _EXAMPLES[name])
+                                 _example(name))
         except (TypeError, ValueError, IndexError) as err:  # raised while tracing: the same shapes fail again
             raise BackboneFault.of(err, f"the JAX decoder's {name} pass") from err
         except RuntimeError as err:  # XLA's RESOURCE_EXHAUSTED: this context is too large for the memory
             if not is_out_of_memory(err):
                 raise
-            raise pass_fault(err, f"the JAX decoder's {name} pass", _context_tokens(name, shape, args)) from err
+            raise pass_fault(err, f"the JAX decoder's {name} pass", _context_tokens(name, static, args)) from err
 
-    def concept(self, concept: Concept, width: int) -> jax.Array:
-        """:func:`agent_shell.lm.decision.concept_vector` on this decoder's device.
+    def parameters(self, decision_head: DecisionHead, width: int) -> Any:
+        """``decision_head``'s parameters on this decoder's device.
 
         Raises:
-            ValueError: ``width`` differs from the concept's d.
+            ValueError: ``width`` differs from the head's.
         """
-        from agent_shell.lm.decision import concept_vector
+        from agent_shell.lm.decision import check_width
 
-        return concept_vector(concept, width, self.device)
+        check_width(decision_head, width)
+        return decision_head.parameters(self.device)
 
 
-def _context_tokens(name: str, shape: Shape | tuple[()], args: tuple) -> int | None:
+def _context_tokens(name: str, static: tuple, args: tuple) -> int | None:
     """The context a stream, score or decide pass was asked to hold: its last token's position + 1
-    (the positions follow the tokens in its int32 inputs, :meth:`Pass.arrays`); None for another pass."""
-    ints = args[1] if name in ("stream", "score", "decide") and len(args) > 1 else None
-    if not isinstance(shape, Shape) or not isinstance(ints, np.ndarray) or ints.size < 2 * shape.t:
+    (read from its named inputs); None for another pass."""
+    kinds = {"stream": StreamInputs, "score": ScoreInputs, "decide": DecideInputs}
+    if name not in kinds or not static or len(args) < 2 or not isinstance(args[1], np.ndarray):
         return None
-    return int(ints[shape.t:2 * shape.t].max()) + 1
+    return int(np.max(unpack(kinds[name], static[0], args[1]).positions)) + 1
 
 
-@contextlib.contextmanager
-def host_fetches() -> Iterator[list[tuple[int, ...]]]:
-    """Count the JAX arrays whose values reach the host while the context is open: a list that
-    grows by the shape of each one (a diagnostic for measurements and tests, not for runs).
-
-    Counted: every first read of an array's value (``int``, ``float``, ``.tolist()``,
-    ``jax.device_get``, ...) and every ``np.asarray`` / ``np.array`` of a JAX array (on a CPU
-    NumPy reads those through the buffer protocol, below any Python hook). Not thread-safe:
-    it patches ``jax.Array``'s value and NumPy's two constructors for the duration.
-    """
-    from jax._src.array import ArrayImpl
-
-    seen: list[tuple[int, ...]] = []
-    value, asarray, array = ArrayImpl._value, np.asarray, np.array
-
-    def read(self):
-        if self._npy_value is None:
-            seen.append(tuple(self.shape))
-        return value.fget(self)
-
-    def converting(make):
-        def convert(obj, *args, **kwargs):
-            if isinstance(obj, jax.Array):
-                seen.append(tuple(obj.shape))
-            return make(obj, *args, **kwargs)
-        return convert
-
-    ArrayImpl._value, np.asarray, np.array = property(read), converting(asarray), converting(array)
-    try:
-        yield seen
-    finally:
-        ArrayImpl._value, np.asarray, np.array = value, asarray, array
-
-
-__all__ = ["Operand", "Pass", "PassOutput", "Programs", "Results", "Shape", "gather", "host_fetches"]
+__all__ = ["CandidateSlots", "Operand", "Pass", "Programs", "Results", "gather"]

@@ -35,7 +35,7 @@ PREFILL_CHUNK = 2048
 CacheT = TypeVar("CacheT")
 #: What a snapshot of such a cache keeps (its keys and values, never copied).
 SavedT = TypeVar("SavedT")
-#: A pass's output (a transformers model output, :class:`agent_shell.lm.jax_programs.PassOutput`).
+#: A pass's output (a transformers model output, :class:`agent_shell.lm.records.StreamOutput`).
 OutputT = TypeVar("OutputT")
 #: A backend's causal pass over a chunk of tokens into a cache, as its :class:`CacheOps` calls it.
 Forward = Callable[..., OutputT]
@@ -44,7 +44,13 @@ Forward = Callable[..., OutputT]
 @runtime_checkable
 class CacheOps(Protocol[CacheT, SavedT, OutputT]):
     """What :class:`PrefixCache` needs of one kind of KV cache: the bookkeeping of which tokens a
-    cache holds, which prefix to reuse and which heads to pin is the same for every kind."""
+    cache holds, which prefix to reuse and which heads to pin is the same for every kind.
+
+    Attributes:
+        chunk: the most new tokens one pass encodes (a prefill chunk).
+    """
+
+    chunk: int
 
     def new(self) -> CacheT:
         """An empty batch-1 cache."""
@@ -129,7 +135,7 @@ class PrefixCache(Generic[CacheT, SavedT, OutputT]):
         self.reuse = reuse
         self.heads: HeadStore[SavedT] = heads if heads is not None else HeadStore()
         self.ids: tuple[int, ...] = ()
-        self.cache: CacheTT | None = None
+        self.cache: CacheT | None = None
         #: tokens encoded by :meth:`prefill` so far (what prefix reuse saves shows here)
         self.encoded_tokens = 0
 
@@ -179,13 +185,13 @@ class PrefixCache(Generic[CacheT, SavedT, OutputT]):
     def encode(self, cache: CacheT, ids: Sequence[int], start: int, forward: Forward[OutputT],
                stop: int | None = None) -> OutputT | None:
         """Encode ``ids[start:stop]`` (default: to the end) into ``cache`` (which holds ``ids[:start]``)
-        in chunks of at most :data:`PREFILL_CHUNK` tokens; returns the last chunk's model output
+        in chunks of at most ``ops.chunk`` tokens (:data:`PREFILL_CHUNK` for transformers' caches); returns the last chunk's model output
         (its logits at the chunk's last token), or None when there was nothing to encode."""
         stop = len(ids) if stop is None else stop
         self.encoded_tokens += max(stop - start, 0)
         out = None
-        for lo in range(start, stop, PREFILL_CHUNK):
-            out = self.ops.encode(forward, cache, ids[lo:min(lo + PREFILL_CHUNK, stop)], lo)
+        for lo in range(start, stop, self.ops.chunk):
+            out = self.ops.encode(forward, cache, ids[lo:min(lo + self.ops.chunk, stop)], lo)
         return out
 
     def prefill(self, ids: Sequence[int], forward: Forward[OutputT]) -> CacheT:

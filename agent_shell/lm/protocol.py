@@ -3,26 +3,26 @@
 CB-Agent needs three numbers per candidate action ``a`` in a text context ``x`` (seed App. B):
 the summed log-probability of ``a``'s tokens given ``x`` (log Q(a|x)), their count L(a), and the
 last-layer hidden state at ``a``'s final token. ReAct routing, thoughts and open action spaces
-need free generation.
-
-A decision under a concept (Eq. 3, Eq. 7) is the protocol's too (:meth:`LanguageModel.decide`):
-a backend with a device of its own scores the candidates and decides there, fetching to the host
-only what the results record, after the argmax; any other backend inherits the host decision
-by subclassing :class:`LanguageModel`. The text between a context and a candidate (the *action prefix*, e.g.
-the transcript's ``"\\n> "``) belongs to the caller's layout (:func:`agent_shell.context.action_prefix`),
+need free generation. The text between a context and a candidate (the *action prefix*, e.g. the
+transcript's ``"\\n> "``) belongs to the caller's layout (:func:`agent_shell.context.action_prefix`),
 so :meth:`LanguageModel.score` takes it as an argument.
 
-Must not import the agents or the environments.
+A decision (Eq. 3, Eq. 7) is a *head* handed to the backend (:class:`DecisionHead`): a traceable
+kernel over a candidate set's padded scores (the pass's hidden states and log-probabilities) with
+its parameters, which a backend with a device of its own runs inside its scoring program (a method
+``decide(context, candidates, action_prefix, head)``: one fetch to the host, after the argmax). The
+protocol says nothing of what the head computes: a concept (:attr:`cb_core.Concept.head`) is one.
+Any other backend needs nothing but :class:`LanguageModel`'s members, implemented structurally
+(no base class): :func:`agent_shell.lm.decision.decide` takes the host decision on its scores.
+
+Imports nothing of cb_core; must not import the agents or the environments.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, Union, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, Union, runtime_checkable
 
 from agent_shell.lm.scores import CandidateScores, Decided, DeviceScores
-
-if TYPE_CHECKING:
-    from cb_core import Concept
 
 #: A context or prompt: one text, or chat messages (``{"role": ..., "content": ...}`` dicts, roles
 #: system / user / assistant) that a backend lays out with its chat template and a generation
@@ -31,13 +31,60 @@ if TYPE_CHECKING:
 Context = Union[str, Sequence[Mapping[str, str]]]
 
 
+class HeadOutput(Protocol):
+    """What a head's kernel returns over one padded candidate set of M_pad slots (a pytree of arrays,
+    traced): ``log_p``, ``prior`` and ``concept_term`` float32 [M_pad] (what the results record),
+    ``chosen`` int32 [] (the argmax over the real candidates) and ``finite`` bool [] (False: an input
+    was not finite; the terms are then meaningless)."""
+
+    log_p: Any
+    prior: Any
+    concept_term: Any
+    chosen: Any
+    finite: Any
+
+
+@runtime_checkable
+class DecisionHead(Protocol):
+    """What a fused decision needs: a traceable head over a scoring pass's outputs, with its
+    parameters on the backend's device.
+
+    Attributes:
+        width: d, the width of the hidden states it reads.
+        kernel: ``kernel(parameters, hidden, log_q, n_tokens, count) -> HeadOutput``, traceable:
+            ``hidden`` float32 [M_pad, d] (the LM head's input at each candidate's final action
+            token), ``log_q`` float32 [M_pad] (nats), ``n_tokens`` int32 [M_pad] (1 in padded
+            slots), ``count`` int32 [] (M, the real candidates first). A static argument of the
+            backend's compiled program: hashable, equal for every head that computes alike, and
+            with a ``repr`` that names its code (a stored program's name holds it).
+    """
+
+    width: int
+    kernel: Any
+
+    def parameters(self, device: Any = None) -> Any:
+        """The kernel's parameters as a pytree of arrays on ``device`` (a JAX device; None: JAX's
+        default), put there once."""
+        ...
+
+    def check(self, hidden: Any, log_q: Any, n_tokens: Any) -> None:
+        """The host's checks of one candidate set's unpadded scores ([M, d], [M], [M]), made when
+        the kernel reported a non-finite input.
+
+        Raises:
+            ValueError: naming the candidate at fault.
+        """
+        ...
+
+
 @runtime_checkable
 class LanguageModel(Protocol):
-    """A frozen language model that scores candidate sets, decides among them and generates text.
+    """A frozen language model that scores candidate sets and generates text.
 
-    A backend implements :meth:`score`, :meth:`generate` and :meth:`fork`; :meth:`decide` is
-    inherited by subclassing this class (the host decision) unless the backend decides on a device
-    of its own (the PyTorch and JAX backends)."""
+    A backend implements these members (structurally: no base class is needed). A backend that
+    decides on a device of its own also has ``decide(context, candidates, action_prefix, head) ->
+    Decided`` (the PyTorch and JAX backends); :func:`agent_shell.lm.decision.decide` calls it, or
+    takes the host decision on :meth:`score`'s numbers."""
 
     name: str  # identifies the backbone in concept metadata
     hidden_size: int  # d
@@ -51,21 +98,6 @@ class LanguageModel(Protocol):
                 than the model's window.
         """
         ...
-
-    def decide(self, context: Context, candidates: Sequence[str], action_prefix: str, concept: Concept) -> Decided:
-        """The decision among ``candidates`` under ``concept`` (seed Eq. 3 and Eq. 7, phi = the
-        hidden states of :meth:`score`): log P, the prior and concept terms and their argmax,
-        computed where the scores are (on the backend's device: one fetch to the host, after the
-        argmax, of what the results record). This body scores on the host and decides with the
-        concept's kernel (:func:`agent_shell.lm.decision.decide_scores`).
-
-        Raises:
-            ValueError: what :meth:`score` raises; features whose width differs from the concept's
-                d; non-finite scores (naming the candidate).
-        """
-        from agent_shell.lm.decision import decide_scores
-
-        return decide_scores(concept, DeviceScores.padded(self.score(context, candidates, action_prefix)))
 
     def generate(
         self,
@@ -135,6 +167,12 @@ def check_candidates(candidates: Sequence[str]) -> list[str]:
     return actions
 
 
+def dtype_text(dtype: object) -> str:
+    """A torch, JAX or numpy dtype (or its spelling) as one plain name: ``"float32"``, ``"bfloat16"``
+    (what cache keys, concept metadata and results record, whichever backend computed)."""
+    return str(dtype).lower().removeprefix("torch.")
+
+
 def backbone_dtype(lm: LanguageModel) -> str:
     """The backbone's compute dtype as text ("" when the backend does not say)."""
-    return str(getattr(lm, "dtype", "")).removeprefix("torch.")
+    return dtype_text(getattr(lm, "dtype", ""))

@@ -40,7 +40,7 @@ class CandidateScores:
 @dataclass(frozen=True)
 class DeviceScores:
     """A candidate set's scores where the decision kernel reads them, padded to M_pad slots
-    (:func:`cb_core.decisions.bucket_size` of M, so one program serves every set of a size bucket)
+    (:func:`agent_shell.lm.buckets.slots` of M, so one program serves every set of a size bucket)
     of which the first ``count`` are the candidates.
 
     Attributes:
@@ -57,13 +57,14 @@ class DeviceScores:
     count: int
 
     @classmethod
-    def padded(cls, scores: CandidateScores, hidden: np.ndarray | None = None) -> "DeviceScores":
-        """Host ``scores`` padded (``hidden``: features to decide on in the place of the hidden states)."""
-        from cb_core.decisions import bucket_size
+    def from_host(cls, scores: CandidateScores, hidden: np.ndarray | None = None) -> "DeviceScores":
+        """Host ``scores`` in :func:`agent_shell.lm.buckets.slots` slots (``hidden``: features to decide
+        on in the place of the hidden states)."""
+        from agent_shell.lm.buckets import slots
 
         features = np.asarray(scores.hidden if hidden is None else hidden, np.float32)
         m = int(features.shape[0])
-        m_pad = bucket_size(m)
+        m_pad = slots(m)
         log_q, n_tokens = np.zeros(m_pad, np.float32), np.ones(m_pad, np.int32)
         log_q[:m], n_tokens[:m] = scores.log_q, scores.n_tokens
         wide = np.zeros((m_pad, features.shape[1]), np.float32)
@@ -79,7 +80,7 @@ class DeviceScores:
 
 @dataclass(frozen=True)
 class Decided:
-    """A candidate set decided under a concept (:meth:`LanguageModel.decide`), as fetched to the host.
+    """A candidate set decided under a concept (:func:`agent_shell.lm.decision.decide`), as fetched to the host.
 
     Attributes:
         chosen: the argmax of ``log_p`` (Eq. 7; the lowest index on ties).

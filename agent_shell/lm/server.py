@@ -19,7 +19,7 @@ import uuid
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from agent_shell.lm.protocol import CandidateScores, Context, LanguageModel
+from agent_shell.lm.protocol import CandidateScores, Context
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -139,11 +139,10 @@ class LMServer:
         return self.lm.pin_prefix(head)
 
 
-class RemoteLM(LanguageModel):
+class RemoteLM:
     """A :class:`LanguageModel` whose calls go to an :class:`LMServer` actor (one stream per view).
     The server batches the streams' ``score`` calls into shared passes and returns each one's
-    scores, so a decision is the protocol's host decision on them
-    (:meth:`agent_shell.lm.protocol.LanguageModel.decide`, inherited).
+    scores, so a decision is the host decision on them (:func:`agent_shell.lm.decision.decide`).
 
     Args:
         server: the actor handle (picklable: pass it to env workers).

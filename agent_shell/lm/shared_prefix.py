@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
+from agent_shell.lm.model_config import ARCHITECTURES
 from agent_shell.lm.torch_kv import new_cache, truncatable
 
 if TYPE_CHECKING:
@@ -36,8 +37,9 @@ ATTENTION = "cb_shared_prefix"
 
 #: Architectures whose every layer is full causal attention of the standard form (rotary
 #: positions applied before the cache, no soft-capping, no sinks, no sliding window when
-#: ``use_sliding_window`` is off).
-SUPPORTED = frozenset({"llama", "qwen2", "qwen3"})
+#: ``use_sliding_window`` is off): the decoder families of
+#: :data:`agent_shell.lm.model_config.ARCHITECTURES`, the one family list.
+SUPPORTED = frozenset(ARCHITECTURES)
 
 
 def supports(model: PreTrainedModel) -> bool:

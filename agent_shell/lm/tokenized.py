@@ -13,18 +13,21 @@ Must not import the agents, the environments, torch or JAX.
 
 from __future__ import annotations
 
+import copy
+import os
 from typing import TYPE_CHECKING, Any, Sequence
 
+import numpy as np
+
 from agent_shell.lm.formatting import PLAIN, Formatter
-from agent_shell.lm.layout import cached_length
-from agent_shell.lm.protocol import Context, ContextWindowFull, Decided, DeviceScores, LanguageModel, check_candidates
+from agent_shell.lm.kv_cache import CacheOps, HeadStore, PrefixCache
+from agent_shell.lm.layout import CANDIDATE_LAYOUTS, cached_length
+from agent_shell.lm.protocol import (Context, ContextWindowFull, Decided, DecisionHead, DeviceScores, check_candidates,
+                                     dtype_text)
 from agent_shell.lm.tokenization import Markers, Tokenization, TokenizedContinuation
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-    from agent_shell.lm.kv_cache import PrefixCache
-    from cb_core import Concept
 
 #: The pools of inner-layer features (:meth:`TokenizedBackend.check_layers`).
 POOLS = ("last", "mean")
@@ -34,10 +37,26 @@ POOLS = ("last", "mean")
 MAX_WINDOW = 10**7
 
 
-class TokenizedBackend(LanguageModel):
+def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
+    """The HuggingFace tokenizer of a model folder (or cached hub name).
+
+    Raises:
+        FileNotFoundError: none can be loaded from ``path`` (one line saying why).
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except OSError as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise FileNotFoundError(f"cannot load a tokenizer from {str(path)!r}: {reason}") from err
+
+
+class TokenizedBackend:
     """Rendering, tokenization and the checks made before a pass, for a backend with a HuggingFace
-    tokenizer, and the decision on its device (:meth:`decide`). A subclass calls :meth:`_set_text`
-    in its constructor and implements :meth:`score_on_device`.
+    tokenizer, its prefix cache's bookkeeping, its views (:meth:`fork`) and the decision on its
+    device (:meth:`decide`). A subclass calls :meth:`_set_text` and :meth:`_set_options` in its
+    constructor and implements :meth:`cache_ops`, ``_forward`` and :meth:`score_on_device`.
 
     Attributes:
         name: the backbone's name (concept metadata, error messages).
@@ -45,6 +64,7 @@ class TokenizedBackend(LanguageModel):
         formatter: renders contexts and prompts (:class:`agent_shell.lm.formatting.Formatter`).
         tokens: token ids and the context/action boundary (:class:`agent_shell.lm.tokenization.Tokenization`).
         max_context_tokens: the window (tokens).
+        candidate_layout, reuse_cache, draft_tokens: the options of :meth:`_set_options`.
     """
 
     name: str
@@ -54,6 +74,7 @@ class TokenizedBackend(LanguageModel):
     formatter: Formatter
     tokens: Tokenization
     max_context_tokens: int
+    dtype: Any  # the weights' dtype (a torch or JAX dtype)
 
     def _set_text(self, tokenizer: PreTrainedTokenizerBase, name: str, window: int | None) -> None:
         """Set the tokenizer, the name and the window: ``window`` (the caller's, else the model
@@ -71,10 +92,74 @@ class TokenizedBackend(LanguageModel):
         self.formatter = Formatter(tokenizer, name)
         self.tokens = Tokenization(tokenizer)
 
+    def _set_options(self, candidate_layout: str, reuse_cache: bool, max_heads: int, draft_tokens: int) -> None:
+        """Set the candidates' layout, the prefix cache (a new head store of ``max_heads``) and the
+        greedy drafts' length.
+
+        Raises:
+            ValueError: an unknown candidate layout, or negative ``draft_tokens``.
+        """
+        if candidate_layout not in CANDIDATE_LAYOUTS:
+            raise ValueError(f"candidate_layout={candidate_layout!r} is not one of {CANDIDATE_LAYOUTS}")
+        if draft_tokens < 0:
+            raise ValueError(f"draft_tokens={draft_tokens} is negative")
+        self.candidate_layout = candidate_layout
+        self.reuse_cache = reuse_cache
+        self.draft_tokens = int(draft_tokens)
+        self.cache = PrefixCache(self.cache_ops(), reuse_cache, HeadStore(max_heads))
+
+    def cache_ops(self) -> CacheOps:
+        """The operations of this backend's kind of KV cache (a new instance per view)."""
+        raise NotImplementedError
+
+    def fork(self) -> "TokenizedBackend":
+        """A view of the same weights and tokenizer with its own, empty prefix KV cache (the pinned
+        heads are shared).
+
+        CB-Agent alternates routing prompts (demonstrations first) and scoring contexts (task
+        first), which share no prefix, so one cache would be re-encoded from scratch at every
+        call; a fork per stream keeps each stream's prefix.
+        """
+        twin = copy.copy(self)
+        twin.cache = PrefixCache(twin.cache_ops(), self.reuse_cache, self.cache.heads)
+        return twin
+
+    def start_context(self, ids: Sequence[int], s: int) -> tuple[Any, int]:
+        """The stream's cache ready for a pass whose leading tokens are the context's uncached ones
+        (``ids[lo:s]``, at most a chunk of the cache's, :attr:`~agent_shell.lm.kv_cache.CacheOps.chunk`;
+        any excess encoded first): (the cache, holding ``ids[:lo]``, and ``lo``)."""
+        cache, start = self.cache.start(ids[:s])
+        lo = max(start, s - self.cache.ops.chunk)
+        self.cache.encode(cache, ids, start, self._forward, stop=lo)
+        self.cache.encoded_tokens += s - lo
+        return cache, lo
+
+    def keep_context(self, cache: Any, ids: Sequence[int], s: int) -> None:
+        """After a pass of :meth:`start_context`: the context's ``s`` tokens stay in ``cache``, the
+        candidates go, and the stream keeps it when it can."""
+        self.cache.ops.cut(cache, s)
+        if s and self.cache.reusable(cache):
+            self.cache.keep(cache, ids[:s])
+
+    def candidate_states(self, context: Context, candidates: Sequence[str], action_prefix: str, layer: int,
+                         pool: str = "last") -> np.ndarray:
+        """An inner layer's states at the candidates' action tokens, float32 [M, hidden_size].
+
+        ``layer``: 0 = the token embeddings, K = 1..L the output of decoder layer K (before the
+        final norm), negative K counts from the end (-1 = layer L). ``pool``: ``"last"`` = the
+        state at the final action token, ``"mean"`` = the mean over the action's tokens (the
+        same tokens ``score`` counts). Taken from the scoring pass itself (``score_with_layers``;
+        feature block ``lm-layer:K``, :mod:`agent_shell.features`).
+
+        Raises:
+            ValueError: a layer outside [-L, L], an unknown pool, or what ``score`` raises.
+        """
+        return self.score_with_layers(context, candidates, action_prefix, [(layer, pool)]).layers[(layer, pool)]
+
     @property
     def dtype_name(self) -> str:
         """The weights' dtype as a plain name (``"float32"``, ``"bfloat16"``)."""
-        raise NotImplementedError
+        return dtype_text(self.dtype)
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -109,13 +194,15 @@ class TokenizedBackend(LanguageModel):
         """:meth:`score`'s log q and hidden states on the backend's device, padded, as JAX arrays."""
         raise NotImplementedError
 
-    def decide(self, context: Context, candidates: Sequence[str], action_prefix: str, concept: Concept) -> Decided:
-        """:meth:`agent_shell.lm.protocol.LanguageModel.decide` on the backend's device: the scores of
-        :meth:`score_on_device` (nothing fetched), then the decision kernel where they lie
-        (:func:`agent_shell.lm.decision.decide_scores`: one array fetched, after the argmax)."""
+    def decide(self, context: Context, candidates: Sequence[str], action_prefix: str,
+               decision_head: DecisionHead) -> Decided:
+        """The decision under ``decision_head`` (:func:`agent_shell.lm.decision.decide`) on the
+        backend's device: the scores of :meth:`score_on_device` (nothing fetched), then the head's
+        kernel where they lie (:func:`agent_shell.lm.decision.decide_scores`: one array fetched,
+        after the argmax)."""
         from agent_shell.lm.decision import decide_scores
 
-        return decide_scores(concept, self.score_on_device(context, candidates, action_prefix))
+        return decide_scores(decision_head, self.score_on_device(context, candidates, action_prefix))
 
     def reset_cache(self) -> None:
         """Forget the stored prefix cache (e.g. at the start of an unrelated episode)."""
@@ -201,4 +288,4 @@ class TokenizedBackend(LanguageModel):
         return out
 
 
-__all__ = ["MAX_WINDOW", "POOLS", "TokenizedBackend"]
+__all__ = ["MAX_WINDOW", "POOLS", "TokenizedBackend", "load_tokenizer"]

@@ -77,6 +77,8 @@ class TransformersKV:
     """:class:`agent_shell.lm.kv_cache.CacheOps` of transformers' caches (``CacheOps[Cache, Snapshot,
     CausalLMOutputWithPast]``), for ``model`` on ``device``."""
 
+    chunk = kv_cache.PREFILL_CHUNK
+
     def __init__(self, model: PreTrainedModel, device: torch.device):
         self.model = model
         self.device = device

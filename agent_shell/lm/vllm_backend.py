@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from agent_shell.lm.formatting import PLAIN, Formatter
-from agent_shell.lm.protocol import CandidateScores, Context, ContextWindowFull, LanguageModel, check_candidates
+from agent_shell.lm.protocol import CandidateScores, Context, ContextWindowFull, check_candidates
 from agent_shell.lm.tokenization import Tokenization
 
 if TYPE_CHECKING:
@@ -52,10 +52,10 @@ INSTALL_HINT = ("the vllm backend needs vLLM and a CUDA GPU: pip install 'cb-age
                 "(see docs/gpu.md); this backend is unverified")
 
 
-class VLLMLanguageModel(LanguageModel):
-    """A frozen LM served by vLLM: prompt log-probabilities for log Q, LAST pooling for the hidden state.
-    vLLM returns both to the host, so a decision is the protocol's host decision
-    (:meth:`agent_shell.lm.protocol.LanguageModel.decide`, inherited).
+class VLLMLanguageModel:
+    """A frozen LM served by vLLM (a :class:`~agent_shell.lm.protocol.LanguageModel`): prompt
+    log-probabilities for log Q, LAST pooling for the hidden state. vLLM returns both to the host,
+    so a decision is the host decision on them (:func:`agent_shell.lm.decision.decide`).
 
     Args:
         generator: a ``vllm.LLM`` (generation runner, prefix caching on).

@@ -1,7 +1,7 @@
 """Small deterministic test doubles for the agent tests: a language model and an environment.
 
-* :class:`FakeLM` implements the LanguageModel protocol (its decisions: the protocol's host
-  decision). ``score`` derives log q and hidden
+* :class:`FakeLM` implements the LanguageModel protocol structurally, with no base class (its
+  decisions: the host decision, :func:`agent_shell.lm.decision.decide`). ``score`` derives log q and hidden
   states from a hash of (context, candidate), so equal inputs give equal numbers; ``generate``
   replays a script of replies (or calls a function of the prompt) and records every prompt.
 * :class:`ScriptedEnv` implements the Environment protocol: each task is won by playing its
@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from agent_shell.lm.protocol import CandidateScores, LanguageModel
+from agent_shell.lm.protocol import CandidateScores
 from cb_io.records import StepResult, TaskStart
 
 
@@ -32,7 +32,7 @@ def _text(context) -> str:
     return context if isinstance(context, str) else json.dumps(list(context), sort_keys=True)
 
 
-class FakeLM(LanguageModel):
+class FakeLM:
     """Hash-based scores; scripted replies.
 
     Args:

@@ -117,6 +117,23 @@ def test_cb_agent_uses_the_concept_of_the_task_type():
         play(agent, task="b/1", max_steps=1)
 
 
+def test_a_backend_with_no_base_class_plays_an_episode_under_a_concept():
+    """The LM protocol is structural: the test double subclasses nothing and has no ``decide`` (it
+    passes the runtime protocol check all the same); a CB-Agent over it plays a three-step episode
+    under a concept, each step the argmax of the concept's log P on the double's own scores."""
+    from agent_shell.lm import LanguageModel
+
+    lm = FakeLM([" act"])
+    assert FakeLM.__mro__ == (FakeLM, object) and not hasattr(lm, "decide") and isinstance(lm, LanguageModel)
+    alpha = np.random.default_rng(4).normal(0, 1.0, lm.hidden_size + 1).astype(np.float32)
+    concept = cb_core.Concept(alpha, 0.8, 1e-6)
+    env, ep, log, _ = play(CBAgent(lm, DEMOS, concepts={"fetch": concept}), max_steps=3)
+    assert len(env.engine_actions) == 3 and len(log.decisions) == 3
+    for (context, candidates), action in zip(lm.score_calls, env.engine_actions):
+        s = lm.score(context, candidates, "\n> ")
+        assert action == candidates[int(np.argmax(concept.terms(s.hidden, s.log_q, s.n_tokens).log_p))]
+
+
 def test_cb_agent_records_the_prior_and_concept_terms_of_every_candidate():
     """The recorded terms by hand (seed Eq. 3, App. B): the prior is log q / L^gamma normalised over
     the set; the concept term alpha . phi with phi the hidden states standardised over the set (std

@@ -51,7 +51,7 @@ def test_scored_decision_terms_are_eq3_with_the_concepts_gamma_and_eps():
         scored.terms(cb_core.Concept(np.zeros(4, np.float32), 0.8, 1e-6))
 
 
-def test_one_decision_runs_one_kernel_and_fetches_one_array(monkeypatch):
+def test_one_decision_runs_one_kernel_and_fetches_one_array(monkeypatch, host_fetches):
     """A CB-Agent decision under a concept: one compiled call (cb_core's decision kernel and the
     packing of its record) gives log P, the prior and the concept term, no other cb_core kernel
     or host validation runs, and one array comes back to the host. The action is the argmax of
@@ -66,7 +66,6 @@ def test_one_decision_runs_one_kernel_and_fetches_one_array(monkeypatch):
     from agent_doubles import ScriptedEnv
     from agent_shell.agents import CBAgent, View
     from agent_shell.lm import decision as decision_module
-    from agent_shell.lm.jax_backend import host_fetches
     from envs.episode import Episode
 
     lm = FakeLM(hidden_size=6)
@@ -86,12 +85,13 @@ def test_one_decision_runs_one_kernel_and_fetches_one_array(monkeypatch):
     for name in ("_k_log_probs", "_k_prior", "_k_features", "to_padded"):
         counted(model_module, name)
     counted(decisions_module, "validate_decisions")
-    counted(decision_module, "_program", lambda original, count: lambda: (lambda *a: (count(), original()(*a))[1]))
+    counted(decision_module, "_program",
+            lambda original, count: lambda kernel: (lambda *a: (count(), original(kernel)(*a))[1]))
     with host_fetches() as fetched:
         decision = agent.next_action(view)
         jax.effects_barrier()
     assert calls == {"_program": 1}
-    assert len(fetched) == 1 and fetched[0] == (3 * 8 + 2,)  # the packed record of M_pad = 8 slots
+    assert len(fetched) == 1 and fetched[0] == (3 * 16 + 2,)  # the packed record of M_pad = 16 slots (the least)
     assert decision.kind == "env" and decision.chosen == int(np.argmax(decision.log_probs))
     assert decision.concept_term is not None and len(decision.prior) == len(decision.candidates)
     scores = lm.score(agent.scoring_context(view), decision.candidates, "\n> ")

@@ -51,6 +51,7 @@ NOT_IN_THE_DEFAULT_SUITE = {
     "compile_cache": "test_compile_cache_tiny (slow marker: fresh processes that import JAX and compile)",
     "jax_programs": "test_jax_programs_tiny (slow marker: two fresh processes that load both backends and a game)",
     "host_share": "test_host_share_tiny (slow marker: four fresh processes loading torch, JAX and a model)",
+    "episode_compiles": "test_episode_compiles_tiny (slow marker: two fresh processes compiling the JAX programs)",
     "gpu_check": "tests/lm/test_gpu_check.py (slow marker: --quick on the CPU)",
     "explorer_open": "tests/agents/test_view_browser.py (slow marker: headless Chromium)",
     "cold_cached_scores": "by hand (the default backbone in four backend x dtype legs, minutes on a CPU); its "
@@ -426,6 +427,22 @@ def test_jax_programs_tiny(tmp_path):
     assert data["programs"] >= data["episode_programs"] >= 3 and data["second_within_first"]
     assert first["per_step"][-1]["stored"] == data["programs"]  # each program compiled once, and stored
     assert data["compiled_by_second_process"] == 0
+
+
+@pytest.mark.slow
+def test_episode_compiles_tiny(tmp_path):
+    """This checkout against itself, two 3-step episodes: the figures count compiles per episode and
+    the padded work per step, both legs take the same actions and the work ratio of equal code is 1;
+    every step's work is that of at least one pass (a token through the backbone's layers)."""
+    module = load("episode_compiles")
+    out = tmp_path / "compiles.json"
+    assert module.main(["--steps", "3", "--base", str(ROOT), "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["same_actions"] and data["work_ratio"] == 1.0
+    for leg in ("this", "base"):
+        row = data[leg]
+        assert row["compiled_first_episode"] >= 1 and row["compiled_second_episode"] >= 0
+        assert row["work_per_step"] >= module.TOKEN_MACS and len(row["actions"]) == 6
 
 
 @pytest.mark.slow

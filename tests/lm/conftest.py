@@ -69,7 +69,7 @@ def passes(lm: Any) -> list[int]:
         lm._forward = lambda input_ids, cache, **kw: counted.append(input_ids.shape[1]) or inner(input_ids, cache, **kw)
     else:
         inner = lm._run
-        lm._run = lambda cache, p: counted.append(len(p.tokens)) or inner(cache, p)
+        lm._run = lambda cache, p, *args, **kw: counted.append(len(p.tokens)) or inner(cache, p, *args, **kw)
     return counted
 
 

@@ -109,13 +109,11 @@ def random_concept(d: int, seed: int):
     return cb_core.Concept(np.random.default_rng(seed).normal(0, 0.3, d + 1).astype(np.float32), 0.8, 1e-6, {})
 
 
-def test_a_decision_on_the_device_equals_the_hosts_and_fetches_nothing_before_the_argmax(jax32):
+def test_a_decision_on_the_device_equals_the_hosts_and_fetches_nothing_before_the_argmax(jax32, host_fetches):
     """score_on_device + Concept.decide against score + Concept.terms (the host path, float64
     sums), on contexts with and without a cached prefix; between the LM pass and the argmax not
     one array reaches the host."""
     import jax
-
-    from agent_shell.lm.jax_backend import host_fetches
 
     lm = jax32.fork()
     for k, n_steps in enumerate((0, 2, 3, 6)):

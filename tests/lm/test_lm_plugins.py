@@ -46,12 +46,12 @@ def test_unknown_broken_and_non_lm_backends_fail_with_one_clear_line(site):
         load_language_model("notlm:")
 
 
-UNDECIDED = '''
+STRUCTURAL = '''
 import numpy as np
-from agent_shell.lm.protocol import CandidateScores, LanguageModel
+from agent_shell.lm.protocol import CandidateScores
 
 class Scores:
-    name, hidden_size = "undecided", 2
+    name, hidden_size = "structural", 2
     def score(self, context, candidates, action_prefix):
         return CandidateScores(np.array([-1.0, -3.0][:len(candidates)], np.float32),
                                np.ones(len(candidates), np.int32),
@@ -61,28 +61,24 @@ class Scores:
     def fork(self):
         return self
 
-class Subclassed(Scores, LanguageModel):
-    pass
-
 def load(arg, *, dtype="auto", device=None):
-    return Subclassed() if arg == "subclassed" else Scores()
+    return Scores()
 '''
 
 
-def test_a_plugin_without_decide_is_told_to_subclass_and_a_subclass_inherits_the_host_decision(site):
-    """A backend object with score / generate / fork but no ``decide`` is refused in one line naming
-    ``decide`` and the subclassing that gives it; the same class subclassing the protocol decides on
-    its scores: log P = log softmax(prior + alpha . phi) over the set, computed here by hand."""
+def test_a_plugin_with_no_base_class_is_a_backend_and_gets_the_host_decision(site):
+    """A backend object with name / hidden_size / score / generate / fork and no base class (the
+    protocol implemented structurally) loads, and the decision function decides on its scores:
+    log P = log softmax(prior + alpha . phi) over the set, computed here by hand."""
     import cb_core
+    from agent_shell.lm.decision import decide
 
-    (site / "undecided_backend.py").write_text(UNDECIDED)
-    install_plugin(site, "undecided", "undecided_backend:load")
-    with pytest.raises(ValueError, match=r"'undecided': its factory returned a Scores, which lacks .*decide.*"
-                                         r"subclassing agent_shell\.lm\.protocol\.LanguageModel gives decide"):
-        load_language_model("undecided:")
-    lm = load_language_model("undecided:subclassed")
+    (site / "structural_backend.py").write_text(STRUCTURAL)
+    install_plugin(site, "structural", "structural_backend:load")
+    lm = load_language_model("structural:")
+    assert type(lm).__mro__[1:] == (object,) and not hasattr(lm, "decide")
     alpha = np.array([0.5, -2.0, 0.25], np.float32)  # (weights of the two features, bias)
-    decided = lm.decide("ctx", ["a", "b"], "\n> ", cb_core.Concept(alpha, 0.8, 1e-6))
+    decided = decide(lm, "ctx", ["a", "b"], "\n> ", cb_core.Concept(alpha, 0.8, 1e-6).decision_head)
     # one token each: prior = log softmax(log q); the features standardised over the set (population
     # std): (+1, -1) and (-1, +1); the bias coordinate is M ** -0.5
     prior = np.array([-1.0, -3.0]) - np.logaddexp(-1.0, -3.0)

@@ -235,13 +235,8 @@ def test_cache_reuse_over_an_extended_context_equals_a_fresh_call(fresh_any):
 
 def test_a_context_longer_than_a_prefill_chunk_scores_as_one_call(fresh_any, lm32, monkeypatch):
     """The new tokens beyond one chunk are encoded first, the last chunk rides with the candidates."""
-    import agent_shell.lm.hf as hf
-    import agent_shell.lm.jax_backend as jax_backend
-    import agent_shell.lm.kv_cache as kv_cache
-
-    for module in (hf, jax_backend, kv_cache):
-        monkeypatch.setattr(module, "PREFILL_CHUNK", 16)
     lm = fresh_any()
+    monkeypatch.setattr(lm.cache.ops, "chunk", 16)
     counted = passes(lm)
     context, candidates = make_context(1), ALFWORLD_CANDIDATES[:3]
     got = lm.score(context, candidates, PREFIX)

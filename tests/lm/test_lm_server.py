@@ -44,12 +44,14 @@ def test_concurrent_streams_are_batched_with_unbatched_numbers(ray_cluster, fres
         assert replies == [fresh(reuse_cache=False).generate(p, max_new_tokens=6, stop=("\n",)) for p in prompts]
         assert streams[0].generate(prompts[0], max_new_tokens=6, n=2, temperature=0.5, seed=1) == \
             fresh(reuse_cache=False).generate(prompts[0], max_new_tokens=6, n=2, temperature=0.5, seed=1)
-        # a decision over a stream: the protocol's host decision on the server's scores
+        # a decision over a stream: the host decision on the server's scores
         import cb_core
+
+        from agent_shell.lm.decision import decide
 
         context, cands = REQUESTS[0]
         concept = cb_core.Concept(np.random.default_rng(3).normal(0, 0.3, 577).astype(np.float32), 0.8, 1e-6)
-        decided = lm.fork().decide(context, cands, PREFIX, concept)
+        decided = decide(lm.fork(), context, cands, PREFIX, concept.decision_head)
         r = fresh(reuse_cache=False).score(context, cands, PREFIX)
         want = concept.terms(r.hidden, r.log_q, r.n_tokens)
         assert decided.chosen == int(np.argmax(want.log_p))

@@ -7,8 +7,9 @@ A package registers its factory in its ``pyproject.toml``::
 
 and ``cb-agent run --model tiny:ARG`` (or ``load_language_model("tiny:ARG")``) selects it. The
 factory gets the text after ``tiny:`` plus ``dtype``, ``device`` and any extra keyword arguments,
-and returns an object of the :class:`agent_shell.lm.protocol.LanguageModel` protocol (subclassing
-it gives the protocol's host decision, :meth:`~agent_shell.lm.protocol.LanguageModel.decide`). This one
+and returns an object of the :class:`agent_shell.lm.protocol.LanguageModel` protocol, implemented
+structurally (no base class; its decisions are the host decision on its scores,
+:func:`agent_shell.lm.decision.decide`). This one
 scores a candidate by its letters: log q = -(number of characters) / scale nats, hidden = the
 counts of a..h, and always replies ``reply``.
 """
@@ -17,10 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent_shell.lm.protocol import CandidateScores, LanguageModel
+from agent_shell.lm.protocol import CandidateScores
 
 
-class TinyLM(LanguageModel):
+class TinyLM:
     hidden_size = 8
 
     def __init__(self, scale: float, reply: str = " look"):
