@@ -37,7 +37,8 @@ def main() -> None:
             lm = load()
             alpha = np.random.default_rng(1).standard_normal(lm.hidden_size + 1).astype(np.float32) * 0.3
             concept = cb_core.Concept(alpha, 0.8, 1e-6, {})
-            d_cold, d_cached = (decide(lm, context, ALFWORLD_CANDIDATES, PREFIX, concept.decision_head) for _ in range(2))
+            head = concept.decision_head
+            d_cold, d_cached = (decide(lm, context, ALFWORLD_CANDIDATES, PREFIX, head) for _ in range(2))
             h = np.asarray(s_cold.hidden, np.float64)
             out[f"{backend}-{dtype}"] = {
                 "log_q_move_cached": float(np.abs(np.asarray(s_cached.log_q) - np.asarray(s_cold.log_q)).max()),
