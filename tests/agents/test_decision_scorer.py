@@ -11,6 +11,7 @@ from agent_doubles import FakeLM
 from agent_shell.concepts import TypeFeatures
 from agent_shell.decision_scorer import DecisionScorer, batch_log_probs, decision_accuracy
 from agent_shell.features import DecisionInput, FeatureSet
+from agent_shell.features import novelty
 
 STEP = type("Step", (), {"kind": "env", "action": "go to desk 1", "observation": "Nothing happens."})()
 
@@ -108,11 +109,12 @@ def test_many_decisions_score_as_one_at_a_time():
     many, _ = scorer.score_many(requests)
     for r, m in zip(requests, many):
         one = scorer.score(r)
-        assert m.candidates == r.decision.candidates and m.phi.shape == (len(m.candidates), 6 + 5)
+        assert m.candidates == r.decision.candidates and m.phi.shape == (len(m.candidates), 6 + len(novelty.COLUMNS))
         np.testing.assert_array_equal(m.phi, one.phi)
         np.testing.assert_array_equal(m.scores.log_q, one.scores.log_q)
-    # "go to desk 1" was taken just before: novelty's taken-before column is 1 for it only
-    assert many[0].phi[:, 6].tolist() == [np.float32(np.log1p(1)), 0.0]
+    # "go to desk 1" was taken once just before: novelty's "taken >= 1" column is 1 for it only, "taken >= 2" 0
+    assert novelty.COLUMNS[:2] == ("taken_ge_1", "taken_ge_2")
+    assert many[0].phi[:, 6].tolist() == [1.0, 0.0] and many[0].phi[:, 7].tolist() == [0.0, 0.0]
 
 
 def test_batched_accuracy_counts_the_hits_of_one_decision_at_a_time():
