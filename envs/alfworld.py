@@ -46,6 +46,7 @@ import shutil
 import zlib
 from pathlib import Path
 
+from cb_io.feedback import ALFWORLD_NOTHING
 from cb_io.paths import cache_dir, shared_dir
 from cb_io.records import SetupError, StepResult, TaskStart, one_line
 from cb_io.storage import atomic_path
@@ -65,7 +66,8 @@ SPLITS = ("train", "valid_seen", "valid_unseen")
 META_COMMANDS = ("look", "inventory", "help")
 #: The ALFWorld package's data folder when ``$ALFWORLD_DATA`` is unset (``alfworld.info``'s default).
 ALFWORLD_DEFAULT_DATA = "~/.cache/alfworld"
-INVALID_FEEDBACK = "Nothing happens."
+#: The engine's answer to an action it cannot execute (:data:`cb_io.feedback.ENGINE_FEEDBACK` has every engine's).
+INVALID_FEEDBACK = ALFWORLD_NOTHING
 _PUT = re.compile(r"^\s*put\s+(.+?)\s+(?:in/on|in|on)\s+(.+?)\s*$", re.IGNORECASE)
 _TASK_MARK = "Your task is to:"
 

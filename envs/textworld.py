@@ -45,6 +45,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from cb_io.feedback import TEXTWORLD_NOT_UNDERSTOOD
 from cb_io.paths import cache_dir
 from cb_io.records import StepResult, TaskStart
 
@@ -66,7 +67,7 @@ GAMES: dict[str, tuple[str, tuple[str, ...]]] = {
 #: Every kind, in listing order (the two original kinds first, so default slices stay theirs).
 KINDS = tuple(GAMES)
 #: The parser's own answer to an input it cannot read; given to an input that chains commands.
-CHAINED_FEEDBACK = "I didn't understand that sentence."
+CHAINED_FEEDBACK = TEXTWORLD_NOT_UNDERSTOOD
 _SEPARATOR = re.compile(r"\bthen\b|\.|\n|\r", re.IGNORECASE)
 
 

@@ -22,12 +22,13 @@ from typing import Any, Sequence
 
 from agent_shell.calibration.judges import Pair, Verdict, executable, norm_action
 from agent_shell.history import StepLike
+from cb_io.feedback import ALFWORLD_NOTHING
 from cb_io.records import is_think
 from envs.episode import Episode, time_limit
 from envs.protocol import Environment
 
 #: The engine's answer to an action without effect (ALFWorld; the scripted test game too).
-INVALID_FEEDBACK = "Nothing happens."
+INVALID_FEEDBACK = ALFWORLD_NOTHING
 
 
 class ExpertDistanceJudge:

@@ -32,13 +32,14 @@ from agent_shell.history import RENDERINGS, REVIEWED, StepLike
 from agent_shell.lm.protocol import LanguageModel
 from agent_shell.studies.recorded import AgentFactory, RecordedTrial, norm, run_cells
 from agent_shell.studies.tables import RateRow, rate_rows
+from cb_io.feedback import ALFWORLD_NOTHING
 
 if TYPE_CHECKING:
     from agent_shell.calibration.calibrator import Calibrator
 
 PROBE_SCHEMA = "cb-agent/probe-v1"
 #: ALFWorld's answer to an action without effect.
-NOTHING_HAPPENS = "Nothing happens."
+NOTHING_HAPPENS = ALFWORLD_NOTHING
 #: Actors of the studies (agent names of ``cb-agent run`` without Reflexion).
 STUDY_ACTORS = ("react", "prior-only", "cb-agent")
 

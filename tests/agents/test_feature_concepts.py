@@ -14,6 +14,7 @@ from agent_shell.concepts import cached_concepts, check_concept_matches, collect
 from agent_shell.demos import expert_demos
 from agent_shell.feature_settings import FeatureSettings
 from agent_shell.features import FeatureSet
+from agent_shell.features.novelty import COLUMNS as NOVELTY_COLUMNS
 from agent_shell.features.novelty import Novelty
 from agent_shell.results import read_results
 from envs.episode import Episode
@@ -41,16 +42,16 @@ def test_collected_features_are_the_blocks_side_by_side_and_each_block_is_cached
     for t in feats:
         assert feats[t].expert == seed[t].expert
         for x, h, lq, lq0 in zip(feats[t].phi, seed[t].phi, feats[t].log_q, seed[t].log_q):
-            assert x.shape == (len(h), 8 + 5 + 1)
+            assert x.shape == (len(h), 8 + 13 + 1)
             np.testing.assert_array_equal(x[:, :8], h)       # lm-hidden from the cached scores
             np.testing.assert_array_equal(lq, lq0)           # the prior is untouched
     n_scores = len(lm.score_calls)
     other = collect_features(lm, trajectories, FeatureSettings(feature_set=FeatureSet.from_spec("novelty")),
                              cache_dir=tmp_path / "cache")
     assert len(calls) == 10 and len(lm.score_calls) == n_scores  # both blocks and scores came from the cache
-    np.testing.assert_array_equal(other["open"].phi[2], feats["open"].phi[2][:, 8:13])
+    np.testing.assert_array_equal(other["open"].phi[2], feats["open"].phi[2][:, 8:21])
     # b/1's second decision: "open door 1" names the object of the earlier "go to door 1"
-    assert other["open"].phi[1][:, 1].tolist() == [0, np.float32(np.log1p(1)), 0]
+    assert other["open"].phi[1][:, 5].tolist() == [0, 1, 0]  # object_taken_ge_1
 
 
 def test_concepts_record_their_feature_set_and_acting_refuses_another(tmp_path, trajectories):
@@ -60,8 +61,8 @@ def test_concepts_record_their_feature_set_and_acting_refuses_another(tmp_path, 
     concepts, folder = cached_concepts(feats, lm, FeatureSettings(feature_set=fs), lam=0.5, gamma=0.8,
                                        cache_dir=tmp_path)
     c = cb_core.Concept.load(folder / "open.safetensors")  # one safetensors file, read back
-    assert c.hidden_size == 13 and [b["name"] for b in c.metadata["features"]["extractors"]] == ["novelty", "lm-hidden"]
-    assert c.metadata["features"]["extractors"][0]["metadata"]["columns"][0] == "log_times_taken"
+    assert c.hidden_size == 21 and [b["name"] for b in c.metadata["features"]["extractors"]] == ["novelty", "lm-hidden"]
+    assert c.metadata["features"]["extractors"][0]["metadata"]["columns"][0] == "taken_ge_1"
     check_concept_matches(c, lm, FeatureSettings(feature_set=fs))
     with pytest.raises(ValueError, match="fitted with features 'novelty,lm-hidden', but acting uses 'lm-hidden'"):
         check_concept_matches(c, lm, FeatureSettings())
@@ -91,16 +92,22 @@ class StubbornLM(FakeLM):
         return type(s)(s.log_q + 50.0 * np.array([c == "go to window 1" for c in candidates]), s.n_tokens, s.hidden)
 
 
+def repeat_averse_concept() -> cb_core.Concept:
+    """A ``novelty`` concept of type "fetch" that dislikes immediate repeats and their outcomes."""
+    alpha = np.zeros(len(NOVELTY_COLUMNS) + 1, np.float32)
+    for c in ("taken_last_step", "last_outcome_nothing", "last_outcome_unchanged"):
+        alpha[NOVELTY_COLUMNS.index(c)] = -10.0
+    meta = dict(backbone="fake-lm", features={}, gamma=0.8, lam=1.0, eps=1e-6, task_type="fetch", trajectories=[],
+                versions={}, hidden_size=len(NOVELTY_COLUMNS))
+    return cb_core.Concept(alpha, 0.8, 1e-6, meta)
+
+
 def test_cb_agent_acts_on_the_history_features_of_its_concept():
     """A concept that dislikes immediate repeats and their 'Nothing happens.' makes CB-Agent move
     on after one wrong move, where prior-only repeats it for the whole budget."""
     fs = FeatureSet.from_spec("novelty")
-    alpha = np.zeros(6, np.float32)
-    alpha[2:5] = -10.0  # taken_last_step, last_outcome_nothing, last_outcome_unchanged
-    meta = dict(backbone="fake-lm", features={}, gamma=0.8, lam=1.0, eps=1e-6, task_type="fetch", trajectories=[],
-                versions={}, hidden_size=5)
     runs = {}
-    for name, concepts in (("prior-only", None), ("cb-agent", {"fetch": cb_core.Concept(alpha, 0.8, 1e-6, meta)})):
+    for name, concepts in (("prior-only", None), ("cb-agent", {"fetch": repeat_averse_concept()})):
         env = ScriptedEnv()
         lm = StubbornLM([" act"])
         CBAgent(lm, DEMOS, concepts=concepts, features=fs).run(Episode(env, "a/1", 6))
@@ -193,11 +200,7 @@ def test_joint_cb_agent_chooses_under_a_history_concept_as_cb_agent_does():
     from agent_shell.agents.joint import JointCBAgent
     from cb_io.records import TaskStart
 
-    alpha = np.zeros(6, np.float32)
-    alpha[2:5] = -10.0
-    meta = dict(backbone="fake-lm", features={}, gamma=0.8, lam=1.0, eps=1e-6, task_type="fetch", trajectories=[],
-                versions={}, hidden_size=5)
-    concepts = {"fetch": cb_core.Concept(alpha, 0.8, 1e-6, meta)}
+    concepts = {"fetch": repeat_averse_concept()}
     fs = FeatureSet.from_spec("novelty")
     lm = StubbornLM(lambda prompt, t, n: [" NO UPDATE\n> go"] * n)
     joint = JointCBAgent(lm, DEMOS, concepts=concepts, config=AgentConfig(), features=fs)

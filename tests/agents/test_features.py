@@ -91,17 +91,17 @@ def test_novelty_counts_repeats_objects_and_outcomes():
                step("go to shelf 1", "Nothing happens.")]
     cands = ["go to shelf 1", "examine drawer 1", "open drawer 1", "close drawer 1", "go to desk 1", "look"]
     block = Novelty().extract(decision(cands, history), None, None)
-    assert block.shape == (6, 5) and block.dtype == np.float32
+    assert block.shape == (6, 13) and block.dtype == np.float32
     expected = np.array([
-        # times taken, object taken, taken last, last nothing, last unchanged
-        [np.log1p(2), np.log1p(2), 1, 1, 1],   # the second "Nothing happens." equals the one before it
-        [np.log1p(1), np.log1p(3), 0, 0, 1],   # examine repeated open's observation
-        [np.log1p(1), np.log1p(3), 0, 0, 0],
-        [0, np.log1p(3), 0, 0, 0],
-        [0, 0, 0, 0, 0],
-        [0, 0, 0, 0, 0],                       # no object
+        # taken >= 1 2 4 8 16, object taken >= 1 2 4 8 16, taken last, last nothing, last unchanged
+        [1, 1, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1, 1],   # the second "Nothing happens." equals the one before it
+        [1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 1],   # examine repeated open's observation
+        [1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0],
+        [0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0],
+        [0] * 13,
+        [0] * 13,                                  # no object
     ], np.float32)
-    np.testing.assert_allclose(block, expected, rtol=1e-6)
+    np.testing.assert_array_equal(block, expected)
     fresh = Novelty().extract(decision(cands), None, None)
     assert not fresh.any()  # no history, nothing is a repeat
 
@@ -165,11 +165,11 @@ def test_feature_set_concatenates_blocks_in_order_and_describes_them():
     fs = FeatureSet.from_spec("novelty, lm-hidden")
     x = fs.extract(d, lm, scores)
     assert fs.names == ("novelty", "lm-hidden") and fs.spec == "novelty,lm-hidden" and not fs.is_default
-    assert x.shape == (3, 5 + 8) and fs.size(lm) == 13
-    np.testing.assert_array_equal(x[:, :5], Novelty().extract(d, lm, scores))
-    np.testing.assert_array_equal(x[:, 5:], scores.hidden)
+    assert x.shape == (3, 13 + 8) and fs.size(lm) == 21
+    np.testing.assert_array_equal(x[:, :13], Novelty().extract(d, lm, scores))
+    np.testing.assert_array_equal(x[:, 13:], scores.hidden)
     desc = fs.describe(lm)
-    assert [(b["name"], b["size"]) for b in desc] == [("novelty", 5), ("lm-hidden", 8)]
+    assert [(b["name"], b["size"]) for b in desc] == [("novelty", 13), ("lm-hidden", 8)]
     assert FeatureSet.from_spec().is_default and FeatureSet.from_spec().names == ("lm-hidden",)
 
 
@@ -186,10 +186,10 @@ def test_composed_features_fit_in_cb_core_unchanged():
         rows.append((fs.extract(d, lm, s), s.log_q, s.n_tokens, t % 4))
     dec = cb_core.decisions_from_lists(*map(list, zip(*rows)))
     phi = np.asarray(cb_core.features(dec))
-    assert phi.shape == (24, 4 + 5 + 1)
-    assert np.all(phi[:4, 4:9] == 0)  # first decision: no history, every novelty column constant
+    assert phi.shape == (24, 4 + 13 + 1)
+    assert np.all(phi[:4, 4:17] == 0)  # first decision: no history, every novelty column constant
     res = cb_core.fit(dec, lam=0.5)
-    assert res.converged and res.alpha.shape == (10,)
+    assert res.converged and res.alpha.shape == (18,)
     assert np.linalg.eigvalsh(np.asarray(cb_core.hessian(res.alpha, dec, lam=0.5))).min() >= 0.5 - 1e-5
 
 
