@@ -20,9 +20,10 @@ engine fault). Appended one episode at a time, so a killed run labels only what 
 agent's actions.
 
 A loop repeats its states: under ``expert`` one decision per distinct state a round (the last
-observation with its move counter cut, the candidate set and the label; the first visit kept, the
-others counted as ``repeated state``), so the 20 states of one lost loop count once, not twenty
-times against a type's other decisions.
+observation without its bookkeeping, :func:`cb_io.feedback.normalise`, which cuts TextWorld's move
+counter; the candidate set; the label), the first visit kept and the others counted as
+``repeated state``, so the 20 states of one lost loop count once, not twenty times against a
+type's other decisions.
 
 Per task type a round reports (:func:`type_counts`): training games and wins, decisions added,
 labelled states, on-policy agreement (the agent's choice was the expert's) and the unlabelled
@@ -32,7 +33,6 @@ states by reason.
 from __future__ import annotations
 
 import copy
-import re
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 from agent_shell.expert_decisions import EXPERT_LABEL
 from agent_shell.improve_rounds import round_dir, state_key, won_trajectories
 from agent_shell.results import read_results, store_record, unique_episodes
+from cb_io.feedback import normalise
 from cb_io.records import EngineError, Trajectory, one_line
 
 if TYPE_CHECKING:
@@ -54,10 +55,6 @@ UNLABELLED = "expert_unlabelled"
 REPEATED = "repeated state"
 #: Why a label is no decision: the acting agent's candidate filter removes the expert's action.
 FILTERED = "filtered out"
-#: TextWorld's status line after the final prompt (``>  -= Kitchen =-0/21``: room, score / moves):
-#: its move counter makes every observation of a loop differ.
-_STATUS_LINE = re.compile(r"\s*>[ \t]*-=[^\n]*=-[ \t]*-?\d+/\d+\s*$")
-
 
 def check_labels(labels: str, env: Environment) -> None:
     """Raise ValueError (one line) for an unknown ``labels`` or ``expert`` labels on an
@@ -115,12 +112,6 @@ def _trajectories(records: Sequence[dict]) -> list[Trajectory]:
     return [Trajectory.from_record(t["trajectory"]) for r in records for t in r["trials"]]
 
 
-def state_text(observation: str) -> str:
-    """An observation as a state: blanks trimmed and TextWorld's status line (its move counter)
-    cut."""
-    return _STATUS_LINE.sub("", observation).strip()
-
-
 def expert_targets(labelled: Sequence[dict]) -> tuple[list[Trajectory], Counter]:
     """The ``expert`` source: every trial of every labelled episode, its labels the targets, the
     repeated states of the round unlabelled (first visit kept); returns the trajectories and the
@@ -132,7 +123,7 @@ def expert_targets(labelled: Sequence[dict]) -> tuple[list[Trajectory], Counter]
         steps, last = [], traj.observation
         for s in traj.steps:
             if s.kind == "env" and s.info.get(EXPERT_LABEL):
-                key = state_key(state_text(last), s.candidates or []) + "\0" + s.info[EXPERT_LABEL]
+                key = state_key(normalise(last), s.candidates or []) + "\0" + s.info[EXPERT_LABEL]
                 if key in seen:
                     s = replace(s, info={**{k: v for k, v in s.info.items() if k != EXPERT_LABEL}, UNLABELLED: REPEATED})
                     repeated[traj.task_type] += 1
@@ -193,4 +184,4 @@ def type_counts(records: Sequence[dict], labelled: Sequence[dict], decisions: Ma
 
 
 __all__ = ["FILTERED", "LABELS", "REPEATED", "UNLABELLED", "check_labels", "expert_targets", "label_record",
-           "label_round", "labelled_path", "round_targets", "state_text", "type_counts", "wins_targets"]
+           "label_round", "labelled_path", "round_targets", "type_counts", "wins_targets"]
