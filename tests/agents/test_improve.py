@@ -431,6 +431,23 @@ def test_expert_labels_every_state_of_won_and_lost_episodes_and_counts_the_unlab
         assert meta["n_decisions"] == expert + lines[1]["new_decisions"][t] + lines[2]["new_decisions"][t]
     text = " ".join(res.output.split())
     assert "on-policy agreement" in text and "the expert labels the states of 4 training episodes" in text
+    # `cb-agent report --rounds` shows the rounds and each round's play per type (agreement as counted above)
+    evals = [str(p) for p in sorted(out.glob("round-*/results.jsonl"))]
+    md = tmp_path / "report.md"
+    shown = CliRunner().invoke(main, ["report", *evals, "--rounds", str(out / "rounds.jsonl"), "--markdown", str(md),
+                                      "--chart", str(tmp_path / "report.png")])
+    assert shown.exit_code == 0, shown.output
+    c = lines[2]["types"]["open"]
+    assert (f"| 2 | open | {c['won']}/{c['games']} | {c['decisions']} | {c['agreed']}/{c['labelled']} "
+            f"({100 * c['agreed'] / c['labelled']:.1f}%) |") in md.read_text()
+    # the decision explorer shows the expert's label beside the agent's action on a relabelled episode
+    from agent_shell.view.data import episode_detail
+
+    record = read_results(out / "round-1" / "labelled.jsonl")[0]
+    detail = episode_detail(record)
+    for step, s in zip(detail["trials"][0]["steps"], record["trials"][0]["trajectory"]["steps"]):
+        label = s["info"].get("expert_action")
+        assert (detail["strings"][step["e"]] if "e" in step else None) == label
 
 
 def test_a_killed_relabelled_run_resumes_to_the_same_concepts(tmp_path, labelling, monkeypatch):
