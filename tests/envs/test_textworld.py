@@ -31,6 +31,28 @@ def test_generated_cooking_game_is_won_by_its_walkthrough(env, isolated_cache):
     assert start == ep.start
 
 
+def test_off_the_walkthrough_the_expert_answers_the_winning_policy_from_the_current_state(env, isolated_cache):
+    """A step off the walkthrough (``inventory``, which the walkthrough does not take first) leaves
+    the walkthrough behind; the expert's answers from there on (TextWorld's policy_commands) are
+    candidates and win the game. Reset without the expert, it answers nothing."""
+    task_id = env.tasks("train")[0]
+    walkthrough = Episode(env, task_id, expert=True)
+    plan = []
+    while not walkthrough.done and walkthrough.expert_action() is not None:
+        plan.append(walkthrough.expert_action())
+        walkthrough.act(plan[-1])
+    assert plan[0] != "inventory"
+    ep = Episode(env, task_id, max_steps=3 * len(plan), expert=True)
+    ep.act("inventory")
+    answers = []
+    while not ep.done and ep.expert_action() is not None:
+        answers.append(ep.expert_action())
+        assert answers[-1] in ep.candidates()
+        ep.act(answers[-1])
+    assert ep.won and answers  # the expert led the agent's episode to the win from where it stood
+    assert env.reset(task_id) and env.expert_action() is None
+
+
 def test_train_and_test_seeds_are_disjoint():
     env = TextWorldEnv(n_train=5, n_test=5)
     train, test = env.tasks("train"), env.tasks("test")
