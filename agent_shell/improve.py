@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
 from agent_shell.concepts import TypeFeatures
+from agent_shell.improve_labels import LABELS, check_labels, round_labels
 from agent_shell.improve_rounds import (ROUND_SCHEMA, check_disjoint, concepts_dir, decision_states, episode_files,
                                         load_round_concepts, merged_features, own_features, round_dir, round_games,
                                         rounds_file, save_round_concepts, training_pool)
@@ -85,8 +86,6 @@ class ImproveSettings:
     train_games: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        from agent_shell.improve_labels import LABELS
-
         if self.labels not in LABELS:
             raise ValueError(f"labels={self.labels!r}: choose one of {', '.join(LABELS)}")
         for name, low in (("rounds", 1), ("games_per_round", 1), ("max_decisions", 0)):
@@ -185,11 +184,9 @@ def start(config: RunConfig, settings: ImproveSettings, out: Path, echo: Echo, e
     from agent_shell.results import repair_for_resume
     from envs import make_env
 
-    from agent_shell.improve_labels import check_labels
-
-    config = resolve(replace(config, agents=("cb-agent",)))
     env = env if env is not None else make_env(config.env)
     check_labels(settings.labels, env)
+    config = resolve(replace(config, agents=("cb-agent",)))
     eval_ids = task_ids(config, env)  # one line for a bad id or split
     type_of = env.task_type_of
     task_types = sorted({type_of(t) for t in eval_ids})
@@ -259,8 +256,6 @@ def play_and_refit(run: ImproveRun, k: int) -> tuple[dict, dict, dict]:
     (where the environment's expert can), take the label source's targets as decisions, refit the
     types with new decisions (warm-started), save the concepts. Returns (concepts, provenance, the
     round line's fields)."""
-    from agent_shell.improve_labels import label_round, round_targets, type_counts
-
     config, setup, finished, labels = run.config, run.setup, run.done.get(k), run.settings.labels
     games = round_games(run.pool, k, run.settings.games_per_round)
     path = round_dir(run.out, k) / "train.jsonl"
@@ -270,21 +265,16 @@ def play_and_refit(run: ImproveRun, k: int) -> tuple[dict, dict, dict]:
         meta = {**run.base_meta, "split": config.demo_split, "concept_round": k - 1,
                 "concepts_dir": str(concepts_dir(run.out, k - 1))}
         play(run, run.concepts, games, path, meta)
-    records = read_results(path)
-    labelled = label_round(setup.env, run.out, k, records, games, run.echo) if run.can_label else []
-    targets, repeated = round_targets(labels, records, labelled, games)
-    relabelled = labels == "expert"
-    new = own_features(setup.lm, targets, run.features, setup.cache, relabelled)
-    keys = decision_states(targets, run.features, relabelled)
+    source = round_labels(labels, setup.env if run.can_label else None, run.out, k, read_results(path), games,
+                          run.echo)
+    new = own_features(setup.lm, source.targets, run.features, setup.cache, labels == "expert")
+    keys = decision_states(source.targets, run.features, labels == "expert")
     in_expert = sum(key in run.expert_states for key in keys)
-    for task_type, tf in new.items():
-        if tf.n_decisions:
-            run.own.setdefault(task_type, []).append(tf)
-    types = type_counts(records, labelled, {t: f.n_decisions for t, f in new.items()}, repeated,
-                        setup.env.task_type_of)
-    won = [r["task_id"] for r in unique_episodes(records)[0] if r["success"] and not r.get("error")]
     changed = sorted(t for t, f in new.items() if f.n_decisions)
-    fields = {"labels": labels, "train_games": games, "won_games": [g for g in games if g in set(won)],
+    for task_type in changed:
+        run.own.setdefault(task_type, []).append(new[task_type])
+    types = {t: {**c, "decisions": new[t].n_decisions if t in new else 0} for t, c in source.types.items()}
+    fields = {"labels": labels, "train_games": games, "won_games": source.won_games,
               "new_decisions": {t: f.n_decisions for t, f in sorted(new.items())},
               "in_expert_states": in_expert, "new_states": len(keys) - in_expert, "kept_last": not changed,
               "types": types}

@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from agent_shell.expert_decisions import EXPERT_LABEL
-from agent_shell.improve_rounds import round_dir, state_key, won_trajectories
+from agent_shell.improve_rounds import round_dir, state_key
 from agent_shell.results import read_results, store_record, unique_episodes
 from cb_io.feedback import normalise
 from cb_io.records import EngineError, Trajectory, one_line
@@ -93,13 +93,14 @@ def label_record(env: Environment, record: dict) -> dict:
     return out
 
 
-def label_round(env: Environment, out: Path, k: int, records: Sequence[dict], games: Sequence[str],
+def label_round(env: Environment, out: Path, k: int, episodes: Sequence[dict], games: Sequence[str],
                 echo: Callable[[str], None]) -> list[dict]:
-    """Round ``k``'s training episodes labelled (:func:`label_record`), in the order of ``games``:
-    read back from ``labelled.jsonl``, the episodes not yet there labelled and appended."""
+    """Round ``k``'s training ``episodes`` (each once: :func:`agent_shell.results.unique_episodes`)
+    labelled (:func:`label_record`), in the order of ``games``: read back from ``labelled.jsonl``,
+    the episodes not yet there labelled and appended."""
     path = labelled_path(out, k)
     done = {r["task_id"] for r in read_results(path)}
-    todo = [r for r in unique_episodes(records)[0] if not r.get("error") and r["task_id"] not in done]
+    todo = [r for r in episodes if not r.get("error") and r["task_id"] not in done]
     if todo:
         echo(f"round {k}: the expert labels the states of {len(todo)} training episode{'s' * (len(todo) > 1)}")
     for r in todo:
@@ -136,35 +137,65 @@ def expert_targets(labelled: Sequence[dict]) -> tuple[list[Trajectory], Counter]
     return out, repeated
 
 
-def wins_targets(records: Sequence[dict], games: Sequence[str]) -> list[Trajectory]:
-    """The ``wins`` source: the won trial of each won episode, the agent's choices the targets."""
-    return won_trajectories(records, games)
+def won_trajectories(episodes: Sequence[dict], games: Sequence[str]) -> list[Trajectory]:
+    """The ``wins`` source: the won trial of each won episode of ``episodes`` (each once; error
+    records left out), in the order of ``games``, the agent's choices the targets."""
+    won = {}
+    for r in episodes:
+        if r["success"] and not r.get("error"):
+            trial = next(t for t in r["trials"] if t["won"])
+            won[r["task_id"]] = Trajectory.from_record(trial["trajectory"])
+    return [won[g] for g in dict.fromkeys(games) if g in won]
 
 
-def round_targets(labels: str, records: Sequence[dict], labelled: Sequence[dict], games: Sequence[str]
-                  ) -> tuple[list[Trajectory], Counter]:
-    """The round's targets from source ``labels`` (:data:`LABELS`): the trajectories whose
-    decisions join the concept data (:func:`wins_targets` or :func:`expert_targets`) and the
-    repeated states left out, per task type."""
+@dataclass
+class RoundLabels:
+    """What a label source made of a round's training episodes (:func:`round_labels`).
+
+    Attributes:
+        targets: the trajectories whose decisions join the concept data (their targets: the
+            agent's actions under ``wins``, the steps' expert labels under ``expert``).
+        won_games: the won training games, in the round's order.
+        types: task type -> :func:`type_counts` (``decisions`` still 0: set once featurised).
+    """
+
+    targets: list[Trajectory]
+    won_games: list[str]
+    types: dict[str, dict]
+
+
+def round_labels(labels: str, env: Environment | None, out: Path, k: int, records: Sequence[dict],
+                 games: Sequence[str], echo: Callable[[str], None]) -> RoundLabels:
+    """Round ``k``'s targets from source ``labels`` (:data:`LABELS`): the training episodes
+    labelled by the expert first (:func:`label_round`; ``env`` None: the environment cannot
+    label, nothing labelled), then :func:`won_trajectories` or :func:`expert_targets`, and the
+    round's counts per task type."""
+    episodes = unique_episodes(records)[0]
+    labelled = label_round(env, out, k, episodes, games, echo) if env is not None else []
     if labels == "expert":
-        return expert_targets(labelled)
-    return wins_targets(records, games), Counter()
+        targets, repeated = expert_targets(labelled)
+    else:
+        targets, repeated = won_trajectories(episodes, games), Counter()
+    won = {r["task_id"] for r in episodes if r["success"] and not r.get("error")}
+    type_of = {r["task_id"]: r["task_type"] for r in episodes}
+    return RoundLabels(targets, [g for g in games if g in won], type_counts(episodes, labelled, repeated, type_of))
 
 
-def type_counts(records: Sequence[dict], labelled: Sequence[dict], decisions: Mapping[str, int],
-                repeated: Mapping[str, int], type_of: Callable[[str], str]) -> dict[str, dict]:
-    """Per task type of the round: ``games``, ``won``, ``decisions`` (added to the concept data),
-    ``labelled`` (environment steps the expert labelled), ``agreed`` (of those, the agent's choice
-    was the expert's: on-policy agreement = agreed / labelled), ``unlabelled`` (reason -> states;
-    :data:`REPEATED` under ``expert``). ``labelled``: [] when the environment cannot label."""
+def type_counts(episodes: Sequence[dict], labelled: Sequence[dict], repeated: Mapping[str, int],
+                type_of: Mapping[str, str]) -> dict[str, dict]:
+    """Per task type of the round's ``episodes``: ``games``, ``won``, ``decisions`` (0 here: the
+    decisions added, set by the caller), ``labelled`` (environment steps the expert labelled),
+    ``agreed`` (of those, the agent's choice was the expert's: on-policy agreement = agreed /
+    labelled), ``unlabelled`` (reason -> states; :data:`REPEATED` under ``expert``). ``labelled``:
+    [] when the environment cannot label."""
     out: dict[str, dict] = {}
-    for r in unique_episodes(records)[0]:
-        row = out.setdefault(type_of(r["task_id"]), {"games": 0, "won": 0, "decisions": 0, "labelled": 0,
+    for r in episodes:
+        row = out.setdefault(type_of[r["task_id"]], {"games": 0, "won": 0, "decisions": 0, "labelled": 0,
                                                       "agreed": 0, "unlabelled": {}})
         row["games"] += 1
         row["won"] += bool(r["success"]) and not r.get("error")
     for r in labelled:
-        row = out[type_of(r["task_id"])]
+        row = out[type_of[r["task_id"]]]
         for t in r["trials"]:
             for s in t["trajectory"]["steps"]:
                 info = s.get("info") or {}
@@ -177,11 +208,8 @@ def type_counts(records: Sequence[dict], labelled: Sequence[dict], decisions: Ma
     for t, n in repeated.items():
         if n:
             out[t]["unlabelled"][REPEATED] = n
-    for t, n in decisions.items():
-        out.setdefault(t, {"games": 0, "won": 0, "decisions": 0, "labelled": 0, "agreed": 0, "unlabelled": {}})
-        out[t]["decisions"] = n
     return {t: {**row, "unlabelled": dict(sorted(row["unlabelled"].items()))} for t, row in sorted(out.items())}
 
 
-__all__ = ["FILTERED", "LABELS", "REPEATED", "UNLABELLED", "check_labels", "expert_targets", "label_record",
-           "label_round", "labelled_path", "round_targets", "type_counts", "wins_targets"]
+__all__ = ["FILTERED", "LABELS", "REPEATED", "UNLABELLED", "RoundLabels", "check_labels", "expert_targets",
+           "label_record", "label_round", "labelled_path", "round_labels", "type_counts", "won_trajectories"]

@@ -119,17 +119,6 @@ def round_games(pool: Mapping[str, Sequence[str]], k: int, per_type: int) -> lis
     return [g for rank in range(per_type) for s in slices if rank < len(s) for g in [s[rank]]]
 
 
-def won_trajectories(records: Sequence[dict], games: Sequence[str]) -> list[Trajectory]:
-    """The won trial of each won episode of ``records`` (error records left out), in the order of
-    ``games``."""
-    won = {}
-    for r in unique_episodes(records)[0]:
-        if r["success"] and not r.get("error"):
-            trial = next(t for t in r["trials"] if t["won"])
-            won[r["task_id"]] = Trajectory.from_record(trial["trajectory"])
-    return [won[g] for g in dict.fromkeys(games) if g in won]
-
-
 # ---------------------------------------------------------------------------------------------
 # the concept data
 
@@ -343,4 +332,4 @@ def type_cells(lines: Sequence[dict]) -> list[list[str]]:
 __all__ = ["ROUND_COLUMNS", "TYPE_COLUMNS", "agreement_cell", "round_tables", "type_cells", "ROUND_SCHEMA", "check_disjoint", "concepts_dir", "decision_states", "episode_files",
            "evaluation_records", "load_round_concepts", "merged_features", "own_features", "read_rounds",
            "round_cells", "round_dir", "round_games", "round_rows", "rounds_file", "save_round_concepts", "state_key",
-           "training_pool", "won_trajectories"]
+           "training_pool"]

@@ -353,6 +353,7 @@ def labelling(doubles, monkeypatch):
     return doubles
 
 
+@pytest.mark.slow
 def test_expert_labels_every_state_of_won_and_lost_episodes_and_counts_the_unlabelled(tmp_path, labelling):
     import cb_core
     from agent_shell.concepts import decision_inputs
@@ -450,6 +451,7 @@ def test_expert_labels_every_state_of_won_and_lost_episodes_and_counts_the_unlab
         assert (detail["strings"][step["e"]] if "e" in step else None) == label
 
 
+@pytest.mark.slow
 def test_a_killed_relabelled_run_resumes_to_the_same_concepts(tmp_path, labelling, monkeypatch):
     import agent_shell.improve_labels as labels_module
 
@@ -510,3 +512,53 @@ def test_expert_answers_replays_an_episode_and_asks_the_expert_in_each_state():
     bent = replace(traj, steps=steps)
     assert expert_answers(env, bent) == [("go desk", None), ("go desk", None), (None, "replay differs"),
                                          (None, "replay differs")]
+
+
+def test_a_loop_gives_one_decision_per_distinct_state_and_every_state_without_a_label_is_counted(tmp_path):
+    """Labelled episodes as the expert leaves them (no LM, no loop run): a lost episode that
+    alternates two states (its move counter differing on every step, as TextWorld's does) gives
+    one decision per distinct state, the repeats and the states without a label counted by
+    reason; a won episode's labels are targets too; the agreement counts the agent's choices."""
+    from agent_shell.improve_labels import LABELS, round_labels
+
+    def episode(task_id, won, steps):
+        out, moves = [], 0
+        for action, label, why, observation in steps:
+            moves += 1
+            info = {"expert_action": label} if label else {"expert_unlabelled": why}
+            out.append({"kind": "env", "action": action, "observation": f"{observation}\n\n>  -= Shed =-0/{moves}",
+                        "candidates": ["put key on rack", "take key from rack", "go south", "open chest"],
+                        "done": False, "won": won and moves == len(steps), "score": 0.0, "info": info})
+        trajectory = {"schema_version": 1, "env": "textworld", "task_id": task_id, "task_type": task_id.split("/")[0],
+                      "instruction": "Open the chest.", "observation": "You are in a shed.", "steps": out,
+                      "won": won, "score": float(won), "meta": {}}
+        return {"schema": "cb-agent/episode-v1", "agent": "cb-agent", "task_id": task_id,
+                "task_type": task_id.split("/")[0], "success": won, "trials": [{"won": won, "trajectory": trajectory}]}
+
+    loop = [("put key on rack", "go south", None, "You put the key on the rack."),
+            ("take key from rack", "go south", None, "You take the key."),
+            ("put key on rack", "go south", None, "You put the key on the rack."),
+            ("take key from rack", "go south", None, "You take the key."),
+            ("put key on rack", None, "no answer", "You put the key on the rack.")]
+    won = [("go south", "go south", None, "You go south."), ("open chest", "open chest", None, "Opened.")]
+    lost_record, won_record = episode("custom-2/train/2", False, loop), episode("custom-1/train/2", True, won)
+    out = tmp_path / "imp"
+    (out / "round-1").mkdir(parents=True)
+    for r in (lost_record, won_record):  # as label_round leaves them: read back, not labelled again
+        with open(out / "round-1" / "labelled.jsonl", "a") as f:
+            f.write(json.dumps(r) + "\n")
+    games = ["custom-2/train/2", "custom-1/train/2"]
+    source = round_labels("expert", object(), out, 1, [lost_record, won_record], games, print)
+    assert LABELS == ("wins", "expert") and source.won_games == ["custom-1/train/2"]
+    # the loop's states: after o0 (first visit), after "put" (first), after "take" (first), then a repeat
+    # and a state without a label; the won game starts where the lost one did (same o0, candidates and
+    # label): a repeat across the round's episodes too
+    targets = {t.task_id: [s.info.get("expert_action") for s in t.steps] for t in source.targets}
+    assert targets == {"custom-2/train/2": ["go south", "go south", "go south", None, None],
+                       "custom-1/train/2": [None, "open chest"]}
+    assert source.types["custom-2"] == {"games": 1, "won": 0, "decisions": 0, "labelled": 4, "agreed": 0,
+                                        "unlabelled": {"no answer": 1, "repeated state": 1}}
+    assert source.types["custom-1"] == {"games": 1, "won": 1, "decisions": 0, "labelled": 2, "agreed": 2,
+                                        "unlabelled": {"repeated state": 1}}
+    wins = round_labels("wins", None, out, 1, [lost_record, won_record], games, print)
+    assert [t.task_id for t in wins.targets] == ["custom-1/train/2"] and wins.types["custom-2"]["labelled"] == 0
