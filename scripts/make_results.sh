@@ -70,6 +70,7 @@ seed() {
 
 # TABLES: every committed table of `cb-agent report` (results/NAME.md and .png), one a line:
 # "NAME: the committed results files it is reported from (results/FILE.results.jsonl.gz), then report's options"
+# (--rounds: the rounds of `cb-agent improve`, results/NAME_rounds.jsonl)
 TABLES='
 table1_alfworld: table1_alfworld
 table1_alfworld_bf16: table1_alfworld_bf16
@@ -84,6 +85,7 @@ table3_textworld: table3_textworld
 table3_textworld_lam_auto: table3_textworld table3_textworld_lam_auto --paired
 improve_textworld: improve_textworld --paired
 improve_alfworld: improve_alfworld --paired
+improve_textworld_expert: improve_textworld_expert --paired --rounds
 table4_closed_loop: table1_alfworld table4_closed_loop_k5 table4_closed_loop_k10 table4_closed_loop_k20 --paired --common-games
 ical_alfworld_actions: ical_alfworld_actions
 ical_alfworld_notes: ical_alfworld_notes
@@ -103,6 +105,7 @@ table() {
   tmp=$(mktemp -d)
   for word in ${line#*:}; do
     case "$word" in
+      --rounds) options+=(--rounds "results/$1_rounds.jsonl") ;;  # the run's round lines, committed beside
       --*) options+=("$word") ;;
       *) gzip -dc "results/$word.results.jsonl.gz" > "$tmp/$word.jsonl"; files+=("$tmp/$word.jsonl") ;;
     esac
@@ -282,7 +285,7 @@ improve_relabelled() {  # one arm of relabelled rounds beside own wins on Table 
   gzip -c "$out/rounds_results.jsonl" > "results/$name.results.jsonl.gz"
   cp "$out/rounds.jsonl" "results/${name}_rounds.jsonl"
   "$CB" report "$out/rounds_results.jsonl" --paired --rounds "$out/rounds.jsonl" --markdown "results/$name.md" \
-    --chart "results/$name.png"
+    --chart "results/$name.png"  # as its TABLES line (NAME: NAME --paired --rounds) regenerates it
 }
 
 table2() {  # ScienceWorld: one test variation of each task, open action space (20 sampled replies, T = 0.7);
