@@ -22,7 +22,9 @@ Candidates are TextWorld's admissible commands. The expert (episodes reset with 
 so the demonstrations are the walkthroughs; after a deviation it is the first of TextWorld's
 ``policy_commands``, the winning policy from the current state (tracked only in expert episodes:
 the game is registered with ``EnvInfos(policy_commands=True)`` then), None when the game is lost
-or over. So it answers from any state (``expert_labels_any_state``).
+or over. So it answers from any state (``expert_labels_any_state``) where TextWorld finds a
+winning policy: on the levels (``cooking-1`` .. ``custom-3``) it does; on the hardest ``cooking``
+games it finds none, and off the walkthrough the expert answers None there.
 
 One input is one command. The games' Inform 7 parser runs several commands from one input when they
 are separated by ``then``, a full stop or a line break (``go south then go east``), but TextWorld's

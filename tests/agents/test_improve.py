@@ -451,7 +451,6 @@ def test_expert_labels_every_state_of_won_and_lost_episodes_and_counts_the_unlab
         assert (detail["strings"][step["e"]] if "e" in step else None) == label
 
 
-@pytest.mark.slow
 def test_a_killed_relabelled_run_resumes_to_the_same_concepts(tmp_path, labelling, monkeypatch):
     import agent_shell.improve_labels as labels_module
 
