@@ -42,7 +42,7 @@ import numpy as np
 from agent_shell.candidates import drop_excluded
 from agent_shell.context import action_prefix
 from agent_shell.decision_scorer import DecisionScorer, decision_context
-from agent_shell.expert_decisions import decision_examples
+from agent_shell.expert_decisions import EXPERT_LABEL, decision_examples
 from agent_shell.feature_settings import FeatureSettings
 from agent_shell.history import REVIEWED, SEEDED_RENDERINGS
 from agent_shell.lm.formatting import PLAIN
@@ -115,7 +115,8 @@ class TypeFeatures:
 
 
 def decision_inputs(trajectory: Trajectory, settings: FeatureSettings,
-                    experiences: dict[int, str] | None = None) -> tuple[list[tuple[DecisionInput, int]], Counter]:
+                    experiences: dict[int, str] | None = None,
+                    relabelled: bool = False) -> tuple[list[tuple[DecisionInput, int]], Counter]:
     """(decision as the feature extractors see it, expert index) per fitting decision, and the
     skipped expert actions; ``settings.max_candidates`` (0: all) caps each candidate set, the
     expert's action kept (:func:`agent_shell.expert_decisions.capped_candidates`).
@@ -124,14 +125,19 @@ def decision_inputs(trajectory: Trajectory, settings: FeatureSettings,
     rendering, layout and seed (the shuffle renderings read it), as the acting agent builds them
     (``experiences``: the expert trajectory's reviewed experiences, rendering "experience").
 
+    ``relabelled``: an agent's episode whose steps carry the expert's label
+    (:func:`agent_shell.expert_decisions.decision_examples`): the labels are the targets, and only
+    labelled steps the filter removed count as skipped (keyed by the label).
+
     Raises ValueError (from :func:`agent_shell.expert_decisions.decision_examples`) for an expert
     action outside its saved candidate set.
     """
     examples, _ = decision_examples(trajectory, candidate_filter=drop_excluded, skip_expert_appended=True,
-                                    max_candidates=settings.max_candidates)
+                                    max_candidates=settings.max_candidates, relabelled=relabelled)
     kept = {e.step_index for e in examples}
-    skipped = Counter(s.action for i, s in enumerate(trajectory.steps)
-                      if s.kind == "env" and i not in kept)
+    target = (lambda s: s.info.get(EXPERT_LABEL)) if relabelled else (lambda s: s.action)
+    skipped = Counter(target(s) for i, s in enumerate(trajectory.steps)
+                      if s.kind == "env" and i not in kept and target(s) is not None)
     out = [(DecisionInput(decision_context(e.instruction, e.observation, e.history, rendering=settings.rendering,
                                            layout=settings.layout, seed=settings.seed, experiences=experiences),
                           e.instruction, e.observation, e.history, e.candidates, action_prefix(settings.layout)),
@@ -212,7 +218,7 @@ def features_cached(lm: LanguageModel, trajectory: Trajectory, settings: Feature
 def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], settings: FeatureSettings,
                      cache_dir: str | os.PathLike | None = None,
                      on_trajectory: Callable[[Trajectory], None] | None = None,
-                     reviewer: LanguageModel | None = None) -> dict[str, TypeFeatures]:
+                     reviewer: LanguageModel | None = None, relabelled: bool = False) -> dict[str, TypeFeatures]:
     """Features of every won trajectory, grouped by task type (lost ones are only counted).
 
     ``settings``: everything the features depend on besides the backbone and the text, built once
@@ -226,12 +232,15 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], sett
     (default ``lm``; :func:`agent_shell.experience.review_trajectory`, cached), and the kept
     experiences enter its contexts as they would while acting; rendering "calibrator": the
     same with the settings' calibrator choosing the experiences.
+
+    ``relabelled``: the trajectories are agent episodes the expert labelled, won or lost
+    (:func:`decision_inputs`): every labelled step is a decision whose target is the label.
     """
     scorer = DecisionScorer(lm, settings.feature_set)
     by_type: dict[str, TypeFeatures] = {}
     for traj in trajectories:
         tf = by_type.setdefault(traj.task_type, TypeFeatures(traj.task_type, max_candidates=settings.max_candidates))
-        if not traj.won:
+        if not traj.won and not relabelled:
             tf.n_lost += 1
             continue
         experiences = None
@@ -240,7 +249,7 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], sett
 
             experiences = review_trajectory(reviewer if reviewer is not None else lm, traj, cache_dir,
                                             settings.calibrator)
-        inputs, skipped = decision_inputs(traj, settings, experiences)
+        inputs, skipped = decision_inputs(traj, settings, experiences, relabelled)
         scores, seconds = trajectory_scores(scorer, inputs, settings, cache_dir)
         scored, block_seconds = scorer.score_many([scorer.request(d) for d, _ in inputs], scores, cache_dir)
         if not scorer.features.is_default:

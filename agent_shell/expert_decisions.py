@@ -18,6 +18,11 @@ from typing import Callable, Sequence
 from cb_io.records import Step, Trajectory
 
 
+#: The key of a step's ``info`` that holds the expert's action in that state, on an agent's
+#: episode the expert relabelled (:mod:`agent_shell.improve_labels`).
+EXPERT_LABEL = "expert_action"
+
+
 @dataclass(frozen=True)
 class DecisionExample:
     """One expert decision: choose ``candidates[expert_index]`` after ``history``.
@@ -62,6 +67,7 @@ def decision_examples(
     candidate_filter: Callable[[Sequence[str]], list[str]] | None = None,
     skip_expert_appended: bool = False,
     max_candidates: int = 0,
+    relabelled: bool = False,
 ) -> tuple[list[DecisionExample], int]:
     """One decision example per environment step of ``trajectory`` (seed Eq. 5).
 
@@ -74,6 +80,11 @@ def decision_examples(
     in ``n_skipped``; its step still appears in later examples' histories. With
     ``skip_expert_appended`` a step whose expert action the collector had to append to an
     incomplete engine set (ScienceWorld, ``info["expert_appended"]``) is skipped and counted too.
+
+    ``relabelled``: the trajectory is an agent's episode labelled by the expert (:data:`EXPERT_LABEL`
+    in a step's ``info``, :mod:`agent_shell.improve_labels`): the target is that label, not the
+    action taken (which stays in later histories); a step without a label yields no example and is
+    not counted (the labeller counts why).
 
     Returns:
         (examples, n_skipped).
@@ -89,18 +100,21 @@ def decision_examples(
         if step.kind != "env":
             continue
         assert step.candidates is not None
-        if step.action not in step.candidates:
+        target = step.info.get(EXPERT_LABEL) if relabelled else step.action
+        if target is None:
+            continue
+        if target not in step.candidates:
             raise ValueError(
                 f"trajectory {trajectory.task_id!r} ({trajectory.env}), step {i}: expert action "
-                f"{step.action!r} is not in its saved candidate set of {len(step.candidates)}"
+                f"{target!r} is not in its saved candidate set of {len(step.candidates)}"
             )
         candidates = list(dict.fromkeys(step.candidates))
         if candidate_filter is not None:
             candidates = list(dict.fromkeys(candidate_filter(candidates)))
-        if step.action not in candidates or (skip_expert_appended and step.info.get("expert_appended")):
+        if target not in candidates or (skip_expert_appended and step.info.get("expert_appended")):
             skipped += 1
             continue
-        candidates = capped_candidates(candidates, step.action, max_candidates, f"{trajectory.task_id}\0{i}")
+        candidates = capped_candidates(candidates, target, max_candidates, f"{trajectory.task_id}\0{i}")
         examples.append(
             DecisionExample(
                 task_id=trajectory.task_id,
@@ -109,11 +123,11 @@ def decision_examples(
                 observation=trajectory.observation,
                 history=tuple(trajectory.steps[:i]),
                 candidates=candidates,
-                expert_index=candidates.index(step.action),
+                expert_index=candidates.index(target),
                 step_index=i,
             )
         )
     return examples, skipped
 
 
-__all__ = ["DecisionExample", "capped_candidates", "decision_examples"]
+__all__ = ["EXPERT_LABEL", "DecisionExample", "capped_candidates", "decision_examples"]

@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
 from agent_shell.concepts import TypeFeatures
+from agent_shell.improve_labels import LABELS, check_labels, round_labels
 from agent_shell.improve_rounds import (ROUND_SCHEMA, check_disjoint, concepts_dir, decision_states, episode_files,
                                         load_round_concepts, merged_features, own_features, round_dir, round_games,
-                                        rounds_file, save_round_concepts, training_pool, won_trajectories)
+                                        rounds_file, save_round_concepts, training_pool)
 from agent_shell.results import ResumableJsonl, read_results, unique_episodes
 from agent_shell.run_config import RunConfig, require_resolved
 
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 
 #: The improve settings recorded in every round line and compared on resume (``rounds`` is not:
 #: a resumed run may go on to more rounds).
-IMPROVE_SETTINGS = ("games_per_round", "max_decisions", "keep_expert_data", "train_game_ids")
+IMPROVE_SETTINGS = ("labels", "games_per_round", "max_decisions", "keep_expert_data", "train_game_ids")
 
 Echo = Callable[[str], None]
 
@@ -60,6 +61,9 @@ class ImproveSettings:
     """The loop's own settings (the rest is the run's :class:`RunConfig`).
 
     Attributes:
+        labels: where a round's targets come from (:data:`agent_shell.improve_labels.LABELS`):
+            ``wins`` (the won episodes, the agent's own choices) or ``expert`` (every episode,
+            the expert's action in each state the agent reached: DAgger).
         rounds: rounds of play and refit after round 0 (>= 1).
         games_per_round: training games per task type played each round (>= 1); round k plays the
             k-th slice of each type's training games, from the start again once they run out.
@@ -71,9 +75,10 @@ class ImproveSettings:
             of the evaluated task types that the expert data did not use.
 
     Raises:
-        ValueError: a number out of range, naming it.
+        ValueError: a number out of range or unknown labels, naming it.
     """
 
+    labels: str = "wins"
     rounds: int = 3
     games_per_round: int = 6
     max_decisions: int = 2000
@@ -81,6 +86,8 @@ class ImproveSettings:
     train_games: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.labels not in LABELS:
+            raise ValueError(f"labels={self.labels!r}: choose one of {', '.join(LABELS)}")
         for name, low in (("rounds", 1), ("games_per_round", 1), ("max_decisions", 0)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= {low}")
@@ -88,7 +95,7 @@ class ImproveSettings:
 
     def recorded(self) -> dict[str, Any]:
         """The settings of :data:`IMPROVE_SETTINGS`, JSON-ready."""
-        return {"games_per_round": self.games_per_round, "max_decisions": self.max_decisions,
+        return {"labels": self.labels, "games_per_round": self.games_per_round, "max_decisions": self.max_decisions,
                 "keep_expert_data": self.keep_expert_data, "train_game_ids": list(self.train_games)}
 
 
@@ -110,7 +117,10 @@ class ImproveRun:
         rounds: ``rounds.jsonl`` (:func:`agent_shell.improve_rounds.rounds_file`).
         echo, progress: progress lines and the optional progress bar.
         concepts: the concepts acting (the last round's).
-        own: task type -> one :class:`TypeFeatures` per round that won a game of the type.
+        own: task type -> one :class:`TypeFeatures` per round that added decisions of the type.
+        can_label: the environment's expert labels any state (``expert_labels_any_state``): every
+            round's training episodes are labelled (the targets under ``expert``, the on-policy
+            agreement under both).
     """
 
     config: RunConfig
@@ -129,6 +139,7 @@ class ImproveRun:
     progress: Progress | None = None
     concepts: dict = field(default_factory=dict)
     own: dict[str, list[TypeFeatures]] = field(default_factory=dict)
+    can_label: bool = False
 
 
 def improve(config: RunConfig, settings: ImproveSettings, out: str | Path, echo: Echo = print,
@@ -138,8 +149,8 @@ def improve(config: RunConfig, settings: ImproveSettings, out: str | Path, echo:
     returns the round lines (``rounds.jsonl``), one per round.
 
     Raises:
-        ValueError: one line, before anything heavy loads: an evaluation game that is a training
-            game, an output folder holding a run without ``config.resume``, a resumed folder whose
+        ValueError: one line, before anything heavy loads: ``expert`` labels on an environment
+            whose expert cannot label the agent's states, an evaluation game that is a training game, an output folder holding a run without ``config.resume``, a resumed folder whose
             finished rounds were run with other settings; after the set-up: an explicit training
             game of the expert data.
     """
@@ -173,8 +184,9 @@ def start(config: RunConfig, settings: ImproveSettings, out: Path, echo: Echo, e
     from agent_shell.results import repair_for_resume
     from envs import make_env
 
-    config = replace(require_resolved(config, "improve"), agents=("cb-agent",))  # resolved once, by the command
     env = env if env is not None else make_env(config.env)
+    check_labels(settings.labels, env)
+    config = replace(require_resolved(config, "improve"), agents=("cb-agent",))  # resolved once, by the command
     eval_ids = task_ids(config, env)  # one line for a bad id or split
     type_of = env.task_type_of
     task_types = sorted({type_of(t) for t in eval_ids})
@@ -204,7 +216,8 @@ def start(config: RunConfig, settings: ImproveSettings, out: Path, echo: Echo, e
     return ImproveRun(config, settings, out, setup, features, eval_ids, pool,
                       expert_states=set(decision_states(setup.concept_trajectories, features)), compared=compared,
                       base_meta={**config.settings(), "model": setup.lm.name}, done=done, rounds=rounds, echo=echo,
-                      progress=progress, own={t: [] for t in task_types})
+                      progress=progress, own={t: [] for t in task_types},
+                      can_label=bool(getattr(env, "expert_labels_any_state", False)))
 
 
 def record_round(run: ImproveRun, k: int, provenance: dict, fields: dict, summary: dict) -> dict:
@@ -226,8 +239,8 @@ def record_round(run: ImproveRun, k: int, provenance: dict, fields: dict, summar
 
 def round0_concepts(run: ImproveRun) -> tuple[dict, dict, dict]:
     """Round 0: the concepts fitted on the expert data (read back when saved before)."""
-    fields = {"train_games": [], "won_games": [], "new_decisions": {}, "in_expert_states": 0, "new_states": 0,
-              "kept_last": False}
+    fields = {"labels": run.settings.labels, "train_games": [], "won_games": [], "new_decisions": {},
+              "in_expert_states": 0, "new_states": 0, "kept_last": False, "types": {}}
     try:
         return (*load_round_concepts(run.out, 0), fields)
     except FileNotFoundError:
@@ -239,10 +252,11 @@ def round0_concepts(run: ImproveRun) -> tuple[dict, dict, dict]:
 
 
 def play_and_refit(run: ImproveRun, k: int) -> tuple[dict, dict, dict]:
-    """Round ``k``: play the round's training games with the last concepts, turn the won ones into
-    decisions, refit the types with new decisions (warm-started), save the concepts. Returns
-    (concepts, provenance, the round line's fields)."""
-    config, setup, finished = run.config, run.setup, run.done.get(k)
+    """Round ``k``: play the round's training games with the last concepts, label their states
+    (where the environment's expert can), take the label source's targets as decisions, refit the
+    types with new decisions (warm-started), save the concepts. Returns (concepts, provenance, the
+    round line's fields)."""
+    config, setup, finished, labels = run.config, run.setup, run.done.get(k), run.settings.labels
     games = round_games(run.pool, k, run.settings.games_per_round)
     path = round_dir(run.out, k) / "train.jsonl"
     if finished is None:
@@ -251,30 +265,36 @@ def play_and_refit(run: ImproveRun, k: int) -> tuple[dict, dict, dict]:
         meta = {**run.base_meta, "split": config.demo_split, "concept_round": k - 1,
                 "concepts_dir": str(concepts_dir(run.out, k - 1))}
         play(run, run.concepts, games, path, meta)
-    won = won_trajectories(read_results(path), games)
-    new = own_features(setup.lm, won, run.features, setup.cache)
-    keys = decision_states(won, run.features)
+    source = round_labels(labels, setup.env if run.can_label else None, run.out, k, read_results(path), games,
+                          run.echo)
+    new = own_features(setup.lm, source.targets, run.features, setup.cache, labels == "expert")
+    keys = decision_states(source.targets, run.features, labels == "expert")
     in_expert = sum(key in run.expert_states for key in keys)
-    for task_type, tf in new.items():
-        if tf.n_decisions:
-            run.own.setdefault(task_type, []).append(tf)
-    fields = {"train_games": games, "won_games": [t.task_id for t in won],
+    changed = sorted(t for t, f in new.items() if f.n_decisions)
+    for task_type in changed:
+        run.own.setdefault(task_type, []).append(new[task_type])
+    types = {t: {**c, "decisions": new[t].n_decisions if t in new else 0} for t, c in source.types.items()}
+    fields = {"labels": labels, "train_games": games, "won_games": source.won_games,
               "new_decisions": {t: f.n_decisions for t, f in sorted(new.items())},
-              "in_expert_states": in_expert, "new_states": len(keys) - in_expert, "kept_last": not won}
+              "in_expert_states": in_expert, "new_states": len(keys) - in_expert, "kept_last": not changed,
+              "types": types}
     try:
         concepts, provenance = load_round_concepts(run.out, k)
     except FileNotFoundError:
-        concepts, provenance = refit(run, k, new, won)
+        concepts, provenance = refit(run, k, new)
     if finished is None:
-        changed = sorted(t for t, f in new.items() if f.n_decisions)
-        run.echo(f"round {k}: won {len(won)}/{len(games)} training games -> {len(keys)} new decisions "
-                 f"({in_expert} in states the expert data held, {len(keys) - in_expert} new states)"
+        agreed, labelled_n = (sum(t[f] for t in types.values()) for f in ("agreed", "labelled"))
+        run.echo(f"round {k}: won {len(fields['won_games'])}/{len(games)} training games -> {len(keys)} new decisions "
+                 f"({labels}; {in_expert} in states the expert data held, {len(keys) - in_expert} new states)"
+                 + (f"; the agent chose the expert's action in {agreed}/{labelled_n} labelled states" if labelled_n
+                    else "")
                  + (f"; refitted {', '.join(changed)} warm-started from round {k - 1}" if changed else
-                    f"; no won training game: round {k - 1}'s concepts are kept"))
+                    f"; no {'won training game' if labels == 'wins' else 'labelled state'}: round {k - 1}'s "
+                    "concepts are kept"))
     return concepts, provenance, fields
 
 
-def refit(run: ImproveRun, k: int, new: Mapping[str, TypeFeatures], won: Sequence) -> tuple[dict, dict]:
+def refit(run: ImproveRun, k: int, new: Mapping[str, TypeFeatures]) -> tuple[dict, dict]:
     """Round ``k``'s concepts from the data so far, saved with their provenance."""
     from agent_shell.concepts import fit_concepts
 
@@ -295,7 +315,8 @@ def refit(run: ImproveRun, k: int, new: Mapping[str, TypeFeatures], won: Sequenc
                         "decisions": data[t].n_decisions, "refitted": True}
         else:
             types[t] = {**previous["types"].get(t, {}), "refitted": False}
-    provenance = {"round": k, "warm_start": k - 1 if fitted else None, "kept_last": not won,
+    provenance = {"round": k, "warm_start": k - 1 if fitted else None, "kept_last": not changed,
+                  "labels": settings.labels,
                   "keep_expert_data": settings.keep_expert_data, "types": types}
     save_round_concepts(run.out, k, concepts, provenance)
     return load_round_concepts(run.out, k)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from agent_shell.concepts import TypeFeatures
-from agent_shell.results import ResumableJsonl, read_results, unique_episodes
+from agent_shell.results import ResumableJsonl, read_results
 from cb_io.records import Trajectory
 from cb_io.storage import iter_jsonl
 
@@ -119,30 +119,20 @@ def round_games(pool: Mapping[str, Sequence[str]], k: int, per_type: int) -> lis
     return [g for rank in range(per_type) for s in slices if rank < len(s) for g in [s[rank]]]
 
 
-def won_trajectories(records: Sequence[dict], games: Sequence[str]) -> list[Trajectory]:
-    """The won trial of each won episode of ``records`` (error records left out), in the order of
-    ``games``."""
-    won = {}
-    for r in unique_episodes(records)[0]:
-        if r["success"] and not r.get("error"):
-            trial = next(t for t in r["trials"] if t["won"])
-            won[r["task_id"]] = Trajectory.from_record(trial["trajectory"])
-    return [won[g] for g in dict.fromkeys(games) if g in won]
-
-
 # ---------------------------------------------------------------------------------------------
 # the concept data
 
 
 def own_features(lm: LanguageModel, trajectories: Sequence[Trajectory], features: FeatureSettings,
-                 cache: Path | None) -> dict[str, TypeFeatures]:
-    """The decisions of the agent's won episodes as concept data: every environment step a
-    decision with the agent's chosen action as the target, through the expert decisions' own
+                 cache: Path | None, relabelled: bool = False) -> dict[str, TypeFeatures]:
+    """The decisions of the agent's episodes as concept data, through the expert decisions' own
     feature path (:func:`agent_shell.concepts.collect_features` under the run's ``features``
-    settings; cached alike). The one place the loop computes features."""
+    settings; cached alike): every environment step of a won episode with the agent's chosen
+    action as the target, or (``relabelled``) every labelled step of an episode, won or lost,
+    with the expert's label as the target. The one place the loop computes features."""
     from agent_shell.concepts import collect_features
 
-    return collect_features(lm, trajectories, features, cache_dir=cache)
+    return collect_features(lm, trajectories, features, cache_dir=cache, relabelled=relabelled)
 
 
 def state_key(observation: str, candidates: Sequence[str]) -> str:
@@ -152,14 +142,16 @@ def state_key(observation: str, candidates: Sequence[str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def decision_states(trajectories: Sequence[Trajectory], features: FeatureSettings) -> list[str]:
+def decision_states(trajectories: Sequence[Trajectory], features: FeatureSettings,
+                    relabelled: bool = False) -> list[str]:
     """:func:`state_key` of every fitting decision of ``trajectories``, the decisions of the
-    feature path (:func:`agent_shell.concepts.decision_inputs` under ``features``), in its order."""
+    feature path (:func:`agent_shell.concepts.decision_inputs` under ``features``, ``relabelled``
+    as :func:`own_features`), in its order."""
     from agent_shell.concepts import decision_inputs
 
     keys = []
     for traj in trajectories:
-        for d, _ in decision_inputs(traj, features)[0]:
+        for d, _ in decision_inputs(traj, features, relabelled=relabelled)[0]:
             last = next((s.observation for s in reversed(d.history) if s.kind == "env"), d.observation)
             keys.append(state_key(last, d.candidates))
     return keys
@@ -261,7 +253,12 @@ def round_rows(lines: Sequence[dict], records: Sequence[dict]) -> list[dict]:
         shared = set(games) & set(base)
         only_k = sum(games[t] and not base[t] for t in shared)
         only_0 = sum(base[t] and not games[t] for t in shared)
-        rows.append({"round": k, "train_games": len(line["train_games"]), "train_won": len(line["won_games"]),
+        types = line.get("types") or {}
+        labelled = sum(t.get("labelled", 0) for t in types.values())
+        rows.append({"round": k, "labels": line.get("labels", "wins"), "train_games": len(line["train_games"]),
+                     "train_won": len(line["won_games"]), "labelled": labelled,
+                     "agreed": sum(t.get("agreed", 0) for t in types.values()),
+                     "unlabelled": sum(n for t in types.values() for n in t.get("unlabelled", {}).values()),
                      "new_decisions": sum(line["new_decisions"].values()),
                      "in_expert_states": line["in_expert_states"], "new_states": line["new_states"],
                      "kept_last": line["kept_last"], "won": won, "n": n, "ci": wilson_interval(won, n),
@@ -270,22 +267,69 @@ def round_rows(lines: Sequence[dict], records: Sequence[dict]) -> list[dict]:
     return rows
 
 
-ROUND_COLUMNS = ("round", "training games won", "new decisions", "in expert states", "new states", "eval won/n",
-                 "rate", "95% CI", "vs round 0: only k / only 0", "sign test p")
+ROUND_COLUMNS = ("round", "labels", "training games won", "new decisions", "in expert states", "new states",
+                 "on-policy agreement", "unlabelled states", "eval won/n", "rate", "95% CI",
+                 "vs round 0: only k / only 0", "sign test p")
+
+
+def agreement_cell(agreed: int, labelled: int) -> str:
+    """On-policy agreement as ``agreed/labelled (rate)``; ``-`` without labelled states."""
+    return f"{agreed}/{labelled} ({100 * agreed / labelled:.1f}%)" if labelled else "-"
 
 
 def round_cells(row: dict) -> list[str]:
     """One row of :func:`round_rows` as the cells of :data:`ROUND_COLUMNS`."""
     rate = row["won"] / row["n"] if row["n"] else 0.0
-    return [str(row["round"]), f"{row['train_won']}/{row['train_games']}" if row["round"] else "-",
+    return [str(row["round"]), row["labels"], f"{row['train_won']}/{row['train_games']}" if row["round"] else "-",
             str(row["new_decisions"]) + (" (concepts kept)" if row["kept_last"] else ""),
-            str(row["in_expert_states"]), str(row["new_states"]), f"{row['won']}/{row['n']}", f"{100 * rate:.1f}%",
+            str(row["in_expert_states"]), str(row["new_states"]), agreement_cell(row["agreed"], row["labelled"]),
+            str(row["unlabelled"]) if row["round"] else "-", f"{row['won']}/{row['n']}", f"{100 * rate:.1f}%",
             f"[{100 * row['ci'][0]:.1f}, {100 * row['ci'][1]:.1f}]",
             f"{row['only_round']} / {row['only_round0']}" if row["round"] else "-",
             f"{row['p_value']:.3g}" if row["p_value"] is not None else "-"]
 
 
-__all__ = ["ROUND_COLUMNS", "ROUND_SCHEMA", "check_disjoint", "concepts_dir", "decision_states", "episode_files",
+def round_tables(lines: Sequence[dict], records: Sequence[dict], title: str) -> list[tuple[str, Sequence[str],
+                                                                                          list[list[str]], str]]:
+    """The rounds as tables: (title, columns, rows of cells, caption) of the rounds paired against
+    round 0 (:func:`round_rows`) and of each round's training play per task type
+    (:func:`type_cells`), for ``cb-agent improve`` and ``cb-agent report --rounds``."""
+    caption = ("new decisions: environment steps of the won training games (labels wins) or the expert-labelled "
+               "states of every training game, one per distinct state a round (labels expert); in expert states: "
+               "a state the expert data held, same last observation and candidate set; on-policy agreement: the "
+               "agent's action was the expert's, of the labelled states of the round's training play; sign test: "
+               "exact two-sided binomial test on the games only one of the two rounds won")
+    tables = [(f"{title}: rounds (paired against round 0 on the same evaluation games)", ROUND_COLUMNS,
+               [round_cells(row) for row in round_rows(lines, records)], caption)]
+    per_type = type_cells(lines)
+    if per_type:
+        tables.append((f"{title}: training play per round and task type", TYPE_COLUMNS, per_type,
+                       "unlabelled states: the expert gave up, answered nothing, answered outside the candidate "
+                       "set or an action the agent's filter removes, the replay differed, or (labels expert) the "
+                       "state came up before in the round"))
+    return tables
+
+
+#: The columns of :func:`type_cells`: a round's training play per task type.
+TYPE_COLUMNS = ("round", "task type", "training games won", "decisions added", "on-policy agreement",
+                "unlabelled states (why)")
+
+
+def type_cells(lines: Sequence[dict]) -> list[list[str]]:
+    """Per round >= 1 and task type (the round line's ``types``): training games won, decisions
+    added, on-policy agreement (the agent's choice was the expert's, of the labelled states) and
+    the states without a label with their reasons, as the cells of :data:`TYPE_COLUMNS`."""
+    rows = []
+    for line in lines:
+        for t, c in (line.get("types") or {}).items():
+            why = ", ".join(f"{reason} {n}" for reason, n in c["unlabelled"].items())
+            rows.append([str(line["round"]), t, f"{c['won']}/{c['games']}", str(c["decisions"]),
+                         agreement_cell(c["agreed"], c["labelled"]),
+                         f"{sum(c['unlabelled'].values())}" + (f" ({why})" if why else "")])
+    return rows
+
+
+__all__ = ["ROUND_COLUMNS", "TYPE_COLUMNS", "agreement_cell", "round_tables", "type_cells", "ROUND_SCHEMA", "check_disjoint", "concepts_dir", "decision_states", "episode_files",
            "evaluation_records", "load_round_concepts", "merged_features", "own_features", "read_rounds",
            "round_cells", "round_dir", "round_games", "round_rows", "rounds_file", "save_round_concepts", "state_key",
-           "training_pool", "won_trajectories"]
+           "training_pool"]

@@ -290,6 +290,25 @@ def _markdown(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def markdown_cells(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A table of cells (strings) as Markdown (the header, its rule, one line per row)."""
+    return _markdown(head, rows)
+
+
+def cells_table(title: str, head: Sequence[str], rows: Iterable[Sequence[str]], caption: str = ""):
+    """A table of cells (strings) as a :class:`rich.table.Table`: the first column and the text
+    columns (``labels``, ``task type``) left-aligned, the numbers right-aligned."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=title, caption=caption or None)
+    for i, name in enumerate(head):
+        table.add_column(name, justify="left" if i == 0 or name in ("labels", "task type") else "right")
+    for cells in rows:
+        table.add_row(*(escape(c) for c in cells))
+    return table
+
+
 def pairs_markdown(pairs: Sequence[Pair]) -> str:
     """The pairs as a Markdown table: a, b, games, both won, only a, only b, neither, p."""
     return _markdown(["a", "b", "games", "both won", "only a", "only b", "neither", "sign test p"],

@@ -55,11 +55,12 @@ class SameAs(str):
 
 
 #: The value a record without the field was run with (records of older versions); a concept was
-#: fitted on the demonstrations (``demos_per_type``) before ``concept_per_type`` existed. A field
+#: fitted on the demonstrations (``demos_per_type``) before ``concept_per_type`` existed; a round of
+#: ``cb-agent improve`` learned from its wins before it could learn from the expert's labels. A field
 #: that is neither recorded nor here has no known value (None) and is never compared.
 SETTING_DEFAULTS: dict[str, Any] = {"rendering": "raw", "layout": "text", "features": "lm-hidden",
                                    "fit_candidates": 0, "concept_per_type": SameAs("demos_per_type"),
-                                   "concept_round": 0}
+                                   "concept_round": 0, "labels": "wins"}
 
 
 def setting(record: Mapping[str, Any], key: str) -> object:

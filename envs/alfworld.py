@@ -191,6 +191,9 @@ class AlfworldEnv:
     ENGINE_MODULES = ("textworld", "textworld.gym", "alfworld.agents.environment.alfred_tw_env")
     default_max_steps = 50
     expert_name = "alfworld-handcoded"
+    #: The handcoded expert runs along any episode (its own memory of what it has seen): it answers
+    #: from every state an episode reset with ``expert=True`` reaches, until it gives up.
+    expert_labels_any_state = True
 
     def __init__(self, data_dir: str | os.PathLike | None = None, expert: str | None = "handcoded"):
         places = None if data_dir is None else [("data_dir", Path(data_dir))]

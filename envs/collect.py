@@ -108,6 +108,46 @@ def play_expert(env: Environment, task_id: str, max_steps: int | None = None, sp
     return episode.trajectory(meta=meta)
 
 
+#: Why :func:`expert_answers` has no label for a state.
+GAVE_UP, NO_ANSWER, NOT_A_CANDIDATE, REPLAY_DIFFERS = "expert gave up", "no answer", "not a candidate", "replay differs"
+
+
+def expert_answers(env: Environment, trajectory: Trajectory) -> list[tuple[str | None, str | None]]:
+    """The adapter's expert asked in every state of ``trajectory`` (an agent's episode, won or
+    lost): per environment step, ``(expert action, None)`` or ``(None, why)``.
+
+    The episode is replayed action for action in a fresh episode reset with its expert
+    (``Episode(..., expert=True)``; the engines offer no state cloning), and before each recorded
+    action the expert is asked what it would do there; the expert runs along the replayed
+    actions, so an adapter with ``expert_labels_any_state`` answers off its own path too. Why a
+    state has no label: :data:`GAVE_UP` (ALFWorld's ``expert_gave_up``), :data:`NO_ANSWER` (the
+    expert answered nothing: game over or lost, no policy), :data:`NOT_A_CANDIDATE` (its action is
+    outside the state's saved candidate set) or :data:`REPLAY_DIFFERS` (a replayed observation
+    differed from the recorded one: this state and every later one).
+
+    Raises:
+        ValueError: ``trajectory`` is not a game of ``env``.
+        cb_io.records.EngineError: the engine failed during the replay.
+    """
+    steps = [s for s in trajectory.steps if s.kind == "env"]
+    episode = Episode(env, trajectory.task_id, len(steps) + 1, expert=True)
+    out: list[tuple[str | None, str | None]] = []
+    for step in steps:
+        if episode.done:  # the replay went elsewhere and ended early
+            out.append((None, REPLAY_DIFFERS))
+            continue
+        action = episode.expert_action()
+        if action is None:
+            out.append((None, GAVE_UP if getattr(env, "expert_gave_up", None) else NO_ANSWER))
+        else:
+            out.append((action, None) if action in (step.candidates or []) else (None, NOT_A_CANDIDATE))
+        episode.act(step.action)
+        if episode.steps[-1].observation.strip() != step.observation.strip():
+            out += [(None, REPLAY_DIFFERS)] * (len(steps) - len(out))  # the later states are not the recorded ones
+            break
+    return out
+
+
 def collect_expert_trajectories(
     env: Environment,
     task_ids: Sequence[str],

@@ -13,6 +13,12 @@ ScienceWorld), never ``done``.
 The expert is computed only where it is used: ``reset(task_id, expert=True)`` (expert collection)
 turns it on for that episode; an agent's episode (``expert=False``) never runs it, so an expert's
 own faults (ALFWorld's handcoded expert gives up after 200 steps) cannot end an agent's episode.
+An adapter whose class attribute ``expert_labels_any_state`` is True (absent: False) answers ``expert_action()`` from any state the
+episode reaches, off the expert's own path too (ALFWorld's handcoded expert runs along whatever is
+played; TextWorld's winning policy is computed from the current state): an agent's episode replayed
+with the expert on is labelled step by step (:func:`envs.collect.expert_answers`, the relabelled
+rounds of ``cb-agent improve --labels expert``). An adapter without it (ScienceWorld's gold path)
+answers only along its own path.
 
 One input is one command: an input that the engine would split into several commands (TextWorld's
 ``go south then go east``) is answered as an invalid command and never reaches the engine, so one

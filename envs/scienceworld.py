@@ -122,6 +122,8 @@ class ScienceWorldEnv:
     splits = SPLITS
     default_max_steps = 100
     expert_name = "scienceworld-gold-path"
+    #: The gold path answers only along itself: no labels for states the agent reached off it.
+    expert_labels_any_state = False
     complete_candidates = False
 
     def __init__(

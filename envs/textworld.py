@@ -17,9 +17,14 @@ checked at construction). A game is generated on first use into
 so an interrupted generation never leaves a half game) and reused afterwards. Generation needs
 no network (about 3 to 10 s of CPU a game).
 
-Candidates are TextWorld's admissible commands; the expert is the game's walkthrough, followed
-while the agent follows it (``expert_action()`` is None after a deviation, and in episodes reset
-without ``expert=True``).
+Candidates are TextWorld's admissible commands. The expert (episodes reset with ``expert=True``;
+``expert_action()`` is None in the others) is the game's walkthrough while the episode follows it,
+so the demonstrations are the walkthroughs; after a deviation it is the first of TextWorld's
+``policy_commands``, the winning policy from the current state (tracked only in expert episodes:
+the game is registered with ``EnvInfos(policy_commands=True)`` then), None when the game is lost
+or over. So it answers from any state (``expert_labels_any_state``) where TextWorld finds a
+winning policy: on the levels (``cooking-1`` .. ``custom-3``) it does; on the hardest ``cooking``
+games it finds none, and off the walkthrough the expert answers None there.
 
 One input is one command. The games' Inform 7 parser runs several commands from one input when they
 are separated by ``then``, a full stop or a line break (``go south then go east``), but TextWorld's
@@ -144,6 +149,8 @@ class TextWorldEnv:
     splits = SPLITS
     default_max_steps = 100
     expert_name = "textworld-walkthrough"
+    #: Off the walkthrough the expert answers the winning policy from the current state.
+    expert_labels_any_state = True
 
     def __init__(
         self,
@@ -165,10 +172,12 @@ class TextWorldEnv:
         self._gym = None
         self._env_id: str | None = None  # our entry in textworld's gym registry
         self._game: Path | None = None
+        self._tracks_policy = False  # the registered game computes policy_commands
         self._infos: dict = {}
         self._walkthrough: list[str] = []
         self._pos = 0
         self._on_path = False
+        self._expert = False
         self._done = False
 
     def tasks(self, split: str) -> list[str]:
@@ -204,17 +213,18 @@ class TextWorldEnv:
 
         kind, split, seed = self._parse(task_id)
         game = generate_game(kind, split, seed)
-        if game != self._game:
+        if game != self._game or (expert and not self._tracks_policy):
             self.close()
             infos = textworld.EnvInfos(
                 admissible_commands=True, won=True, lost=True, objective=True, score=True, max_score=True,
-                extras=["walkthrough"],
+                extras=["walkthrough"], policy_commands=bool(expert),
             )
             self._env_id = textworld.gym.register_game(str(game), infos, max_episode_steps=10**9)
             self._gym = textworld.gym.make(self._env_id)
-            self._game = game
+            self._game, self._tracks_policy = game, bool(expert)
         obs, self._infos = self._gym.reset()
         self._walkthrough = list(self._infos.get("extra.walkthrough") or [])
+        self._expert = bool(expert)
         self._pos, self._on_path, self._done = 0, bool(expert and self._walkthrough), False
         objective = (self._infos.get("objective") or "").strip()
         return TaskStart(task_id, kind, objective, _strip_banner(obs, objective))
@@ -242,9 +252,14 @@ class TextWorldEnv:
         return list(self._infos.get("admissible_commands") or [])
 
     def expert_action(self) -> str | None:
-        if not self._on_path or self._done or self._pos >= len(self._walkthrough):
+        """The walkthrough's next command while the episode follows it, else the first command of
+        the winning policy from the current state; None: reset without expert, game over or lost."""
+        if not self._expert or self._done:
             return None
-        return self._walkthrough[self._pos]
+        if self._on_path and self._pos < len(self._walkthrough):
+            return self._walkthrough[self._pos]
+        policy = self._infos.get("policy_commands") or []
+        return policy[0] if policy else None
 
     def config(self) -> dict:
         from importlib.metadata import version
@@ -257,3 +272,4 @@ class TextWorldEnv:
             self._gym.close()
         forget_registration(self._env_id)  # textworld's registry keeps every game
         self._gym, self._game, self._infos, self._env_id = None, None, {}, None
+        self._tracks_policy = False

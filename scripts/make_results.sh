@@ -70,6 +70,7 @@ seed() {
 
 # TABLES: every committed table of `cb-agent report` (results/NAME.md and .png), one a line:
 # "NAME: the committed results files it is reported from (results/FILE.results.jsonl.gz), then report's options"
+# (--rounds: the rounds of `cb-agent improve`, results/NAME_rounds.jsonl)
 TABLES='
 table1_alfworld: table1_alfworld
 table1_alfworld_bf16: table1_alfworld_bf16
@@ -84,6 +85,8 @@ table3_textworld: table3_textworld
 table3_textworld_lam_auto: table3_textworld table3_textworld_lam_auto --paired
 improve_textworld: improve_textworld --paired
 improve_alfworld: improve_alfworld --paired
+improve_textworld_expert: improve_textworld_expert --paired --rounds
+improve_textworld_expert_novelty: improve_textworld_expert_novelty --paired --rounds
 table4_closed_loop: table1_alfworld table4_closed_loop_k5 table4_closed_loop_k10 table4_closed_loop_k20 --paired --common-games
 ical_alfworld_actions: ical_alfworld_actions
 ical_alfworld_notes: ical_alfworld_notes
@@ -103,6 +106,7 @@ table() {
   tmp=$(mktemp -d)
   for word in ${line#*:}; do
     case "$word" in
+      --rounds) options+=(--rounds "results/$1_rounds.jsonl") ;;  # the run's round lines, committed beside
       --*) options+=("$word") ;;
       *) gzip -dc "results/$word.results.jsonl.gz" > "$tmp/$word.jsonl"; files+=("$tmp/$word.jsonl") ;;
     esac
@@ -259,6 +263,32 @@ improve_alfworld() {  # `cb-agent improve` on Table 1's games (ALFWorld valid_un
   cp "$out/rounds.jsonl" results/improve_alfworld_rounds.jsonl
 }
 
+improve_relabelled() {  # one arm of relabelled rounds beside own wins on Table 3's games (the improve target's
+                        # games and settings): LABELS (expert or wins, default expert) and FEATURES (default
+                        # lm-hidden; lm-hidden,novelty); round 0 of an lm-hidden arm is the improve target's
+                        # round 0 (the same command and concept: seeded from its results, not played again);
+                        # results/improve_textworld_<labels>[_novelty].{md,png,results.jsonl.gz} and _rounds.jsonl
+                        # (each round's training play per level: wins, decisions added, on-policy agreement,
+                        # unlabelled states). ALFWorld's arms: the same with --env alfworld --split valid_unseen
+                        # --all-games --max-steps 50 (hours a round on a CPU; not committed)
+  local level args=() labels=${LABELS:-expert} features=${FEATURES:-lm-hidden} name out
+  name=improve_textworld_$labels$([ "$features" = lm-hidden ] || echo _novelty)
+  out="$RUNS/improve-textworld-$labels-${features//,/-}"
+  for level in ${TW_LEVELS:-custom-1 cooking-1 custom-2 cooking-2}; do args+=($(games "$level" "$TW_GAMES")); done
+  if [ "$features" = lm-hidden ] && [ ! -e "$out/round-0/results.jsonl" ]; then
+    mkdir -p "$out/round-0"
+    gzip -dc results/improve_textworld.results.jsonl.gz | grep '^{"schema":"cb-agent/episode-v1","agent":"cb-agent",' \
+      | grep '"concept_round":0,' > "$out/round-0/results.jsonl" || true
+  fi
+  "$CB" improve --env textworld --split test "${COMMON[@]}" "${args[@]}" --max-steps 20 --rounds "${ROUNDS:-3}" \
+    --games-per-round "${ROUND_GAMES:-6}" --labels "$labels" --features "$features" --out-dir "$out" --resume
+  cat "$out"/round-*/results.jsonl > "$out/rounds_results.jsonl"
+  gzip -c "$out/rounds_results.jsonl" > "results/$name.results.jsonl.gz"
+  cp "$out/rounds.jsonl" "results/${name}_rounds.jsonl"
+  "$CB" report "$out/rounds_results.jsonl" --paired --rounds "$out/rounds.jsonl" --markdown "results/$name.md" \
+    --chart "results/$name.png"  # as its TABLES line (NAME: NAME --paired --rounds) regenerates it
+}
+
 table2() {  # ScienceWorld: one test variation of each task, open action space (20 sampled replies, T = 0.7);
             # the concept's fit sees the expert's action and 63 sampled others of the ~1,000 valid combinations
   local tasks out="$RUNS/scienceworld" t
@@ -321,11 +351,11 @@ tables() {  # every table of TABLES from the committed results files alone (no m
 }
 
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && { echo "usage: $0 figure|table1|table1_bf16|table1_bf16_timed|table1_reflexion|table1_features|table2|table3|table4|table4_closed_loop|ical|calibration|improve|improve_alfworld|tables|all ..." >&2; exit 2; }
+[ ${#targets[@]} -eq 0 ] && { echo "usage: $0 figure|table1|table1_bf16|table1_bf16_timed|table1_reflexion|table1_features|table2|table3|table4|table4_closed_loop|ical|calibration|improve|improve_alfworld|improve_relabelled|tables|all ..." >&2; exit 2; }
 for target in "${targets[@]}"; do
   case "$target" in
     all) figure; table4; table3; table1; table1_reflexion; table2 ;;
-    figure|table1|table1_bf16|table1_bf16_timed|table1_reflexion|table1_features|table2|table3|table4|table4_closed_loop|ical|calibration|improve|improve_alfworld|tables) "$target" ;;
+    figure|table1|table1_bf16|table1_bf16_timed|table1_reflexion|table1_features|table2|table3|table4|table4_closed_loop|ical|calibration|improve|improve_alfworld|improve_relabelled|tables) "$target" ;;
     *) echo "unknown target $target" >&2; exit 2 ;;
   esac
 done

@@ -165,6 +165,7 @@ PLAYS_GAMES = {
     "agent_shell.demos": "collects a missing expert demonstration by letting the expert play",
     "agent_shell.improve": "makes the environment and plays each round's games",
     "agent_shell.improve_rounds": "chooses each round's training games from the environment's split",
+    "agent_shell.improve_labels": "replays each training episode with the expert alongside to label its states",
     "agent_shell.calibration.expert_distance": "replays a recorded prefix and lets the expert play on",
     "agent_shell.studies.recovery": "restores an episode at a recorded step and plays on",
     "agent_shell.studies.recorded": "plays a study's cells under the episode runner's wall-clock rule",

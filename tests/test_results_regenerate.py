@@ -43,8 +43,9 @@ DATA_SIZE = "table4_concept_data_size"
 def test_every_committed_table_has_a_line_and_its_results_files_are_committed():
     assert sorted(p.stem for p in RESULTS.glob("*.md")) == sorted([*TABLES, DATA_SIZE])
     for name, (sources, options) in TABLES.items():
-        assert sources and set(options) <= {"--paired", "--common-games"}, name
+        assert sources and set(options) <= {"--paired", "--common-games", "--rounds"}, name
         assert all((RESULTS / f"{s}.results.jsonl.gz").is_file() for s in sources), name
+        assert "--rounds" not in options or (RESULTS / f"{name}_rounds.jsonl").is_file(), name
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +67,7 @@ def test_every_report_table_regenerates_from_its_committed_results_files(plain, 
     differ = []
     for name, (sources, options) in TABLES.items():
         out = tmp_path / f"{name}.md"
+        options = [w for o in options for w in ([o, str(RESULTS / f"{name}_rounds.jsonl")] if o == "--rounds" else [o])]
         res = CliRunner().invoke(main, ["report", *(str(plain[s]) for s in sources), *options,
                                         "--markdown", str(out), "--chart", str(tmp_path / f"{name}.png")])
         assert res.exit_code == 0, (name, res.output, repr(res.exception))

@@ -29,6 +29,10 @@ IMPROVE_RUN_OPTIONS = ("split", "per_type", "all_games", "games", "game_ids", "b
 
 @click.command()
 @config_options(*COMMON_OPTIONS, *IMPROVE_RUN_OPTIONS)
+@click.option("--labels", type=click.Choice(["wins", "expert"]), default="wins", show_default=True,
+              help="A round's targets: wins = its won training episodes, the agent's own choices; expert = every "
+                   "training episode, won or lost, each state labelled with the expert's action (DAgger; ALFWorld "
+                   "and TextWorld, whose experts answer from any state).")
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
               help="Rounds of play and refit after round 0 (the expert-data concept).")
 @click.option("--games-per-round", type=click.IntRange(min=1), default=6, show_default=True,
@@ -42,17 +46,19 @@ IMPROVE_RUN_OPTIONS = ("split", "per_type", "all_games", "games", "game_ids", "b
 @click.option("--train-game", "train_games", multiple=True,
               help="Explicit training game(s) of --demo-split (repeatable; default: every game of the evaluated "
                    "task types that the expert data did not use).")
-def improve(config: RunConfig, rounds: int, games_per_round: int, max_decisions: int, keep_expert_data: bool,
-            train_games: tuple[str, ...]) -> None:
-    """Rounds of play on training games; the won episodes refit the concept; each round evaluated."""
+def improve(config: RunConfig, labels: str, rounds: int, games_per_round: int, max_decisions: int,
+            keep_expert_data: bool, train_games: tuple[str, ...]) -> None:
+    """Rounds of play on training games; the won episodes (or the expert's labels of every state
+    played) refit the concept; each round evaluated."""
     from agent_shell.improve import ImproveSettings, improve as run_rounds
+    from agent_shell.improve_labels import check_labels
     from agent_shell.progress import interactive
     from agent_shell.scheduler import make_progress
     from cb_io.storage import OutputError
     from envs import make_env
 
     console = make_console()
-    settings = ImproveSettings(rounds=rounds, games_per_round=games_per_round, max_decisions=max_decisions,
+    settings = ImproveSettings(labels=labels, rounds=rounds, games_per_round=games_per_round, max_decisions=max_decisions,
                                keep_expert_data=keep_expert_data, train_games=train_games)
     out = Path(config.out_dir or f"runs/improve-{config.env}-{config.split}")
 
@@ -61,7 +67,11 @@ def improve(config: RunConfig, rounds: int, games_per_round: int, max_decisions:
 
     env = make_env(config.env)
     try:
-        try:  # the evaluation games and the training split, before anything loads
+        try:  # the label source, the evaluation games and the training split, before anything loads
+            check_labels(labels, env)
+        except ValueError as err:
+            raise click.ClickException(str(err)) from None
+        try:
             task_ids(config, env)
         except ValueError as err:
             raise task_error(env, config.split, err) from None
@@ -77,25 +87,17 @@ def improve(config: RunConfig, rounds: int, games_per_round: int, max_decisions:
 
 
 def show(console, out, lines) -> None:
-    """The success table per round and task type, the rounds' summary paired against round 0, the chart."""
-    from rich.table import Table
-
-    from agent_shell.improve_rounds import ROUND_COLUMNS, evaluation_records, round_cells, round_rows
+    """The success table per round and task type, the rounds' summary paired against round 0, the
+    training play per round and task type, the chart."""
     from agent_shell.charts import bar_chart
-    from agent_shell.reporting import describe_run, rich_table, summarize
+    from agent_shell.improve_rounds import evaluation_records, round_tables
+    from agent_shell.reporting import cells_table, describe_run, rich_table, summarize
 
     records = evaluation_records(out)
     rows = summarize(records)
     title = describe_run(records)
     console.print(rich_table(rows, title=f"{title}: success per round and task type"))
-    table = Table(title=f"{title}: rounds (paired against round 0 on the same evaluation games)")
-    for name in ROUND_COLUMNS:
-        table.add_column(name, justify="left" if name == "round" else "right")
-    for row in round_rows(lines, records):
-        table.add_row(*round_cells(row))
-    table.caption = ("new decisions: environment steps of the won training games (in expert states: a state the "
-                     "expert data held, same last observation and candidate set); sign test: exact two-sided "
-                     "binomial test on the games only one of the two rounds won")
-    console.print(table)
+    for table in round_tables(lines, records, title):
+        console.print(cells_table(*table))
     chart = bar_chart(rows, out / "rounds.png", f"{title}: success rate by round")
     console.print(f"concepts: {out}/round-K/concepts (cb-agent run --concepts); chart: {chart}", markup=False)

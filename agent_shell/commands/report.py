@@ -32,11 +32,15 @@ from cb_io.storage import write_bytes_atomic
 @click.option("--common-games", is_flag=True,
               help="Keep only the games (task ids) that every agent finished without an error, e.g. a "
                    "134-game run beside 30-game runs; says how many games were left out.")
-def report(results, chart_path, markdown_path, paired, common_games) -> None:
+@click.option("--rounds", "rounds_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The rounds.jsonl of a `cb-agent improve` run whose evaluation episodes RESULTS hold: also "
+                   "the rounds paired against round 0 and each round's training play per task type.")
+def report(results, chart_path, markdown_path, paired, common_games, rounds_path) -> None:
     """Summarise RESULTS (JSONL files written by `cb-agent run`)."""
 
     from agent_shell.charts import bar_chart
-    from agent_shell.reporting import (describe_run, differing_settings, markdown_table, paired_comparisons,
+    from agent_shell.reporting import (describe_run, differing_settings, markdown_cells, markdown_table,
+                                       paired_comparisons,
                                        pairs_markdown, pairs_table, rich_table, running_time, summarize)
     from agent_shell.reporting import common_games as keep_common_games
     from agent_shell.results import read_results, unique_episodes
@@ -72,6 +76,18 @@ def report(results, chart_path, markdown_path, paired, common_games) -> None:
             console.print(pairs_table(pairs, title=f"{title}: same games, agent against agent"))
         else:
             console.print("--paired: the results hold one agent only, nothing to pair", markup=False)
+    rounds = []
+    if rounds_path:
+        from agent_shell.improve_rounds import read_rounds, round_tables
+        from agent_shell.reporting import cells_table
+
+        lines = read_rounds(Path(rounds_path))
+        if not lines:
+            raise click.ClickException(f"--rounds: {rounds_path} holds no round line of cb-agent improve")
+        ours = [r for r in records if r.get("agent") == "cb-agent" and r.get("concept_round") is not None]
+        rounds = round_tables(lines, ours, title)
+        for table in rounds:
+            console.print(cells_table(*table))
     timing = running_time(records)
     timing_line = ""
     if timing.busy_s > 0:
@@ -88,6 +104,8 @@ def report(results, chart_path, markdown_path, paired, common_games) -> None:
         text = f"{title}: success per task type{note}\n\n{markdown_table(rows)}"
         if pairs:
             text += f"\nSame games, agent against agent (exact sign test on the discordant games)\n\n{pairs_markdown(pairs)}"
+        for name, head, cells, caption in rounds:
+            text += f"\n{name}\n\n{markdown_cells(head, cells)}\n{caption[0].upper()}{caption[1:]}.\n"
         if timing_line:
             text += f"\n{timing_line[0].upper()}{timing_line[1:]}.\n"
         write_bytes_atomic(markdown_path, text.encode())

@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import orjson
 
 from agent_shell.charts import chart_figure
+from agent_shell.expert_decisions import EXPERT_LABEL
 from agent_shell.reporting import agent_label, describe_run, differing_settings, summarize, table_cells
 from agent_shell.results import RUN_SETTINGS, read_results, scored_candidates, setting, unique_episodes
 
@@ -221,7 +222,8 @@ def episode_detail(record: Mapping[str, Any], expert: Sequence[str] | None = Non
     trial ``won``, ``reflection``, ``memory`` and ``steps``: ``k`` (kind), ``a`` (action) and ``o``
     (observation) as string indices, ``d`` the decision (:func:`decision_entry`) when one is
     recorded, ``e`` the expert's action there (string index) when ``expert`` (the expert
-    trajectory's actions on this game) tells it (:func:`expert_actions`), and then ``d["expert"]``
+    trajectory's actions on this game) tells it (:func:`expert_actions`) or the step carries the
+    expert's label (a relabelled episode, ``cb-agent improve``'s ``labelled.jsonl``), and then ``d["expert"]``
     its index among the scored candidates (-1: not among them); ``strings`` the table the indices
     refer to, ``error`` the engine fault if any."""
     strings = Strings()
@@ -232,6 +234,8 @@ def episode_detail(record: Mapping[str, Any], expert: Sequence[str] | None = Non
         steps = traj.get("steps") or []
         decisions = {d.get("step"): d for d in (trial.get("log") or {}).get("decisions", ())}
         known = expert_actions(steps, expert) if expert else {}
+        known.update((i, s["info"][EXPERT_LABEL]) for i, s in enumerate(steps)  # an episode the expert relabelled
+                     if (s.get("info") or {}).get(EXPERT_LABEL))
         out_steps = []
         for i, s in enumerate(steps):
             step: dict[str, Any] = {"k": s["kind"], "a": strings(s["action"]), "o": strings(s.get("observation") or "")}

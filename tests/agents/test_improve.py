@@ -311,3 +311,253 @@ def test_a_fit_started_anywhere_reaches_the_same_optimum_and_starts_where_told()
     assert np.array_equal(stay.alpha, start)  # no step taken: the first iterate is the start
     with pytest.raises(ValueError, match=r"init must be alpha \[d \+ 1\] = \[7\]"):
         cb_core.fit(dec, lam=0.5, init=start[:3])
+
+
+# -- relabelled rounds: the expert labels the agent's own states (--labels expert) ----------------
+
+class LabellingEnv(SplitEnv):
+    """:class:`SplitEnv` whose expert answers from any state (the next action of the solution
+    after the agent's correct steps so far), except where a real expert fails: it answers nothing
+    in open/train/3 once a step is made, and an action outside the candidate set in the second
+    state of fetch/train/3."""
+
+    expert_labels_any_state = True
+
+    def expert_action(self):
+        if self._task == "open/train/3" and self._pos >= 1:
+            return None
+        if self._task == "fetch/train/3" and self._pos == 1:
+            return "dance on the desk"
+        return super().expert_action()
+
+
+def expected_labels(task_id, actions):
+    """The expert's label in each state of an episode that took ``actions``, computed from the
+    games' rule (not the code's): (label, None) or (None, why)."""
+    solution, pos, out = GAMES[task_id][1], 0, []
+    for action in actions:
+        if task_id == "open/train/3" and pos >= 1:
+            out.append((None, "no answer"))
+        elif task_id == "fetch/train/3" and pos == 1:
+            out.append((None, "not a candidate"))
+        else:
+            out.append((solution[pos], None) if pos < len(solution) else (None, "no answer"))
+        if pos < len(solution) and action == solution[pos]:
+            pos += 1
+    return out
+
+
+@pytest.fixture()
+def labelling(doubles, monkeypatch):
+    monkeypatch.setattr(envs, "make_env", lambda name, **kw: LabellingEnv(GAMES))
+    return doubles
+
+
+@pytest.mark.slow
+def test_expert_labels_every_state_of_won_and_lost_episodes_and_counts_the_unlabelled(tmp_path, labelling):
+    import cb_core
+    from agent_shell.concepts import decision_inputs
+    from agent_shell.configure import feature_settings, resolve
+    from agent_shell.improve_labels import expert_targets
+    from agent_shell.run_config import RunConfig
+
+    out = tmp_path / "imp"
+    res = CliRunner().invoke(main, improve_args(out, "--labels", "expert"))
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    assert [line["labels"] for line in lines] == ["expert"] * 3
+    off_path, from_lost, from_won = 0, 0, 0
+    for line in lines[1:]:
+        k = line["round"]
+        train = read_results(out / f"round-{k}" / "train.jsonl")
+        labelled = {r["task_id"]: r for r in read_results(out / f"round-{k}" / "labelled.jsonl")}
+        assert sorted(labelled) == sorted(line["train_games"])
+        seen, decisions, unlabelled, agreed, n_labelled = set(), {}, {}, {}, {}
+        for game in line["train_games"]:  # the round's order: the first visit of a state is kept
+            r = next(r for r in train if r["task_id"] == game)
+            t = GAMES[game][0]
+            for trial, relabelled in zip(r["trials"], labelled[game]["trials"]):
+                steps = trial["trajectory"]["steps"]
+                want = expected_labels(game, [s["action"] for s in steps])
+                got = [(s["info"].get("expert_action"), s["info"].get("expert_unlabelled"))
+                       for s in relabelled["trajectory"]["steps"]]
+                assert got == want and [s["action"] for s in relabelled["trajectory"]["steps"]] == [
+                    s["action"] for s in steps]  # the agent's actions stay: the label is beside them
+                last = trial["trajectory"]["observation"]
+                for s, (label, why) in zip(steps, want):
+                    if label is None:
+                        unlabelled.setdefault(t, {}).setdefault(why, 0)
+                        unlabelled[t][why] += 1
+                    else:
+                        n_labelled[t] = n_labelled.get(t, 0) + 1
+                        agreed[t] = agreed.get(t, 0) + (label == s["action"])
+                        off_path += label != s["action"]
+                        key = (last.strip(), tuple(sorted(s["candidates"])), label)
+                        if key in seen:
+                            unlabelled.setdefault(t, {}).setdefault("repeated state", 0)
+                            unlabelled[t]["repeated state"] += 1
+                        else:
+                            decisions[t] = decisions.get(t, 0) + 1
+                            from_won += bool(r["success"])
+                            from_lost += not r["success"]
+                        seen.add(key)
+                    last = s["observation"]
+        assert line["new_decisions"] == decisions
+        for t, c in line["types"].items():
+            assert c["unlabelled"] == dict(sorted(unlabelled.get(t, {}).items()))
+            assert (c["agreed"], c["labelled"]) == (agreed.get(t, 0), n_labelled.get(t, 0))
+            assert c["won"] == sum(r["success"] for r in train if GAMES[r["task_id"]][0] == t)
+    # won and lost games both contribute, and states off the expert's path are labelled
+    assert from_won > 0 and from_lost > 0 and off_path > 0, (from_won, from_lost, off_path)
+    assert {"no answer", "not a candidate", "repeated state"} <= {
+        why for line in lines[1:] for c in line["types"].values() for why in c["unlabelled"]}
+    # the targets of the relabelled decisions are the expert's labels, in the agent's states
+    config = resolve(RunConfig(env="textworld", split="test"))
+    settings = feature_settings(config)
+    trajectories, _ = expert_targets(read_results(out / "round-1" / "labelled.jsonl"))
+    n = 0
+    for traj in trajectories:
+        steps = [s for s in traj.steps if s.kind == "env"]
+        for d, e in decision_inputs(traj, settings, relabelled=True)[0]:
+            step = traj.steps[len(d.history)]
+            assert d.candidates[e] == step.info["expert_action"] and [s.action for s in d.history] == [
+                s.action for s in traj.steps[:len(d.history)]]
+            n += 1
+        assert len(steps) >= len(decision_inputs(traj, settings, relabelled=True)[0])
+    assert n == sum(lines[1]["new_decisions"].values())
+    # the aggregated data of round 2 is the union of the rounds: expert decisions + round 1's + round 2's
+    for t in ("fetch", "open"):
+        meta = cb_core.Concept.load(out / "round-2" / "concepts" / f"{t}.safetensors").metadata
+        expert = len(GAMES[f"{t}/train/1"][1])
+        assert meta["n_decisions"] == expert + lines[1]["new_decisions"][t] + lines[2]["new_decisions"][t]
+    text = " ".join(res.output.split())
+    assert "on-policy agreement" in text and "the expert labels the states of 4 training episodes" in text
+    # `cb-agent report --rounds` shows the rounds and each round's play per type (agreement as counted above)
+    evals = [str(p) for p in sorted(out.glob("round-*/results.jsonl"))]
+    md = tmp_path / "report.md"
+    shown = CliRunner().invoke(main, ["report", *evals, "--rounds", str(out / "rounds.jsonl"), "--markdown", str(md),
+                                      "--chart", str(tmp_path / "report.png")])
+    assert shown.exit_code == 0, shown.output
+    c = lines[2]["types"]["open"]
+    assert (f"| 2 | open | {c['won']}/{c['games']} | {c['decisions']} | {c['agreed']}/{c['labelled']} "
+            f"({100 * c['agreed'] / c['labelled']:.1f}%) |") in md.read_text()
+    # the decision explorer shows the expert's label beside the agent's action on a relabelled episode
+    from agent_shell.view.data import episode_detail
+
+    record = read_results(out / "round-1" / "labelled.jsonl")[0]
+    detail = episode_detail(record)
+    for step, s in zip(detail["trials"][0]["steps"], record["trials"][0]["trajectory"]["steps"]):
+        label = s["info"].get("expert_action")
+        assert (detail["strings"][step["e"]] if "e" in step else None) == label
+
+
+def test_a_killed_relabelled_run_resumes_to_the_same_concepts(tmp_path, labelling, monkeypatch):
+    import agent_shell.improve_labels as labels_module
+
+    whole = tmp_path / "whole"
+    assert CliRunner().invoke(main, improve_args(whole, "--labels", "expert")).exit_code == 0
+    out = tmp_path / "killed"
+    calls = {"n": 0}
+    store = labels_module.store_record
+
+    def killed_on_the_third_label(*args, **kwargs):  # round 1's third labelled episode
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise Killed()
+        return store(*args, **kwargs)
+
+    monkeypatch.setattr(labels_module, "store_record", killed_on_the_third_label)
+    with pytest.raises(Killed):
+        CliRunner().invoke(main, improve_args(out, "--labels", "expert"))
+    monkeypatch.setattr(labels_module, "store_record", store)
+    assert len(read_results(out / "round-1" / "labelled.jsonl")) == 2
+    res = CliRunner().invoke(main, improve_args(out, "--labels", "expert", "--resume"))
+    assert res.exit_code == 0, res.output
+    assert saved_concepts(out) == saved_concepts(whole) and len(saved_concepts(out)) == 3 * 3
+    assert episodes(out) == episodes(whole)
+    strip = lambda line: {k: v for k, v in line.items() if k != "concepts"}  # noqa: E731
+    assert [strip(json.loads(x)) for x in (out / "rounds.jsonl").read_text().splitlines()] == [
+        strip(json.loads(x)) for x in (whole / "rounds.jsonl").read_text().splitlines()]
+    mixed = CliRunner().invoke(main, improve_args(out, "--resume"))  # --labels wins on an expert run: refused
+    assert mixed.exit_code == 1 and "labels='expert'" in mixed.output
+
+
+def test_expert_labels_on_an_environment_whose_expert_cannot_label_are_refused_in_one_line(tmp_path, doubles):
+    from envs.scienceworld import ScienceWorldEnv
+
+    assert ScienceWorldEnv.expert_labels_any_state is False
+    res = CliRunner().invoke(main, improve_args(tmp_path / "imp", "--labels", "expert"))  # SplitEnv: no such expert
+    assert res.exit_code == 1 and not doubles["lms"] and not (tmp_path / "imp").exists()
+    assert res.output.strip().splitlines() == [
+        "Error: --labels expert: the scripted expert (scripted-expert) answers only along its own path and cannot "
+        "label the agent's states; use --labels wins"]
+
+
+def test_expert_answers_replays_an_episode_and_asks_the_expert_in_each_state():
+    from dataclasses import replace
+
+    from envs.collect import expert_answers
+    from envs.episode import Episode
+
+    env = LabellingEnv(GAMES)
+    ep = Episode(env, "open/train/2", 6)
+    for action in ("go to window 1", "go desk", "go desk", "open drawer2"):
+        ep.act(action)
+    traj = ep.trajectory()
+    assert expert_answers(env, traj) == [("go desk", None), ("go desk", None), ("open drawer2", None),
+                                         ("open drawer2", None)]
+    steps = list(traj.steps)
+    steps[1] = replace(steps[1], observation="You fly.")  # the engine would not answer so
+    bent = replace(traj, steps=steps)
+    assert expert_answers(env, bent) == [("go desk", None), ("go desk", None), (None, "replay differs"),
+                                         (None, "replay differs")]
+
+
+def test_a_loop_gives_one_decision_per_distinct_state_and_every_state_without_a_label_is_counted(tmp_path):
+    """Labelled episodes as the expert leaves them (no LM, no loop run): a lost episode that
+    alternates two states (its move counter differing on every step, as TextWorld's does) gives
+    one decision per distinct state, the repeats and the states without a label counted by
+    reason; a won episode's labels are targets too; the agreement counts the agent's choices."""
+    from agent_shell.improve_labels import LABELS, round_labels
+
+    def episode(task_id, won, steps):
+        out, moves = [], 0
+        for action, label, why, observation in steps:
+            moves += 1
+            info = {"expert_action": label} if label else {"expert_unlabelled": why}
+            out.append({"kind": "env", "action": action, "observation": f"{observation}\n\n>  -= Shed =-0/{moves}",
+                        "candidates": ["put key on rack", "take key from rack", "go south", "open chest"],
+                        "done": False, "won": won and moves == len(steps), "score": 0.0, "info": info})
+        trajectory = {"schema_version": 1, "env": "textworld", "task_id": task_id, "task_type": task_id.split("/")[0],
+                      "instruction": "Open the chest.", "observation": "You are in a shed.", "steps": out,
+                      "won": won, "score": float(won), "meta": {}}
+        return {"schema": "cb-agent/episode-v1", "agent": "cb-agent", "task_id": task_id,
+                "task_type": task_id.split("/")[0], "success": won, "trials": [{"won": won, "trajectory": trajectory}]}
+
+    loop = [("put key on rack", "go south", None, "You put the key on the rack."),
+            ("take key from rack", "go south", None, "You take the key."),
+            ("put key on rack", "go south", None, "You put the key on the rack."),
+            ("take key from rack", "go south", None, "You take the key."),
+            ("put key on rack", None, "no answer", "You put the key on the rack.")]
+    won = [("go south", "go south", None, "You go south."), ("open chest", "open chest", None, "Opened.")]
+    lost_record, won_record = episode("custom-2/train/2", False, loop), episode("custom-1/train/2", True, won)
+    out = tmp_path / "imp"
+    (out / "round-1").mkdir(parents=True)
+    for r in (lost_record, won_record):  # as label_round leaves them: read back, not labelled again
+        with open(out / "round-1" / "labelled.jsonl", "a") as f:
+            f.write(json.dumps(r) + "\n")
+    games = ["custom-2/train/2", "custom-1/train/2"]
+    source = round_labels("expert", object(), out, 1, [lost_record, won_record], games, print)
+    assert LABELS == ("wins", "expert") and source.won_games == ["custom-1/train/2"]
+    # the loop's states: after o0 (first visit), after "put" (first), after "take" (first), then a repeat
+    # and a state without a label; the won game starts where the lost one did (same o0, candidates and
+    # label): a repeat across the round's episodes too
+    targets = {t.task_id: [s.info.get("expert_action") for s in t.steps] for t in source.targets}
+    assert targets == {"custom-2/train/2": ["go south", "go south", "go south", None, None],
+                       "custom-1/train/2": [None, "open chest"]}
+    assert source.types["custom-2"] == {"games": 1, "won": 0, "decisions": 0, "labelled": 4, "agreed": 0,
+                                        "unlabelled": {"no answer": 1, "repeated state": 1}}
+    assert source.types["custom-1"] == {"games": 1, "won": 1, "decisions": 0, "labelled": 2, "agreed": 2,
+                                        "unlabelled": {"repeated state": 1}}
+    wins = round_labels("wins", None, out, 1, [lost_record, won_record], games, print)
+    assert [t.task_id for t in wins.targets] == ["custom-1/train/2"] and wins.types["custom-2"]["labelled"] == 0

@@ -31,6 +31,35 @@ def test_generated_cooking_game_is_won_by_its_walkthrough(env, isolated_cache):
     assert start == ep.start
 
 
+@pytest.mark.slow
+def test_off_the_walkthrough_the_expert_answers_the_winning_policy_from_the_current_state(env, isolated_cache):
+    """A step off the walkthrough (``look`` or ``inventory``, whichever the walkthrough does not take
+    first) leaves the walkthrough behind; on a level-1 cooking game the expert's answers from there
+    on (TextWorld's policy_commands) are candidates and win the game. On the hardest cooking game
+    TextWorld finds no winning policy, so off the walkthrough the expert answers nothing (a state
+    the relabelled rounds count as "no answer"). Reset without the expert, it answers nothing."""
+    easy = make_env("textworld", kinds=("cooking-1",), n_train=1, n_test=1)
+    for game_env, wins in ((easy, True), (env, False)):
+        task_id = game_env.tasks("train")[0]
+        walkthrough = Episode(game_env, task_id, expert=True)
+        plan = []
+        while not walkthrough.done and walkthrough.expert_action() is not None:
+            plan.append(walkthrough.expert_action())
+            walkthrough.act(plan[-1])
+        assert walkthrough.won
+        off = next(a for a in ("look", "inventory") if a != plan[0])  # neither changes the game's state
+        ep = Episode(game_env, task_id, max_steps=3 * len(plan), expert=True)
+        ep.act(off)
+        answers = []
+        while not ep.done and ep.expert_action() is not None:
+            answers.append(ep.expert_action())
+            assert answers[-1] in ep.candidates()
+            ep.act(answers[-1])
+        assert ep.won == wins and bool(answers) == wins
+        assert game_env.reset(task_id) and game_env.expert_action() is None
+    easy.close()
+
+
 def test_train_and_test_seeds_are_disjoint():
     env = TextWorldEnv(n_train=5, n_test=5)
     train, test = env.tasks("train"), env.tasks("test")
