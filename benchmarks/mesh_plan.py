@@ -16,7 +16,7 @@ device of a mesh of ``n`` devices under the tensor-parallel layout (:func:`shard
 * the norms (and the output projections' biases, whose axis is the hidden size) replicated;
 * the KV cache sharded like the key/value heads: keys and values [L, batch, Hkv / n, C, head_dim],
   C the JAX backend's buffer capacity for the context (:func:`agent_shell.lm.buckets.capacity`: a
-  power of two, at least 1,024 slots).
+  power of two, at least 4,096 slots).
 
 A plan fits when weights + KV cache per device stay within the device's memory less the headroom
 (:data:`HEADROOM`, a stated allowance for activations, the compiler's workspace and the runtime's

@@ -86,6 +86,7 @@ class HFLanguageModel(TokenizedBackend):
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, name: str,
                  max_context_tokens: int | None = None, candidate_layout: str = "tree", reuse_cache: bool = True,
                  max_heads: int = 16, draft_tokens: int = DRAFT_TOKENS, shared_prefix: bool = True) -> None:
+        self.check_options(candidate_layout, draft_tokens)
         self.model = model.eval()
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.hidden_size: int = int(config.hidden_size)

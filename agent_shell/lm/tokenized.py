@@ -92,6 +92,15 @@ class TokenizedBackend:
         self.formatter = Formatter(tokenizer, name)
         self.tokens = Tokenization(tokenizer)
 
+    @staticmethod
+    def check_options(candidate_layout: str, draft_tokens: int) -> None:
+        """ValueError (one line) for an unknown candidate layout or negative ``draft_tokens``: checked
+        before a backend touches its model."""
+        if candidate_layout not in CANDIDATE_LAYOUTS:
+            raise ValueError(f"candidate_layout={candidate_layout!r} is not one of {CANDIDATE_LAYOUTS}")
+        if draft_tokens < 0:
+            raise ValueError(f"draft_tokens={draft_tokens} is negative")
+
     def _set_options(self, candidate_layout: str, reuse_cache: bool, max_heads: int, draft_tokens: int) -> None:
         """Set the candidates' layout, the prefix cache (a new head store of ``max_heads``) and the
         greedy drafts' length.
@@ -99,10 +108,7 @@ class TokenizedBackend:
         Raises:
             ValueError: an unknown candidate layout, or negative ``draft_tokens``.
         """
-        if candidate_layout not in CANDIDATE_LAYOUTS:
-            raise ValueError(f"candidate_layout={candidate_layout!r} is not one of {CANDIDATE_LAYOUTS}")
-        if draft_tokens < 0:
-            raise ValueError(f"draft_tokens={draft_tokens} is negative")
+        self.check_options(candidate_layout, draft_tokens)
         self.candidate_layout = candidate_layout
         self.reuse_cache = reuse_cache
         self.draft_tokens = int(draft_tokens)

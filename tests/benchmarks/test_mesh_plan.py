@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from agent_shell.lm.buckets import MIN_CAPACITY
+
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("benchmark_mesh_plan", ROOT / "benchmarks" / "mesh_plan.py")
 mesh_plan = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up
@@ -54,7 +56,7 @@ def test_counts_match_a_tiny_transformers_model(tmp_path, kind, tie):
     total = sum(p.numel() for p in params.values())
     norms = sum(p.numel() for name, p in params.items() if "norm" in name)
     name, c = mesh_plan.read_decoder(str(path))
-    batch, context = 2, 1024  # 1,024 tokens: the JAX buffer's least capacity, so slots == context
+    batch, context = 1, MIN_CAPACITY  # the JAX buffer's least capacity, so slots == context
     plans = {n: mesh_plan.plan(c, name, n, context, batch, "bfloat16", 10**9) for n in (1, 2)}
     assert plans[1].parameters == plans[2].parameters == total
     assert plans[1].parameters_per_device == total
@@ -101,7 +103,7 @@ def test_refusals_name_the_counts_and_the_bytes():
     assert p.weight_bytes + kv > 72 * 10**9 and not p.fits
     assert re.fullmatch(r"weights 65\.52 GB \+ KV cache 17\.18 GB = 82\.7 GB per device exceed the budget 72 GB "
                         r"\(80 GB less 10% headroom\)", p.refused[0])
-    assert p.largest_context == 2048  # 2,048 slots x 8 fit, 4,096 do not
+    assert p.largest_context == 0  # 2,048 slots x 8 would fit, but the least buffer is 4,096 slots: none does
     assert p.weight_bytes + kv // 4 <= p.budget < p.weight_bytes + kv // 2
 
 

@@ -379,7 +379,9 @@ def test_a_pass_out_of_memory_is_a_fault_of_the_episode_naming_its_context(tiny,
     assert isinstance(err.value, EngineError) and "\n" not in str(err.value)
     assert err.value.details["bytes_asked"] == asked
     tokens = err.value.details["context_tokens"]
-    assert held <= tokens <= held + 64, (tokens, held)
+    # the failing pass's own context: the whole context where one pass encodes it (PyTorch), the first
+    # pass the JAX backend runs for it (a pinned head or a prefill chunk) where the context is encoded in parts
+    assert (0 < tokens <= held + 64) if kind == "jax" else (held <= tokens <= held + 64), (tokens, held)
     assert f"on a context of {tokens:,} tokens" in str(err.value) and f"{asked:,} bytes" in str(err.value)
 
 
