@@ -1,6 +1,7 @@
 """Fixtures shared by the test folders: one local Ray cluster for the whole test run (started on
 first use; the parallel-runner and LM-server tests share it), and headless Chromium with the
-network cut off (the slow browser tests of the decision explorer and the docs site)."""
+network cut off (the slow browser tests of the decision explorer and the docs site); the process's
+executable store off for a test that changes a program without changing its source."""
 
 from __future__ import annotations
 
@@ -28,6 +29,18 @@ def host_fetches():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.host_fetches
+
+
+@pytest.fixture()
+def no_executable_store(monkeypatch):
+    """The process's store of compiled programs (:func:`cb_core.cache.enable_persistent_cache`, which
+    an earlier in-process command may have turned on) off for one test, and put back after: a test
+    whose program changes while its source does not (a patched module, weights changed in place)
+    traces afresh instead of running an executable stored under the same key."""
+    from cb_core import cache
+
+    for name, value in (("_EXECUTABLES", None), ("_WRITE", None), ("_LOADED", {}), ("_WARNED", set())):
+        monkeypatch.setattr(cache, name, value, raising=False)
 
 
 @pytest.fixture(scope="session")

@@ -62,18 +62,15 @@ SLOW_EXAMPLES = {("getting-started.md", 0), ("agents.md", 0), ("lm-backends.md",
     pytest.param(page, index, code, id=f"{page}:{index}",
                  marks=[pytest.mark.slow] if (page, index) in SLOW_EXAMPLES else [])
     for page, index, code in python_examples()])
-def test_every_python_example_in_the_docs_runs_as_written(page, index, code, tmp_path, monkeypatch):
+def test_every_python_example_in_the_docs_runs_as_written(page, index, code, tmp_path, monkeypatch,
+                                                          no_executable_store):
     """Each block runs as it is printed, in a fresh namespace, in an empty folder with its own
     cache; a block that defines ``test_*`` functions (a property test) has them called too. The
     persistent compile cache a block turns on is this process's, so its state is put back after."""
     import jax
 
-    from cb_core import cache as store
-
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "cache"))
-    for name, value in (("_EXECUTABLES", None), ("_WRITE", None), ("_LOADED", {}), ("_WARNED", set())):
-        monkeypatch.setattr(store, name, value, raising=False)
     monkeypatch.setattr(jax.config, "update", lambda name, value: None)
     namespace = {"__name__": f"docs_{page.removesuffix('.md').replace('-', '_')}_{index}"}
     exec(compile(code, f"docs/{page} example {index}", "exec", dont_inherit=True), namespace)  # noqa: S102 - the documented code

@@ -315,16 +315,12 @@ def test_weights_that_are_not_finite_are_one_line_at_load(tiny, tmp_path, backen
     assert "model.layers.1.mlp.down_proj.weight holds 2 non-finite" in line
 
 
-def test_a_pass_that_cannot_run_is_a_fault_of_the_backbone(tiny, backend, monkeypatch):
+def test_a_pass_that_cannot_run_is_a_fault_of_the_backbone(tiny, backend, monkeypatch, no_executable_store):
     """Head counts that do not fit the weights reach a pass only when the checks are bypassed
     (here: the loaded model changed in place); the pass's error (a reshape) is then a
     BackboneFault, which the scheduler does not retry. The broken decoder is traced afresh (no
     program of the intact one from this process's executable store)."""
-    import cb_core.cache
     from agent_shell.lm import load_language_model
-
-    for name, value in (("_EXECUTABLES", None), ("_LOADED", {})):
-        monkeypatch.setattr(cb_core.cache, name, value, raising=False)
     from agent_shell.lm.jax_backend import JaxLanguageModel
     from agent_shell.lm.jax_model import Decoder, read_weights
     from agent_shell.lm.protocol import BackboneFault
