@@ -12,6 +12,10 @@ printed.
     # the same games played by the JAX backend (the recorded backbone's folder, read by Flax)
     python benchmarks/replay_actions.py results/table1_alfworld.results.jsonl.gz \\
         --play runs/replay-jax --per-type 1 --model jax:
+    # the same on a mesh of three simulated CPU devices (the default backbone's 9 heads and 3 key/value
+    # heads are split three ways), against the same recorded actions
+    XLA_FLAGS=--xla_force_host_platform_device_count=3 python benchmarks/replay_actions.py \
+        results/table1_alfworld.results.jsonl.gz --play runs/replay-mesh --per-type 1 --model jax: --device cpu:0-2
     # compare a results file that is already played
     python benchmarks/replay_actions.py results/table1_alfworld.results.jsonl.gz --played runs/replay/results.jsonl
 
@@ -83,13 +87,15 @@ def compare(recorded: list[dict], played: list[dict]) -> list[Replay]:
 
 
 def play(reference: list[dict], out_dir: Path, per_type: int, agents: list[str], workers: int,
-         model: str | None = None) -> Path:
+         model: str | None = None, device: str | None = None) -> Path:
     """``cb-agent run --resume`` of the first ``per_type`` games per task type with the settings
     recorded in ``reference`` (its first record), by ``model`` when given (``--model``: e.g.
-    ``jax:`` for the recorded default backbone through the JAX backend); returns the results file."""
+    ``jax:`` for the recorded default backbone through the JAX backend) on ``device`` when given
+    (``--device``: e.g. ``cpu:0-2``, a mesh of three); returns the results file."""
     settings = reference[0]
     cmd = ["cb-agent", "run", "--per-type", str(per_type), "--games", "0", "--out-dir", str(out_dir), "--resume",
-           "--workers", str(workers), *(["--model", model] if model is not None else [])]
+           "--workers", str(workers), *(["--model", model] if model is not None else []),
+           *(["--device", device] if device is not None else [])]
     for field, option in RUN_OPTIONS.items():
         if settings.get(field) is not None:
             cmd += [option, str(settings[field])]
@@ -112,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="--play: episodes played at once (default 1)")
     parser.add_argument("--model", default=None,
                         help="--play: the backbone to play with (cb-agent run --model; e.g. jax: for the JAX backend)")
+    parser.add_argument("--device", default=None,
+                        help="--play: where the backbone runs (cb-agent run --device; e.g. cpu:0-2, a mesh of three "
+                             "simulated devices, with XLA_FLAGS=--xla_force_host_platform_device_count=3)")
     args = parser.parse_args(argv)
     from agent_shell.results import read_results  # plain or .gz; a torn line is skipped with a warning
 
@@ -124,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.play:
         agents = args.agent or list(dict.fromkeys(r["agent"] for r in recorded))
-        results = play(recorded, Path(args.play), args.per_type, agents, args.workers, args.model)
+        results = play(recorded, Path(args.play), args.per_type, agents, args.workers, args.model, args.device)
     else:
         results = Path(args.played)
         if not results.is_file():

@@ -114,7 +114,9 @@ COMMON_OPTIONS = {
                     "bf16 (avx512_bf16/amx), else float32 (emulated bf16 is several times slower)."),
     "device": shared("--device", default="auto", show_default=True, metavar="auto|cpu|cuda|cuda:N",
                      help="Where the backbone loads (auto = cuda when torch sees a GPU, else cpu; with "
-                          "--model jax:, also tpu and gpu: whatever jax.devices() offers). With "
+                          "--model jax:, also tpu and gpu: whatever jax.devices() offers, and a mesh of several "
+                          "devices the weights are split over: KIND:I-J, KIND:I,J,... or KIND:all, e.g. tpu:all, "
+                          "cuda:0-3, cpu:0-7 with XLA_FLAGS=--xla_force_host_platform_device_count=8). With "
                           "--workers on CUDA the workers share one backbone (--shared-lm)."),
     "demo_split": shared("--demo-split", default="train", show_default=True,
                          help="Split the expert demonstrations come from."),

@@ -57,11 +57,21 @@ def device_and_dtype(name_or_path: str | os.PathLike | None, device: str | None,
     see (:func:`agent_shell.lm.dtypes.resolve_device`; JAX's names are always checked).
 
     Raises:
-        ValueError: an unknown device or dtype, or one this machine lacks (one line).
+        ValueError: an unknown device or dtype, one this machine lacks, or a JAX mesh that does not
+            divide the model's heads (one line).
     """
-    if split_model_uri(name_or_path)[0] == "jax":
-        from agent_shell.lm.jax_devices import jax_device_name, jax_dtype_name
+    backend, arg = split_model_uri(name_or_path)
+    if backend == "jax":
+        from agent_shell.lm.jax_devices import jax_device_name, jax_dtype_name, resolve_jax_devices
 
+        mesh = len(resolve_jax_devices(device))
+        if mesh > 1:  # the model's head counts against the mesh, before any weight loads
+            from agent_shell.lm.jax_backend import jax_model_folder
+            from agent_shell.lm.jax_mesh import check_divides
+            from agent_shell.lm.model_config import read_config
+
+            folder = jax_model_folder(arg)
+            check_divides(read_config(folder), mesh, arg or folder)
         return jax_device_name(device), jax_dtype_name(dtype, device)
     from agent_shell.lm.dtypes import device_name, dtype_name, resolve_device
 

@@ -47,7 +47,8 @@ import numpy as np
 from agent_shell.lm.buckets import MIN_CAPACITY, Sizes, bucket, capacity, padded, slots
 from agent_shell.lm.decision import decide_scores, finished
 from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, greedy_with_drafts, reply_rows
-from agent_shell.lm.jax_devices import resolve_jax_device, resolve_jax_dtype
+from agent_shell.lm.jax_devices import resolve_jax_devices, resolve_jax_dtype
+from agent_shell.lm.jax_mesh import Placement
 from agent_shell.lm.jax_kv import JaxKV, StreamKV
 from agent_shell.lm.jax_model import Decoder, load_decoder
 from agent_shell.lm.jax_programs import CandidateSlots, Pass, Programs
@@ -91,7 +92,8 @@ class JaxLanguageModel(TokenizedBackend):
         self.hidden_size: int = decoder.config.hidden_size
         self._set_text(tokenizer, name, max_context_tokens or decoder.config.max_position_embeddings or None)
         self.programs = Programs.of(decoder)
-        self.device: jax.Device = self.programs.device  # where the weights are
+        self.placement: Placement = self.programs.placement  # the devices the weights are on (a mesh of one or more)
+        self.device: jax.Device = self.placement.devices[0]
         self.dtype = jnp.dtype(decoder.dtype)
         eos = set(int(i) for i in eos_token_ids)
         value = getattr(tokenizer, "eos_token_id", None)
@@ -109,7 +111,8 @@ class JaxLanguageModel(TokenizedBackend):
             path: the folder.
             name: identifier for concept metadata; default ``str(path)``.
             dtype: ``"auto"``, ``"float32"`` or ``"bfloat16"`` (:func:`resolve_jax_dtype`).
-            device: as :func:`resolve_jax_device`.
+            device: one device or a mesh of several, as :func:`resolve_jax_devices` names them
+                (:data:`agent_shell.lm.jax_devices.DEVICE_SYNTAX`).
             kwargs: see the class.
 
         Raises:
@@ -117,16 +120,16 @@ class JaxLanguageModel(TokenizedBackend):
             agent_shell.lm.jax_model.UnsupportedModel: an architecture the decoder does not implement.
             agent_shell.lm.model_config.BadModelFolder: the folder disagrees with its weights or
                 holds a broken file (:func:`agent_shell.lm.model_folder.check_model_folder`).
-            ValueError: an unknown dtype or device.
+            ValueError: an unknown dtype or device, or a mesh that does not divide the heads or the MLP's hidden axis.
         """
         from agent_shell.lm.model_config import generation_eos
         from agent_shell.lm.model_folder import check_model_folder
 
-        dev = resolve_jax_device(device)
-        jdtype = resolve_jax_dtype(dtype, dev)
+        placement = Placement.over(resolve_jax_devices(device))
+        jdtype = resolve_jax_dtype(dtype, placement.devices[0])
         check_model_folder(path, "jax")  # the folder against its weights, before anything loads
         tokenizer = load_tokenizer(path)
-        decoder = load_decoder(path, dtype=jdtype, device=dev)
+        decoder = load_decoder(path, dtype=jdtype, placement=placement)
         return cls(decoder, tokenizer, name=name or str(path), eos_token_ids=generation_eos(path), **kwargs)
 
     def cache_ops(self) -> JaxKV:
@@ -364,29 +367,41 @@ class JaxLanguageModel(TokenizedBackend):
         return texts
 
 
-def load_jax_model(arg: str | None, *, dtype: str = "auto", device: str | None = None,
-                   **kwargs: Any) -> JaxLanguageModel:
-    """The backend of ``--model jax:ARG``: ``ARG`` a HuggingFace model folder, a hub name already in
-    the HuggingFace cache, or empty (or a default alias) for the offline default backbone
-    (:func:`agent_shell.lm.default_model.default_model_dir`, the same folder the PyTorch backend
-    loads).
+def jax_model_folder(arg: str | None) -> Path:
+    """The model folder of ``--model jax:ARG``: ``ARG`` a HuggingFace model folder, a hub name
+    already in the HuggingFace cache, or empty (or a default alias) for the offline default
+    backbone (:func:`agent_shell.lm.default_model.default_model_dir`, the same folder the PyTorch
+    backend loads).
 
     Raises:
         agent_shell.lm.default_model.ModelNotFoundError: the model cannot be found.
-        agent_shell.lm.jax_model.UnsupportedModel: an architecture the decoder does not implement.
-        ValueError: an unknown dtype or device.
     """
-    from agent_shell.lm.default_model import DEFAULT_MODEL_ALIASES, DEFAULT_MODEL_NAME, default_model_dir
+    from agent_shell.lm.default_model import DEFAULT_MODEL_ALIASES, default_model_dir
 
     if not arg or arg.lower() in DEFAULT_MODEL_ALIASES:
-        return JaxLanguageModel.from_pretrained(default_model_dir(), name=DEFAULT_MODEL_NAME, dtype=dtype,
-                                                device=device, **kwargs)
+        return Path(default_model_dir())
     path = Path(arg).expanduser()
     if not path.is_dir():
         from huggingface_hub import snapshot_download
 
         path = Path(snapshot_download(arg, local_files_only=True))
-    return JaxLanguageModel.from_pretrained(path, name=arg, dtype=dtype, device=device, **kwargs)
+    return path
 
 
-__all__ = ["JaxLanguageModel", "load_jax_model"]
+def load_jax_model(arg: str | None, *, dtype: str = "auto", device: str | None = None,
+                   **kwargs: Any) -> JaxLanguageModel:
+    """The backend of ``--model jax:ARG`` (the folder :func:`jax_model_folder` finds).
+
+    Raises:
+        agent_shell.lm.default_model.ModelNotFoundError: the model cannot be found.
+        agent_shell.lm.jax_model.UnsupportedModel: an architecture the decoder does not implement.
+        ValueError: an unknown dtype or device, or a mesh that does not divide the model's heads.
+    """
+    from agent_shell.lm.default_model import DEFAULT_MODEL_ALIASES, DEFAULT_MODEL_NAME
+
+    default = not arg or arg.lower() in DEFAULT_MODEL_ALIASES
+    return JaxLanguageModel.from_pretrained(jax_model_folder(arg), name=DEFAULT_MODEL_NAME if default else arg,
+                                            dtype=dtype, device=device, **kwargs)
+
+
+__all__ = ["JaxLanguageModel", "jax_model_folder", "load_jax_model"]

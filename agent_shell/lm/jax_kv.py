@@ -72,8 +72,8 @@ class JaxKV:
         """An empty KV buffer: keys and values [L, batch, Hkv, slots, hd] in the model's dtype."""
         c = self.programs.config
         shape = (c.num_layers, batch, c.num_kv_heads, slots, c.head_dim)
-        with jax.default_device(self.programs.device):
-            return KV(jnp.zeros(shape, self.programs.dtype), jnp.zeros(shape, self.programs.dtype))
+        split = self.programs.placement.kv  # on the devices of the heads they hold
+        return KV(jnp.zeros(shape, self.programs.dtype, device=split), jnp.zeros(shape, self.programs.dtype, device=split))
 
     def writable(self, cache: StreamKV, need: int) -> KV:
         """``cache``'s buffer, holding at least ``need`` slots, that a pass may update in place
@@ -84,7 +84,7 @@ class JaxKV:
         if need > slots:
             return self.programs.run("grow", (), cache.kv, np.zeros(capacity(need), np.int8))
         if not cache.owned:  # a copy on the device (a transfer, not a compiled program)
-            return KV(*(jax.device_put(x, self.programs.device, may_alias=False)
+            return KV(*(jax.device_put(x, self.programs.placement.kv, may_alias=False)
                         for x in (cache.kv.keys, cache.kv.values)))
         return cache.kv
 

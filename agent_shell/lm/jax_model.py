@@ -51,6 +51,7 @@ import numpy as np
 from flax import nnx
 from jax.typing import DTypeLike
 
+from agent_shell.lm.jax_mesh import Placement, check_divides, place
 from agent_shell.lm.model_config import (ARCHITECTURES, EMBED, HEAD, ROPE_TYPES, DecoderConfig, UnsupportedModel,
                                          layer_tensors, read_config)
 from agent_shell.lm.model_folder import check_tensor_shapes, refuse_nonfinite, tensor_shapes, weight_files
@@ -78,27 +79,63 @@ def inv_freq(config: DecoderConfig) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------- weights
-def read_weights(folder: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Every tensor of a model folder's safetensors files (sharded or not,
-    :func:`agent_shell.lm.model_folder.weight_files`), by name, as numpy arrays in their stored
-    dtype (bfloat16 as ``ml_dtypes.bfloat16``), memory-mapped where the library allows.
+class WeightFiles(Mapping[str, np.ndarray]):
+    """A model folder's safetensors tensors by name, each read when asked for (one at a time): the
+    whole model never sits in the host's memory. :meth:`block` reads part of one tensor.
 
     Raises:
         FileNotFoundError: no safetensors weights in ``folder``.
         agent_shell.lm.model_config.BadModelFolder: a file that is no whole safetensors file.
     """
-    from safetensors import safe_open
 
-    files = weight_files(folder)
-    if not files:
-        raise FileNotFoundError(f"{str(folder)!r} holds no safetensors weights (model.safetensors or an index)")
-    tensor_shapes(folder)  # a truncated file or an LFS pointer: one line naming it
-    weights: dict[str, np.ndarray] = {}
-    for path in files:
-        with safe_open(str(path), framework="np") as f:
-            for name in f.keys():
-                weights[name] = f.get_tensor(name)
-    return weights
+    def __init__(self, folder: str | os.PathLike):
+        from safetensors import safe_open
+
+        files = weight_files(folder)
+        if not files:
+            raise FileNotFoundError(f"{str(folder)!r} holds no safetensors weights (model.safetensors or an index)")
+        tensor_shapes(folder)  # a truncated file or an LFS pointer: one line naming it
+        self._files = {}
+        for path in files:
+            handle = safe_open(str(path), framework="np")
+            self._files.update(dict.fromkeys(handle.keys(), handle))
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._files[name].get_tensor(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._files)
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Tensor ``name``'s shape, from its file's header (nothing read)."""
+        return tuple(self._files[name].get_slice(name).get_shape())
+
+    def block(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        """The ``index`` block (a tuple of slices) of tensor ``name``, reading only that block."""
+        return self._files[name].get_slice(name)[index]
+
+
+def read_weights(folder: str | os.PathLike) -> WeightFiles:
+    """Every tensor of a model folder's safetensors files (sharded or not,
+    :func:`agent_shell.lm.model_folder.weight_files`), by name, read as numpy arrays in their
+    stored dtype (bfloat16 as ``ml_dtypes.bfloat16``) when asked for (:class:`WeightFiles`).
+
+    Raises:
+        FileNotFoundError: no safetensors weights in ``folder``.
+        agent_shell.lm.model_config.BadModelFolder: a file that is no whole safetensors file.
+    """
+    return WeightFiles(folder)
+
+
+def _shape(weights: Mapping[str, Any], name: str) -> tuple[int, ...]:
+    return weights.shape(name) if isinstance(weights, WeightFiles) else tuple(np.shape(weights[name]))
+
+
+def _block(weights: Mapping[str, Any], name: str, index: tuple[slice, ...]) -> np.ndarray:
+    return weights.block(name, index) if isinstance(weights, WeightFiles) else np.asarray(weights[name])[index]
 
 
 def nonfinite_counts(weights: Mapping[str, Any]) -> Iterator[tuple[str, int]]:
@@ -290,22 +327,29 @@ class Decoder(nnx.Module):
         weights: transformers' tensor names (``model.layers.K.self_attn.q_proj.weight``, ...) ->
             arrays (numpy or JAX), as :func:`read_weights` gives them.
         dtype: the compute and storage dtype of every weight (``jnp.float32`` or ``jnp.bfloat16``).
-        device: where the weights go (default: JAX's default device).
+        placement: the devices the weights go to, laid out tensor-parallel over them
+            (:class:`agent_shell.lm.jax_mesh.Placement`; default JAX's default device, a mesh of one):
+            each device reads and holds only its block of each split tensor.
+        where: the folder, for error messages.
 
     Raises:
+        ValueError: a mesh that does not divide the heads or the MLP's hidden axis
+            (:func:`agent_shell.lm.jax_mesh.check_divides`).
         agent_shell.lm.model_config.BadModelFolder: a tensor the config implies is missing from
             ``weights`` or of another shape, or an untied head that is not stored
             (:func:`agent_shell.lm.model_folder.check_tensor_shapes`; one line naming it).
     """
 
     def __init__(self, config: DecoderConfig, weights: Mapping[str, Any], dtype: DTypeLike = jnp.float32,
-                 device: jax.Device | None = None, where: str | os.PathLike = "the weights"):
+                 placement: Placement | None = None, where: str | os.PathLike = "the weights"):
         self.config = config
         self.dtype = jnp.dtype(dtype)
         precision = jax.lax.Precision.HIGHEST if self.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
         self.precision = precision
+        placement = placement or Placement.over([jax.devices()[0]])
+        check_divides(config, placement.size, where)
         # the head as transformers resolves it: stored embeddings and head of other values are both kept
-        tied = check_tensor_shapes(where, config, {n: (np.shape(w), "") for n, w in weights.items()},
+        tied = check_tensor_shapes(where, config, {n: (_shape(weights, n), "") for n in weights},
                                    lambda: np.array_equal(np.asarray(weights[EMBED]), np.asarray(weights[HEAD])))
         if config.tie_word_embeddings and not tied:
             warnings.warn(f"{where}: config.json ties the LM head (tie_word_embeddings true), but the weights hold "
@@ -313,10 +357,15 @@ class Decoder(nnx.Module):
                           stacklevel=2)
 
         def get(name: str) -> jax.Array:
-            return jax.device_put(np.asarray(weights[name]).astype(self.dtype), device)
+            shape = _shape(weights, name)
+            return place(shape, self.dtype, placement.weight(name, shape, stacked=False),
+                         lambda index: _block(weights, name, index))
 
         def stacked(suffix: str) -> jax.Array:
-            return jnp.stack([get(f"model.layers.{i}.{suffix}") for i in range(config.num_layers)])
+            names = [f"model.layers.{i}.{suffix}" for i in range(config.num_layers)]
+            shape = (config.num_layers, *_shape(weights, names[0]))
+            return place(shape, self.dtype, placement.weight(suffix, shape, stacked=True),
+                         lambda index: np.stack([_block(weights, n, index[1:]) for n in names[index[0]]]))
 
         layer_weights = {name: stacked(name) for name in layer_tensors(config)}
 
@@ -328,7 +377,7 @@ class Decoder(nnx.Module):
         self.embed = nnx.Param(get(EMBED if EMBED in weights else HEAD))
         self.norm = RMSNorm(get("model.norm.weight"), config.rms_norm_eps)
         self.lm_head = None if tied else nnx.Param(get(HEAD))
-        self.inv_freq = nnx.Variable(jax.device_put(inv_freq(config), device))
+        self.inv_freq = nnx.Variable(jax.device_put(inv_freq(config), placement.replicated))
 
     def head_weight(self) -> jax.Array:
         """The LM head's [V, D] weight (the embeddings when tied)."""
@@ -383,22 +432,27 @@ class Decoder(nnx.Module):
         return normed, logits.astype(self.dtype).astype(jnp.float32)
 
 
-def load_decoder(folder: str | os.PathLike, dtype: DTypeLike = jnp.float32, device: jax.Device | None = None,
+def load_decoder(folder: str | os.PathLike, dtype: DTypeLike = jnp.float32, placement: Placement | None = None,
                  read: Callable[[str | os.PathLike], Mapping[str, Any]] = read_weights) -> Decoder:
     """The :class:`Decoder` of a HuggingFace model folder, read as transformers reads it
-    (:func:`agent_shell.lm.model_config.read_config`).
+    (:func:`agent_shell.lm.model_config.read_config`), its tensors read one at a time, each device's
+    block straight to its device (``placement``: as :class:`Decoder`'s).
 
     Raises:
         FileNotFoundError: no config.json or no safetensors weights.
         UnsupportedModel: an architecture or setting the decoder does not implement.
         agent_shell.lm.model_config.BadModelFolder: a broken file, a tensor that disagrees with the
             config, or weights that are not finite (:func:`agent_shell.lm.model_folder.refuse_nonfinite`).
+        ValueError: a mesh that does not divide the heads or the MLP's hidden axis.
     """
     config = read_config(folder)
+    if placement is not None:
+        check_divides(config, placement.size, folder)  # before any weight is read
     weights = read(folder)
     refuse_nonfinite(folder, nonfinite_counts(weights))
-    return Decoder(config, weights, dtype=dtype, device=device, where=folder)
+    return Decoder(config, weights, dtype=dtype, placement=placement, where=folder)
 
 
 __all__ = ["ARCHITECTURES", "ROPE_TYPES", "KV", "Block", "Decoder", "DecoderConfig", "Linear", "RMSNorm",
-           "UnsupportedModel", "inv_freq", "load_decoder", "nonfinite_counts", "read_config", "read_weights"]
+           "UnsupportedModel", "WeightFiles", "inv_freq", "load_decoder", "nonfinite_counts", "read_config",
+           "read_weights"]

@@ -42,6 +42,7 @@ import numpy as np
 from flax import nnx
 
 from agent_shell.lm.buckets import Sizes, padded, pass_sizes
+from agent_shell.lm.jax_mesh import Placement
 from agent_shell.lm.jax_model import KV, Decoder
 from agent_shell.lm.faults import is_out_of_memory, pass_fault
 from agent_shell.lm.protocol import BackboneFault, DecisionHead
@@ -178,11 +179,11 @@ class Programs:
     def __init__(self, decoder: Decoder):
         self.config = decoder.config
         self.dtype = decoder.dtype
-        self.device: jax.Device = next(iter(decoder.embed[...].devices()))
+        self.placement = Placement(decoder.embed[...].sharding.mesh)
         self.graphdef, self.state = nnx.split(decoder)
         self.compiled: dict[tuple, int] = {}
         self._name = f"lm-{self.config.model_type}-" + hashlib.sha256(
-            (repr(self.config) + str(self.dtype) + _source_digest()).encode()).hexdigest()[:16]
+            (repr(self.config) + str(self.dtype) + _source_digest() + self.placement.key()).encode()).hexdigest()[:16]
         graphdef = self.graphdef
 
         def forward(state, kv, x: StreamInputs | ScoreInputs | DecideInputs, mask, capture):
@@ -228,10 +229,14 @@ class Programs:
             pad = [(0, 0)] * 3 + [(0, slots.shape[0] - kv.keys.shape[3]), (0, 0)]
             return KV(jnp.pad(kv.keys, pad), jnp.pad(kv.values, pad))
 
-        self._jitted = {name: jax.jit(fn, static_argnums=0, donate_argnums=2)
+        # the KV buffers come back split on their heads, everything else replicated (one record fetched)
+        kv, whole = self.placement.kv, self.placement.replicated
+        out = (KV(kv, kv), whole)
+        self._jitted = {name: jax.jit(fn, static_argnums=0, donate_argnums=2, out_shardings=out)
                         for name, fn in (("stream", stream), ("score", score), ("rows", rows))}
-        self._jitted.update(decide=jax.jit(decide, static_argnums=(0, 1), donate_argnums=3),
-                            sample=jax.jit(sample, donate_argnums=1), grow=jax.jit(grow))
+        self._jitted.update(decide=jax.jit(decide, static_argnums=(0, 1), donate_argnums=3, out_shardings=out),
+                            sample=jax.jit(sample, donate_argnums=1, out_shardings=out),
+                            grow=jax.jit(grow, out_shardings=KV(kv, kv)))
 
     def run(self, name: str, static: tuple, *args: Operand) -> Results:
         """Program ``name`` with its ``static`` arguments (``(sizes,)``; ``(sizes, kernel)`` for
@@ -258,7 +263,7 @@ class Programs:
             raise pass_fault(err, f"the JAX decoder's {name} pass", _context_tokens(name, static, args)) from err
 
     def parameters(self, decision_head: DecisionHead, width: int) -> Any:
-        """``decision_head``'s parameters on this decoder's device.
+        """``decision_head``'s parameters on this decoder's devices (replicated).
 
         Raises:
             ValueError: ``width`` differs from the head's.
@@ -266,7 +271,7 @@ class Programs:
         from agent_shell.lm.decision import check_width
 
         check_width(decision_head, width)
-        return decision_head.parameters(self.device)
+        return decision_head.parameters(self.placement.replicated)
 
 
 def _context_tokens(name: str, static: tuple, args: tuple) -> int | None:

@@ -73,11 +73,11 @@ def passes(lm: Any) -> list[int]:
     return counted
 
 
-def tiny_folder(folder: Path, kind: str) -> Path:
+def tiny_folder(folder: Path, kind: str, **sizes: int) -> Path:
     """A randomly initialised two-layer model of ``kind`` (``llama``: Llama 3 RoPE scaling, untied
     head; ``qwen2``: tied embeddings and nonzero q/k/v biases; ``qwen3``: per-head q/k norms and a
     head size apart from hidden / heads) with the default model's tokenizer, saved as a HuggingFace
-    folder."""
+    folder; ``sizes`` replace config fields (``num_attention_heads=16``, ...)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     from agent_shell.lm.default_model import default_model_dir
@@ -85,7 +85,7 @@ def tiny_folder(folder: Path, kind: str) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
     shape = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, initializer_range=0.1,
-                 bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+                 bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id) | sizes
     torch.manual_seed(0)
     if kind == "llama":
         rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -94,7 +94,7 @@ def tiny_folder(folder: Path, kind: str) -> Path:
     elif kind == "qwen3":  # per-head q/k norms (random weights, so a skipped norm shows), head_dim apart
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
-        model = Qwen3ForCausalLM(Qwen3Config(**shape, head_dim=24, tie_word_embeddings=True))
+        model = Qwen3ForCausalLM(Qwen3Config(**(dict(head_dim=24) | shape), tie_word_embeddings=True))
         with torch.no_grad():
             for layer in model.model.layers:
                 for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
