@@ -105,7 +105,7 @@ class TypeFeatures:
         return sum(self.skipped_actions.values())
 
     def decisions(self):
-        """The decisions as a :class:`cb_core.Decisions` (raises ValueError when there are none)."""
+        """The decisions as a :class:`cb_core.LabelledDecisions` (raises ValueError when there are none)."""
         import cb_core
 
         if not self.expert:

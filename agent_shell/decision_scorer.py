@@ -42,7 +42,7 @@ from agent_shell.history import StepLike
 from agent_shell.lm.protocol import CandidateScores, Context, Decided, DeviceScores, LanguageModel
 
 if TYPE_CHECKING:
-    from cb_core import Concept, Decisions
+    from cb_core import Concept, LabelledDecisions
     from cb_core.model import Terms
 
 #: An inner LM layer wanted from the candidates' pass: (layer, pool), as ``lm-layer:K[:pool]`` names it.
@@ -202,7 +202,7 @@ def _check_width(concept: Concept, width: int) -> None:
         raise ValueError(f"features of width {width} differ from the concept's d = {concept.hidden_size}")
 
 
-def batch_log_probs(concept: Concept, decisions: Decisions) -> list[np.ndarray]:
+def batch_log_probs(concept: Concept, decisions: LabelledDecisions) -> list[np.ndarray]:
     """log P(a | x) under ``concept`` (its alpha, gamma, eps) for every decision of a ragged set in one
     cb_core call (:func:`cb_core.log_probs`): one float32 [M_i] array per decision, in order.
 
@@ -217,7 +217,7 @@ def batch_log_probs(concept: Concept, decisions: Decisions) -> list[np.ndarray]:
     return [flat[a:b] for a, b in zip(off[:-1], off[1:])]
 
 
-def batch_terms(concept: Concept, decisions: Decisions) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def batch_terms(concept: Concept, decisions: LabelledDecisions) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(the prior term log Qbar, the concept term alpha . phi, log P) under ``concept`` for every
     decision of a ragged set, each float32 [M_i], in order: what :class:`ScoredDecision` gives for
     one decision, in one batched cb_core call (evaluation's per-decision record).
@@ -234,7 +234,7 @@ def batch_terms(concept: Concept, decisions: Decisions) -> list[tuple[np.ndarray
     return [(prior[a:b], term[a:b], log_p[a:b]) for a, b in zip(off[:-1], off[1:])]
 
 
-def choices(concept: Concept, decisions: Decisions) -> np.ndarray:
+def choices(concept: Concept, decisions: LabelledDecisions) -> np.ndarray:
     """int [N]: the argmax of log P per decision (Eq. 7; the lowest index among exact ties)."""
     return np.array([int(np.argmax(lp)) for lp in batch_log_probs(concept, decisions)], dtype=np.int64)
 

@@ -268,9 +268,9 @@ def many_concepts(n: int, d: int, rounds: int, task_types: int = MANY_TASK_TYPES
         offsets = np.asarray(dec.offsets)
         rows = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in keep])
         sizes = np.diff(offsets)[keep]
-        return cb_core.Decisions(np.asarray(dec.hidden)[rows], np.asarray(dec.log_q)[rows],
-                                 np.asarray(dec.n_tokens)[rows], np.concatenate([[0], np.cumsum(sizes)]),
-                                 np.repeat(np.arange(keep.size), sizes), np.asarray(dec.expert)[keep])
+        return cb_core.LabelledDecisions(np.asarray(dec.hidden)[rows], np.asarray(dec.log_q)[rows],
+                                         np.asarray(dec.n_tokens)[rows], np.concatenate([[0], np.cumsum(sizes)]),
+                                         np.repeat(np.arange(keep.size), sizes), np.asarray(dec.expert)[keep])
 
     subsets = [[subset(dec, keep) for keep in kept] for dec in types]
     objectives_f32 = [[scipy_objective({k: np.asarray(getattr(sub, k)) for k in

@@ -2,7 +2,8 @@
 
 Public API (seed paper notation; see each docstring for shapes and the equation implemented):
 
-* the decision set: :class:`Decisions` (ragged pytree), :func:`decisions_from_lists`,
+* the labelled decision set (the data a concept is fitted on): :class:`LabelledDecisions` (ragged
+  pytree; ``Decisions`` is its deprecated alias), :func:`decisions_from_lists`,
   :func:`load_decisions` / :func:`write_decisions` (the ``.npz`` file, :mod:`cb_core.decision_file`);
   padding, validation and shape buckets in :mod:`cb_core.decisions`.
 * the model (Eq. 3, Eq. 6, App. B): :func:`features`, :func:`prior_log_probs`, :func:`terms` (log P,
@@ -42,16 +43,26 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from cb_core.concept import Concept
 from cb_core.decision_file import load_decisions, write_decisions
-from cb_core.decisions import Decisions, decisions_from_lists
+from cb_core.decisions import LabelledDecisions, decisions_from_lists
 from cb_core.fit import Certificate, FitResult, fit, fit_many
 from cb_core.model import Terms, features, gradient, hessian, log_probs, objective, prior_log_probs, terms
 from cb_core.solver_protocol import SOLVERS, Solver, SolverOutput, register_solver
 from cb_core.solvers import LBFGS, Adam, Newton, Subspace
 from cb_core.strength import StrengthCurve, select_strengths
 
+
+def __getattr__(name: str):
+    """``cb_core.Decisions``: the deprecated name of :class:`LabelledDecisions` (a DeprecationWarning)."""
+    if name == "Decisions":
+        from cb_core.decisions import _deprecated
+
+        return _deprecated(name, __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
-    "Adam", "Certificate", "Concept", "Decisions", "FitResult", "LBFGS", "Newton", "SOLVERS", "Solver", "SolverOutput",
-    "Subspace", "Terms", "register_solver",
+    "Adam", "Certificate", "Concept", "FitResult", "LBFGS", "LabelledDecisions", "Newton", "SOLVERS", "Solver",
+    "SolverOutput", "Subspace", "Terms", "register_solver",
     "decisions_from_lists", "features", "fit", "fit_many", "gradient", "hessian", "load_decisions",
     "log_probs", "objective", "prior_log_probs", "select_strengths", "StrengthCurve", "terms", "write_decisions",
 ]

@@ -45,7 +45,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from cb_core.cache import digest
-from cb_core.decisions import Decisions, bucket_size, to_padded
+from cb_core.decisions import LabelledDecisions, bucket_size, to_padded
 from cb_core.model import DeviceDecision, Terms, _k_decide, _k_terms
 
 if TYPE_CHECKING:
@@ -238,8 +238,8 @@ class Concept:
         """
         hidden, log_q, n_tokens = _check_candidate_set(hidden, log_q, n_tokens, self.hidden_size)
         m = hidden.shape[0]
-        one = Decisions(hidden, log_q, n_tokens, np.array([0, m]), np.zeros(m, np.int32),
-                        np.zeros(1, np.int32))
+        one = LabelledDecisions(hidden, log_q, n_tokens, np.array([0, m]), np.zeros(m, np.int32),
+                                np.zeros(1, np.int32))
         padded = to_padded(one, dtype=np.float32, n_pad=1, m_pad=bucket_size(m))
         out = _k_terms(self.alpha.astype(np.float32), padded, np.float32(self.gamma), np.float32(self.eps))
         return Terms(*(np.asarray(x)[0, :m] for x in out))

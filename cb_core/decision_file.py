@@ -1,4 +1,4 @@
-"""The decision-set file: a ragged :class:`cb_core.decisions.Decisions` as one ``.npz`` archive.
+"""The decision-set file: a ragged :class:`cb_core.decisions.LabelledDecisions` as one ``.npz`` archive.
 
 Decision-set file (``.npz``, written by :func:`write_decisions`, read by :func:`load_decisions`):
 
@@ -34,7 +34,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from cb_core.decisions import Decisions, _from_arrays, validate_decisions
+from cb_core.decisions import LabelledDecisions, _from_arrays, validate_decisions
 
 __all__ = ["MAX_BYTES", "METADATA_FIELDS", "check_decisions_metadata", "load_decisions", "load_decisions_metadata",
            "write_decisions"]
@@ -100,7 +100,7 @@ def _read_members(path: str | os.PathLike, names: tuple[str, ...], max_bytes: in
         return {k: z[k] for k in present}
 
 
-def load_decisions(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> Decisions:
+def load_decisions(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> LabelledDecisions:
     """Read a decision-set ``.npz`` (format in this module's docstring) and validate it.
 
     Args:
@@ -167,7 +167,7 @@ def check_decisions_metadata(meta: dict, where: str) -> None:
         raise ValueError(f"{where}: metadata 'trajectories' must list strings, got {bad[0]!r}")
 
 
-def write_decisions(file: BinaryIO, decisions: Decisions, metadata: dict | None = None) -> None:
+def write_decisions(file: BinaryIO, decisions: LabelledDecisions, metadata: dict | None = None) -> None:
     """Write a decision-set ``.npz`` to ``file`` (a binary file opened for writing); validates
     first. To write a path atomically: ``with cb_io.storage.atomic_path(path, suffix=".npz") as
     tmp, open(tmp, "wb") as f: write_decisions(f, decisions)``.

@@ -1,14 +1,18 @@
-"""Ragged decision sets: the data the concept model is fitted on, their checks and layouts.
+"""Labelled decision sets: the data the concept model is fitted on, their checks and layouts.
 
 A *decision* (seed paper, Sec. 3) is one agent step with a finite candidate set of M_i >= 1
-actions, one of which the expert took. N decisions are stored *ragged*: their candidate rows are
-stacked into T = sum_i M_i rows, decision i owning rows ``offsets[i]:offsets[i+1]``.
+actions; a *labelled* decision also says which one the expert took. N labelled decisions are
+stored *ragged*: their candidate rows are stacked into T = sum_i M_i rows, decision i owning rows
+``offsets[i]:offsets[i+1]``.
 
-This module holds the :class:`Decisions` pytree, its validation (host-side, numpy), the padded
-``[N_pad, M_pad, .]`` + mask layout every kernel computes on (:class:`PaddedDecisions`, built
-once at the jit boundary by :func:`to_padded`; acting on one candidate set is N_pad = 1) and the
-shape *buckets* that let nearby sizes share compiled code. The ``.npz`` decision-set file is
-read and written by :mod:`cb_core.decision_file`.
+This module holds the :class:`LabelledDecisions` pytree (a data set for fitting; a decision taken
+at play time is :class:`cb_core.model.DeviceDecision` on the device and
+``agent_shell.lm.scores.Decided`` on the host), its validation (host-side, numpy), the padded
+``[N_pad, M_pad, .]`` + mask layout every kernel computes on (:class:`PaddedLabelledDecisions`,
+built once at the jit boundary by :func:`to_padded`) and the shape *buckets* that let nearby sizes
+share compiled code. The ``.npz`` decision-set file is read and written by
+:mod:`cb_core.decision_file`. The names ``Decisions`` and ``PaddedDecisions`` are deprecated
+aliases of the two classes (a DeprecationWarning when used).
 
 Imports nothing else of this project and no JAX at module import time except for pytree
 registration.
@@ -26,8 +30,8 @@ from jax.typing import ArrayLike, DTypeLike
 import numpy as np
 
 __all__ = [
-    "Decisions",
-    "PaddedDecisions",
+    "LabelledDecisions",
+    "PaddedLabelledDecisions",
     "bucket_size",
     "decisions_from_lists",
     "validate_decisions",
@@ -37,8 +41,9 @@ __all__ = [
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class Decisions:
-    """N ragged decisions with T candidate rows in total (a JAX pytree; all fields are arrays).
+class LabelledDecisions:
+    """A data set for fitting: N ragged expert-labelled decisions with T candidate rows in total (a
+    JAX pytree; all fields are arrays).
 
     Attributes:
         hidden: [T, d] float, raw LM hidden states (one row per candidate).
@@ -78,6 +83,26 @@ class Decisions:
     def set_sizes(self) -> np.ndarray:
         """[N] int64, the candidate-set sizes M_i."""
         return np.diff(np.asarray(self.offsets)).astype(np.int64)
+
+
+#: Deprecated names -> their classes (module ``__getattr__``; removed in the next release).
+_DEPRECATED = {"Decisions": "LabelledDecisions", "PaddedDecisions": "PaddedLabelledDecisions"}
+
+
+def _deprecated(name: str, where: str):
+    """The class a deprecated name stands for, with a DeprecationWarning naming its new name;
+    AttributeError for any other ``name`` (a module ``__getattr__``'s contract)."""
+    if name not in _DEPRECATED:
+        raise AttributeError(f"module {where!r} has no attribute {name!r}")
+    import warnings
+
+    warnings.warn(f"{where}.{name} is deprecated: use {where}.{_DEPRECATED[name]} (a data set of labelled "
+                  "decisions for fitting)", DeprecationWarning, stacklevel=3)
+    return globals()[_DEPRECATED[name]]
+
+
+def __getattr__(name: str):
+    return _deprecated(name, __name__)
 
 
 def bucket_size(n: int, minimum: int = 8, steps_per_octave: int = 4) -> int:
@@ -193,7 +218,7 @@ def _overflow(name: str, arr: np.ndarray, float_dtype, offsets: np.ndarray) -> N
 
 
 def _from_arrays(hidden, log_q, n_tokens, offsets, expert, *, float_dtype=np.float32,
-                 finite_hidden: bool = True) -> Decisions:
+                 finite_hidden: bool = True) -> LabelledDecisions:
     hidden = np.asarray(hidden)
     log_q = np.asarray(log_q)
     n_tokens = np.asarray(n_tokens)
@@ -203,7 +228,7 @@ def _from_arrays(hidden, log_q, n_tokens, offsets, expert, *, float_dtype=np.flo
     _overflow("hidden", hidden, float_dtype, offsets)
     _overflow("log_q", log_q, float_dtype, offsets)
     sizes = np.diff(offsets)
-    return Decisions(
+    return LabelledDecisions(
         hidden=hidden.astype(float_dtype, copy=False),
         log_q=log_q.astype(float_dtype, copy=False),
         n_tokens=n_tokens.astype(np.int32, copy=False),
@@ -213,8 +238,8 @@ def _from_arrays(hidden, log_q, n_tokens, offsets, expert, *, float_dtype=np.flo
     )
 
 
-def validate_decisions(decisions: Decisions, *, finite_hidden: bool = True) -> Decisions:
-    """Check a :class:`Decisions` built by hand; returns it normalised (numpy; float64 stays
+def validate_decisions(decisions: LabelledDecisions, *, finite_hidden: bool = True) -> LabelledDecisions:
+    """Check a :class:`LabelledDecisions` built by hand; returns it normalised (numpy; float64 stays
     float64, other floats become float32).
 
     ``finite_hidden=False`` skips the check that every hidden state is finite (the only one that
@@ -240,8 +265,8 @@ def decisions_from_lists(
     log_q: Sequence[ArrayLike],
     n_tokens: Sequence[ArrayLike],
     expert: Sequence[int],
-) -> Decisions:
-    """Stack per-decision arrays into a validated ragged :class:`Decisions` (float32).
+) -> LabelledDecisions:
+    """Stack per-decision arrays into a validated ragged :class:`LabelledDecisions` (float32).
 
     Args:
         hidden: N arrays [M_i, d] of raw hidden states.
@@ -293,11 +318,13 @@ def decisions_from_lists(
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class PaddedDecisions:
+class PaddedLabelledDecisions:
     """The padded layout every kernel of :mod:`cb_core.model` computes on (a pytree of arrays).
 
-    N decisions padded to N_pad, each candidate set padded to M_pad slots. Built once, on the
-    host, by :func:`to_padded` (the jit boundary); acting on one candidate set is N_pad = 1.
+    N labelled decisions padded to N_pad, each candidate set padded to M_pad slots. Built once, on
+    the host, by :func:`to_padded` (the jit boundary). The kernels that act on one candidate set
+    (:class:`cb_core.Concept`) use the same layout with N_pad = 1 and a placeholder label (expert 0,
+    which scoring never reads).
 
     Attributes:
         hidden: [N_pad, M_pad, d] float, each candidate's hidden state minus the first
@@ -346,8 +373,8 @@ def _copy_pool():
     return ThreadPoolExecutor(_COPY_THREADS, thread_name_prefix="cb_core-pad")
 
 
-def to_padded(decisions: Decisions, *, dtype: DTypeLike | None = None, n_pad: int | None = None,
-              m_pad: int | None = None) -> PaddedDecisions:
+def to_padded(decisions: LabelledDecisions, *, dtype: DTypeLike | None = None, n_pad: int | None = None,
+              m_pad: int | None = None) -> PaddedLabelledDecisions:
     """Pad ragged decisions into the kernels' layout, once, on the host (numpy out).
 
     Args:
@@ -401,4 +428,4 @@ def to_padded(decisions: Decisions, *, dtype: DTypeLike | None = None, n_pad: in
     expert[:n] = np.asarray(decisions.expert)
     weight = np.zeros(n_pad, dtype)
     weight[:n] = 1.0
-    return PaddedDecisions(h, log_q, n_tokens, mask, expert, weight)
+    return PaddedLabelledDecisions(h, log_q, n_tokens, mask, expert, weight)

@@ -33,7 +33,7 @@ from jax.typing import ArrayLike, DTypeLike
 import numpy as np
 
 from cb_core.cache import call_compiled
-from cb_core.decisions import Decisions, bucket_size, to_padded, validate_decisions
+from cb_core.decisions import LabelledDecisions, bucket_size, to_padded, validate_decisions
 from cb_core.model import compiled, hessian_factor, prepare
 from cb_core.fit_arguments import (check_init, check_inits, check_lam_dtype, check_number, check_problems, check_sets,
                                    check_shared)
@@ -191,7 +191,7 @@ def _x64_context(dtype):
     return jax.enable_x64(True)
 
 
-def _diverged(dec: Decisions, dt, value: float, gnorm: float) -> str:
+def _diverged(dec: LabelledDecisions, dt, value: float, gnorm: float) -> str:
     """One line for a fit whose loss or gradient is not finite although every input is: which
     decision's features overflow ``dt`` when standardised (their squared deviations), and the fix."""
     offsets, hidden = np.asarray(dec.offsets), np.asarray(dec.hidden)
@@ -211,7 +211,7 @@ def _diverged(dec: Decisions, dt, value: float, gnorm: float) -> str:
 # the one path of fit and fit_many: pad, solve, check, certify, report
 # ----------------------------------------------------------------------------------------------
 
-def _pad(sets: list[Decisions], k: int, weights: list[np.ndarray] | None, dt) -> tuple[list, np.ndarray]:
+def _pad(sets: list[LabelledDecisions], k: int, weights: list[np.ndarray] | None, dt) -> tuple[list, np.ndarray]:
     """(the S padded sets, the decision weights [S, K, N_pad]): one problem keeps its own bucket,
     more share the bucket of the largest set (one program)."""
     many = len(sets) * k > 1
@@ -241,7 +241,7 @@ def _run(solver: Solver, padded: list, weight: np.ndarray, lam: np.ndarray, scal
     return SolverOutput(*(np.asarray(x)[None, None] for x in out)), np.asarray(finite)[None, None]
 
 
-def _check_finite(out: SolverOutput, finite: np.ndarray, sets: list[Decisions], originals: Sequence[Decisions],
+def _check_finite(out: SolverOutput, finite: np.ndarray, sets: list[LabelledDecisions], originals: Sequence[LabelledDecisions],
                   dt) -> None:
     """ValueError (one line) naming a non-finite hidden state (found by the compiled fit's first
     pass) or, with finite inputs, the decision whose features overflow ``dt`` (:func:`_diverged`)."""
@@ -293,7 +293,7 @@ def _result(out: SolverOutput, s: int, q: int, lam: float, ranges: dict | None, 
                      n_passes=n_passes if n_passes >= 0 else None)
 
 
-def _fit_problems(sets: list[Decisions], originals: Sequence[Decisions], solver: Solver, lam: np.ndarray,
+def _fit_problems(sets: list[LabelledDecisions], originals: Sequence[LabelledDecisions], solver: Solver, lam: np.ndarray,
                   weights: list[np.ndarray] | None, gamma: float, eps: float, dt, tol: float, certify: str,
                   init: np.ndarray | None, start: float) -> list[list[FitResult]]:
     """The fit of S x K problems (the one path of :func:`fit` and :func:`fit_many`).
@@ -317,7 +317,7 @@ def _fit_problems(sets: list[Decisions], originals: Sequence[Decisions], solver:
 
 
 def fit(
-    decisions: Decisions,
+    decisions: LabelledDecisions,
     solver: Solver = DEFAULT_SOLVER,
     *,
     lam: float = 1.0,
@@ -363,8 +363,8 @@ def fit(
     """
     lam = check_number("lam", lam, 0.0, strict=True)
     gamma, eps, dt, tol = check_shared(gamma, eps, dtype, certify, solver)
-    if not isinstance(decisions, Decisions):
-        raise ValueError(f"decisions must be a cb_core.Decisions, got {type(decisions).__name__}")
+    if not isinstance(decisions, LabelledDecisions):
+        raise ValueError(f"decisions must be a cb_core.LabelledDecisions, got {type(decisions).__name__}")
     start = time.perf_counter()
     dec = validate_decisions(decisions, finite_hidden=False)  # checked in the compiled fit
     alpha0 = None if init is None else check_init(init, dec.hidden_size + 1, dt)[None, None]
@@ -373,7 +373,7 @@ def fit(
 
 
 def fit_many(
-    decisions: Decisions | Sequence[Decisions],
+    decisions: LabelledDecisions | Sequence[LabelledDecisions],
     solver: Solver = DEFAULT_SOLVER,
     *,
     lam: float | ArrayLike = 1.0,
@@ -408,7 +408,7 @@ def fit_many(
     function's K = S = 1 case.
 
     Args:
-        decisions: one :class:`Decisions` (S = 1), or a non-empty sequence of S of them sharing
+        decisions: one :class:`LabelledDecisions` (S = 1), or a non-empty sequence of S of them sharing
             one hidden width d.
         solver: a batchable solver (:class:`Newton`, the default, :class:`LBFGS`, :class:`Adam`, or
             your own), as for :func:`fit` (one solver, one tolerance for all problems).
@@ -423,7 +423,7 @@ def fit_many(
             None: alpha = 0 for every problem.
 
     Returns:
-        S lists of K :class:`FitResult` (``result[s][k]``; one :class:`Decisions` is S = 1:
+        S lists of K :class:`FitResult` (``result[s][k]``; one :class:`LabelledDecisions` is S = 1:
         ``fit_many(dec, lam=lams)[0]`` are its K results), each with alpha [d + 1] numpy ``dtype``
         and its :class:`Certificate`, exactly as :func:`fit` returns. ``n_decisions`` is the
         problem's count of decisions with a positive weight; ``seconds`` is the whole call's
@@ -432,7 +432,7 @@ def fit_many(
 
     Raises:
         ValueError: anything :func:`fit` refuses; a solver that is not ``batchable``; an empty
-            sequence or one holding something else than Decisions; sets of different hidden
+            sequence or one holding something else than LabelledDecisions; sets of different hidden
             widths; ``lam`` not finite and > 0 or of a bad shape; ``weights`` of a bad shape,
             negative, non-finite or a problem weighting no decision; K disagreeing between ``lam``
             and ``weights``; ``init`` not broadcastable to [S, K, d + 1] or non-finite (each naming
@@ -441,6 +441,6 @@ def fit_many(
     gamma, eps, dt, tol = check_shared(gamma, eps, dtype, certify, solver, batched=True)
     given, sets = check_sets(decisions)
     start = time.perf_counter()
-    lam, weights = check_problems(lam, weights, sets, isinstance(decisions, Decisions))
+    lam, weights = check_problems(lam, weights, sets, isinstance(decisions, LabelledDecisions))
     alpha0 = None if init is None else check_inits(init, lam.shape + (sets[0].hidden_size + 1,), dt)
     return _fit_problems(sets, given, solver, lam, weights, gamma, eps, dt, tol, certify, alpha0, start)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike, DTypeLike
 
-from cb_core.decisions import Decisions, validate_decisions
+from cb_core.decisions import LabelledDecisions, validate_decisions
 from cb_core.solver_protocol import SOLVERS, Solver, check_int, default_tol
 
 __all__ = ["check_dtype", "check_init", "check_inits", "check_number", "check_problems", "check_sets", "check_shared",
@@ -99,12 +99,13 @@ def check_shared(gamma, eps, dtype, certify, solver, batched: bool = False) -> t
     return values
 
 
-def check_sets(decisions: Decisions | Sequence[Decisions]) -> tuple[list[Decisions], list[Decisions]]:
+def check_sets(decisions: LabelledDecisions | Sequence[LabelledDecisions]
+               ) -> tuple[list[LabelledDecisions], list[LabelledDecisions]]:
     """(the sets as given, validated) of :func:`fit_many`; ValueError (one line) naming the set at fault."""
-    single = isinstance(decisions, Decisions)
+    single = isinstance(decisions, LabelledDecisions)
     given = [decisions] if single else list(decisions) if isinstance(decisions, Sequence) else None
-    if not given or not all(isinstance(d, Decisions) for d in given):
-        raise ValueError("decisions must be a cb_core.Decisions or a non-empty sequence of them, got "
+    if not given or not all(isinstance(d, LabelledDecisions) for d in given):
+        raise ValueError("decisions must be a cb_core.LabelledDecisions or a non-empty sequence of them, got "
                          f"{type(decisions).__name__}")
     sets = []
     for s, d in enumerate(given):
@@ -134,7 +135,7 @@ def check_weights(weights: ArrayLike, n: int, where: str) -> np.ndarray:
     return w
 
 
-def check_problems(lam, weights, sets: list[Decisions], single: bool
+def check_problems(lam, weights, sets: list[LabelledDecisions], single: bool
                     ) -> tuple[np.ndarray, list[np.ndarray] | None]:
     """(lam [S, K] float64, S weights [K, N_s] or None) of :func:`fit_many`; K from ``lam``'s last
     axis and the weights' first. ValueError (one line) naming the argument at fault."""

@@ -1,7 +1,7 @@
 """The concept model as one set of pure JAX kernels on the padded layout.
 
 Seed paper notation: decision i has candidate set A_i of M_i actions; m = d + 1 is the feature
-size. The kernels compute on :class:`cb_core.decisions.PaddedDecisions` ([N, M, .] + mask;
+size. The kernels compute on :class:`cb_core.decisions.PaddedLabelledDecisions` ([N, M, .] + mask;
 acting on one candidate set is N = 1), prepared once into a :class:`Problem`:
 
 * Features (seed App. B):   phi(x, a; A)_k = (h_ak - mean_A h_k) / max(std_A h_k, eps),  k < d,
@@ -19,7 +19,7 @@ The features are never materialised by the fitter: a score is ``h . (alpha / sca
 (alpha / scale)`` per decision, so every pass reads the [N, M, d] hidden states once (the fit is
 memory-bound). :func:`features` materialises them for inspection and tests.
 
-The public functions at the bottom take ragged :class:`cb_core.decisions.Decisions` (concrete
+The public functions at the bottom take ragged :class:`cb_core.decisions.LabelledDecisions` (concrete
 numpy), pad them once with :func:`cb_core.decisions.to_padded` and call one jit-compiled kernel;
 ``alpha`` may be traced (``jax.grad`` / ``jax.hessian`` work). Inside your own jit, call the
 kernels on a :class:`Problem` instead. No I/O. Imports nothing else of this project except
@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from cb_core.decisions import Decisions, PaddedDecisions, to_padded
+from cb_core.decisions import LabelledDecisions, PaddedLabelledDecisions, to_padded
 
 __all__ = [
     "MATMUL_PRECISION", "compiled",
@@ -70,14 +70,14 @@ class Problem:
     :func:`prepare` once per fit or act call.
 
     Attributes:
-        hidden: [N, M, d] hidden states, shifted per set (see ``PaddedDecisions.hidden``).
+        hidden: [N, M, d] hidden states, shifted per set (see ``PaddedLabelledDecisions.hidden``).
         mean: [N, d] mean of ``hidden`` over each candidate set.
         inv_scale: [N, d] 1 / max(std over the set, eps) (App. B).
         bias: [N] the bias feature M_i ** -0.5 (0 for padded decisions).
         prior: [N, M] normalised log Qbar (0 in padded slots).
         mask: [N, M] bool, real candidates.
         expert: [N] int32 local expert index.
-        weight: [N] w_i / sum_j w_j, the decision weights normalised (``PaddedDecisions.weight``: 1 for
+        weight: [N] w_i / sum_j w_j, the decision weights normalised (``PaddedLabelledDecisions.weight``: 1 for
             real decisions, 0 for padded ones, so 1 / N by default: the objective's average).
         scaled: static layout flag. False: ``hidden`` and ``mean`` as above, each pass a product
             per decision with alpha / scale ([M, d] x [d] for each of the N). True: ``hidden`` and
@@ -98,7 +98,7 @@ class Problem:
     scaled: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
-def prepare(padded: PaddedDecisions, gamma, eps, scaled: bool = False) -> Problem:
+def prepare(padded: PaddedLabelledDecisions, gamma, eps, scaled: bool = False) -> Problem:
     """Features' statistics and the prior of a padded decision set (App. B, Eq. 3); jittable.
 
     gamma: prior length-normalisation exponent; eps: floor of the per-coordinate std; scaled: the
@@ -299,7 +299,7 @@ def compiled(fn=None, **jit_kwargs):
 
 
 # ----------------------------------------------------------------------------------------------
-# public functions on ragged Decisions: pad once on the host, one jit-compiled kernel
+# public functions on ragged LabelledDecisions: pad once on the host, one jit-compiled kernel
 # ----------------------------------------------------------------------------------------------
 
 @compiled
@@ -359,8 +359,8 @@ def _k_decide(alpha, hidden, log_q, n_tokens, count, gamma, eps) -> DeviceDecisi
     minus the first one's, zeros, ones and the mask in the padded slots), then the argmax."""
     mask = jnp.arange(hidden.shape[0]) < count
     h = jnp.where(mask[:, None], hidden - hidden[0], 0.0)
-    padded = PaddedDecisions(h[None], jnp.where(mask, log_q, 0.0)[None], jnp.where(mask, n_tokens, 1)[None],
-                             mask[None], jnp.zeros(1, jnp.int32), jnp.ones(1, hidden.dtype))
+    padded = PaddedLabelledDecisions(h[None], jnp.where(mask, log_q, 0.0)[None], jnp.where(mask, n_tokens, 1)[None],
+                                     mask[None], jnp.zeros(1, jnp.int32), jnp.ones(1, hidden.dtype))
     t = Terms(*(x[0] for x in problem_terms(alpha, prepare(padded, gamma, eps))))
     finite = jnp.all(jnp.isfinite(jnp.where(mask[:, None], hidden, 0.0))) & jnp.all(jnp.isfinite(jnp.where(mask, log_q, 0.0)))
     chosen = jnp.argmax(jnp.where(mask, t.log_p, -jnp.inf)).astype(jnp.int32)
@@ -387,9 +387,9 @@ def _k_hessian(alpha, padded, lam, gamma, eps):
     return problem_hessian(alpha, prepare(padded, gamma, eps), lam)
 
 
-def _pad(decisions: Decisions, alpha=None) -> tuple[PaddedDecisions, np.dtype]:
-    if not isinstance(decisions, Decisions):
-        raise TypeError(f"expected cb_core.Decisions, got {type(decisions).__name__}")
+def _pad(decisions: LabelledDecisions, alpha=None) -> tuple[PaddedLabelledDecisions, np.dtype]:
+    if not isinstance(decisions, LabelledDecisions):
+        raise TypeError(f"expected cb_core.LabelledDecisions, got {type(decisions).__name__}")
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(decisions)):
         raise TypeError("decisions are traced: pad them outside jit (cb_core.decisions.to_padded) "
                         "and call the kernels of cb_core.model on prepare(padded, gamma, eps)")
@@ -399,26 +399,26 @@ def _pad(decisions: Decisions, alpha=None) -> tuple[PaddedDecisions, np.dtype]:
     return to_padded(decisions, dtype=dtype), dtype
 
 
-def features(decisions: Decisions, eps: float = 1e-6):
+def features(decisions: LabelledDecisions, eps: float = 1e-6):
     """[T, m] seed App. B features (standardised hidden states, then the bias M_i ** -0.5)."""
     padded, dtype = _pad(decisions)
     return padded.unpad(_k_features(padded, dtype.type(eps)))
 
 
-def prior_log_probs(decisions: Decisions, gamma: float = 0.8):
+def prior_log_probs(decisions: LabelledDecisions, gamma: float = 0.8):
     """[T] normalised length-corrected prior log Qbar (Eq. 3, App. B); logsumexp per set is 0."""
     padded, dtype = _pad(decisions)
     return padded.unpad(_k_prior(padded, dtype.type(gamma)))
 
 
-def log_probs(alpha, decisions: Decisions, gamma: float = 0.8, eps: float = 1e-6):
+def log_probs(alpha, decisions: LabelledDecisions, gamma: float = 0.8, eps: float = 1e-6):
     """[T] log P_alpha(a|x) over each candidate set (Eq. 3). alpha: [m] float."""
     padded, dtype = _pad(decisions, alpha)
     out = _k_log_probs(jnp.asarray(alpha, dtype), padded, dtype.type(gamma), dtype.type(eps))
     return padded.unpad(out)
 
 
-def terms(alpha, decisions: Decisions, gamma: float = 0.8, eps: float = 1e-6) -> Terms:
+def terms(alpha, decisions: LabelledDecisions, gamma: float = 0.8, eps: float = 1e-6) -> Terms:
     """The three terms of Eq. 3 for every candidate of a ragged set, each [T], from one kernel
     (one padding, one compiled call): ``log_p`` equals :func:`log_probs`, ``prior``
     :func:`prior_log_probs`, ``concept_term`` ``features(decisions, eps) @ alpha``. alpha: [m] float."""
@@ -427,7 +427,7 @@ def terms(alpha, decisions: Decisions, gamma: float = 0.8, eps: float = 1e-6) ->
     return Terms(*(padded.unpad(x) for x in out))
 
 
-def objective(alpha, decisions: Decisions, lam: float = 1.0, gamma: float = 0.8,
+def objective(alpha, decisions: LabelledDecisions, lam: float = 1.0, gamma: float = 0.8,
               eps: float = 1e-6):
     """Eq. 6: mean negative log-likelihood of the expert actions + lam/2 ||alpha||^2 (nats)."""
     padded, dtype = _pad(decisions, alpha)
@@ -435,7 +435,7 @@ def objective(alpha, decisions: Decisions, lam: float = 1.0, gamma: float = 0.8,
                         *(dtype.type(x) for x in (lam, gamma, eps)))
 
 
-def gradient(alpha, decisions: Decisions, lam: float = 1.0, gamma: float = 0.8,
+def gradient(alpha, decisions: LabelledDecisions, lam: float = 1.0, gamma: float = 0.8,
              eps: float = 1e-6):
     """[m] analytic gradient of :func:`objective`: (1/N) sum_i (E_{P_i}[phi] - phi(a*_i)) +
     lam alpha."""
@@ -444,7 +444,7 @@ def gradient(alpha, decisions: Decisions, lam: float = 1.0, gamma: float = 0.8,
                              *(dtype.type(x) for x in (lam, gamma, eps)))[1]
 
 
-def hessian(alpha, decisions: Decisions, lam: float = 1.0, gamma: float = 0.8,
+def hessian(alpha, decisions: LabelledDecisions, lam: float = 1.0, gamma: float = 0.8,
             eps: float = 1e-6):
     """[m, m] explicit Hessian of :func:`objective`: (1/N) sum_i Cov_{P_i}(phi) + lam I."""
     padded, dtype = _pad(decisions, alpha)

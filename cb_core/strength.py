@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike, DTypeLike
 
-from cb_core.decisions import Decisions
+from cb_core.decisions import LabelledDecisions
 from cb_core.fit import DEFAULT_SOLVER, fit_many
 from cb_core.model import features, prior_log_probs
 from cb_core.solvers import Solver
@@ -198,7 +198,7 @@ def fold_of(groups: ArrayLike, n_folds: int = DEFAULT_FOLDS) -> tuple[np.ndarray
     return np.array([index[g] for g in labels], dtype=np.int64), n
 
 
-def held_out_scores(alphas: ArrayLike, decisions: Decisions, gamma: float = 0.8,
+def held_out_scores(alphas: ArrayLike, decisions: LabelledDecisions, gamma: float = 0.8,
                     eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
     """([K, N] float64 log P_alpha_k(a*_i | x_i) (Eq. 3), [K, N] float64 rank: the number of candidates
     scored above the expert's action) of every decision under each of K concepts ``alphas``
@@ -216,7 +216,7 @@ def held_out_scores(alphas: ArrayLike, decisions: Decisions, gamma: float = 0.8,
     return (expert - lse).T, rank.T
 
 
-def held_out_log_likelihood(alphas: ArrayLike, decisions: Decisions, gamma: float = 0.8,
+def held_out_log_likelihood(alphas: ArrayLike, decisions: LabelledDecisions, gamma: float = 0.8,
                             eps: float = 1e-6) -> np.ndarray:
     """[K, N] float64: log P_alpha_k(a*_i | x_i) (Eq. 3) of every decision's expert action under each of
     K concepts ``alphas`` [K, d + 1] (the first part of :func:`held_out_scores`)."""
@@ -231,7 +231,7 @@ def _grid(lams: Sequence[float]) -> np.ndarray:
 
 
 def cross_validate(
-    decision_sets: Sequence[Decisions],
+    decision_sets: Sequence[LabelledDecisions],
     groups: Sequence[ArrayLike],
     *,
     lams: Sequence[float] = DEFAULT_GRID,
@@ -343,7 +343,7 @@ def strength_curve(held: HeldOut | Sequence[HeldOut], rule: str = DEFAULT_RULE, 
 
 
 def select_strengths(
-    decision_sets: Sequence[Decisions],
+    decision_sets: Sequence[LabelledDecisions],
     groups: Sequence[ArrayLike],
     *,
     lams: Sequence[float] = DEFAULT_GRID,

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from cb_core.decisions import Decisions, decisions_from_lists
+from cb_core.decisions import LabelledDecisions, decisions_from_lists
 
 __all__ = ["synthetic_decisions"]
 
 
 def synthetic_decisions(n: int, d: int, m_mean: int = 25, m_spread: int = 6, seed: int = 0,
-                        rank: int = 16, min_m: int = 1) -> Decisions:
+                        rank: int = 16, min_m: int = 1) -> LabelledDecisions:
     """N decisions with M_i uniform in [m_mean - m_spread, m_mean + m_spread] (at least min_m).
 
-    Returns validated float32 :class:`Decisions`.
+    Returns validated float32 :class:`LabelledDecisions`.
     """
     rng = np.random.default_rng(seed)
     basis = rng.standard_normal((rank, d)).astype(np.float32) * 2.0

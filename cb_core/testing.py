@@ -8,7 +8,7 @@ objective's structure (one decision's term depends on its own candidate set only
 
 * :func:`random_lists` / :func:`random_decisions`: a seeded random ragged decision set (numpy).
 * strategies: :func:`ragged` ((seed, sizes, d): candidate counts, token counts and expert index
-  vary with the seed), :func:`decision_sets` (validated :class:`cb_core.Decisions`; a failing
+  vary with the seed), :func:`decision_sets` (validated :class:`cb_core.LabelledDecisions`; a failing
   example prints as the call that rebuilds it, ``random_decisions(0, [1], 3, scale=1.0)``),
   :func:`concepts` (alpha vectors [d + 1]) and :func:`decision_weights` ([K, N] 0/1 masks, each
   row weighting at least one decision: cross-validation folds for :func:`cb_core.fit_many`).
@@ -39,7 +39,7 @@ import numpy as np
 from hypothesis import strategies as st
 from jax.typing import ArrayLike
 
-from cb_core.decisions import Decisions, decisions_from_lists
+from cb_core.decisions import LabelledDecisions, decisions_from_lists
 
 __all__ = [
     "check_gradient", "check_hessian", "check_hessian_bounds", "check_separable", "concepts", "decision_sets",
@@ -73,8 +73,8 @@ def random_lists(seed: int, sizes: Sequence[int], d: int, scale: float = 1.0):
     return hidden, log_q, n_tokens, expert
 
 
-def random_decisions(seed: int, sizes: Sequence[int], d: int, scale: float = 1.0) -> Decisions:
-    """:func:`random_lists` as validated float32 :class:`cb_core.Decisions`."""
+def random_decisions(seed: int, sizes: Sequence[int], d: int, scale: float = 1.0) -> LabelledDecisions:
+    """:func:`random_lists` as validated float32 :class:`cb_core.LabelledDecisions`."""
     return decisions_from_lists(*random_lists(seed, sizes, d, scale))
 
 
@@ -90,8 +90,8 @@ def ragged(draw, max_n: int = 6, max_m: int = 6, min_d: int = 3, max_d: int = 4)
 
 
 def decision_sets(max_n: int = 6, max_m: int = 6, min_d: int = 3, max_d: int = 4,
-                  scale: float = 1.0) -> st.SearchStrategy[Decisions]:
-    """Strategy: validated float32 :class:`cb_core.Decisions` drawn as :func:`ragged` describes;
+                  scale: float = 1.0) -> st.SearchStrategy[LabelledDecisions]:
+    """Strategy: validated float32 :class:`cb_core.LabelledDecisions` drawn as :func:`ragged` describes;
     a failing example prints as the :func:`random_decisions` call that rebuilds it.
 
     Raises:
@@ -102,7 +102,7 @@ def decision_sets(max_n: int = 6, max_m: int = 6, min_d: int = 3, max_d: int = 4
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= limit:
         raise ValueError(f"scale must be a finite number in (0, {limit:.3g}] (float32 hidden states), got {scale!r}")
 
-    def build(case: tuple[int, list[int], int]) -> st.SearchStrategy[Decisions]:
+    def build(case: tuple[int, list[int], int]) -> st.SearchStrategy[LabelledDecisions]:
         seed, sizes, d = case
         return st.builds(random_decisions, st.just(seed), st.just(sizes), st.just(d), scale=st.just(scale))
 
@@ -185,8 +185,8 @@ def check_hessian(gradient: Callable[[np.ndarray], ArrayLike], hessian: ArrayLik
     return float(np.max(np.abs(h - fd)))
 
 
-def check_separable(objective: Callable[[np.ndarray, Decisions], float], decisions: Decisions, alpha: ArrayLike,
-                    rtol: float = 1e-9, atol: float = 1e-12) -> float:
+def check_separable(objective: Callable[[np.ndarray, LabelledDecisions], float], decisions: LabelledDecisions,
+                    alpha: ArrayLike, rtol: float = 1e-9, atol: float = 1e-12) -> float:
     """Check that ``objective(alpha, decisions)`` (Eq. 6, or an extension of it with the same
     regulariser for any decision count) is the mean of ``objective(alpha, {i})`` over its N
     decisions alone: each decision's term may read its own candidate set only. A term that mixes
@@ -206,9 +206,9 @@ def check_separable(objective: Callable[[np.ndarray, Decisions], float], decisio
     offsets = np.asarray(dec.offsets)
     alone = []
     for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
-        one = Decisions(hidden=dec.hidden[a:b], log_q=dec.log_q[a:b], n_tokens=dec.n_tokens[a:b],
-                        offsets=np.asarray([0, b - a], np.int64), segment_ids=np.zeros(b - a, np.int32),
-                        expert=dec.expert[i:i + 1])
+        one = LabelledDecisions(hidden=dec.hidden[a:b], log_q=dec.log_q[a:b], n_tokens=dec.n_tokens[a:b],
+                                offsets=np.asarray([0, b - a], np.int64), segment_ids=np.zeros(b - a, np.int32),
+                                expert=dec.expert[i:i + 1])
         alone.append(float(objective(alpha, one)))
     _finite("objective of decision", np.asarray(alone))
     whole = float(objective(alpha, decisions))

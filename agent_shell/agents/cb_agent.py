@@ -39,7 +39,7 @@ from agent_shell.agents.step import Decision, View
 from agent_shell.candidates import FALLBACK_ACTION, fixed_action_space, parse_actions, read_reply
 from agent_shell.decision_scorer import DecisionRequest, DecisionScorer
 from agent_shell.features import DecisionInput, FeatureSet
-from agent_shell.lm.protocol import Context, LanguageModel
+from agent_shell.lm.protocol import Context, Decided, LanguageModel
 
 if TYPE_CHECKING:
     from agent_shell.calibration.calibrator import Calibrator
@@ -143,28 +143,26 @@ class CBAgent(ReActAgent):
         candidates = tuple(candidates)
         if len(candidates) == 1:
             return Decision("env", candidates[0], candidates=candidates, chosen=0, p_chosen=1.0)
-        decision = DecisionInput(context, view.start.instruction, view.start.observation, view.steps, candidates,
-                                 ctx.action_prefix(self.config.layout))
-        chosen, logp, prior, concept_term = self.decide(task_type, self.decision_scorer.request(decision))
+        request = self.decision_scorer.request(DecisionInput(context, view.start.instruction, view.start.observation,
+                                                             view.steps, candidates, ctx.action_prefix(self.config.layout)))
+        decided = self.decide(task_type, request)
+        chosen, logp = decided.chosen, decided.log_p
+        term = None if self.concepts is None else tuple(float(x) for x in decided.concept_term)  # prior-only: none
         return Decision("env", candidates[chosen], candidates=candidates, chosen=chosen,
                         log_probs=tuple(float(x) for x in logp), p_chosen=float(np.exp(logp[chosen])),
-                        prior=tuple(float(x) for x in prior),
-                        concept_term=None if concept_term is None else tuple(float(x) for x in concept_term),
+                        prior=tuple(float(x) for x in decided.prior), concept_term=term,
                         sampled=self.config.action_space != "fixed")
 
-    def decide(self, task_type: str, request: DecisionRequest) -> tuple[int, np.ndarray, np.ndarray, np.ndarray | None]:
-        """(the chosen candidate, log P, the prior term, the concept term): the argmax of log P over
-        the request's candidates (the lowest index on ties) under the concept of ``task_type``,
-        through :meth:`agent_shell.decision_scorer.DecisionScorer.decide` (on the backend's device
-        when it has one: one fetch, after the argmax). The prior-only control has no concept term
-        (None).
+    def decide(self, task_type: str, request: DecisionRequest) -> Decided:
+        """The request's decision under the concept of ``task_type`` (the argmax of log P over its
+        candidates, the lowest index on ties, with log P and its terms), through
+        :meth:`agent_shell.decision_scorer.DecisionScorer.decide` (on the backend's device when it
+        has one: one fetch, after the argmax).
 
         Raises:
             ValueError: no concept for ``task_type``; what scoring, the extractors or the kernel raise.
         """
-        decided = self.decision_scorer.decide(request, self.concept_of(task_type, self.scoring_lm.hidden_size))
-        term = None if self.concepts is None else decided.concept_term
-        return decided.chosen, decided.log_p, decided.prior, term
+        return self.decision_scorer.decide(request, self.concept_of(task_type, self.scoring_lm.hidden_size))
 
     def concept_of(self, task_type: str, hidden_size: int) -> Concept:
         """The :class:`cb_core.Concept` acting for a task type (it carries its own gamma and eps);

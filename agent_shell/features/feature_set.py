@@ -2,7 +2,7 @@
 
 ``FeatureSet.from_spec("lm-hidden,novelty").extract(decision, lm, scores)`` returns the blocks
 side by side, float32 [M, k] with k = sum of the block widths, in selection order. That matrix
-takes the place of the hidden states everywhere in cb_core (``Decisions.hidden``,
+takes the place of the hidden states everywhere in cb_core (``LabelledDecisions.hidden``,
 :func:`cb_core.candidate_log_probs`), which standardises each column across the candidate set
 and appends the bias coordinate, so a concept fitted on it has d = k (alpha [k + 1]).
 

@@ -6,8 +6,8 @@ traceable kernel and its parameters; a concept's is :attr:`cb_core.Concept.decis
 JAX backends) runs the head inside its own program; any other backend's scores are decided here
 (:func:`decide_scores`: the head's kernel in one compiled call where the scores lie, its fields
 packed into one float32 array, :func:`agent_shell.lm.records.pack_decision`, the one array fetched
-to the host after the argmax). The PyTorch backend hands its scores to this path through DLPack
-(:func:`as_jax`).
+to the host after the argmax and read by :func:`agent_shell.lm.records.read_decision`). The
+PyTorch backend hands its scores to this path through DLPack (:func:`as_jax`).
 
 Imports JAX only when a decision is taken; nothing of cb_core; must not import the agents, the
 environments or torch.
@@ -23,7 +23,7 @@ import numpy as np
 from agent_shell.lm.protocol import Context, DecisionHead, LanguageModel
 from agent_shell.lm.buckets import Sizes
 from agent_shell.lm.records import CountInputs, pack, pack_decision, read_decision, unpack
-from agent_shell.lm.scores import CandidateScores, Decided, DeviceScores
+from agent_shell.lm.scores import Decided, DeviceScores
 
 if TYPE_CHECKING:
     import jax
@@ -52,23 +52,6 @@ def check_width(decision_head: DecisionHead, width: int) -> None:
         raise ValueError(f"features of width {width} differ from the decision head's width d = {decision_head.width}")
 
 
-def finished(record: np.ndarray, count: int, culprit: Callable[[], CandidateScores],
-             decision_head: DecisionHead) -> Decided:
-    """The :class:`Decided` of a fetched decision record over ``count`` candidates
-    (:func:`agent_shell.lm.records.read_decision`).
-
-    Raises:
-        ValueError: the record says an input was not finite: the scores (``culprit()``, fetched only
-            then) go through the head's host checks, which name the candidate.
-    """
-    decided = read_decision(record, count)
-    if decided is None:
-        scores = culprit()
-        decision_head.check(scores.hidden, scores.log_q, scores.n_tokens)  # names the culprit
-        raise ValueError("non-finite scores from the backend's device")
-    return decided
-
-
 @functools.cache
 def _program(kernel: Any) -> Callable:
     import jax
@@ -94,7 +77,7 @@ def decide_scores(decision_head: DecisionHead, scores: DeviceScores) -> Decided:
     sizes = Sizes(0, 0, 0, m=int(scores.hidden.shape[0]))
     ints = pack(CountInputs(scores.n_tokens, scores.count), sizes)
     record = _program(decision_head.kernel)(sizes, parameters, scores.hidden, scores.log_q, ints)
-    return finished(np.asarray(record), scores.count, scores.fetched, decision_head)
+    return read_decision(np.asarray(record), scores.count, scores.fetched, decision_head)
 
 
 def as_jax(array: torch.Tensor | np.ndarray) -> jax.Array | np.ndarray:
@@ -121,4 +104,4 @@ def as_jax(array: torch.Tensor | np.ndarray) -> jax.Array | np.ndarray:
         return host.numpy()
 
 
-__all__ = ["as_jax", "check_width", "decide", "decide_scores", "finished"]
+__all__ = ["as_jax", "check_width", "decide", "decide_scores"]

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agent_shell.lm.buckets import MIN_CAPACITY, Sizes, bucket, capacity, padded, slots
-from agent_shell.lm.decision import decide_scores, finished
+from agent_shell.lm.decision import decide_scores
 from agent_shell.lm.decoding import DRAFT_TOKENS, check_generation, greedy_with_drafts, reply_rows
 from agent_shell.lm.jax_devices import resolve_jax_devices, resolve_jax_dtype
 from agent_shell.lm.jax_mesh import Placement
@@ -54,7 +54,7 @@ from agent_shell.lm.jax_model import Decoder, load_decoder
 from agent_shell.lm.jax_programs import CandidateSlots, Pass, Programs
 from agent_shell.lm.layout import action_positions, batched_head_rows, candidate_tree, head_rows
 from agent_shell.lm.protocol import CandidateScores, Context, Decided, DecisionHead, DeviceScores
-from agent_shell.lm.records import RowsInputs, StreamOutput, pack
+from agent_shell.lm.records import RowsInputs, StreamOutput, pack, read_decision
 from agent_shell.lm.tokenization import TokenizedContinuation
 from agent_shell.lm.tokenized import TokenizedBackend, load_tokenizer
 
@@ -147,7 +147,7 @@ class JaxLanguageModel(TokenizedBackend):
         context or prompt); the head runs at its last token."""
         n = len(ids)
         p = Pass(list(ids), list(range(start, start + n)), start, np.tril(np.ones((n, n), bool)), [n - 1])
-        return self._run(cache, p, "stream", p.stream())
+        return self._run(cache, p, "stream", p.stream_inputs())
 
     def _run(self, cache: StreamKV, p: Pass, program: str, inputs: tuple[Sizes, np.ndarray, np.ndarray],
              *extra: Any, static: tuple = ()) -> Any:
@@ -206,11 +206,11 @@ class JaxLanguageModel(TokenizedBackend):
         toks, s = self.scoring_tokens(context, candidates, action_prefix)
         cache, p, (_, _, owner, final_rows), _ = self._tree_pass(toks, s, [])
         n_tokens = [t.n_action for t in toks]
-        out = self._run(cache, p, "decide", p.decide(CandidateSlots(owner, final_rows, n_tokens)), parameters,
+        out = self._run(cache, p, "decide", p.decide_inputs(CandidateSlots(owner, final_rows, n_tokens)), parameters,
                         static=(decision_head.kernel,))
         self.keep_context(cache, toks[0].ids, s)
         scores = DeviceScores(out.log_q, out.hidden, padded(n_tokens, out.log_q.shape[0], fill=1), len(toks))
-        return finished(np.asarray(out.record), len(toks), scores.fetched, decision_head)
+        return read_decision(np.asarray(out.record), len(toks), scores.fetched, decision_head)
 
     def score_with_layers(self, context: Context, candidates: Sequence[str], action_prefix: str,
                           layers: Sequence[tuple[int, str]]) -> CandidateScores:
@@ -249,7 +249,7 @@ class JaxLanguageModel(TokenizedBackend):
         if self.candidate_layout == "batched":
             return (toks, *self._score_rows(toks, s, capture, slots(len(toks))))
         cache, p, (_, _, owner, final_rows), positions = self._tree_pass(toks, s, capture)
-        log_q, hidden, captured = self._run(cache, p, "score", p.score(CandidateSlots(owner, final_rows)))
+        log_q, hidden, captured = self._run(cache, p, "score", p.score_inputs(CandidateSlots(owner, final_rows)))
         self.keep_context(cache, toks[0].ids, s)
         return toks, log_q, hidden, captured, positions
 
@@ -324,7 +324,7 @@ class JaxLanguageModel(TokenizedBackend):
         def verify(feed: list[int], cached: int) -> list[int]:
             m = len(feed)
             p = Pass(feed, list(range(cached, cached + m)), cached, np.tril(np.ones((m, m), bool)), list(range(m)))
-            greedy = self._run(cache, p, "stream", p.stream()).greedy
+            greedy = self._run(cache, p, "stream", p.stream_inputs()).greedy
             return np.asarray(greedy)[:m].tolist()
 
         def cut(length: int) -> None:

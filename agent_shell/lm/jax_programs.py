@@ -76,7 +76,7 @@ class Pass:
     wanted; the token indices whose inner states are captured, and at which layers (0..L).
 
     Its records (:mod:`agent_shell.lm.records`), padded to :func:`agent_shell.lm.buckets.pass_sizes`:
-    :meth:`stream` (a stream pass), :meth:`score` and :meth:`decide` (a candidates' pass)."""
+    :meth:`stream_inputs` (a stream pass), :meth:`score_inputs` and :meth:`decide_inputs` (a candidates' pass)."""
 
     tokens: list[int]
     positions: list[int]
@@ -102,22 +102,22 @@ class Pass:
                       pair_target=padded(self.pairs[1], p))
         return sizes, mask, common
 
-    def stream(self) -> tuple[Sizes, np.ndarray, np.ndarray]:
+    def stream_inputs(self) -> tuple[Sizes, np.ndarray, np.ndarray]:
         """(the sizes, the int32 inputs of :class:`StreamInputs` packed, the mask)."""
         sizes, mask, common = self._padded()
         record = StreamInputs(**common, capture=padded(self.capture, sizes.c), layers=self.layers)
         return sizes, pack(record, sizes), mask
 
-    def score(self, slots: CandidateSlots) -> tuple[Sizes, np.ndarray, np.ndarray]:
-        """:meth:`stream`'s, for a candidates' pass over ``slots`` (:class:`ScoreInputs`): padded
+    def score_inputs(self, slots: CandidateSlots) -> tuple[Sizes, np.ndarray, np.ndarray]:
+        """:meth:`stream_inputs`'s, for a candidates' pass over ``slots`` (:class:`ScoreInputs`): padded
         pairs belong to candidate ``m`` (dropped)."""
         sizes, mask, common = self._padded(True)
         record = ScoreInputs(**common, capture=padded(self.capture, sizes.c), layers=self.layers,
                              owner=padded(slots.owner, sizes.p, fill=sizes.m), final=padded(slots.final, sizes.m))
         return sizes, pack(record, sizes), mask
 
-    def decide(self, slots: CandidateSlots) -> tuple[Sizes, np.ndarray, np.ndarray]:
-        """:meth:`score`'s, for a decision (:class:`DecideInputs`, no captures): padded candidates
+    def decide_inputs(self, slots: CandidateSlots) -> tuple[Sizes, np.ndarray, np.ndarray]:
+        """:meth:`score_inputs`'s, for a decision (:class:`DecideInputs`, no captures): padded candidates
         count one token."""
         sizes, mask, common = self._padded(True)
         record = DecideInputs(**common, owner=padded(slots.owner, sizes.p, fill=sizes.m),

@@ -11,7 +11,7 @@ A decision (Eq. 3, Eq. 7) is a *head* handed to the backend (:class:`DecisionHea
 kernel over a candidate set's padded scores (the pass's hidden states and log-probabilities) with
 its parameters, which a backend with a device of its own runs inside its scoring program (a method
 ``decide(context, candidates, action_prefix, head)``: one fetch to the host, after the argmax). The
-protocol says nothing of what the head computes: a concept (:attr:`cb_core.Concept.head`) is one.
+protocol says nothing of what the head computes: a concept's (:attr:`cb_core.Concept.decision_head`) is one.
 Any other backend needs nothing but :class:`LanguageModel`'s members, implemented structurally
 (no base class): :func:`agent_shell.lm.decision.decide` takes the host decision on its scores.
 

@@ -8,7 +8,7 @@ the pass's static sizes (:class:`agent_shell.lm.buckets.Sizes`, a static argumen
 record end to end on the host, :func:`unpack` takes it apart inside the program. Its outputs are
 named too (:class:`StreamOutput`, :class:`ScoreOutput`, :class:`DecideOutput`); a decision's
 fields (:class:`DecisionFields`) go to the host in one array by :func:`pack_decision` (traced) and
-are read there by :func:`read_decision`.
+are read there by :func:`read_decision` (which has the head name the culprit of a non-finite input).
 
 Numpy on the host; the traced functions take JAX arrays. Must not import the agents, the
 environments, torch or cb_core.
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, TypeVar
 import numpy as np
 
 from agent_shell.lm.buckets import Sizes
-from agent_shell.lm.protocol import HeadOutput
-from agent_shell.lm.scores import Decided
+from agent_shell.lm.protocol import DecisionHead, HeadOutput
+from agent_shell.lm.scores import CandidateScores, Decided
 
 if TYPE_CHECKING:
     import jax
@@ -155,13 +155,21 @@ def pack_decision(out: Any) -> jax.Array:
     return flat
 
 
-def read_decision(record: np.ndarray, count: int) -> Decided | None:
+def read_decision(record: np.ndarray, count: int, culprit: Callable[[], CandidateScores],
+                  decision_head: DecisionHead) -> Decided:
     """The :class:`Decided` of a fetched :func:`pack_decision` record over its first ``count``
-    candidates; None when the head reported a non-finite input."""
+    candidates.
+
+    Raises:
+        ValueError: the record says an input was not finite: the scores (``culprit()``, fetched only
+            then) go through ``decision_head``'s host checks, which name the candidate.
+    """
     m = (record.shape[0] - 2) // 3
     fields = unpack(DecisionFields, Sizes(0, 0, 0, m=m), record)
     if fields.finite != 1.0:
-        return None
+        scores = culprit()
+        decision_head.check(scores.hidden, scores.log_q, scores.n_tokens)  # names the culprit
+        raise ValueError("non-finite scores from the backend's device")
     return Decided(int(fields.chosen), fields.log_p[:count].copy(), fields.prior[:count].copy(),
                    fields.concept_term[:count].copy())
 

@@ -9,15 +9,15 @@ import cb_core
 from cb_core.testing import ragged, random_decisions, random_lists  # noqa: F401 (the tests' names)
 
 
-def save_decisions(path, dec: cb_core.Decisions, metadata: dict | None = None) -> None:
+def save_decisions(path, dec: cb_core.LabelledDecisions, metadata: dict | None = None) -> None:
     """Write a decision-set file at ``path`` (plainly: cb_core writes to an open file)."""
     with open(path, "wb") as f:
         cb_core.write_decisions(f, dec, metadata)
 
 
-def as_float64(dec: cb_core.Decisions) -> cb_core.Decisions:
-    return cb_core.Decisions(np.asarray(dec.hidden, np.float64), np.asarray(dec.log_q, np.float64),
-                             dec.n_tokens, dec.offsets, dec.segment_ids, dec.expert)
+def as_float64(dec: cb_core.LabelledDecisions) -> cb_core.LabelledDecisions:
+    return cb_core.LabelledDecisions(np.asarray(dec.hidden, np.float64), np.asarray(dec.log_q, np.float64),
+                                     dec.n_tokens, dec.offsets, dec.segment_ids, dec.expert)
 
 
 def reference_model(hidden, log_q, n_tokens, expert, lam=1.0, gamma=0.8, eps=1e-6):

@@ -198,7 +198,7 @@ def test_bucketed_shapes_reuse_compiled_code():
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_fit_names_the_decision_with_a_non_finite_hidden_state(bad):
     """The fit checks the hidden states on its way through them (no separate host pass): an
-    unvalidated Decisions with one bad entry is refused naming its decision and candidate."""
+    unvalidated LabelledDecisions with one bad entry is refused naming its decision and candidate."""
     good = random_decisions(3, [3, 4, 2, 5], 6)
     hidden = np.array(good.hidden)
     hidden[good.offsets[2] + 1, 4] = bad  # decision 2, candidate 1

@@ -24,7 +24,7 @@ SETS = decision_sets(max_n=6, max_m=6, min_d=D, max_d=D)
 LAMS = st.lists(st.sampled_from([0.05, 0.3, 1.0, 4.0]), min_size=3, max_size=3)
 
 
-def subset(dec: cb_core.Decisions, keep) -> cb_core.Decisions:
+def subset(dec: cb_core.LabelledDecisions, keep) -> cb_core.LabelledDecisions:
     """The decisions whose index is in ``keep``, as a new validated set."""
     offsets = np.asarray(dec.offsets)
     rows = [slice(offsets[i], offsets[i + 1]) for i in keep]
@@ -33,7 +33,7 @@ def subset(dec: cb_core.Decisions, keep) -> cb_core.Decisions:
                                         [int(np.asarray(dec.expert)[i]) for i in keep])
 
 
-def reference_objective(dec: cb_core.Decisions, lam: float, weights=None):
+def reference_objective(dec: cb_core.LabelledDecisions, lam: float, weights=None):
     """Eq. 6 with decision weights in float64 numpy (core_helpers.reference_model, per decision)."""
     offsets = np.asarray(dec.offsets)
     split = lambda x: np.split(np.asarray(x, np.float64), offsets[1:-1])  # noqa: E731

@@ -46,12 +46,30 @@ def test_bad_input_raises_naming_the_decision(mutate, match):
 
 def test_hand_built_decisions_are_checked_by_fit():
     dec = random_decisions(0, [3, 2], 4)
-    bad = cb_core.Decisions(dec.hidden, dec.log_q, dec.n_tokens, dec.offsets, dec.segment_ids,
-                            np.array([0, 5]))
+    bad = cb_core.LabelledDecisions(dec.hidden, dec.log_q, dec.n_tokens, dec.offsets, dec.segment_ids,
+                                    np.array([0, 5]))
     with pytest.raises(ValueError, match="decision 1: expert index 5"):
         cb_core.fit(bad)
     with pytest.raises(ValueError, match="lam"):
         cb_core.fit(dec, lam=0)
+
+
+@pytest.mark.parametrize("module, old, new", [
+    ("cb_core", "Decisions", "LabelledDecisions"),
+    ("cb_core.decisions", "Decisions", "LabelledDecisions"),
+    ("cb_core.decisions", "PaddedDecisions", "PaddedLabelledDecisions"),
+])
+def test_the_old_names_of_the_labelled_decision_sets_warn_and_are_the_same_class(module, old, new):
+    mod = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning, match=f"{module}.{old} is deprecated: use {module}.{new}"):
+        cls = getattr(mod, old)
+    assert cls is getattr(importlib.import_module("cb_core.decisions"), new)
+    with pytest.warns(DeprecationWarning):
+        exec(f"from {module} import {old} as imported", scope := {})
+    assert scope["imported"] is cls
+    assert old not in mod.__all__
+    with pytest.raises(AttributeError, match="no attribute 'Decision'"):
+        getattr(mod, "Decision")
 
 
 # ---------------------------------------------------------------- decision-set file
@@ -363,7 +381,7 @@ def test_cli_fit_reports_bad_file(tmp_path):
     assert not (tmp_path / "c").exists()
 
 
-def _overflowing_decisions() -> cb_core.Decisions:
+def _overflowing_decisions() -> cb_core.LabelledDecisions:
     """Five decisions; one feature of decision 3 is 1e25: finite, but its squared deviation from
     the candidate mean (about 1e50) exceeds float32's largest value (about 3.4e38)."""
     hidden, log_q, n_tokens, expert = random_lists(4, [4, 6, 3, 5, 2], 6)
@@ -451,8 +469,8 @@ def test_one_kernel_gives_the_fit_kernels_log_p_bit_for_bit_and_the_batch_terms(
         log_q = -rng.gamma(2.0, 3.0, size=m).astype(np.float32)
         n_tokens = rng.integers(1, 6, size=m).astype(np.int32)
         concept = cb_core.Concept(rng.normal(size=7).astype(np.float32), 0.7, 1e-6)
-        one = cb_core.Decisions(hidden, log_q, n_tokens, np.array([0, m]), np.zeros(m, np.int32),
-                                np.zeros(1, np.int32))
+        one = cb_core.LabelledDecisions(hidden, log_q, n_tokens, np.array([0, m]), np.zeros(m, np.int32),
+                                        np.zeros(1, np.int32))
         padded = to_padded(one, dtype=np.float32, n_pad=1, m_pad=bucket_size(m))
         fit_kernel = np.asarray(_k_log_probs(concept.alpha, padded, np.float32(0.7), np.float32(1e-6)))[0, :m]
         terms = concept.terms(hidden, log_q, n_tokens)

@@ -109,7 +109,7 @@ def test_model_matches_an_independent_numpy_reference(case, lam, gamma, dtype):
     seed, sizes, d = case
     hidden, log_q, n_tokens, expert = random_lists(seed, sizes, d)
     as32 = lambda xs: [np.asarray(x, np.float32).astype(np.float64) for x in xs]  # noqa: E731
-    lists = (as32(hidden), as32(log_q), n_tokens, expert)  # the values Decisions will hold
+    lists = (as32(hidden), as32(log_q), n_tokens, expert)  # the values LabelledDecisions will hold
     alpha = np.random.default_rng(seed + 6).standard_normal(d + 1)
     ref_log_p, ref_objective, ref_gradient = reference_model(*lists, lam=lam, gamma=gamma)
     tight = dtype == np.float64

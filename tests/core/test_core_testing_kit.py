@@ -47,7 +47,7 @@ def test_check_hessian_takes_cb_core_s_hessian_and_names_a_wrong_entry():
     changed by 1e-4 is named."""
     with jax.enable_x64(True):
         dec = kit.random_decisions(4, [3, 5, 2, 4], 3)
-        dec = cb_core.Decisions(*(np.asarray(x, np.float64) if i < 2 else x for i, x in enumerate(
+        dec = cb_core.LabelledDecisions(*(np.asarray(x, np.float64) if i < 2 else x for i, x in enumerate(
             (dec.hidden, dec.log_q, dec.n_tokens, dec.offsets, dec.segment_ids, dec.expert))))
         alpha = np.random.default_rng(0).standard_normal(4)
         h = np.asarray(cb_core.hessian(alpha, dec, lam=0.5))

@@ -73,7 +73,7 @@ def reference_gradient(dec, lam):
 
 def test_a_solver_defined_outside_cb_core_fits_through_fit_and_fit_many(dec):
     """Its fits reach the optimum of the independent numpy model; fit_many returns S lists of K
-    results whether given one Decisions or a sequence of them."""
+    results whether given one LabelledDecisions or a sequence of them."""
     solver = GradientDescent(tol=1e-4)
     one = cb_core.fit(dec, solver, lam=0.5, certify="structural")
     assert one.method == "toy-gradient-descent" and one.converged and one.settings["step"] == 0.1

@@ -157,9 +157,9 @@ def test_cb_agent_decides_on_the_jax_device_and_acts_as_on_the_host(jax32, monke
         with monkeypatch.context() as patch:
             patch.setattr(cb_core.Concept, "terms", lambda *a, **k: pytest.fail("the host path ran"))
             got = device_agent.decide("pick", device_agent.decision_scorer.request(decision))
-        assert got[0] == want[0]
-        for a, b in zip(got[1:], want[1:]):
-            np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+        assert got.chosen == want.chosen
+        for name in ("log_p", "prior", "concept_term"):
+            np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=2e-5, atol=2e-5)
 
 
 def test_the_jax_backend_takes_the_devices_jax_sees_and_refuses_others_in_one_line():

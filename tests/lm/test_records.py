@@ -11,6 +11,7 @@ import pytest
 
 from agent_shell.lm import records
 from agent_shell.lm.buckets import Sizes
+from agent_shell.lm.scores import CandidateScores
 from agent_shell.lm.records import (DecideInputs, DecisionFields, StreamInputs, pack, pack_decision,
                                     read_decision, unpack)
 
@@ -44,10 +45,22 @@ def test_a_decision_comes_to_the_host_in_one_array_and_a_non_finite_one_is_told(
                          jnp.array([0.3, -0.3, 0.0, 0.0]), jnp.int32(1), jnp.bool_(True))
     record = np.asarray(pack_decision(out))
     assert record.shape == (3 * 4 + 2,) and record.dtype == np.float32
-    decided = read_decision(record, count=2)
-    assert decided.chosen == 1
+    fetched = []
+
+    class Head:  # a head whose host check names candidate 1
+        def check(self, hidden, log_q, n_tokens):
+            raise ValueError(f"candidate 1: non-finite log_q {log_q[1]}")
+
+    def culprit():
+        fetched.append(True)
+        return CandidateScores(np.array([-1.0, np.nan], np.float32), np.ones(2, np.int32), np.zeros((2, 3), np.float32))
+
+    decided = read_decision(record, 2, culprit, Head())
+    assert decided.chosen == 1 and fetched == []  # the scores are fetched only for a non-finite input
     assert decided.log_p.tolist() == [-0.5, -1.0] and decided.concept_term.tolist() == pytest.approx([0.3, -0.3])
-    assert read_decision(np.asarray(pack_decision(out._replace(finite=jnp.bool_(False)))), 2) is None
+    with pytest.raises(ValueError, match="candidate 1: non-finite log_q nan"):
+        read_decision(np.asarray(pack_decision(out._replace(finite=jnp.bool_(False)))), 2, culprit, Head())
+    assert fetched == [True]
 
 
 #: Names under which the old modules sliced the packed arrays by offset.
