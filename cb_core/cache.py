@@ -187,14 +187,29 @@ def _fresh_compilation():
             compilation_cache.reset_cache()
 
 
+def _execution_devices(leaves: list) -> list:
+    """The devices a program over ``leaves`` runs on, in its device assignment's order: the mesh of
+    the first array laid out over one (``jax.sharding.NamedSharding``), else the device(s) of the
+    first JAX array, else JAX's default device (numpy arguments only)."""
+    import jax
+
+    for x in leaves:
+        sharding = getattr(x, "sharding", None)
+        if isinstance(sharding, jax.sharding.NamedSharding):
+            return list(sharding.mesh.devices.flat)
+        if sharding is not None:
+            return sorted(sharding.device_set, key=lambda d: d.id)
+    return [jax.devices()[0]]
+
+
 def call_compiled(name: str, jitted: Callable, static: tuple, args: tuple, out_example: object):
     """``jitted(*static, *args)``, from a stored executable when one fits (no tracing).
 
     Without :func:`enable_persistent_cache` this is the plain jit call. Otherwise the
-    executable for (``name``, ``static``, the shapes and dtypes of ``args``, the fingerprint) is
-    loaded from the store, or compiled and stored on a miss (atomically, through the writer given
-    to :func:`enable_persistent_cache`); a file whose digest does not match is not deserialized,
-    and it and a file that fails to load are replaced.
+    executable for (``name``, ``static``, the shapes and dtypes of ``args``, the devices it runs on,
+    the fingerprint) is loaded onto those devices from the store, or compiled and stored on a miss
+    (atomically, through the writer given to :func:`enable_persistent_cache`); a file whose digest
+    does not match is not deserialized, and it and a file that fails to load are replaced.
 
     Only for programs without custom calls (LAPACK, FFI): a deserialized executable refers to
     them by a handler the new process may not have registered yet (the fit's solve has none).
@@ -213,7 +228,8 @@ def call_compiled(name: str, jitted: Callable, static: tuple, args: tuple, out_e
     from jax.experimental import serialize_executable
 
     leaves, tree = jax.tree_util.tree_flatten(args)
-    key = json.dumps(dict(name=name, static=repr(static), tree=str(tree),
+    devices = _execution_devices(leaves)
+    key = json.dumps(dict(name=name, static=repr(static), tree=str(tree), devices=[str(d) for d in devices],
                           avals=[(np.shape(x), str(x.dtype if hasattr(x, "dtype") else np.result_type(x)))
                                  for x in leaves],
                           x64=bool(jax.config.jax_enable_x64), **_fingerprint()), sort_keys=True)
@@ -228,7 +244,7 @@ def call_compiled(name: str, jitted: Callable, static: tuple, args: tuple, out_e
         blob = None
     if blob is not None:
         try:
-            compiled = serialize_executable.deserialize_and_load(blob, in_tree, out_tree)
+            compiled = serialize_executable.deserialize_and_load(blob, in_tree, out_tree, execution_devices=devices)
             # block: a broken executable fails when it runs, and dispatch is asynchronous
             out = jax.block_until_ready(compiled(*args))
             _LOADED[path] = compiled

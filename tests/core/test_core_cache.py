@@ -64,6 +64,50 @@ def test_a_stored_executable_with_a_flipped_byte_is_compiled_again(tmp_path):
     assert res.returncode == 0 and res.stdout.startswith("ok"), (res.returncode, res.stderr[-3000:])
 
 
+ON_DEVICES = """
+import sys
+from pathlib import Path
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from cb_core import cache as store
+from cb_io.storage import write_bytes_atomic
+
+folder, mesh_size = Path(sys.argv[1]), int(sys.argv[2])
+store.enable_persistent_cache(folder, write_bytes_atomic)
+prog = jax.jit(lambda w, x: jnp.tanh(x @ w).sum(axis=1))
+w = np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32)
+x = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)
+mesh = Mesh(np.asarray(jax.devices()[:mesh_size]), ("model",))
+w = jax.device_put(w, NamedSharding(mesh, PartitionSpec(None, "model")))
+compiles = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, secs, **kw: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration" else None)
+out = np.asarray(store.call_compiled("prog", prog, (), (w, x), 0))
+assert np.allclose(out, np.tanh(np.asarray(x, np.float64) @ np.asarray(w, np.float64)).sum(axis=1), atol=1e-4)
+print(len(compiles), len(list((folder / "executables").iterdir())))
+"""
+
+
+@pytest.mark.slow  # four subprocesses, two with simulated devices
+def test_a_stored_executable_runs_on_the_devices_it_was_compiled_for(tmp_path):
+    """A program laid out over one device and one over a mesh of two are stored apart, and each is
+    loaded, not compiled again, by a new process with four devices: one device's program on that
+    device, the mesh's on the mesh (``execution_devices``; by default JAX would bind a stored
+    executable to every device of the process)."""
+    def run(devices: int, mesh: int) -> tuple[int, int]:
+        env = _env(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+        res = subprocess.run([sys.executable, "-c", ON_DEVICES, str(tmp_path / "jax"), str(mesh)], env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        compiled, files = map(int, res.stdout.split())
+        return compiled, files
+
+    assert run(1, 1)[1] == 1  # compiled and stored
+    assert run(4, 1) == (0, 1)  # loaded onto the one device
+    assert run(4, 2)[1] == 2  # the mesh's program is another one
+    assert run(4, 2) == (0, 2)
+
+
 def test_seal_detects_every_changed_byte():
     from cb_core.cache import seal, unseal
 
