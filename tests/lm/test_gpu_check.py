@@ -124,6 +124,7 @@ def test_gpu_check_quick_runs_on_the_cpu_and_every_section_passes(tmp_path, monk
                                            "jax_exactness_bfloat16", "jax_exactness_float32", "many_concepts",
                                            "persistent_cache", "step_cost_warm_below_naive", "warm_steps_counted"]
     assert all(written["verdicts"].values()), written["verdicts"]
+    assert written["mesh"] == {"ran": False, "why": "JAX sees 1 cpu device: a mesh needs two or more"}
     env = written["environment"]
     assert env["device"] == "cpu" and env["cb_core_matmul_precision"] == "highest"
     assert env["jax"] == importlib.metadata.version("jax") and env["flax"] == importlib.metadata.version("flax")
@@ -163,3 +164,24 @@ def test_gpu_check_quick_runs_on_the_cpu_and_every_section_passes(tmp_path, monk
     for context, row in jax["float32"].items():
         assert sorted(row) == ["batched", "packed", "tree"], context
         assert all(gap["log_q"] <= 1e-4 and gap["hidden_rel"] <= 1e-4 for gap in row.values()), (context, row)
+
+
+@pytest.mark.slow
+def test_gpu_check_mesh_section_runs_on_simulated_devices(tmp_path):
+    """``--only mesh`` with four simulated CPU devices: meshes of 1, 2 and 4 against one device."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "mesh.json"
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--device", "cpu", "--only", "mesh", "--out",
+                           str(out)], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = json.loads(out.read_text())
+    assert sorted(written) == ["commit", "date", "environment", "mesh", "quick", "seconds", "verdicts"]
+    assert written["verdicts"] == {"mesh_exactness_float32": True, "mesh_same_decisions": True,
+                                   "mesh_weights_split": True}
+    meshes = written["mesh"]["meshes"]
+    assert sorted(meshes) == ["1", "2", "4"] and [meshes[n]["q_rows_per_device"] for n in "124"] == [[128], [64], [32]]
+    assert all(row["log_q"] <= 1e-4 for row in meshes.values())
