@@ -199,7 +199,7 @@ def _execution_devices(leaves: list) -> list:
             return list(sharding.mesh.devices.flat)
         if sharding is not None:
             return sorted(sharding.device_set, key=lambda d: d.id)
-    return [jax.devices()[0]]
+    return [jax.local_devices()[0]]
 
 
 def call_compiled(name: str, jitted: Callable, static: tuple, args: tuple, out_example: object):

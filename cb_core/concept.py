@@ -445,9 +445,10 @@ class ConceptHead:
         return self.concept.hidden_size
 
     def parameters(self, device: Any = None) -> HeadParameters:
-        """The concept's alpha, gamma and eps as float32 arrays on ``device`` (default JAX's
-        default device), put there once per concept and device."""
-        device = jax.devices()[0] if device is None else device
+        """The concept's alpha, gamma and eps as float32 arrays on ``device`` (a JAX device or a
+        sharding, e.g. a mesh's replicated one; default JAX's default device), put there once per
+        concept and device."""
+        device = jax.local_devices()[0] if device is None else device
         placed = _PLACED.setdefault(self.concept, {})
         if device not in placed:
             c = self.concept

@@ -23,7 +23,7 @@ import numpy as np
 from agent_shell.lm.protocol import Context, DecisionHead, LanguageModel
 from agent_shell.lm.buckets import Sizes
 from agent_shell.lm.records import CountInputs, pack, pack_decision, read_decision, unpack
-from agent_shell.lm.scores import Decided, DeviceScores
+from agent_shell.lm.scores import Decided, DeviceScores, fetch
 
 if TYPE_CHECKING:
     import jax
@@ -72,12 +72,12 @@ def decide_scores(decision_head: DecisionHead, scores: DeviceScores) -> Decided:
             candidate).
     """
     check_width(decision_head, int(scores.hidden.shape[1]))
-    devices = getattr(scores.hidden, "devices", None)
-    parameters = decision_head.parameters(next(iter(devices())) if devices else None)
+    # where the scores lie: a device, or a mesh's devices (a sharding); None: JAX's default device
+    parameters = decision_head.parameters(getattr(scores.hidden, "sharding", None))
     sizes = Sizes(0, 0, 0, m=int(scores.hidden.shape[0]))
     ints = pack(CountInputs(scores.n_tokens, scores.count), sizes)
     record = _program(decision_head.kernel)(sizes, parameters, scores.hidden, scores.log_q, ints)
-    return read_decision(np.asarray(record), scores.count, scores.fetched, decision_head)
+    return read_decision(fetch(record), scores.count, scores.fetched, decision_head)
 
 
 def as_jax(array: torch.Tensor | np.ndarray) -> jax.Array | np.ndarray:

@@ -54,6 +54,7 @@ from agent_shell.lm.jax_model import Decoder, load_decoder
 from agent_shell.lm.jax_programs import CandidateSlots, Pass, Programs
 from agent_shell.lm.layout import action_positions, batched_head_rows, candidate_tree, head_rows
 from agent_shell.lm.protocol import CandidateScores, Context, Decided, DecisionHead, DeviceScores
+from agent_shell.lm.scores import fetch
 from agent_shell.lm.records import RowsInputs, StreamOutput, pack, read_decision
 from agent_shell.lm.tokenization import TokenizedContinuation
 from agent_shell.lm.tokenized import TokenizedBackend, load_tokenizer
@@ -210,7 +211,7 @@ class JaxLanguageModel(TokenizedBackend):
                         static=(decision_head.kernel,))
         self.keep_context(cache, toks[0].ids, s)
         scores = DeviceScores(out.log_q, out.hidden, padded(n_tokens, out.log_q.shape[0], fill=1), len(toks))
-        return read_decision(np.asarray(out.record), len(toks), scores.fetched, decision_head)
+        return read_decision(fetch(out.record), len(toks), scores.fetched, decision_head)
 
     def score_with_layers(self, context: Context, candidates: Sequence[str], action_prefix: str,
                           layers: Sequence[tuple[int, str]]) -> CandidateScores:
@@ -228,12 +229,12 @@ class JaxLanguageModel(TokenizedBackend):
                capture: Capture) -> CandidateScores:
         toks, log_q, hidden, captured, positions = self._scores(context, candidates, action_prefix, capture)
         m = len(toks)
-        log_q, hidden = jax.device_get((log_q, hidden))
+        log_q, hidden = fetch(log_q), fetch(hidden)
         states = {}
         if capture:
             wanted = sorted({c for _, cols in positions for c in cols})
             at = {c: i for i, c in enumerate(wanted)}
-            captured = np.asarray(captured)
+            captured = fetch(captured)
             for j, (_, pool, key) in enumerate(capture):
                 rows = [captured[j, [at[c] for c in cols]] for _, cols in positions]
                 states[key] = np.stack([r.mean(0) if pool == "mean" else r[-1] for r in rows]).astype(np.float32)
@@ -325,7 +326,7 @@ class JaxLanguageModel(TokenizedBackend):
             m = len(feed)
             p = Pass(feed, list(range(cached, cached + m)), cached, np.tril(np.ones((m, m), bool)), list(range(m)))
             greedy = self._run(cache, p, "stream", p.stream_inputs()).greedy
-            return np.asarray(greedy)[:m].tolist()
+            return fetch(greedy)[:m].tolist()
 
         def cut(length: int) -> None:
             self.cache.ops.cut(cache, length)
@@ -357,7 +358,7 @@ class JaxLanguageModel(TokenizedBackend):
                 "sample", (), state["rows"], shared, np.int32(base), np.asarray(tokens, np.int32)[:, None],
                 np.full((n, 1), base + step, np.int32), np.int32(step), key, np.int32(step),
                 np.float32(temperature))
-            return np.asarray(drawn).tolist()
+            return fetch(drawn).tolist()
 
         first = advance([ids[-1]] * n, 0)
         texts = reply_rows(first, lambda tokens, step: advance(tokens, step + 1), budget, stop, self.tokenizer,

@@ -60,7 +60,7 @@ def resolve_jax_devices(device: str | None = None) -> tuple[jax.Device, ...]:
     check_jax_platforms()
     name = "auto" if device is None else str(device).strip().lower()
     if name == "auto":
-        return (jax.devices()[0],)
+        return (jax.local_devices()[0],)
     kind, _, index = name.partition(":")
     platform = _PLATFORMS.get(kind)
     if platform is None:

@@ -60,7 +60,7 @@ def inv_freq(config: DecoderConfig) -> np.ndarray:
     """float32 [head_dim / 2]: the rotary inverse frequencies of ``config``, computed as
     transformers computes them (float32 throughout, so the rotation angles agree bit for bit)."""
     dim = config.head_dim
-    with jax.default_device(jax.devices("cpu")[0]):
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
         inv = 1.0 / (jnp.float32(config.rope_theta) ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
         p = dict(config.rope_scaling)
         if config.rope_type == "linear":
@@ -346,7 +346,7 @@ class Decoder(nnx.Module):
         self.dtype = jnp.dtype(dtype)
         precision = jax.lax.Precision.HIGHEST if self.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
         self.precision = precision
-        placement = placement or Placement.over([jax.devices()[0]])
+        placement = placement or Placement.over([jax.local_devices()[0]])
         check_divides(config, placement.size, where)
         # the head as transformers resolves it: stored embeddings and head of other values are both kept
         tied = check_tensor_shapes(where, config, {n: (_shape(weights, n), "") for n in weights},

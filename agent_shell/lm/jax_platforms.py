@@ -8,6 +8,7 @@ Must not import the agents, the environments or torch.
 from __future__ import annotations
 
 import functools
+import os
 import re
 
 
@@ -26,9 +27,40 @@ def check_jax_platforms() -> None:
     import cb_core.cache  # noqa: F401 - importing cb_core sets its JAX memory settings, before JAX starts
     import jax
 
+    start_hosts(os.environ.get(HOSTS_VARIABLE, ""))
     problem = _problem(str(jax.config.jax_platforms or ""))
     if problem:
         raise JaxPlatformError(problem)
+
+
+#: The environment variable that starts JAX's multi-host runtime before the first device query:
+#: ``auto`` (``jax.distributed.initialize()`` finds its peers: TPU pod slices, SLURM, Open MPI,
+#: Kubernetes) or ``ADDRESS:PORT/PROCESSES/ID`` (the coordinator, how many processes, this one's id).
+HOSTS_VARIABLE = "CB_AGENT_JAX_HOSTS"
+
+
+@functools.lru_cache(maxsize=None)
+def start_hosts(setting: str) -> None:
+    """Join the processes ``setting`` (:data:`HOSTS_VARIABLE`'s value) names, once per process; an
+    empty setting is one host. On CPUs the collectives between hosts go through gloo.
+
+    Raises:
+        JaxPlatformError: a setting that is neither ``auto`` nor ``ADDRESS:PORT/PROCESSES/ID``.
+    """
+    if not setting:
+        return
+    import jax
+
+    found = re.fullmatch(r"([^/\s]+:\d+)/(\d+)/(\d+)", setting.strip())
+    if setting.strip() != "auto" and (found is None or int(found.group(3)) >= int(found.group(2))):
+        raise JaxPlatformError(f"{HOSTS_VARIABLE}={setting!r} is not 'auto' or ADDRESS:PORT/PROCESSES/ID "
+                               "(e.g. 10.0.0.1:1234/2/0, the id below the number of processes)")
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU hosts; GPUs and TPUs use their own
+    if found is None:
+        jax.distributed.initialize()
+    else:
+        jax.distributed.initialize(coordinator_address=found.group(1), num_processes=int(found.group(2)),
+                                   process_id=int(found.group(3)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,4 +86,4 @@ def _problem(setting: str) -> str | None:
     return f"{reason}; set JAX_PLATFORMS=cpu to skip the platform that fails"
 
 
-__all__ = ["JaxPlatformError", "check_jax_platforms"]
+__all__ = ["HOSTS_VARIABLE", "JaxPlatformError", "check_jax_platforms", "start_hosts"]

@@ -63,8 +63,9 @@ class DecisionHead(Protocol):
     kernel: Any
 
     def parameters(self, device: Any = None) -> Any:
-        """The kernel's parameters as a pytree of arrays on ``device`` (a JAX device; None: JAX's
-        default), put there once."""
+        """The kernel's parameters as a pytree of arrays on ``device`` (a JAX device, or a
+        ``jax.sharding.Sharding``: every device of a mesh holding them whole; None: JAX's default
+        device), put there once."""
         ...
 
     def check(self, hidden: Any, log_q: Any, n_tokens: Any) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 
 from agent_shell.lm.buckets import Sizes
 from agent_shell.lm.protocol import DecisionHead, HeadOutput
-from agent_shell.lm.scores import CandidateScores, Decided
+from agent_shell.lm.scores import CandidateScores, Decided, fetch
 
 if TYPE_CHECKING:
     import jax
@@ -70,7 +70,7 @@ class StreamOutput(NamedTuple):
 
     def first_greedy(self) -> int:
         """Greedy's token after the first head row (a prefill chunk's last token)."""
-        return int(np.asarray(self.greedy)[0])
+        return int(fetch(self.greedy)[0])
 
 
 class ScoreOutput(NamedTuple):

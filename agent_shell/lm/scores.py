@@ -18,6 +18,14 @@ if TYPE_CHECKING:
     import jax
 
 
+def fetch(array: object) -> np.ndarray:
+    """A device array's values on this host, as numpy: a program's replicated output over several
+    hosts (a JAX array that is not fully addressable from one) is read from this host's copy."""
+    if getattr(array, "is_fully_addressable", True) is False:
+        array = array.addressable_data(0)  # type: ignore[attr-defined]
+    return np.asarray(array)
+
+
 @dataclass(frozen=True)
 class CandidateScores:
     """Scores of M candidate actions after one context.
@@ -74,8 +82,8 @@ class DeviceScores:
     def fetched(self) -> CandidateScores:
         """The scores on the host, unpadded (as :meth:`LanguageModel.score` returns them)."""
         m = self.count
-        return CandidateScores(log_q=np.array(self.log_q, np.float32)[:m], n_tokens=self.n_tokens[:m].copy(),
-                               hidden=np.array(self.hidden, np.float32)[:m])
+        return CandidateScores(log_q=np.array(fetch(self.log_q), np.float32)[:m], n_tokens=self.n_tokens[:m].copy(),
+                               hidden=np.array(fetch(self.hidden), np.float32)[:m])
 
 
 @dataclass(frozen=True)

@@ -148,3 +148,71 @@ def test_every_score_decision_and_reply_on_a_mesh_is_the_one_devices(kind, tmp_p
 def test_device_and_dtype_names_a_mesh_only_for_the_jax_backend():
     with pytest.raises(ValueError):
         device_and_dtype(None, "cpu:0-1", "float32")  # torch's names have no mesh
+
+
+HOST_RUN = """
+    import json, sys
+    import numpy as np
+    import cb_core
+    from agent_shell.lm import load_language_model
+    lm = load_language_model(f"jax:{sys.argv[1]}", dtype="float32", device="cpu:all")
+    head = cb_core.Concept(np.random.default_rng(1).normal(0, 0.3, lm.hidden_size + 1).astype(np.float32), 0.8,
+                           1e-6).decision_head
+    candidates = ["go to desk 1", "go to drawer 2", "open drawer 2", "take mug 1"]
+    s = lm.score("You are in a room.", candidates, "\\n> ")
+    d = lm.decide("You are in a room. You see a desk.", candidates, "\\n> ", head)
+    import jax
+    print(json.dumps(dict(devices=len(lm.placement.devices), local=len(jax.local_devices()),
+                          log_q=np.asarray(s.log_q).tolist(), chosen=int(d.chosen), log_p=np.asarray(d.log_p).tolist(),
+                          reply=lm.generate("You are in a room.", max_new_tokens=6))))
+"""
+
+
+@pytest.mark.slow  # two processes joined by JAX's multi-host runtime, each compiling its programs
+def test_two_hosts_of_two_devices_each_score_and_decide_as_one_device(tmp_path):
+    """``CB_AGENT_JAX_HOSTS=ADDRESS:PORT/2/ID`` in two processes of two simulated CPU devices each
+    (gloo between them): ``cpu:all`` is a mesh of four over both, and each process scores, decides
+    and replies as one device does in this process."""
+    import socket
+
+    import numpy as np
+
+    import cb_core
+    from agent_shell.lm import load_language_model
+
+    folder = tiny_folder(tmp_path / "llama", "llama", **MESH_SIZES)
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    hosts = []
+    for pid in (0, 1):
+        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+                   OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), CB_AGENT_JAX_HOSTS=f"localhost:{port}/2/{pid}",
+                   CB_AGENT_CACHE=str(tmp_path / f"cache{pid}"))
+        hosts.append(subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOST_RUN), str(folder)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT))
+    outs = []
+    for host in hosts:
+        stdout, stderr = host.communicate(timeout=600)
+        assert host.returncode == 0, stderr[-3000:]
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    lm = load_language_model(f"jax:{folder}", dtype="float32", device="cpu")
+    head = cb_core.Concept(np.random.default_rng(1).normal(0, 0.3, lm.hidden_size + 1).astype(np.float32), 0.8,
+                           1e-6).decision_head
+    candidates = ["go to desk 1", "go to drawer 2", "open drawer 2", "take mug 1"]
+    log_q = np.asarray(lm.score("You are in a room.", candidates, "\n> ").log_q)
+    decided = lm.decide("You are in a room. You see a desk.", candidates, "\n> ", head)
+    reply = lm.generate("You are in a room.", max_new_tokens=6)
+    for out in outs:
+        assert out["devices"] == 4 and out["local"] == 2
+        np.testing.assert_allclose(out["log_q"], log_q, rtol=1e-6, atol=1e-5)
+        np.testing.assert_allclose(out["log_p"], decided.log_p, rtol=1e-6, atol=2e-5)
+        assert out["chosen"] == decided.chosen and out["reply"] == reply
+
+
+def test_a_hosts_setting_that_names_no_coordinator_is_one_line():
+    from agent_shell.lm.jax_platforms import JaxPlatformError, start_hosts
+
+    for setting in ("localhost/2/0", "localhost:1234/2/2", "two hosts"):
+        with pytest.raises(JaxPlatformError, match="CB_AGENT_JAX_HOSTS=.* is not 'auto' or ADDRESS:PORT/PROCESSES/ID"):
+            start_hosts(setting)
