@@ -180,7 +180,8 @@ def load_language_model(
             slower (measured); or ``"bfloat16"``, ``"float32"`` (exactness tests), ``"float16"``.
         device: ``"auto"``/None (CUDA when available, else CPU), ``"cpu"``, ``"cuda"`` or
             ``"cuda:N"`` (:func:`agent_shell.lm.dtypes.resolve_device`); for ``jax:`` whatever
-            ``jax.devices()`` offers (``tpu`` too, :func:`agent_shell.lm.jax_devices.resolve_jax_device`).
+            ``jax.devices()`` offers (``tpu`` too), or a mesh of several
+            (:func:`agent_shell.lm.jax_devices.resolve_jax_devices`).
         kwargs: passed to :class:`agent_shell.lm.hf.HFLanguageModel` (``candidate_layout``,
             ``reuse_cache``, ``max_context_tokens``) or :class:`agent_shell.lm.jax_backend.JaxLanguageModel`.
 
