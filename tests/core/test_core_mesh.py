@@ -71,21 +71,22 @@ def report(results):
     return [[dict(alpha=r.alpha.tolist(), loss=r.loss, gap=r.certificate.gap_bound, dist=r.certificate.distance_bound,
                   eig=r.certificate.min_hessian_eig) for r in row] for row in results]
 
-out = {}
+out, solver = {}, cb_core.SOLVERS[sys.argv[2]]()
 if sys.argv[1] == "problems":
-    folder = Path(sys.argv[2])
+    folder = Path(sys.argv[3])
     cache.enable_persistent_cache(folder, write_bytes_atomic)
     files = lambda: sorted(p.name for p in (folder / "executables").glob("fit_many-*.bin"))
-    out["one"] = report(cb_core.fit_many(SETS, lam=LAMS, certify="structural", devices=1))
+    out["one"] = report(cb_core.fit_many(SETS, solver, lam=LAMS, certify="structural", devices=1))
     out["files_one"], out["compiles_one"] = files(), len(compiles)
-    out["eight"] = report(cb_core.fit_many(SETS, lam=LAMS, certify="structural", devices=8))
+    out["eight"] = report(cb_core.fit_many(SETS, solver, lam=LAMS, certify="structural", devices=8))
     out["files_eight"], out["compiles_eight"], out["shards"] = files(), len(compiles), shards["fit_many"]
     cache._LOADED.clear()  # what a new process sees: the 8-device executable is loaded from its file
-    out["again"] = report(cb_core.fit_many(SETS, lam=LAMS, certify="structural", devices=8))
+    out["again"] = report(cb_core.fit_many(SETS, solver, lam=LAMS, certify="structural", devices=8))
     out["files_again"], out["compiles_again"] = files(), len(compiles)
 else:
-    out["one"] = report(cb_core.fit_many(BIG, lam=BIG_LAMS, certify="exact", devices=1))
-    out["eight"] = report(cb_core.fit_many(BIG, lam=BIG_LAMS, certify="exact", devices=jax.devices()))
+    out["one"] = report(cb_core.fit_many(BIG, solver, lam=BIG_LAMS, certify="structural", devices=1))
+    out["eight"] = report(cb_core.fit_many(BIG, solver, lam=BIG_LAMS, certify="exact", devices=jax.devices()))
+    out["fit"] = report([[cb_core.fit(BIG, solver, lam=BIG_LAMS[0], certify="structural", devices=8)]])[0][0]
     out["shards"] = shards
 print(json.dumps(out))
 """
@@ -125,12 +126,18 @@ def _assert_within_bounds(dec: cb_core.Decisions, lam: float, one: dict, eight: 
     return float(np.abs(a1 - a8).max())
 
 
-def test_fit_many_on_8_devices_splits_the_problems_and_equals_one_device(tmp_path):
+#: Adam compiles fastest; Newton-CG (the default: a conjugate-gradient loop inside the loop) takes
+#: about three times as long to compile
+SOLVERS = ["adam", pytest.param("newton", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_fit_many_on_8_devices_splits_the_problems_and_equals_one_device(solver, tmp_path):
     """S = 2 sets x K = 5 strengths (2 K > 8: the problems are split, K padded to 8 by copies of
     problem 0): each device holds one problem slot of each set and both sets whole; every result
     equals the one-device fit's within the certificates' bounds; the store keeps the 1-device and
     the 8-device executables apart, and a cleared process loads the 8-device one."""
-    out = _run("problems", str(tmp_path))
+    out = _run("problems", solver, str(tmp_path))
     for s, dec in enumerate(SETS):
         for k, lam in enumerate(LAMS):
             _assert_within_bounds(dec, lam, out["one"][s][k], out["eight"][s][k])
@@ -147,23 +154,31 @@ def test_fit_many_on_8_devices_splits_the_problems_and_equals_one_device(tmp_pat
     assert out["files_again"] == out["files_eight"] and out["compiles_again"] == 2  # loaded, not compiled
 
 
-def test_one_large_set_on_8_devices_splits_its_decisions_and_equals_one_device():
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_one_large_set_on_8_devices_splits_its_decisions_and_equals_one_device(solver):
     """One set of 100 decisions and K = 2 strengths (2 K <= 8: the decisions are split, N_pad 112
     over 8 devices): each device holds 14 decisions of the hidden states and the weights, in the
-    fit and in the certificate's Hessian; the alphas equal one device's within the bounds and the
-    measured smallest Hessian eigenvalues agree."""
-    out = _run("decisions")
+    fit, in the certificate's Hessian and in ``fit``'s one-problem program; the alphas equal one device's within the bounds, and the
+    smallest Hessian eigenvalue measured on 8 devices is the reference Hessian's (central
+    differences of the float64 reference gradient)."""
+    out = _run("decisions", solver)
     for k, lam in enumerate(BIG_LAMS):
         one, eight = out["one"][0][k], out["eight"][0][k]
         _assert_within_bounds(BIG, lam, one, eight)
-        assert eight["eig"] >= lam * (1 - 1e-4) and abs(eight["eig"] - one["eig"]) <= 1e-4 * lam
+        _, gradient = _reference(BIG, lam)
+        alpha, h = np.asarray(eight["alpha"], np.float64), 1e-5
+        steps = h * np.eye(alpha.size)
+        hessian = np.stack([(gradient(alpha + e) - gradient(alpha - e)) / (2 * h) for e in steps])
+        assert eight["eig"] >= lam - 1e-5 and abs(eight["eig"] - np.linalg.eigvalsh((hessian + hessian.T) / 2)[0]) <= 1e-4
     shares = [[14 * i, 14 * (i + 1)] for i in range(8)]  # N_pad = 112: the bucket of 100, a multiple of 8
     fit_hidden, fit_weight = out["shards"]["fit_many"]["hidden"], out["shards"]["fit_many"]["weight"]
     assert [d for d, _ in fit_hidden] == list(range(8))
     assert [idx[1] for _, idx in fit_hidden] == shares  # [S, N_pad, M_pad, d]
     assert [idx[2] for _, idx in fit_weight] == shares and all(idx[1] == [0, 2] for _, idx in fit_weight)  # [S, K, N_pad]
-    assert [idx[0] for _, idx in out["shards"]["gram"]["hidden"]] == shares  # one set [N_pad, M_pad, d]
-    assert [idx[0] for _, idx in out["shards"]["gram"]["weight"]] == shares
+    for one_set in ("gram", "fit"):  # one set [N_pad, M_pad, d], its weights [N_pad]
+        assert [idx[0] for _, idx in out["shards"][one_set]["hidden"]] == shares
+        assert [idx[0] for _, idx in out["shards"][one_set]["weight"]] == shares
+    _assert_within_bounds(BIG, BIG_LAMS[0], out["one"][0][0], out["fit"])  # fit: the one-problem program
 
 
 def test_more_devices_than_present_is_one_line():
