@@ -37,7 +37,8 @@ BIG_LAMS = [0.5, 2.0]
 """
 
 #: runs in the subprocess: the fits on 1 and on 8 devices, how the inputs lay on the devices (their
-#: addressable shards: device id, the [start, stop) of each axis), the executable store's files
+#: addressable shards: device id, the [start, stop) of each axis), the collectives of the programs
+#: that split the decisions, the executable store's files
 SCRIPT = DATA + """
 import json, sys
 from pathlib import Path
@@ -58,7 +59,11 @@ def where(x):
 def spy(name, jitted, static, args, out):
     padded = next(a for a in args if hasattr(a, "hidden"))
     shards[name] = dict(hidden=where(padded.hidden), weight=where(args[1] if name == "fit_many" else padded.weight))
-    return real(name, jitted, static, args, out)
+    result = real(name, jitted, static, args, out)
+    if sys.argv[1] == "decisions":  # the collectives XLA put in the program (the compile is the call's, cached)
+        text = jitted.lower(*static, *args).compile().as_text()
+        shards[name]["collectives"] = {c: text.count(c) for c in ("all-gather", "all-reduce", "all-to-all")}
+    return result
 
 real, fit_module.call_compiled = fit_module.call_compiled, spy
 fresh = cache._fresh_compilation
@@ -73,21 +78,21 @@ def report(results):
 
 out, solver = {}, cb_core.SOLVERS[sys.argv[2]]()
 if sys.argv[1] == "problems":
+    out["one"] = report(cb_core.fit_many(SETS, solver, lam=LAMS, certify="structural", devices=1))
+    out["eight"] = report(cb_core.fit_many(SETS, solver, lam=LAMS, certify="structural", devices=8))
+else:  # with the executable store: the 1- and 8-device programs take arguments of the same shapes
     folder = Path(sys.argv[3])
     cache.enable_persistent_cache(folder, write_bytes_atomic)
     files = lambda: sorted(p.name for p in (folder / "executables").glob("fit_many-*.bin"))
-    out["one"] = report(cb_core.fit_many(SETS, solver, lam=LAMS, certify="structural", devices=1))
-    out["files_one"], out["compiles_one"] = files(), len(compiles)
-    out["eight"] = report(cb_core.fit_many(SETS, solver, lam=LAMS, certify="structural", devices=8))
-    out["files_eight"], out["compiles_eight"], out["shards"] = files(), len(compiles), shards["fit_many"]
-    cache._LOADED.clear()  # what a new process sees: the 8-device executable is loaded from its file
-    out["again"] = report(cb_core.fit_many(SETS, solver, lam=LAMS, certify="structural", devices=8))
-    out["files_again"], out["compiles_again"] = files(), len(compiles)
-else:
     out["one"] = report(cb_core.fit_many(BIG, solver, lam=BIG_LAMS, certify="structural", devices=1))
+    out["files_one"], out["compiles_one"] = files(), len(compiles)
     out["eight"] = report(cb_core.fit_many(BIG, solver, lam=BIG_LAMS, certify="exact", devices=jax.devices()))
+    out["files_eight"], out["compiles_eight"] = files(), len(compiles) - 1  # the Hessian's program too
+    cache._LOADED.clear()  # what a new process sees: the 8-device executable is loaded from its file
+    out["again"] = report(cb_core.fit_many(BIG, solver, lam=BIG_LAMS, certify="structural", devices=8))
+    out["files_again"], out["compiles_again"] = files(), len(compiles) - 1
     out["fit"] = report([[cb_core.fit(BIG, solver, lam=BIG_LAMS[0], certify="structural", devices=8)]])[0][0]
-    out["shards"] = shards
+out["shards"] = shards
 print(json.dumps(out))
 """
 
@@ -135,33 +140,35 @@ SOLVERS = ["adam", pytest.param("newton", marks=pytest.mark.slow)]
 def test_fit_many_on_8_devices_splits_the_problems_and_equals_one_device(solver, tmp_path):
     """S = 2 sets x K = 5 strengths (2 K > 8: the problems are split, K padded to 8 by copies of
     problem 0): each device holds one problem slot of each set and both sets whole; every result
-    equals the one-device fit's within the certificates' bounds; the store keeps the 1-device and
-    the 8-device executables apart, and a cleared process loads the 8-device one."""
-    out = _run("problems", solver, str(tmp_path))
+    equals the one-device fit's within the certificates' bounds."""
+    out = _run("problems", solver)
     for s, dec in enumerate(SETS):
         for k, lam in enumerate(LAMS):
             _assert_within_bounds(dec, lam, out["one"][s][k], out["eight"][s][k])
-            assert out["again"][s][k] == out["eight"][s][k]
-    weight = out["shards"]["weight"]  # [S = 2, K_pad = 8, N_pad]
+    weight = out["shards"]["fit_many"]["weight"]  # [S = 2, K_pad = 8, N_pad]
     assert [d for d, _ in weight] == list(range(8))
     assert sorted(idx[1] for _, idx in weight) == [[k, k + 1] for k in range(8)]
     n_pad = weight[0][1][2][1]
     assert all(idx[0] == [0, 2] and idx[2] == [0, n_pad] for _, idx in weight)
-    hidden = out["shards"]["hidden"]  # [S, N_pad, M_pad, d]: whole on every device
+    hidden = out["shards"]["fit_many"]["hidden"]  # [S, N_pad, M_pad, d]: whole on every device
     assert len(hidden) == 8 and all(idx == hidden[0][1] for _, idx in hidden) and hidden[0][1][0] == [0, 2]
-    assert len(out["files_one"]) == 1 and out["compiles_one"] == 1
-    assert len(out["files_eight"]) == 2 and out["compiles_eight"] == 2  # not the one-device file
-    assert out["files_again"] == out["files_eight"] and out["compiles_again"] == 2  # loaded, not compiled
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
-def test_one_large_set_on_8_devices_splits_its_decisions_and_equals_one_device(solver):
+def test_one_large_set_on_8_devices_splits_its_decisions_and_equals_one_device(solver, tmp_path):
     """One set of 100 decisions and K = 2 strengths (2 K <= 8: the decisions are split, N_pad 112
     over 8 devices): each device holds 14 decisions of the hidden states and the weights, in the
-    fit, in the certificate's Hessian and in ``fit``'s one-problem program; the alphas equal one device's within the bounds, and the
+    fit, in the certificate's Hessian and in ``fit``'s one-problem program, and no program gathers
+    them (its collectives are all-reduces); the alphas equal one device's within the bounds, and the
     smallest Hessian eigenvalue measured on 8 devices is the reference Hessian's (central
-    differences of the float64 reference gradient)."""
-    out = _run("decisions", solver)
+    differences of the float64 reference gradient). The 1- and 8-device programs take arguments of
+    the same shapes: the executable store keeps them apart (the one-device file is never loaded for
+    8 devices), and a cleared process loads the 8-device one and gets the same alphas."""
+    out = _run("decisions", solver, str(tmp_path))
+    assert len(out["files_one"]) == 1 and out["compiles_one"] == 1
+    assert len(out["files_eight"]) == 2 and out["compiles_eight"] == 2  # compiled, not the one-device file
+    assert out["files_again"] == out["files_eight"] and out["compiles_again"] == 2  # loaded, not compiled
+    assert [r["alpha"] for r in out["again"][0]] == [r["alpha"] for r in out["eight"][0]]
     for k, lam in enumerate(BIG_LAMS):
         one, eight = out["one"][0][k], out["eight"][0][k]
         _assert_within_bounds(BIG, lam, one, eight)
@@ -179,6 +186,9 @@ def test_one_large_set_on_8_devices_splits_its_decisions_and_equals_one_device(s
         assert [idx[0] for _, idx in out["shards"][one_set]["hidden"]] == shares
         assert [idx[0] for _, idx in out["shards"][one_set]["weight"]] == shares
     _assert_within_bounds(BIG, BIG_LAMS[0], out["one"][0][0], out["fit"])  # fit: the one-problem program
+    for program in ("fit_many", "gram", "fit"):  # the sums over decisions all-reduced, nothing gathered
+        collectives = out["shards"][program]["collectives"]
+        assert collectives["all-reduce"] > 0 and collectives["all-gather"] == collectives["all-to-all"] == 0
 
 
 def test_more_devices_than_present_is_one_line():
@@ -189,6 +199,8 @@ def test_more_devices_than_present_is_one_line():
                                              r"present \(simulated CPU devices: XLA_FLAGS=") as err:
             call()
         assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=rf"^devices={present + 1}: only"):
+        cb_core.select_strengths([BIG], [np.arange(BIG.n_decisions) % 3], devices=present + 1)
     device = jax.devices()[0]
     for bad, message in ((0, "at least 1"), ([], "non-empty"), ([device, device], "twice"), (["cpu:0"], "jax.Device")):
         with pytest.raises(ValueError, match=message):
