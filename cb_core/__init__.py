@@ -15,7 +15,8 @@ Public API (seed paper notation; see each docstring for shapes and the equation 
   :mod:`cb_core.solvers`, any other implementing :class:`Solver`, :mod:`cb_core.solver_protocol`);
   :func:`fit_many` ``(decisions or a sequence of them, lam=[K], weights=[K, N])``: many problems
   (strengths, fold weights, task types) in one compiled program, S lists of K :class:`FitResult`
-  (``fit`` is its one-problem case).
+  (``fit`` is its one-problem case). Both take ``devices``: on several, the problems (or one large
+  set's decisions) split over a one-axis mesh (:mod:`cb_core.mesh`).
 * the property-test kit: :mod:`cb_core.testing` (hypothesis strategies and derivative checks;
   imported on demand, it needs hypothesis).
 * the strength: :func:`select_strengths` chooses lam by cross-validation over trajectories

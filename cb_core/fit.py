@@ -36,8 +36,8 @@ from cb_core.cache import call_compiled
 from cb_core.decisions import Decisions, bucket_size, to_padded, validate_decisions
 from cb_core.model import compiled, hessian_factor, prepare
 from cb_core.mesh import device_mesh, padded_size, put, repeat_first
-from cb_core.fit_arguments import (check_finite_fit, check_init, check_inits, check_lam_dtype, check_number, check_problems,
-                                   check_sets, check_shared)
+from cb_core.fit_arguments import (check_finite_fit, check_init, check_inits, check_lam_dtype, check_number,
+                                   check_problems, check_sets, check_shared)
 from cb_core.solver_protocol import Solver, SolverOutput, solver_settings
 from cb_core.solvers import Newton
 
@@ -229,7 +229,7 @@ def _run(solver: Solver, padded: list, weight: np.ndarray, lam: np.ndarray, scal
                 + scalars + (() if init is None else (put(init, mesh, problem_axis),)))
         out, finite = call_compiled("fit_many", _solve_many, (solver,), args, blank)
         return SolverOutput(*(np.asarray(x) for x in out)), np.asarray(finite)
-    one = put(dataclasses.replace(padded[0], weight=weight[0, 0]), mesh, 0 if sets_axis else None)
+    one = put(dataclasses.replace(padded[0], weight=weight[0, 0]), mesh, 0 if split == "decisions" else None)
     args = (one, put(np.asarray(lam[0, 0], dt), mesh)) + scalars + (() if init is None else (put(init[0, 0], mesh),))
     out, finite = call_compiled("fit", _solve, (solver,), args, blank)
     return SolverOutput(*(np.asarray(x)[None, None] for x in out)), np.asarray(finite)[None, None]

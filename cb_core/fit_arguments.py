@@ -18,7 +18,8 @@ from jax.typing import ArrayLike, DTypeLike
 from cb_core.decisions import Decisions, validate_decisions
 from cb_core.solver_protocol import SOLVERS, Solver, check_int, default_tol
 
-__all__ = ["check_dtype", "check_finite_fit", "check_init", "check_inits", "check_number", "check_problems", "check_sets", "check_shared",
+__all__ = ["check_dtype", "check_finite_fit",
+           "check_init", "check_inits", "check_number", "check_problems", "check_sets", "check_shared",
            "check_solver", "check_weights"]
 
 
