@@ -32,6 +32,7 @@ import numpy as np
 from cb_core.testing import random_decisions
 SETS = [random_decisions(1, [3, 4, 2, 5, 3] * 6, 6), random_decisions(2, [2, 5, 4] * 7, 6)]
 LAMS = [0.03, 0.1, 0.3, 1.0, 3.0]
+INIT = np.random.default_rng(4).standard_normal((len(LAMS), 7)) * 0.1  # warm starts [K, d + 1]
 BIG = random_decisions(3, [3, 6, 2, 4] * 25, 6)
 BIG_LAMS = [0.5, 2.0]
 """
@@ -78,8 +79,8 @@ def report(results):
 
 out, solver = {}, cb_core.SOLVERS[sys.argv[2]]()
 if sys.argv[1] == "problems":
-    out["one"] = report(cb_core.fit_many(SETS, solver, lam=LAMS, certify="structural", devices=1))
-    out["eight"] = report(cb_core.fit_many(SETS, solver, lam=LAMS, certify="structural", devices=8))
+    out["one"] = report(cb_core.fit_many(SETS, solver, lam=LAMS, init=INIT, certify="structural", devices=1))
+    out["eight"] = report(cb_core.fit_many(SETS, solver, lam=LAMS, init=INIT, certify="structural", devices=8))
 else:  # with the executable store: the 1- and 8-device programs take arguments of the same shapes
     folder = Path(sys.argv[3])
     cache.enable_persistent_cache(folder, write_bytes_atomic)
@@ -138,9 +139,9 @@ SOLVERS = ["adam", pytest.param("newton", marks=pytest.mark.slow)]
 
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_fit_many_on_8_devices_splits_the_problems_and_equals_one_device(solver):
-    """S = 2 sets x K = 5 strengths (2 K > 8: the problems are split, K padded to 8 by copies of
-    problem 0): each device holds one problem slot of each set and both sets whole; every result
-    equals the one-device fit's within the certificates' bounds."""
+    """S = 2 sets x K = 5 strengths from warm starts (2 K > 8: the problems are split, K padded to 8
+    by copies of problem 0): each device holds one problem slot of each set and both sets whole;
+    every result equals the one-device fit's within the certificates' bounds."""
     out = _run("problems", solver)
     for s, dec in enumerate(SETS):
         for k, lam in enumerate(LAMS):
