@@ -3,7 +3,7 @@
 Public API (seed paper notation; see each docstring for shapes and the equation implemented):
 
 * the labelled decision set (the data a concept is fitted on): :class:`LabelledDecisions` (ragged
-  pytree; ``Decisions`` is its deprecated alias), :func:`decisions_from_lists`,
+  pytree; ``LabelledDecisions`` is its deprecated alias), :func:`decisions_from_lists`,
   :func:`load_decisions` / :func:`write_decisions` (the ``.npz`` file, :mod:`cb_core.decision_file`);
   padding, validation and shape buckets in :mod:`cb_core.decisions`.
 * the model (Eq. 3, Eq. 6, App. B): :func:`features`, :func:`prior_log_probs`, :func:`terms` (log P,
@@ -16,7 +16,8 @@ Public API (seed paper notation; see each docstring for shapes and the equation 
   :mod:`cb_core.solvers`, any other implementing :class:`Solver`, :mod:`cb_core.solver_protocol`);
   :func:`fit_many` ``(decisions or a sequence of them, lam=[K], weights=[K, N])``: many problems
   (strengths, fold weights, task types) in one compiled program, S lists of K :class:`FitResult`
-  (``fit`` is its one-problem case).
+  (``fit`` is its one-problem case). Both take ``devices``: on several, the problems (or one large
+  set's decisions) split over a one-axis mesh (:mod:`cb_core.mesh`).
 * the property-test kit: :mod:`cb_core.testing` (hypothesis strategies and derivative checks;
   imported on demand, it needs hypothesis).
 * the strength: :func:`select_strengths` chooses lam by cross-validation over trajectories
@@ -52,8 +53,8 @@ from cb_core.strength import StrengthCurve, select_strengths
 
 
 def __getattr__(name: str):
-    """``cb_core.Decisions``: the deprecated name of :class:`LabelledDecisions` (a DeprecationWarning)."""
-    if name == "Decisions":
+    """``cb_core.LabelledDecisions``: the deprecated name of :class:`LabelledDecisions` (a DeprecationWarning)."""
+    if name == "LabelledDecisions":
         from cb_core.decisions import _deprecated
 
         return _deprecated(name, __name__)

@@ -7,8 +7,10 @@ stores in the directory:
 * JAX's persistent compilation cache (every compiled program; still traces and lowers the
   program in each new process to find it), and
 * ``executables/``: cb_core's fit programs as serialized executables, keyed by everything the
-  program depends on (the solver, the argument shapes and dtypes, the jax / jaxlib versions, the
-  backend and CPU, cb_core's own source). A new process loads and runs one without tracing,
+  program depends on (the solver, the argument shapes and dtypes, where the arguments lie: the
+  devices by id and how each array is split over them, the jax / jaxlib versions, the backend and
+  CPU, cb_core's own source), so an executable compiled for one device is never loaded for a call
+  on eight. A new process loads and runs one without tracing,
   lowering or compiling (:func:`call_compiled`). What is stored is always a fresh compile, never
   an executable JAX's cache handed back: on the CPU that one re-serializes without its machine
   code, and a later process that loads it fails with ``NOT_FOUND: Function <fusion> not found``
@@ -165,6 +167,24 @@ def _fingerprint() -> dict:
                 cpu=hashlib.sha256(cpu.encode()).hexdigest(), cb_core=source.hexdigest())
 
 
+def _devices(x) -> list | None:
+    """The devices a JAX array lies on (its mesh's, in the mesh's order), None for a host array."""
+    sharding = getattr(x, "sharding", None)
+    if sharding is None:
+        return None
+    mesh = getattr(sharding, "mesh", None)
+    return list(mesh.devices.flat) if mesh is not None else sorted(sharding.device_set, key=lambda d: d.id)
+
+
+def _placement(x) -> list | None:
+    """Where an argument lies, for the key: None for a host array (numpy: the call puts it on the
+    default device), else [its devices' platform and ids, its sharding's partition spec]."""
+    devices = _devices(x)
+    if devices is None:
+        return None
+    return [devices[0].platform, [d.id for d in devices], str(getattr(x.sharding, "spec", x.sharding))]
+
+
 @contextlib.contextmanager
 def _fresh_compilation():
     """Compile for real inside: JAX's persistent cache is off (and reset) for the duration.
@@ -187,29 +207,15 @@ def _fresh_compilation():
             compilation_cache.reset_cache()
 
 
-def _execution_devices(leaves: list) -> list:
-    """The devices a program over ``leaves`` runs on, in its device assignment's order: the mesh of
-    the first array laid out over one (``jax.sharding.NamedSharding``), else the device(s) of the
-    first JAX array, else JAX's default device (numpy arguments only)."""
-    import jax
-
-    for x in leaves:
-        sharding = getattr(x, "sharding", None)
-        if isinstance(sharding, jax.sharding.NamedSharding):
-            return list(sharding.mesh.devices.flat)
-        if sharding is not None:
-            return sorted(sharding.device_set, key=lambda d: d.id)
-    return [jax.local_devices()[0]]
-
-
 def call_compiled(name: str, jitted: Callable, static: tuple, args: tuple, out_example: object):
     """``jitted(*static, *args)``, from a stored executable when one fits (no tracing).
 
     Without :func:`enable_persistent_cache` this is the plain jit call. Otherwise the
-    executable for (``name``, ``static``, the shapes and dtypes of ``args``, the devices it runs on,
-    the fingerprint) is loaded onto those devices from the store, or compiled and stored on a miss
-    (atomically, through the writer given to :func:`enable_persistent_cache`); a file whose digest
-    does not match is not deserialized, and it and a file that fails to load are replaced.
+    executable for (``name``, ``static``, the shapes, dtypes and placements of ``args`` (the
+    devices and the split of each JAX array: :func:`_placement`), the fingerprint) is
+    loaded onto those devices from the store, or compiled and stored on a miss (atomically, through the writer given
+    to :func:`enable_persistent_cache`); a file whose digest does not match is not deserialized,
+    and it and a file that fails to load are replaced.
 
     Only for programs without custom calls (LAPACK, FFI): a deserialized executable refers to
     them by a handler the new process may not have registered yet (the fit's solve has none).
@@ -218,7 +224,8 @@ def call_compiled(name: str, jitted: Callable, static: tuple, args: tuple, out_e
         name: the program's name (part of the key).
         jitted: a ``jax.jit`` function whose static arguments come first.
         static: its static arguments (hashable; ``repr`` is part of the key).
-        args: its array arguments (a tuple of pytrees of numpy or JAX arrays).
+        args: its array arguments (a tuple of pytrees of numpy or JAX arrays: arrays placed on
+            several devices, e.g. by :func:`cb_core.mesh.put`, run the program partitioned there).
         out_example: a pytree of the output's structure (the leaves are ignored).
     """
     if _EXECUTABLES is None:
@@ -228,11 +235,11 @@ def call_compiled(name: str, jitted: Callable, static: tuple, args: tuple, out_e
     from jax.experimental import serialize_executable
 
     leaves, tree = jax.tree_util.tree_flatten(args)
-    devices = _execution_devices(leaves)
-    key = json.dumps(dict(name=name, static=repr(static), tree=str(tree), devices=[str(d) for d in devices],
+    placements = [_placement(x) for x in leaves]
+    key = json.dumps(dict(name=name, static=repr(static), tree=str(tree),
                           avals=[(np.shape(x), str(x.dtype if hasattr(x, "dtype") else np.result_type(x)))
                                  for x in leaves],
-                          x64=bool(jax.config.jax_enable_x64), **_fingerprint()), sort_keys=True)
+                          placements=placements, x64=bool(jax.config.jax_enable_x64), **_fingerprint()), sort_keys=True)
     path = _EXECUTABLES / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:32]}.bin"
     if path in _LOADED:
         return _LOADED[path](*args)
@@ -244,7 +251,11 @@ def call_compiled(name: str, jitted: Callable, static: tuple, args: tuple, out_e
         blob = None
     if blob is not None:
         try:
-            compiled = serialize_executable.deserialize_and_load(blob, in_tree, out_tree, execution_devices=devices)
+            # on the devices the arguments lie on (host arrays only: where jit puts them, this
+            # host's default device; JAX would otherwise bind the executable to every device)
+            devices = next((d for d in map(_devices, leaves) if d is not None), None) or [jax.local_devices()[0]]
+            compiled = serialize_executable.deserialize_and_load(blob, in_tree, out_tree, backend=devices[0].client,
+                                                                  execution_devices=devices)
             # block: a broken executable fails when it runs, and dispatch is asynchronous
             out = jax.block_until_ready(compiled(*args))
             _LOADED[path] = compiled

@@ -35,8 +35,9 @@ import numpy as np
 from cb_core.cache import call_compiled
 from cb_core.decisions import LabelledDecisions, bucket_size, to_padded, validate_decisions
 from cb_core.model import compiled, hessian_factor, prepare
-from cb_core.fit_arguments import (check_init, check_inits, check_lam_dtype, check_number, check_problems, check_sets,
-                                   check_shared)
+from cb_core.mesh import device_mesh, padded_size, put, repeat_first
+from cb_core.fit_arguments import (check_finite_fit, check_init, check_inits, check_lam_dtype, check_number,
+                                   check_problems, check_sets, check_shared)
 from cb_core.solver_protocol import Solver, SolverOutput, solver_settings
 from cb_core.solvers import Newton
 
@@ -191,83 +192,62 @@ def _x64_context(dtype):
     return jax.enable_x64(True)
 
 
-def _diverged(dec: LabelledDecisions, dt, value: float, gnorm: float) -> str:
-    """One line for a fit whose loss or gradient is not finite although every input is: which
-    decision's features overflow ``dt`` when standardised (their squared deviations), and the fix."""
-    offsets, hidden = np.asarray(dec.offsets), np.asarray(dec.hidden)
-    culprit = ""
-    with np.errstate(over="ignore", invalid="ignore"):
-        for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
-            x = hidden[a:b].astype(dt.name)
-            if not np.isfinite(np.square(x - x.mean(axis=0)).sum(axis=0)).all():
-                culprit = (f"decision {i}'s features overflow {dt.name} when standardised (largest |feature| "
-                           f"{float(np.abs(hidden[a:b]).max()):.3g}); ")
-                break
-    return (f"the {dt.name} fit diverged (loss {value}, gradient norm {gnorm}) and nothing is saved: {culprit}"
-            "fit in float64 (dtype=float64, `cb-agent fit --float64`) or standardise the features first")
-
-
 # ----------------------------------------------------------------------------------------------
 # the one path of fit and fit_many: pad, solve, check, certify, report
 # ----------------------------------------------------------------------------------------------
 
-def _pad(sets: list[LabelledDecisions], k: int, weights: list[np.ndarray] | None, dt) -> tuple[list, np.ndarray]:
-    """(the S padded sets, the decision weights [S, K, N_pad]): one problem keeps its own bucket,
-    more share the bucket of the largest set (one program)."""
-    many = len(sets) * k > 1
-    n_pad = bucket_size(max(d.n_decisions for d in sets)) if many else None
-    m_pad = bucket_size(max(int(d.set_sizes.max()) for d in sets)) if many else None
+def _pad(sets: list[LabelledDecisions], k: int, weights: list[np.ndarray] | None, dt, mesh, split: str
+         ) -> tuple[list, np.ndarray]:
+    """(the S padded sets, the decision weights [S, K, N_pad]): the sets share the bucket of the
+    largest (one program), N_pad a multiple of the mesh's size when the decisions are split."""
+    n_pad = padded_size(bucket_size(max(d.n_decisions for d in sets)), mesh if split == "decisions" else 1)
+    m_pad = bucket_size(max(int(d.set_sizes.max()) for d in sets))
     padded = [to_padded(d, dtype=np.dtype(dt.name), n_pad=n_pad, m_pad=m_pad) for d in sets]
-    weight = np.zeros((len(sets), k, padded[0].weight.shape[0]), np.dtype(dt.name))
+    weight = np.zeros((len(sets), k, n_pad), np.dtype(dt.name))
     for s, d in enumerate(sets):
         weight[s, :, : d.n_decisions] = 1.0 if weights is None else weights[s]
     return padded, weight
 
 
+#: per split, the axis over the mesh of the stacked sets [S, N_pad, ...], the weights [S, K, N_pad]
+#: and lam [S, K] (and init [S, K, m]); None: whole on every device
+_AXES = {"problems": (None, 1, 1), "decisions": (1, 2, None)}
+
+
 def _run(solver: Solver, padded: list, weight: np.ndarray, lam: np.ndarray, scalars: tuple,
-         init: np.ndarray | None) -> tuple[SolverOutput, np.ndarray]:
-    """(the solver's output, [S, K, N_pad] finite hidden states) as numpy [S, K, ...]: one problem
-    runs :func:`_solve` (the program :func:`fit` always ran), more :func:`_solve_many`."""
+         init: np.ndarray | None, mesh, split: str) -> tuple[SolverOutput, np.ndarray]:
+    """(the solver's output, [S, K, N_pad] finite hidden states) as numpy [S, K, ...], the inputs
+    laid out over ``mesh`` (:data:`_AXES`): one problem runs :func:`_solve` (the program
+    :func:`fit` always ran), more :func:`_solve_many`."""
     dt = weight.dtype
     blank = (SolverOutput(*[0] * 6), 0)
+    sets_axis, weight_axis, problem_axis = _AXES[split]
+    scalars = put(scalars, mesh)
     if weight.shape[0] * weight.shape[1] > 1:
         stacked = jax.tree_util.tree_map(lambda *x: np.stack(x), *padded)
-        args = (stacked, weight, lam.astype(dt)) + scalars + (() if init is None else (init,))
+        args = ((put(stacked, mesh, sets_axis), put(weight, mesh, weight_axis), put(lam.astype(dt), mesh, problem_axis))
+                + scalars + (() if init is None else (put(init, mesh, problem_axis),)))
         out, finite = call_compiled("fit_many", _solve_many, (solver,), args, blank)
         return SolverOutput(*(np.asarray(x) for x in out)), np.asarray(finite)
-    one = dataclasses.replace(padded[0], weight=weight[0, 0])
-    args = (one, np.asarray(lam[0, 0], dt)) + scalars + (() if init is None else (init[0, 0],))
+    one = put(dataclasses.replace(padded[0], weight=weight[0, 0]), mesh, 0 if split == "decisions" else None)
+    args = (one, put(np.asarray(lam[0, 0], dt), mesh)) + scalars + (() if init is None else (put(init[0, 0], mesh),))
     out, finite = call_compiled("fit", _solve, (solver,), args, blank)
     return SolverOutput(*(np.asarray(x)[None, None] for x in out)), np.asarray(finite)[None, None]
 
 
-def _check_finite(out: SolverOutput, finite: np.ndarray, sets: list[LabelledDecisions], originals: Sequence[LabelledDecisions],
-                  dt) -> None:
-    """ValueError (one line) naming a non-finite hidden state (found by the compiled fit's first
-    pass) or, with finite inputs, the decision whose features overflow ``dt`` (:func:`_diverged`)."""
-    for s, d in enumerate(sets):
-        if not np.all(finite[s, :, : d.n_decisions]):
-            try:
-                validate_decisions(originals[s])  # names the decision with a non-finite hidden state
-            except ValueError as err:
-                raise ValueError(f"decision set {s}: {err}" if len(sets) > 1 else str(err)) from None
-    values, gnorms = out.value.astype(np.float64), out.grad_norm.astype(np.float64)
-    for s, q in zip(*np.nonzero(~(np.isfinite(values) & np.isfinite(gnorms)))):
-        where = f"problem ({s}, {q}): " if values.size > 1 else ""
-        raise ValueError(where + _diverged(sets[s], dt, float(values[s, q]), float(gnorms[s, q])))
-
-
 def _eig_ranges(certify: str, out: SolverOutput, padded: list, weight: np.ndarray, lam: np.ndarray,
-                scalars: tuple) -> dict | None:
+                scalars: tuple, mesh, split: str) -> dict | None:
     """(s, q) -> (smallest, largest) Hessian eigenvalue of each problem, or None when not measured
-    (``certify``: "exact" always, "auto" when min(T_pad, m) <= :data:`EXACT_EIG_MAX_DIM`)."""
+    (``certify``: "exact" always, "auto" when min(T_pad, m) <= :data:`EXACT_EIG_MAX_DIM`); the
+    decisions split over ``mesh`` as in the fit when it split them."""
     m = out.alpha.shape[-1]
     if not (certify == "exact" or (certify == "auto" and min(padded[0].mask.size, m) <= EXACT_EIG_MAX_DIM)):
         return None
-    ranges = {}
+    ranges, axis = {}, 0 if split == "decisions" else None
+    placed, scalars = [put(p, mesh, axis) for p in padded], put(scalars[:2], mesh)
     for (s, q), lam_q in np.ndenumerate(lam):
-        one = dataclasses.replace(padded[s], weight=weight[s, q])
-        gram = call_compiled("gram", _gram, (), (out.alpha[s, q], one, *scalars[:2]), 0)
+        one = dataclasses.replace(placed[s], weight=put(weight[s, q], mesh, axis))
+        gram = call_compiled("gram", _gram, (), (put(out.alpha[s, q], mesh), one, *scalars), 0)
         ranges[s, q] = _hessian_eig_range(gram, float(lam_q), m)
     return ranges
 
@@ -295,20 +275,26 @@ def _result(out: SolverOutput, s: int, q: int, lam: float, ranges: dict | None, 
 
 def _fit_problems(sets: list[LabelledDecisions], originals: Sequence[LabelledDecisions], solver: Solver, lam: np.ndarray,
                   weights: list[np.ndarray] | None, gamma: float, eps: float, dt, tol: float, certify: str,
-                  init: np.ndarray | None, start: float) -> list[list[FitResult]]:
+                  init: np.ndarray | None, start: float, mesh) -> list[list[FitResult]]:
     """The fit of S x K problems (the one path of :func:`fit` and :func:`fit_many`).
 
     sets: S validated decision sets of one hidden width (``originals``: as given, for naming a
     non-finite hidden state); lam [S, K] float64; weights: S arrays [K, N_s] (None: all 1); init
-    [S, K, m] or None. Returns S lists of K results.
+    [S, K, m] or None; mesh: the devices (:func:`cb_core.mesh.device_mesh`), which share the
+    problems (K padded by copies of problem 0) or the decisions. Returns S lists of K results.
     """
     check_lam_dtype(lam, dt)
-    padded, weight = _pad(sets, lam.shape[1], weights, dt)
+    k = lam.shape[1]
+    split = "problems" if 2 * k > mesh.size else "decisions"  # the rule of fit_many's docstring
+    padded, weight = _pad(sets, k, weights, dt, mesh, split)
+    size = padded_size(k, mesh if split == "problems" else 1)
     scalars = tuple(np.asarray(x, dt) for x in (gamma, eps, tol))
     with _x64_context(dt):
-        out, finite = _run(solver, padded, weight, lam, scalars, init)
-        _check_finite(out, finite, sets, originals, dt)
-        ranges = _eig_ranges(certify, out, padded, weight, lam, scalars)
+        out, finite = _run(solver, padded, repeat_first(weight, size), repeat_first(lam, size), scalars,
+                           repeat_first(init, size), mesh, split)
+        out, finite = SolverOutput(*(x[:, :k] for x in out)), finite[:, :k]
+        check_finite_fit(out.value, out.grad_norm, finite, sets, originals, dt)
+        ranges = _eig_ranges(certify, out, padded, weight, lam, scalars, mesh, split)
     seconds = time.perf_counter() - start
     settings = dict(gamma=gamma, eps=eps, tol=tol, dtype=dt.name, method=solver.name, warm_start=init is not None,
                     **solver_settings(solver))
@@ -326,6 +312,7 @@ def fit(
     dtype: DTypeLike = jnp.float32,
     certify: Literal["auto", "exact", "structural"] = "auto",
     init: ArrayLike | None = None,
+    devices: int | Sequence[jax.Device] | jax.sharding.Mesh | None = None,
 ) -> FitResult:
     """Fit the concept alpha by minimising Eq. 6 (strongly convex; unique optimum).
 
@@ -348,6 +335,9 @@ def fit(
             fitted on part of these decisions); None: alpha = 0. The optimum is the same (Eq. 6
             is strongly convex); a start near it takes fewer steps. ``settings["warm_start"]``
             records which.
+        devices: where the fit runs: None (the default device), a count n (the first n of
+            ``jax.devices()``), a sequence of ``jax.Device`` or a ``jax.sharding.Mesh``; on more
+            than one, the decisions are split over them (as :func:`fit_many`'s).
 
     Returns:
         FitResult with alpha [d + 1] (numpy, ``dtype``) and its :class:`Certificate`.
@@ -359,17 +349,17 @@ def fit(
             solver, an unknown dtype, or bad decisions (naming the decision at fault; a non-finite
             hidden state is found by the compiled fit's first pass); a fit whose loss or gradient is
             not finite although its inputs are (finite features too large for ``dtype``: naming the
-            first decision whose standardisation overflows).
+            first decision whose standardisation overflows); ``devices`` as :func:`fit_many` refuses.
     """
     lam = check_number("lam", lam, 0.0, strict=True)
     gamma, eps, dt, tol = check_shared(gamma, eps, dtype, certify, solver)
     if not isinstance(decisions, LabelledDecisions):
         raise ValueError(f"decisions must be a cb_core.LabelledDecisions, got {type(decisions).__name__}")
-    start = time.perf_counter()
+    mesh, start = device_mesh(devices), time.perf_counter()
     dec = validate_decisions(decisions, finite_hidden=False)  # checked in the compiled fit
     alpha0 = None if init is None else check_init(init, dec.hidden_size + 1, dt)[None, None]
     return _fit_problems([dec], [decisions], solver, np.full((1, 1), lam), None, gamma, eps, dt, tol, certify,
-                         alpha0, start)[0][0]
+                         alpha0, start, mesh)[0][0]
 
 
 def fit_many(
@@ -383,6 +373,7 @@ def fit_many(
     dtype: DTypeLike = jnp.float32,
     certify: Literal["auto", "exact", "structural"] = "auto",
     init: ArrayLike | None = None,
+    devices: int | Sequence[jax.Device] | jax.sharding.Mesh | None = None,
 ) -> list[list[FitResult]]:
     """Fit many concepts in one compiled program: K problems on each of S decision sets.
 
@@ -407,6 +398,14 @@ def fit_many(
     batch) is refused. One problem in all runs :func:`fit`'s program, so :func:`fit` is this
     function's K = S = 1 case.
 
+    On several devices (``devices``) the same program runs with its inputs laid out over a 1-D
+    mesh (:mod:`cb_core.mesh`) and XLA partitions it: when 2 K > n (n devices), each device fits
+    its share of the K problems of every set (K padded to a multiple of n by repeats of problem 0,
+    whose results are dropped; the sets whole on every device), else each holds its share of every
+    set's decisions (N_pad a multiple of n; the objective's sums all-reduced), so a decision set
+    larger than one device's memory fits. The results equal one device's within the certificates'
+    bounds (another summation order).
+
     Args:
         decisions: one :class:`LabelledDecisions` (S = 1), or a non-empty sequence of S of them sharing
             one hidden width d.
@@ -421,6 +420,8 @@ def fit_many(
         gamma, eps, dtype, certify: as for :func:`fit`, shared by all problems.
         init: warm starts broadcastable to [S, K, d + 1] ([d + 1], [K, d + 1] or [S, K, d + 1]);
             None: alpha = 0 for every problem.
+        devices: as for :func:`fit`: None (the default device), a count, a sequence of
+            ``jax.Device`` or a ``jax.sharding.Mesh``.
 
     Returns:
         S lists of K :class:`FitResult` (``result[s][k]``; one :class:`LabelledDecisions` is S = 1:
@@ -436,11 +437,13 @@ def fit_many(
             widths; ``lam`` not finite and > 0 or of a bad shape; ``weights`` of a bad shape,
             negative, non-finite or a problem weighting no decision; K disagreeing between ``lam``
             and ``weights``; ``init`` not broadcastable to [S, K, d + 1] or non-finite (each naming
-            the argument, set or problem at fault).
+            the argument, set or problem at fault); ``devices`` asking for more devices than are
+            present, or naming one twice.
     """
     gamma, eps, dt, tol = check_shared(gamma, eps, dtype, certify, solver, batched=True)
+    mesh = device_mesh(devices)
     given, sets = check_sets(decisions)
     start = time.perf_counter()
     lam, weights = check_problems(lam, weights, sets, isinstance(decisions, LabelledDecisions))
     alpha0 = None if init is None else check_inits(init, lam.shape + (sets[0].hidden_size + 1,), dt)
-    return _fit_problems(sets, given, solver, lam, weights, gamma, eps, dt, tol, certify, alpha0, start)
+    return _fit_problems(sets, given, solver, lam, weights, gamma, eps, dt, tol, certify, alpha0, start, mesh)

@@ -1,5 +1,6 @@
 """The arguments of :func:`cb_core.fit.fit` and :func:`cb_core.fit.fit_many` checked: each bad one
-is refused with one line (ValueError) naming it, before anything is padded or compiled.
+is refused with one line (ValueError) naming it, before anything is padded or compiled; and the
+compiled fit's output checked (:func:`check_finite_fit`: a non-finite one named by its culprit).
 
 Imports nothing of this project outside :mod:`cb_core`.
 """
@@ -17,7 +18,8 @@ from jax.typing import ArrayLike, DTypeLike
 from cb_core.decisions import LabelledDecisions, validate_decisions
 from cb_core.solver_protocol import SOLVERS, Solver, check_int, default_tol
 
-__all__ = ["check_dtype", "check_init", "check_inits", "check_number", "check_problems", "check_sets", "check_shared",
+__all__ = ["check_dtype", "check_finite_fit",
+           "check_init", "check_inits", "check_number", "check_problems", "check_sets", "check_shared",
            "check_solver", "check_weights"]
 
 
@@ -174,3 +176,36 @@ def check_inits(init: ArrayLike, shape: tuple[int, int, int], dt) -> np.ndarray:
     if not np.isfinite(alpha0).all():
         raise ValueError("init has non-finite entries")
     return alpha0
+
+
+def _diverged(dec: LabelledDecisions, dt, value: float, gnorm: float) -> str:
+    """One line for a fit whose loss or gradient is not finite although every input is: which
+    decision's features overflow ``dt`` when standardised (their squared deviations), and the fix."""
+    offsets, hidden = np.asarray(dec.offsets), np.asarray(dec.hidden)
+    culprit = ""
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
+            x = hidden[a:b].astype(dt.name)
+            if not np.isfinite(np.square(x - x.mean(axis=0)).sum(axis=0)).all():
+                culprit = (f"decision {i}'s features overflow {dt.name} when standardised (largest |feature| "
+                           f"{float(np.abs(hidden[a:b]).max()):.3g}); ")
+                break
+    return (f"the {dt.name} fit diverged (loss {value}, gradient norm {gnorm}) and nothing is saved: {culprit}"
+            "fit in float64 (dtype=float64, `cb-agent fit --float64`) or standardise the features first")
+
+
+def check_finite_fit(value: np.ndarray, grad_norm: np.ndarray, finite: np.ndarray, sets: list[LabelledDecisions],
+                     originals: Sequence[LabelledDecisions], dt) -> None:
+    """ValueError (one line) naming a non-finite hidden state (``finite`` [S, K, N_pad]: found by
+    the compiled fit's first pass) or, with finite inputs, the decision whose features overflow
+    ``dt`` (a ``value`` or ``grad_norm`` [S, K] that is not finite)."""
+    for s, d in enumerate(sets):
+        if not np.all(finite[s, :, : d.n_decisions]):
+            try:
+                validate_decisions(originals[s])  # names the decision with a non-finite hidden state
+            except ValueError as err:
+                raise ValueError(f"decision set {s}: {err}" if len(sets) > 1 else str(err)) from None
+    values, gnorms = value.astype(np.float64), grad_norm.astype(np.float64)
+    for s, q in zip(*np.nonzero(~(np.isfinite(values) & np.isfinite(gnorms)))):
+        where = f"problem ({s}, {q}): " if values.size > 1 else ""
+        raise ValueError(where + _diverged(sets[s], dt, float(values[s, q]), float(gnorms[s, q])))

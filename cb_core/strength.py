@@ -47,6 +47,7 @@ import numbers
 from collections.abc import Sequence
 from typing import Literal
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike, DTypeLike
@@ -240,6 +241,7 @@ def cross_validate(
     gamma: float = 0.8,
     eps: float = 1e-6,
     dtype: DTypeLike = jnp.float32,
+    devices: int | Sequence[jax.Device] | jax.sharding.Mesh | None = None,
 ) -> list[HeldOut]:
     """Every decision of every set scored held out at every strength: all sets, folds and strengths
     in one :func:`cb_core.fit_many` call.
@@ -250,6 +252,8 @@ def cross_validate(
         lams: the grid, > 0 (default :data:`DEFAULT_GRID`: 10 strengths, 10**-2.5 to 10**2).
         n_folds: folds per set (default 5; a set with fewer trajectories gets one fold each).
         solver, gamma, eps, dtype: as for :func:`cb_core.fit`.
+        devices: where the fit runs, as for :func:`cb_core.fit_many` (None: the default device;
+            on several, the F x L problems or the decisions split over them as it says).
 
     Returns:
         S :class:`HeldOut`, in the order of ``decision_sets``.
@@ -274,7 +278,8 @@ def cross_validate(
     weights = [np.repeat(np.stack([(fold != min(f, n - 1)).astype(np.float64) for f in range(n_max)]), grid.size, axis=0)
                for fold, n, _ in folds]
     lam = np.broadcast_to(np.tile(grid, n_max), (len(sets), n_max * grid.size))
-    results = fit_many(sets, solver, lam=lam, weights=weights, gamma=gamma, eps=eps, dtype=dtype, certify="structural")
+    results = fit_many(sets, solver, lam=lam, weights=weights, gamma=gamma, eps=eps, dtype=dtype, certify="structural",
+                       devices=devices)
     out = []
     for dec, (fold, n, n_groups), res in zip(sets, folds, results):
         alphas = np.stack([r.alpha for r in res[:n * grid.size]])  # [F L, m]: the set's own folds
@@ -356,6 +361,7 @@ def select_strengths(
     gamma: float = 0.8,
     eps: float = 1e-6,
     dtype: DTypeLike = jnp.float32,
+    devices: int | Sequence[jax.Device] | jax.sharding.Mesh | None = None,
 ) -> list[StrengthCurve]:
     """Choose each decision set's L2 strength by cross-validation over trajectories, all sets,
     folds and strengths in one :func:`cb_core.fit_many` call (:func:`cross_validate`, then
@@ -373,6 +379,7 @@ def select_strengths(
         default: the strength a flat curve keeps (on the grid; default 1.0).
         z: the paired standard errors a strength must beat the default by (default :data:`DEFAULT_Z`).
         solver, gamma, eps, dtype: as for :func:`cb_core.fit`.
+        devices: as for :func:`cb_core.fit_many`.
 
     Returns:
         S :class:`StrengthCurve`, in the order of ``decision_sets``.
@@ -389,5 +396,5 @@ def select_strengths(
     if not np.any(np.isclose(_grid(lams), default, rtol=1e-9)):
         raise ValueError(f"the default strength {default!r} is not on the grid {sorted(lams)!r}")
     held = cross_validate(decision_sets, groups, lams=lams, n_folds=n_folds, solver=solver, gamma=gamma, eps=eps,
-                          dtype=dtype)
+                          dtype=dtype, devices=devices)
     return [strength_curve(h, rule, criterion=criterion, default=default, z=z) for h in held]
