@@ -269,12 +269,24 @@ def collect_features(lm: LanguageModel, trajectories: Iterable[Trajectory], sett
     return by_type
 
 
-def strength_curves(features: Mapping[str, TypeFeatures], gamma: float = 0.8, eps: float = 1e-6) -> dict:
+def fit_devices(lm: LanguageModel) -> list | None:
+    """Where the concepts of ``lm``'s features are fitted: this host's devices of a JAX backbone
+    laid out over several (:class:`agent_shell.lm.jax_mesh.Placement`), so the fits spread over the
+    backbone's mesh (:func:`cb_core.fit_many`'s ``devices``); None (JAX's default device) otherwise."""
+    placement = getattr(lm, "placement", None)
+    local = placement.local_devices() if placement is not None else []
+    return local if len(local) > 1 else None
+
+
+def strength_curves(features: Mapping[str, TypeFeatures], gamma: float = 0.8, eps: float = 1e-6,
+                    devices: list | None = None) -> dict:
     """Task type -> :class:`cb_core.StrengthCurve`: each type's L2 strength chosen by cross-validation
     over its trajectories (:func:`cb_core.select_strengths` with :data:`cb_core.strength.DEFAULT_GRID`,
     :data:`~cb_core.strength.DEFAULT_FOLDS` folds and the default rule: lam = 1 unless a strength beats
     it on held-out top-1 by more than :data:`~cb_core.strength.DEFAULT_Z` paired standard errors),
     every type x fold x strength in one batched fit. Types without decisions are left out.
+
+    ``devices``: where the fits run (:func:`fit_devices`; None: JAX's default device).
 
     Raises:
         ValueError: a type with fewer than 2 won trajectories (naming it), or decisions that carry no
@@ -293,7 +305,8 @@ def strength_curves(features: Mapping[str, TypeFeatures], gamma: float = 0.8, ep
     if not typed:
         return {}
     curves = cb_core.select_strengths([tf.decisions() for tf in typed.values()],
-                                      [tf.decision_task_ids for tf in typed.values()], gamma=gamma, eps=eps)
+                                      [tf.decision_task_ids for tf in typed.values()], gamma=gamma, eps=eps,
+                                      devices=devices)
     return dict(zip(typed, curves))
 
 
@@ -310,14 +323,15 @@ def fit_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, settings:
     :func:`strength_curves`, its whole curve in the metadata (``strength``). ``warm``: task type ->
     a concept whose alpha starts that type's fit (:func:`cb_core.fit`'s ``init``; the same optimum,
     reached from nearer; its fit summary records ``warm_start``); a type without one, or with
-    another hidden size, starts at 0.
+    another hidden size, starts at 0. The fits run on the backbone's devices (:func:`fit_devices`).
 
     Raises:
         ValueError: as :func:`strength_curves` under ``lam="auto"``.
     """
     import cb_core
 
-    curves = strength_curves(features, gamma, eps) if lam == "auto" else {}
+    devices = fit_devices(lm)
+    curves = strength_curves(features, gamma, eps, devices) if lam == "auto" else {}
     concepts = {}
     for task_type, tf in sorted(features.items()):
         if not tf.n_decisions:
@@ -326,7 +340,8 @@ def fit_concepts(features: dict[str, TypeFeatures], lm: LanguageModel, settings:
         start = (warm or {}).get(task_type)
         init = start.alpha if start is not None and start.hidden_size == decisions.hidden_size else None
         curve = curves.get(task_type)
-        result = cb_core.fit(decisions, lam=curve.chosen if curve else lam, gamma=gamma, eps=eps, init=init)
+        result = cb_core.fit(decisions, lam=curve.chosen if curve else lam, gamma=gamma, eps=eps, init=init,
+                             devices=devices)
         concepts[task_type] = cb_core.Concept.from_fit(
             result, backbone=lm.name, task_type=task_type, trajectories=tf.task_ids,
             features=concept_feature_spec(lm, settings),

@@ -5,7 +5,7 @@ partitions the program, inserting the collectives (an all-reduce where a split a
 One device is the mesh of size one: the same code path, every array whole on it.
 
 The devices are named as ``devices``: None (the default device: ``jax.default_device``'s, else
-the first of ``jax.devices()``), a count n (the first n of ``jax.devices()``), a sequence of
+this host's first device), a count n (the first n of ``jax.devices()``), a sequence of
 ``jax.Device`` or a ``jax.sharding.Mesh`` (its devices in order, on one axis). Simulated CPU
 devices for tests: ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` set before JAX starts.
 
@@ -30,7 +30,7 @@ def _default_device() -> jax.Device:
     device = jax.config.jax_default_device  # set by ``with jax.default_device(...)``
     if isinstance(device, str):
         return jax.devices(device)[0]
-    return device if device is not None else jax.devices()[0]
+    return device if device is not None else jax.local_devices()[0]  # this host's, over several hosts
 
 
 def device_mesh(devices: int | Sequence[jax.Device] | Mesh | None = None) -> Mesh:

@@ -265,6 +265,8 @@ def imported_names(path: Path) -> set[str]:
 #: among them: a decision head is handed to the backends, agent_shell.lm.protocol.DecisionHead).
 LM_USES_OF_CB_CORE = {
     "cb_core.cache.call_compiled": "the executable store the JAX programs go through",
+    "cb_core.mesh.AXIS": "the mesh's one axis, shared by the backbone's layout and the fits",
+    "cb_core.mesh.device_mesh": "one mesh over the devices named, the backbone's and its concepts' fits",
     "cb_core.cache": "imported before JAX starts a platform: importing cb_core sets JAX's memory settings",
 }
 

@@ -31,10 +31,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from agent_shell.lm.model_config import EMBED, HEAD, DecoderConfig
+from cb_core.mesh import AXIS, device_mesh  # the mesh's one (tensor-parallel) axis, shared with the fits
 
-#: The mesh's one axis: the tensor-parallel ("model") axis.
-AXIS = "model"
+from agent_shell.lm.model_config import EMBED, HEAD, DecoderConfig
 
 #: Layer tensors (names after ``model.layers.K.``) split on their output rows / input columns.
 _ROWS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
@@ -53,14 +52,17 @@ class Placement:
 
     @classmethod
     def over(cls, devices: Sequence[jax.Device]) -> "Placement":
-        """The placement over ``devices`` (in that order; at least one).
+        """The placement over ``devices`` (in that order; at least one): the fits' mesh
+        (:func:`cb_core.mesh.device_mesh`), so a backbone and its concepts' fits share devices.
 
         Raises:
-            ValueError: no device, or devices of more than one platform.
+            ValueError: no device, a device named twice, or devices of more than one platform.
         """
-        if not devices or len({d.platform for d in devices}) != 1:
-            raise ValueError(f"a mesh needs one or more devices of one platform, not {list(devices)}")
-        return cls(Mesh(np.asarray(devices, dtype=object), (AXIS,)))
+        return cls(device_mesh(list(devices)))
+
+    def local_devices(self) -> list[jax.Device]:
+        """The devices of this host (all of them on one host): where this host's fits run."""
+        return [d for d in self.devices if d.process_index == jax.process_index()]
 
     @property
     def size(self) -> int:

@@ -108,7 +108,7 @@ def _run(*args: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _reference(dec: cb_core.Decisions, lam: float):
+def _reference(dec: cb_core.LabelledDecisions, lam: float):
     """(objective, gradient) of Eq. 6 in float64 numpy from the equations (not from cb_core)."""
     offsets = np.asarray(dec.offsets)
     split = lambda x: np.split(np.asarray(x, np.float64), offsets[1:-1])  # noqa: E731
@@ -117,7 +117,7 @@ def _reference(dec: cb_core.Decisions, lam: float):
     return objective, gradient
 
 
-def _assert_within_bounds(dec: cb_core.Decisions, lam: float, one: dict, eight: dict) -> float:
+def _assert_within_bounds(dec: cb_core.LabelledDecisions, lam: float, one: dict, eight: dict) -> float:
     """The two alphas within the sum of their distance bounds of each other, their objectives within
     the larger gap bound, the bounds recomputed from the reference gradient (||g|| / lam and
     ||g||^2 / (2 lam): strong convexity); returns max |alpha difference|."""

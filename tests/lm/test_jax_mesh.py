@@ -80,7 +80,9 @@ def test_a_mesh_splits_each_weight_and_buffer_and_refuses_counts_it_does_not_div
         shards["devices"] = len(shards_per_device(d.embed[...]))
         kv = lm.cache_ops().buffer(1, 128)
         shards["kv"] = sorted(set(shards_per_device(kv.keys).values()))
-        print(json.dumps(dict(names=names, errors=errors, shards=shards, reads=reads)))
+        from agent_shell.concepts import fit_devices
+        fits = [str(d) for d in fit_devices(lm)]
+        print(json.dumps(dict(names=names, errors=errors, shards=shards, reads=reads, fits=fits)))
     """, 8)
     assert out["names"] == ["cpu:0-7", "cpu:0-7", "cpu:1,3", "cpu:5"]
     heads, mesh = out["errors"]
@@ -94,6 +96,7 @@ def test_a_mesh_splits_each_weight_and_buffer_and_refuses_counts_it_does_not_div
     assert s["norm"] == [[2, 128]]  # replicated
     assert s["embed"] == s["head"] == [[49152 // 8, 128]]
     assert s["kv"] == [[2, 1, 1, 128, 8]]  # [L, B, Hkv / 8, S, hd]
+    assert len(set(out["fits"])) == 8  # the concepts are fitted over the same eight devices
     assert out["reads"] == [[128 // 8, 128]]  # the host reads each device's block of a layer's tensor, never all of it
 
 
