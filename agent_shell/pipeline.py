@@ -165,6 +165,8 @@ def prepare(config: ResolvedRun, need_concepts: bool, echo: Echo = _quiet, env: 
         from agent_shell.lm import load_language_model
 
         lm = load_language_model(config.model, dtype=config.dtype, device=config.device)
+        mesh = getattr(getattr(lm, "placement", None), "size", 1)  # a JAX backbone over several devices
+        echo(f"backbone: {lm.name} ({config.dtype}) on {config.device}" + (f", a mesh of {mesh}" if mesh > 1 else ""))
     setup.lm = lm
     setup.timings["load_lm_s"] = time.perf_counter() - t
     if config.calibrator is not None:

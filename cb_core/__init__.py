@@ -3,7 +3,7 @@
 Public API (seed paper notation; see each docstring for shapes and the equation implemented):
 
 * the labelled decision set (the data a concept is fitted on): :class:`LabelledDecisions` (ragged
-  pytree; ``LabelledDecisions`` is its deprecated alias), :func:`decisions_from_lists`,
+  pytree; ``Decisions`` is its deprecated alias), :func:`decisions_from_lists`,
   :func:`load_decisions` / :func:`write_decisions` (the ``.npz`` file, :mod:`cb_core.decision_file`);
   padding, validation and shape buckets in :mod:`cb_core.decisions`.
 * the model (Eq. 3, Eq. 6, App. B): :func:`features`, :func:`prior_log_probs`, :func:`terms` (log P,
@@ -53,8 +53,8 @@ from cb_core.strength import StrengthCurve, select_strengths
 
 
 def __getattr__(name: str):
-    """``cb_core.LabelledDecisions``: the deprecated name of :class:`LabelledDecisions` (a DeprecationWarning)."""
-    if name == "LabelledDecisions":
+    """``cb_core.Decisions``: the deprecated name of :class:`LabelledDecisions` (a DeprecationWarning)."""
+    if name == "Decisions":
         from cb_core.decisions import _deprecated
 
         return _deprecated(name, __name__)

@@ -112,11 +112,12 @@ COMMON_OPTIONS = {
     "dtype": shared("--dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto",
                     show_default=True, help="Backbone dtype; auto = bfloat16 on a GPU or a CPU with native "
                     "bf16 (avx512_bf16/amx), else float32 (emulated bf16 is several times slower)."),
-    "device": shared("--device", default="auto", show_default=True, metavar="auto|cpu|cuda|cuda:N",
+    "device": shared("--device", default="auto", show_default=True, metavar="auto|KIND[:N|:I-J|:I,J,..|:all]",
                      help="Where the backbone loads (auto = cuda when torch sees a GPU, else cpu; with "
                           "--model jax:, also tpu and gpu: whatever jax.devices() offers, and a mesh of several "
                           "devices the weights are split over: KIND:I-J, KIND:I,J,... or KIND:all, e.g. tpu:all, "
-                          "cuda:0-3, cpu:0-7 with XLA_FLAGS=--xla_force_host_platform_device_count=8). With "
+                          "cuda:0-3, or cpu:0-2 with XLA_FLAGS=--xla_force_host_platform_device_count=3; a mesh must "
+                          "divide the model's heads). With "
                           "--workers on CUDA the workers share one backbone (--shared-lm)."),
     "demo_split": shared("--demo-split", default="train", show_default=True,
                          help="Split the expert demonstrations come from."),

@@ -102,7 +102,7 @@ def _play(config: RunConfig, env: Environment, task_ids: list[str], type_of: Cal
             check_not_demos(task_ids, [t.task_id for t in setup.demo_trajectories])
         except ValueError as err:
             raise click.ClickException(str(err)) from None
-    meta = {**settings, "model": setup.lm.name,
+    meta = {**settings, "model": setup.lm.name, "device": config.device,  # provenance, not compared on resume
             "concepts_dir": str(setup.concepts_dir) if setup.concepts_dir else None}
     console.print(f"{len(task_ids)} {config.split} games x {len(config.agents)} agent(s), budget {config.budget} "
                   f"steps (think steps included) -> {results_path}")

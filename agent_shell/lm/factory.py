@@ -65,13 +65,16 @@ def device_and_dtype(name_or_path: str | os.PathLike | None, device: str | None,
         from agent_shell.lm.jax_devices import jax_device_name, jax_dtype_name, resolve_jax_devices
 
         mesh = len(resolve_jax_devices(device))
-        if mesh > 1:  # the model's head counts against the mesh, before any weight loads
+        if mesh > 1:  # the model's head counts against the mesh, from its config.json, before anything loads
+            import json
+
+            from agent_shell.lm.default_model import DEFAULT_MODEL_NAME
             from agent_shell.lm.jax_backend import jax_model_folder
             from agent_shell.lm.jax_mesh import check_divides
-            from agent_shell.lm.model_config import read_config
 
-            folder = jax_model_folder(arg)
-            check_divides(read_config(folder), mesh, arg or folder)
+            config = jax_model_folder(arg) / "config.json"
+            counts = json.loads(config.read_text()) if config.is_file() else {}
+            check_divides(counts, mesh, f"--model {name_or_path}" + ("" if arg else f" ({DEFAULT_MODEL_NAME})"))
         return jax_device_name(device), jax_dtype_name(dtype, device)
     from agent_shell.lm.dtypes import device_name, dtype_name, resolve_device
 

@@ -35,11 +35,12 @@ def _indices(device: str, index: str) -> list[int] | None:
         if "-" in index:
             first, last = (int(part) for part in index.split("-"))
             if first > last:
-                raise ValueError
+                raise ValueError(f"device={device!r}: a range runs upward, e.g. {device.split(':')[0]}:{last}-{first}")
             return list(range(first, last + 1))
         numbers = [int(part) for part in index.split(",")]
-    except ValueError:
-        raise ValueError(f"device={device!r} is not one of: {DEVICE_SYNTAX}") from None
+    except ValueError as err:
+        raise ValueError(str(err) if "runs upward" in str(err) else f"device={device!r} is not one of: "
+                         f"{DEVICE_SYNTAX}") from None
     if len(set(numbers)) != len(numbers) or min(numbers) < 0:
         raise ValueError(f"device={device!r} names a device twice or a negative number")
     return numbers

@@ -25,7 +25,7 @@ Must not import the agents, the environments or torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -103,14 +103,26 @@ class Placement:
         return NamedSharding(self.mesh, PartitionSpec(*spec))
 
 
-def check_divides(config: DecoderConfig, size: int, where: object) -> None:
-    """Refuse a mesh of ``size`` devices that does not divide the decoder's split axes.
+def split_counts(config: DecoderConfig | Mapping[str, Any]) -> dict[str, int]:
+    """The sizes a mesh splits, by their ``config.json`` names: of a :class:`DecoderConfig`, or of a
+    ``config.json`` read as a dict (no transformers import: ``num_key_value_heads`` defaults to
+    ``num_attention_heads``, as transformers defaults it)."""
+    if isinstance(config, DecoderConfig):
+        return {"num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+                "intermediate_size": config.intermediate_size}
+    heads = int(config.get("num_attention_heads", 1))
+    return {"num_attention_heads": heads, "num_key_value_heads": int(config.get("num_key_value_heads") or heads),
+            "intermediate_size": int(config.get("intermediate_size", 1))}
+
+
+def check_divides(config: DecoderConfig | Mapping[str, Any], size: int, where: object) -> None:
+    """Refuse a mesh of ``size`` devices that does not divide the decoder's split axes
+    (:func:`split_counts` of ``config``).
 
     Raises:
         ValueError: one line naming ``where`` (the model), the counts and the mesh size.
     """
-    counts = {"num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
-              "intermediate_size": config.intermediate_size}
+    counts = split_counts(config)
     bad = [f"{name} {value}" for name, value in counts.items() if value % size]
     if bad:
         raise ValueError(f"{where}: a mesh of {size} devices must divide {', '.join(bad)} (the heads and the "
@@ -131,4 +143,4 @@ def shards_per_device(array: jax.Array) -> dict[jax.Device, tuple[int, ...]]:
     return {s.device: tuple(s.data.shape) for s in array.addressable_shards}
 
 
-__all__ = ["AXIS", "Placement", "check_divides", "place", "shards_per_device"]
+__all__ = ["AXIS", "Placement", "check_divides", "place", "shards_per_device", "split_counts"]

@@ -68,6 +68,7 @@ def test_cb_agent_run_fits_concepts_and_reports_skipped_expert_steps(tmp_path, d
     assert "4 of 8 expert steps (50.0%) were no fitting target (look x4)" in " ".join(res.output.split())
     (rec,) = read_results(out / "results.jsonl")
     assert rec["agent"] == "cb-agent" and rec["concepts_dir"] and rec["n_candidates"]
+    assert rec["device"] == "cpu" and "backbone: " in res.output  # where the backbone ran, for the record
     res = CliRunner().invoke(main, ["eval-decisions", "--env", "textworld", "--heldout-split", "train",
                                     "--demos-per-type", "1", "--heldout-per-type", "1",
                                     "--out", str(tmp_path / "acc.json")])
