@@ -70,6 +70,7 @@ def test_a_qwen3_decoder_scores_as_transformers_does(tmp_path):
             assert np.abs(got.hidden[m] - hidden).max() / np.abs(hidden).max() < 1e-4, (layout, m)
 
 
+@pytest.mark.slow  # the real backbone in bfloat16: minutes where the CPU emulates bfloat16 (no avx512_bf16)
 def test_bfloat16_scores_are_within_the_measured_noise_and_rank_alike(lm32):
     """The JAX backend in bfloat16 against the float32 naive forward, on three contexts, one per
     candidate layout: within twice the noise of PyTorch in bfloat16 (the largest gap to float32 of
