@@ -55,6 +55,7 @@ def python_examples() -> list[tuple[str, int, str]]:
 #: The examples that load the real backbone, play real games or compile many fits (10 s and more on
 #: a CPU; run with -m slow).
 SLOW_EXAMPLES = {("getting-started.md", 0), ("agents.md", 0), ("lm-backends.md", 0), ("lm-backends.md", 1),
+                 ("lm-backends.md", 2),
                  ("concept.md", 0), ("concept.md", 2), ("concept.md", 3)}
 
 

@@ -36,7 +36,6 @@ def load(name: str):
 SMOKE_TESTS = {
     "routing_speed": "tests/benchmarks/test_benchmark_smoke.py::test_routing_speed_tiny",
     "sampling_speed": "tests/benchmarks/test_benchmark_smoke.py::test_sampling_speed_tiny",
-    "scoring_speed": "tests/benchmarks/test_benchmark_smoke.py::test_scoring_speed_tiny",
     "step_cost": "tests/benchmarks/test_benchmark_smoke.py::test_step_cost_tiny",
     "replay_actions": "tests/benchmarks/test_replay_actions.py::test_main_reads_compressed_references_and_exits_one_on_a_difference",
     "results_growth": "tests/benchmarks/test_benchmark_smoke.py::test_results_growth_tiny",
@@ -56,6 +55,8 @@ NOT_IN_THE_DEFAULT_SUITE = {
     "explorer_open": "tests/agents/test_view_browser.py (slow marker: headless Chromium)",
     "cold_cached_scores": "by hand (the default backbone in four backend x dtype legs, minutes on a CPU); its "
                           "findings in docs/lm-backends.md",
+    "scoring_speed": "test_scoring_speed_tiny, test_scoring_speed_and_step_cost_time_the_jax_backend_beside_the_"
+                     "pytorch_one (slow marker: every layout timed on both backends, about 45 s)",
     "strength_rules": "test_strength_rules_tiny (slow marker: batched fits of every fold and strength; "
                       "its measurement needs the LM's features)",
 }
@@ -101,6 +102,7 @@ def pyproject_deselects() -> set[str]:
     return set(re.findall(r"not (\w+)", addopts))
 
 
+@pytest.mark.slow  # every scoring layout timed on two backbones (about 45 s)
 def test_scoring_speed_tiny(tmp_path, capsys):
     """In float32, so every method that scores is checked against the script's naive re-encoding
     (one full forward per candidate, written apart from the backend) to float32 rounding."""
@@ -382,6 +384,7 @@ def test_results_growth_tiny(tmp_path, capsys):
     assert f"{cb_added / 3!r} bytes added per candidate" in out  # 3 scored candidates
 
 
+@pytest.mark.slow  # both backends compiled and timed (about 35 s)
 def test_scoring_speed_and_step_cost_time_the_jax_backend_beside_the_pytorch_one(tmp_path):
     """``--backend jax``: the JAX methods score what the script's naive re-encoding scores (float32),
     their ratios name the PyTorch method they are paired with and are recomputed here; the JAX step

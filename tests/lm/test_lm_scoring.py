@@ -79,7 +79,7 @@ def backbone(model: str, backend: str, lm32, request) -> tuple[HFLanguageModel, 
 
 
 @pytest.mark.parametrize("model", ["default", "llama", "qwen2"])
-@pytest.mark.parametrize("n_steps", [0, 5, 14])
+@pytest.mark.parametrize("n_steps", [0, 5, pytest.param(14, marks=pytest.mark.slow)])  # 14 steps: slow
 def test_cached_scoring_equals_naive(lm32, backend, model, n_steps, request):
     reference, lm = backbone(model, backend, lm32, request)
     context = make_context(n_steps)

@@ -16,6 +16,7 @@ from test_lm_batched import REQUESTS
 PREFIX = action_prefix("text")
 
 
+@pytest.mark.slow  # a Ray LM server and the real backbone (about 25 s)
 def test_concurrent_streams_are_batched_with_unbatched_numbers(ray_cluster, fresh):
     from agent_shell.lm.server import RemoteLM, start_lm_server
 
