@@ -35,7 +35,7 @@ import numpy as np
 from cb_core.cache import call_compiled
 from cb_core.decisions import LabelledDecisions, bucket_size, to_padded, validate_decisions
 from cb_core.model import compiled, hessian_factor, prepare
-from cb_core.mesh import device_mesh, padded_size, put, repeat_first
+from cb_core.mesh import Devices, device_mesh, padded_size, put, repeat_first
 from cb_core.fit_arguments import (check_finite_fit, check_init, check_inits, check_lam_dtype, check_number,
                                    check_problems, check_sets, check_shared)
 from cb_core.solver_protocol import Solver, SolverOutput, solver_settings
@@ -312,7 +312,7 @@ def fit(
     dtype: DTypeLike = jnp.float32,
     certify: Literal["auto", "exact", "structural"] = "auto",
     init: ArrayLike | None = None,
-    devices: int | Sequence[jax.Device] | jax.sharding.Mesh | None = None,
+    devices: Devices = None,
 ) -> FitResult:
     """Fit the concept alpha by minimising Eq. 6 (strongly convex; unique optimum).
 
@@ -373,7 +373,7 @@ def fit_many(
     dtype: DTypeLike = jnp.float32,
     certify: Literal["auto", "exact", "structural"] = "auto",
     init: ArrayLike | None = None,
-    devices: int | Sequence[jax.Device] | jax.sharding.Mesh | None = None,
+    devices: Devices = None,
 ) -> list[list[FitResult]]:
     """Fit many concepts in one compiled program: K problems on each of S decision sets.
 

@@ -20,10 +20,13 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-__all__ = ["AXIS", "device_mesh", "padded_size", "put", "repeat_first", "sharding"]
+__all__ = ["AXIS", "Devices", "device_mesh", "padded_size", "put", "repeat_first", "sharding"]
 
 #: the mesh's one axis name
 AXIS = "model"
+
+#: Where a fit runs (the module's docstring): None, a count, a sequence of devices or a mesh.
+Devices = int | Sequence[jax.Device] | Mesh | None
 
 
 def _default_device() -> jax.Device:
@@ -33,7 +36,7 @@ def _default_device() -> jax.Device:
     return device if device is not None else jax.local_devices()[0]  # this host's, over several hosts
 
 
-def device_mesh(devices: int | Sequence[jax.Device] | Mesh | None = None) -> Mesh:
+def device_mesh(devices: Devices = None) -> Mesh:
     """The 1-D mesh (axis :data:`AXIS`) over ``devices`` (see the module's docstring).
 
     Raises:

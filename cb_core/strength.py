@@ -47,13 +47,13 @@ import numbers
 from collections.abc import Sequence
 from typing import Literal
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike, DTypeLike
 
 from cb_core.decisions import LabelledDecisions
 from cb_core.fit import DEFAULT_SOLVER, fit_many
+from cb_core.mesh import Devices
 from cb_core.model import features, prior_log_probs
 from cb_core.solvers import Solver
 
@@ -241,7 +241,7 @@ def cross_validate(
     gamma: float = 0.8,
     eps: float = 1e-6,
     dtype: DTypeLike = jnp.float32,
-    devices: int | Sequence[jax.Device] | jax.sharding.Mesh | None = None,
+    devices: Devices = None,
 ) -> list[HeldOut]:
     """Every decision of every set scored held out at every strength: all sets, folds and strengths
     in one :func:`cb_core.fit_many` call.
@@ -361,7 +361,7 @@ def select_strengths(
     gamma: float = 0.8,
     eps: float = 1e-6,
     dtype: DTypeLike = jnp.float32,
-    devices: int | Sequence[jax.Device] | jax.sharding.Mesh | None = None,
+    devices: Devices = None,
 ) -> list[StrengthCurve]:
     """Choose each decision set's L2 strength by cross-validation over trajectories, all sets,
     folds and strengths in one :func:`cb_core.fit_many` call (:func:`cross_validate`, then

@@ -267,6 +267,7 @@ LM_USES_OF_CB_CORE = {
     "cb_core.cache.call_compiled": "the executable store the JAX programs go through",
     "cb_core.mesh.AXIS": "the mesh's one axis, shared by the backbone's layout and the fits",
     "cb_core.mesh.device_mesh": "one mesh over the devices named, the backbone's and its concepts' fits",
+    "cb_core.mesh.sharding": "an array's layout on that mesh (one axis split, or none)",
     "cb_core.cache": "imported before JAX starts a platform: importing cb_core sets JAX's memory settings",
 }
 

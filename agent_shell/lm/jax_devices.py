@@ -9,6 +9,7 @@ when ``"auto"`` is resolved on a CPU).
 
 from __future__ import annotations
 
+import re
 
 import jax
 import jax.numpy as jnp
@@ -31,18 +32,17 @@ def _indices(device: str, index: str) -> list[int] | None:
     """
     if index in ("", "all"):
         return [0] if index == "" else None
-    try:
-        if "-" in index:
-            first, last = (int(part) for part in index.split("-"))
-            if first > last:
-                raise ValueError(f"device={device!r}: a range runs upward, e.g. {device.split(':')[0]}:{last}-{first}")
-            return list(range(first, last + 1))
-        numbers = [int(part) for part in index.split(",")]
-    except ValueError as err:
-        raise ValueError(str(err) if "runs upward" in str(err) else f"device={device!r} is not one of: "
-                         f"{DEVICE_SYNTAX}") from None
-    if len(set(numbers)) != len(numbers) or min(numbers) < 0:
-        raise ValueError(f"device={device!r} names a device twice or a negative number")
+    found = re.fullmatch(r"(\d+)-(\d+)|\d+(?:,\d+)*", index)
+    if found is None:
+        raise ValueError(f"device={device!r} is not one of: {DEVICE_SYNTAX}")
+    if found.group(1) is not None:
+        first, last = int(found.group(1)), int(found.group(2))
+        if first > last:
+            raise ValueError(f"device={device!r}: a range runs upward, e.g. {device.split(':')[0]}:{last}-{first}")
+        return list(range(first, last + 1))
+    numbers = [int(part) for part in index.split(",")]
+    if len(set(numbers)) != len(numbers):
+        raise ValueError(f"device={device!r} names a device twice")
     return numbers
 
 

@@ -29,9 +29,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 
-from cb_core.mesh import AXIS, device_mesh  # the mesh's one (tensor-parallel) axis, shared with the fits
+from cb_core.mesh import AXIS, device_mesh, sharding  # the mesh and its one axis, shared with the fits
 
 from agent_shell.lm.model_config import EMBED, HEAD, DecoderConfig
 
@@ -77,30 +77,25 @@ class Placement:
     @property
     def replicated(self) -> NamedSharding:
         """Every device holds the whole array (program inputs, records, norms, a head's parameters)."""
-        return NamedSharding(self.mesh, PartitionSpec())
+        return sharding(self.mesh, 0)
 
     @property
     def kv(self) -> NamedSharding:
         """A key/value buffer [L, B, Hkv, S, hd]: split on its key/value heads."""
-        return NamedSharding(self.mesh, PartitionSpec(None, None, AXIS, None, None))
-
-    def key(self) -> str:
-        """The devices, for the names of compiled programs (an executable is bound to its devices)."""
-        return ",".join(f"{d.platform}{d.id}" for d in self.devices)
+        return sharding(self.mesh, 5, axis=2)
 
     def weight(self, name: str, shape: tuple[int, ...], stacked: bool) -> NamedSharding:
         """The sharding of weight ``name`` (transformers' name, without ``model.layers.K.`` when
         ``stacked``: then ``shape`` has the leading layer axis)."""
-        lead = (None,) if stacked else ()
         module, _, kind = name.rpartition(".")
-        spec: tuple = ()
-        if stacked and module in _ROWS:
-            spec = (*lead, AXIS) if kind == "bias" else (*lead, AXIS, None)
-        elif stacked and module in _COLUMNS and kind == "weight":
-            spec = (*lead, None, AXIS)
-        elif name in (EMBED, HEAD) and shape[0] % self.size == 0:
-            spec = (AXIS, None)
-        return NamedSharding(self.mesh, PartitionSpec(*spec))
+        axis = None
+        if stacked and module in _ROWS:  # [L, out(, in)]: the output rows
+            axis = 1
+        elif stacked and module in _COLUMNS and kind == "weight":  # [L, D, in]: the input columns
+            axis = 2
+        elif name in (EMBED, HEAD) and shape[0] % self.size == 0:  # [V, D]: the vocabulary
+            axis = 0
+        return sharding(self.mesh, len(shape), axis)
 
 
 def split_counts(config: DecoderConfig | Mapping[str, Any]) -> dict[str, int]:

@@ -183,7 +183,7 @@ class Programs:
         self.graphdef, self.state = nnx.split(decoder)
         self.compiled: dict[tuple, int] = {}
         self._name = f"lm-{self.config.model_type}-" + hashlib.sha256(
-            (repr(self.config) + str(self.dtype) + _source_digest() + self.placement.key()).encode()).hexdigest()[:16]
+            (repr(self.config) + str(self.dtype) + _source_digest()).encode()).hexdigest()[:16]
         graphdef = self.graphdef
 
         def forward(state, kv, x: StreamInputs | ScoreInputs | DecideInputs, mask, capture):
