@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 #: The improve settings recorded in every round line and compared on resume (``rounds`` is not:
 #: a resumed run may go on to more rounds).
-IMPROVE_SETTINGS = ("labels", "games_per_round", "max_decisions", "keep_expert_data", "train_game_ids")
+IMPROVE_SETTINGS = ("labels", "beta", "games_per_round", "max_decisions", "keep_expert_data", "train_game_ids")
 
 Echo = Callable[[str], None]
 
@@ -64,6 +64,10 @@ class ImproveSettings:
         labels: where a round's targets come from (:data:`agent_shell.improve_labels.LABELS`):
             ``wins`` (the won episodes, the agent's own choices) or ``expert`` (every episode,
             the expert's action in each state the agent reached: DAgger).
+        beta: DAgger's mixing (``expert`` labels only): round k >= 1 plays its training games with
+            the expert's action executed instead of the agent's with probability ``beta ** k`` at
+            each step (:meth:`mixing`; DAgger's decaying schedule p^(i-1), round 0 being the
+            expert's own data); 0: the agent's actions only (the default).
         rounds: rounds of play and refit after round 0 (>= 1).
         games_per_round: training games per task type played each round (>= 1); round k plays the
             k-th slice of each type's training games, from the start again once they run out.
@@ -79,6 +83,7 @@ class ImproveSettings:
     """
 
     labels: str = "wins"
+    beta: float = 0.0
     rounds: int = 3
     games_per_round: int = 6
     max_decisions: int = 2000
@@ -91,11 +96,21 @@ class ImproveSettings:
         for name, low in (("rounds", 1), ("games_per_round", 1), ("max_decisions", 0)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= {low}")
+        if not 0.0 <= self.beta <= 1.0:
+            raise ValueError(f"--beta {self.beta}: a probability in [0, 1]")
+        if self.beta and self.labels != "expert":
+            raise ValueError(f"--beta {self.beta}: mixing in the expert's actions needs --labels expert (under "
+                             "--labels wins the targets are the agent's own choices)")
         object.__setattr__(self, "train_games", tuple(dict.fromkeys(self.train_games)))
+
+    def mixing(self, k: int) -> float:
+        """Round ``k``'s probability that a training step executes the expert's action: ``beta ** k``
+        (round 0 is the expert's own data; 0 when ``beta`` is)."""
+        return self.beta ** k if self.beta and k else 0.0
 
     def recorded(self) -> dict[str, Any]:
         """The settings of :data:`IMPROVE_SETTINGS`, JSON-ready."""
-        return {"labels": self.labels, "games_per_round": self.games_per_round, "max_decisions": self.max_decisions,
+        return {"labels": self.labels, "beta": self.beta, "games_per_round": self.games_per_round, "max_decisions": self.max_decisions,
                 "keep_expert_data": self.keep_expert_data, "train_game_ids": list(self.train_games)}
 
 
@@ -239,7 +254,7 @@ def record_round(run: ImproveRun, k: int, provenance: dict, fields: dict, summar
 
 def round0_concepts(run: ImproveRun) -> tuple[dict, dict, dict]:
     """Round 0: the concepts fitted on the expert data (read back when saved before)."""
-    fields = {"labels": run.settings.labels, "train_games": [], "won_games": [], "new_decisions": {},
+    fields = {"labels": run.settings.labels, "expert_mix": 0.0, "train_games": [], "won_games": [], "new_decisions": {},
               "in_expert_states": 0, "new_states": 0, "kept_last": False, "types": {}}
     try:
         return (*load_round_concepts(run.out, 0), fields)
@@ -263,7 +278,8 @@ def play_and_refit(run: ImproveRun, k: int) -> tuple[dict, dict, dict]:
         run.echo(f"round {k}/{run.settings.rounds}: cb-agent with round {k - 1}'s concepts on {len(games)} training "
                  f"games of {config.demo_split}")
         meta = {**run.base_meta, "split": config.demo_split, "concept_round": k - 1,
-                "concepts_dir": str(concepts_dir(run.out, k - 1))}
+                "concepts_dir": str(concepts_dir(run.out, k - 1)),
+                **({"expert_mix": run.settings.mixing(k)} if run.settings.beta else {})}
         play(run, run.concepts, games, path, meta)
     source = round_labels(labels, setup.env if run.can_label else None, run.out, k, read_results(path), games,
                           run.echo)
@@ -274,7 +290,8 @@ def play_and_refit(run: ImproveRun, k: int) -> tuple[dict, dict, dict]:
     for task_type in changed:
         run.own.setdefault(task_type, []).append(new[task_type])
     types = {t: {**c, "decisions": new[t].n_decisions if t in new else 0} for t, c in source.types.items()}
-    fields = {"labels": labels, "train_games": games, "won_games": source.won_games,
+    fields = {"labels": labels, "expert_mix": run.settings.mixing(k), "train_games": games,
+              "won_games": source.won_games,
               "new_decisions": {t: f.n_decisions for t, f in sorted(new.items())},
               "in_expert_states": in_expert, "new_states": len(keys) - in_expert, "kept_last": not changed,
               "types": types}
@@ -283,11 +300,14 @@ def play_and_refit(run: ImproveRun, k: int) -> tuple[dict, dict, dict]:
     except FileNotFoundError:
         concepts, provenance = refit(run, k, new)
     if finished is None:
-        agreed, labelled_n = (sum(t[f] for t in types.values()) for f in ("agreed", "labelled"))
+        agreed, labelled_n, executed = (sum(t[f] for t in types.values())
+                                        for f in ("agreed", "labelled", "expert_executed"))
         run.echo(f"round {k}: won {len(fields['won_games'])}/{len(games)} training games -> {len(keys)} new decisions "
                  f"({labels}; {in_expert} in states the expert data held, {len(keys) - in_expert} new states)"
                  + (f"; the agent chose the expert's action in {agreed}/{labelled_n} labelled states" if labelled_n
                     else "")
+                 + (f"; the expert's action executed in {executed} steps (beta^{k} = {fields['expert_mix']:.4g})"
+                    if fields["expert_mix"] else "")
                  + (f"; refitted {', '.join(changed)} warm-started from round {k - 1}" if changed else
                     f"; no {'won training game' if labels == 'wins' else 'labelled state'}: round {k - 1}'s "
                     "concepts are kept"))

@@ -5,10 +5,11 @@
 * ``expert`` (DAgger, Ross, Gordon and Bagnell 2011): every training episode, won or lost, each
   environment step a decision whose target is the expert's action in the state the agent reached
   (its candidate set and context are the agent's). The expert is asked by replaying the episode
-  with the expert running alongside (:func:`envs.collect.expert_answers`; for ``--beta`` 0, which
-  is all this loop plays, the same as running it during play). Only an environment whose expert
-  answers off its own path (``expert_labels_any_state``: ALFWorld's handcoded expert, TextWorld's
-  winning policy) can label; ScienceWorld's gold path cannot (:func:`check_labels`).
+  with the expert running alongside (:func:`envs.collect.expert_answers`: the engines offer no
+  state cloning; the replay follows the actions executed, mixed ones included). Only an
+  environment whose expert answers off its own path (``expert_labels_any_state``: ALFWorld's
+  handcoded expert, TextWorld's winning policy) can label; ScienceWorld's gold path cannot
+  (:func:`check_labels`).
 
 Labelling (both sources, where the environment can label): ``round-K/labelled.jsonl`` holds the
 round's training episodes as results records whose environment steps carry the expert's action
@@ -28,6 +29,14 @@ type's other decisions.
 Per task type a round reports (:func:`type_counts`): training games and wins, decisions added,
 labelled states, on-policy agreement (the agent's choice was the expert's) and the unlabelled
 states by reason.
+
+Mixing (``--beta``, DAgger's beta): round k's training play executes the expert's action instead of
+the agent's with probability beta^k at each step (:class:`envs.episode.Episode`'s ``expert_mix``);
+such a step records the executed action and the agent's own choice (``info["agent_action"]``,
+:data:`envs.episode.AGENT_ACTION`). The replay follows the executed actions, so the states labelled
+are those the mixed policy reached; agreement compares the expert's label with the agent's own
+choice, and the steps where the expert's action was executed are counted per type
+(``expert_executed``).
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from agent_shell.improve_rounds import round_dir, state_key
 from agent_shell.results import read_results, store_record, unique_episodes
 from cb_io.feedback import normalise
 from cb_io.records import EngineError, Trajectory, one_line
+from envs.episode import AGENT_ACTION
 
 if TYPE_CHECKING:
     from envs.protocol import Environment
@@ -185,13 +195,14 @@ def type_counts(episodes: Sequence[dict], labelled: Sequence[dict], repeated: Ma
                 type_of: Mapping[str, str]) -> dict[str, dict]:
     """Per task type of the round's ``episodes``: ``games``, ``won``, ``decisions`` (0 here: the
     decisions added, set by the caller), ``labelled`` (environment steps the expert labelled),
-    ``agreed`` (of those, the agent's choice was the expert's: on-policy agreement = agreed /
-    labelled), ``unlabelled`` (reason -> states; :data:`REPEATED` under ``expert``). ``labelled``:
+    ``agreed`` (of those, the agent's own choice was the expert's: on-policy agreement = agreed /
+    labelled), ``expert_executed`` (steps where mixing executed the expert's action instead of the
+    agent's), ``unlabelled`` (reason -> states; :data:`REPEATED` under ``expert``). ``labelled``:
     [] when the environment cannot label."""
     out: dict[str, dict] = {}
     for r in episodes:
         row = out.setdefault(type_of[r["task_id"]], {"games": 0, "won": 0, "decisions": 0, "labelled": 0,
-                                                      "agreed": 0, "unlabelled": {}})
+                                                      "agreed": 0, "expert_executed": 0, "unlabelled": {}})
         row["games"] += 1
         row["won"] += bool(r["success"]) and not r.get("error")
     for r in labelled:
@@ -199,9 +210,10 @@ def type_counts(episodes: Sequence[dict], labelled: Sequence[dict], repeated: Ma
         for t in r["trials"]:
             for s in t["trajectory"]["steps"]:
                 info = s.get("info") or {}
+                row["expert_executed"] += AGENT_ACTION in info
                 if info.get(EXPERT_LABEL):
                     row["labelled"] += 1
-                    row["agreed"] += info[EXPERT_LABEL] == s["action"]
+                    row["agreed"] += info[EXPERT_LABEL] == info.get(AGENT_ACTION, s["action"])
                 elif UNLABELLED in info:
                     why = info[UNLABELLED].split(":")[0]
                     row["unlabelled"][why] = row["unlabelled"].get(why, 0) + 1

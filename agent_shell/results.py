@@ -60,7 +60,7 @@ class SameAs(str):
 #: that is neither recorded nor here has no known value (None) and is never compared.
 SETTING_DEFAULTS: dict[str, Any] = {"rendering": "raw", "layout": "text", "features": "lm-hidden",
                                    "fit_candidates": 0, "concept_per_type": SameAs("demos_per_type"),
-                                   "concept_round": 0, "labels": "wins"}
+                                   "concept_round": 0, "labels": "wins", "beta": 0.0}
 
 
 def setting(record: Mapping[str, Any], key: str) -> object:

@@ -297,10 +297,16 @@ def play_episode(env: Environment, agent: Reflexion, task_id: str, max_steps: in
     :class:`cb_io.records.EngineError`, or the episode running past ``time_limit`` seconds of wall-clock
     time (:class:`cb_io.records.EpisodeTimeout`; None: no limit), ends the episode and its
     :func:`agent_shell.results.error_record` is returned; any other exception propagates. Writes
-    nothing. A limit is kept on the main thread only (:func:`envs.episode.play_within`)."""
+    nothing. A limit is kept on the main thread only (:func:`envs.episode.play_within`).
+    ``meta["expert_mix"]`` > 0 (DAgger's beta, training play of ``cb-agent improve --beta``) plays
+    with the adapter's expert on, each environment step executing the expert's action instead of
+    the agent's with that probability (:class:`envs.episode.Episode`'s ``expert_mix``, seeded by the
+    task and ``meta["concept_round"]``)."""
     from envs.episode import Episode, import_engines, play_within
 
     split = (meta or {}).get("split")
+    mix = float((meta or {}).get("expert_mix") or 0.0)
+    mixing = {"expert": True, "expert_mix": mix, "mix_seed": (meta or {}).get("concept_round", 0)} if mix else {}
     seen: list = []  # the trials so far, for an error record
 
     def step_done(trials: list) -> None:
@@ -309,7 +315,7 @@ def play_episode(env: Environment, agent: Reflexion, task_id: str, max_steps: in
             on_step(trials)
 
     def played() -> dict[str, Any]:
-        result = agent.run(lambda: Episode(env, task_id, max_steps, split=split), on_step=step_done)
+        result = agent.run(lambda: Episode(env, task_id, max_steps, split=split, **mixing), on_step=step_done)
         return episode_record(agent.name, task_id, result.trials, time.perf_counter() - start, meta or {})
 
     def fault(err: BaseException) -> dict[str, Any]:  # this episode ends; the run goes on

@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from agent_shell.commands.eval_decisions import heldout_trajectories
     from agent_shell.concepts import collect_features
+    from agent_shell.configure import resolve
     from agent_shell.pipeline import prepare
     from agent_shell.run_config import RunConfig
     from cb_core.strength import DEFAULT_GRID
@@ -188,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
 
     heldout_split = args.heldout_split or default_split(args.env)
     counts = sorted(set(args.demos_per_type))
-    config = RunConfig(env=args.env, demo_split=args.demo_split, demos_per_type=counts[0], dtype=args.dtype,
-                       gamma=args.gamma, cache_dir=args.cache_dir)
+    config = resolve(RunConfig(env=args.env, demo_split=args.demo_split, demos_per_type=counts[0], dtype=args.dtype,
+                               gamma=args.gamma, cache_dir=args.cache_dir))
     setup = prepare(config, need_concepts=False, echo=print)
     grid = np.asarray(DEFAULT_GRID)
     record = {"env": args.env, "demo_split": args.demo_split, "heldout_split": heldout_split,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import random
 import signal
 import threading
 from types import FrameType
@@ -27,6 +28,10 @@ from typing import Callable, Iterable, Iterator, TypeVar
 from cb_io.records import (THINK_FEEDBACK, EngineError, EpisodeTimeout, Step, StepResult, TaskStart, Trajectory,
                            is_think, one_line)
 from envs.protocol import Environment
+
+#: The key of an environment step's ``info`` holding the agent's own choice when the expert's action
+#: was executed in its place (``Episode(..., expert_mix=beta)``); the step's ``action`` is the one executed.
+AGENT_ACTION = "agent_action"
 
 
 @contextlib.contextmanager
@@ -147,6 +152,13 @@ class Episode:
             split is refused: no train game in an evaluation, no test variation in a collection).
         expert: compute the adapter's expert for this episode (expert collection); agents' episodes
             leave it off, so the expert costs nothing and its faults cannot end them.
+        expert_mix: DAgger's mixing probability beta (Ross, Gordon and Bagnell 2011, Sec. 3): at each
+            environment step, with probability ``expert_mix`` the expert's action is executed instead
+            of the one given to :meth:`act` (when the expert answers an action of the state's candidate
+            set; otherwise the given one stands), and the given one is kept in the step's ``info``
+            under :data:`AGENT_ACTION`. Needs ``expert``. 0: every action is the caller's.
+        mix_seed: with ``task_id``, seeds the draws (one per environment step, whether or not it
+            substitutes), so the same episode played again draws the same.
 
     Attributes:
         start: the :class:`TaskStart` of the task.
@@ -155,23 +167,30 @@ class Episode:
             recorded in the trajectory's ``meta``.
 
     Raises:
-        ValueError: ``max_steps < 1``, an unknown task, or a task of another split than ``split``.
+        ValueError: ``max_steps < 1``, an unknown task, a task of another split than ``split``, or
+            ``expert_mix`` outside [0, 1] or given without ``expert``.
         EngineError: the engine failed while starting the task.
     """
 
     def __init__(self, env: Environment, task_id: str, max_steps: int | None = None, split: str | None = None,
-                 expert: bool = False):
+                 expert: bool = False, expert_mix: float = 0.0, mix_seed: int | str = 0):
         if max_steps is None:
             max_steps = getattr(env, "default_max_steps", None)
             if max_steps is None:
                 raise ValueError(f"{type(env).__name__} has no default_max_steps: pass max_steps")
         if int(max_steps) < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        if not 0.0 <= expert_mix <= 1.0:
+            raise ValueError(f"expert_mix must be a probability in [0, 1], got {expert_mix}")
+        if expert_mix and not expert:
+            raise ValueError("expert_mix needs the episode's expert: Episode(..., expert=True)")
         actual = _check_split(env, task_id, split)
         self.env = env
         self.task_id = task_id
         self.split = actual if actual is not None else split
         self.expert = bool(expert)
+        self.expert_mix = float(expert_mix)
+        self._draws = random.Random(f"{task_id}\0{mix_seed}") if expert_mix else None
         self.max_steps = int(max_steps)
         self.steps: list[Step] = []
         self._engine_done = False
@@ -234,8 +253,9 @@ class Episode:
 
     def act(self, text: str) -> StepResult:
         """Take one step from text: a think step when ``text`` starts with ``think:``
-        (:meth:`think`), else an environment action. A caller that knows the step's kind (an
-        agent's decision) calls :meth:`think` for a thought instead of writing it as text.
+        (:meth:`think`), else an environment action (with ``expert_mix``, possibly the expert's in
+        its place: the step records which). A caller that knows the step's kind (an agent's
+        decision) calls :meth:`think` for a thought instead of writing it as text.
 
         Returns:
             The :class:`StepResult`; for a think step ``observation == "OK."`` and ``done`` is
@@ -250,13 +270,19 @@ class Episode:
             return self.think(text)
         self._check_step(text)
         candidates = self.candidates()
+        info = {}
+        if self._draws is not None and self._draws.random() < self.expert_mix:
+            expert = self.expert_action()
+            if expert is not None and expert != text and expert in candidates:
+                info, text = {AGENT_ACTION: text}, expert
         result = self._engine(f"step {text!r}", lambda: self.env.step(text))
         self._candidates = None
         self._engine_done = bool(result.done)
         self.won = bool(result.won)
         self.score = float(result.score)
         self.steps.append(
-            Step("env", text, result.observation, candidates, self._engine_done, self.won, self.score, dict(result.info))
+            Step("env", text, result.observation, candidates, self._engine_done, self.won, self.score,
+                 {**result.info, **info})
         )
         if self.done and not result.done:
             return StepResult(result.observation, done=True, won=result.won, score=result.score, info=result.info)

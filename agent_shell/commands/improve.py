@@ -33,6 +33,9 @@ IMPROVE_RUN_OPTIONS = ("split", "per_type", "all_games", "games", "game_ids", "b
               help="A round's targets: wins = its won training episodes, the agent's own choices; expert = every "
                    "training episode, won or lost, each state labelled with the expert's action (DAgger; ALFWorld "
                    "and TextWorld, whose experts answer from any state).")
+@click.option("--beta", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,
+              help="DAgger's mixing (with --labels expert): round k's training play executes the expert's action "
+                   "instead of the agent's with probability beta**k at each step (0: the agent's own actions).")
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
               help="Rounds of play and refit after round 0 (the expert-data concept).")
 @click.option("--games-per-round", type=click.IntRange(min=1), default=6, show_default=True,
@@ -46,7 +49,7 @@ IMPROVE_RUN_OPTIONS = ("split", "per_type", "all_games", "games", "game_ids", "b
 @click.option("--train-game", "train_games", multiple=True,
               help="Explicit training game(s) of --demo-split (repeatable; default: every game of the evaluated "
                    "task types that the expert data did not use).")
-def improve(config: RunConfig, labels: str, rounds: int, games_per_round: int, max_decisions: int,
+def improve(config: RunConfig, labels: str, beta: float, rounds: int, games_per_round: int, max_decisions: int,
             keep_expert_data: bool, train_games: tuple[str, ...]) -> None:
     """Rounds of play on training games; the won episodes (or the expert's labels of every state
     played) refit the concept; each round evaluated."""
@@ -58,8 +61,12 @@ def improve(config: RunConfig, labels: str, rounds: int, games_per_round: int, m
     from envs import make_env
 
     console = make_console()
-    settings = ImproveSettings(labels=labels, rounds=rounds, games_per_round=games_per_round, max_decisions=max_decisions,
-                               keep_expert_data=keep_expert_data, train_games=train_games)
+    try:
+        settings = ImproveSettings(labels=labels, beta=beta, rounds=rounds, games_per_round=games_per_round,
+                                   max_decisions=max_decisions, keep_expert_data=keep_expert_data,
+                                   train_games=train_games)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
     out = Path(config.out_dir or f"runs/improve-{config.env}-{config.split}")
 
     def say(line: str) -> None:

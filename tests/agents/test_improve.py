@@ -482,6 +482,55 @@ def test_a_killed_relabelled_run_resumes_to_the_same_concepts(tmp_path, labellin
     assert mixed.exit_code == 1 and "labels='expert'" in mixed.output
 
 
+@pytest.mark.slow
+def test_beta_mixes_the_experts_actions_into_training_play_at_beta_to_the_round(tmp_path, labelling):
+    from envs.episode import AGENT_ACTION
+
+    out = tmp_path / "imp"
+    res = CliRunner().invoke(main, improve_args(out, "--labels", "expert", "--beta", "0.5"))
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    assert [line["expert_mix"] for line in lines] == [0.0, 0.5, 0.25] and {line["beta"] for line in lines} == {0.5}
+    executed_in_all = 0
+    for line in lines[1:]:
+        k = line["round"]
+        train = read_results(out / f"round-{k}" / "train.jsonl")
+        labelled = {r["task_id"]: r for r in read_results(out / f"round-{k}" / "labelled.jsonl")}
+        executed, agreed, n_labelled = {}, {}, {}
+        for r in train:
+            assert r["expert_mix"] == 0.5 ** k
+            t = GAMES[r["task_id"]][0]
+            steps = [s for trial in r["trials"] for s in trial["trajectory"]["steps"]]
+            # the expert's answer in each state the mixed play reached, from the games' rule
+            want = expected_labels(r["task_id"], [s["action"] for s in steps])
+            for s, (label, _) in zip(steps, want):
+                if AGENT_ACTION in s["info"]:  # executed in the agent's place: the expert's answer there
+                    assert s["action"] == label != s["info"][AGENT_ACTION]
+                    executed[t] = executed.get(t, 0) + 1
+                if label is not None:
+                    n_labelled[t] = n_labelled.get(t, 0) + 1
+                    agreed[t] = agreed.get(t, 0) + (label == s["info"].get(AGENT_ACTION, s["action"]))
+            relabelled = [s for trial in labelled[r["task_id"]]["trials"] for s in trial["trajectory"]["steps"]]
+            assert [s["action"] for s in relabelled] == [s["action"] for s in steps]  # replayed as executed
+        for t, c in line["types"].items():
+            assert (c["expert_executed"], c["agreed"], c["labelled"]) == (
+                executed.get(t, 0), agreed.get(t, 0), n_labelled.get(t, 0))
+        executed_in_all += sum(executed.values())
+    assert executed_in_all > 0
+    evaluated = [r for p in out.glob("round-*/results.jsonl") for r in read_results(p)]
+    assert evaluated and not any(AGENT_ACTION in s["info"] for r in evaluated for t in r["trials"]
+                                 for s in t["trajectory"]["steps"])  # evaluation plays the agent alone
+    assert "the expert's action executed in" in " ".join(res.output.split())
+
+
+def test_beta_without_expert_labels_is_refused_in_one_line(tmp_path, labelling):
+    res = CliRunner().invoke(main, improve_args(tmp_path / "imp", "--beta", "0.5"))
+    assert res.exit_code == 1 and not labelling["lms"] and not (tmp_path / "imp").exists()
+    assert res.output.strip().splitlines() == [
+        "Error: --beta 0.5: mixing in the expert's actions needs --labels expert (under --labels wins the targets "
+        "are the agent's own choices)"]
+
+
 def test_expert_labels_on_an_environment_whose_expert_cannot_label_are_refused_in_one_line(tmp_path, doubles):
     from envs.scienceworld import ScienceWorldEnv
 
@@ -556,8 +605,8 @@ def test_a_loop_gives_one_decision_per_distinct_state_and_every_state_without_a_
     assert targets == {"custom-2/train/2": ["go south", "go south", "go south", None, None],
                        "custom-1/train/2": [None, "open chest"]}
     assert source.types["custom-2"] == {"games": 1, "won": 0, "decisions": 0, "labelled": 4, "agreed": 0,
-                                        "unlabelled": {"no answer": 1, "repeated state": 1}}
+                                        "expert_executed": 0, "unlabelled": {"no answer": 1, "repeated state": 1}}
     assert source.types["custom-1"] == {"games": 1, "won": 1, "decisions": 0, "labelled": 2, "agreed": 2,
-                                        "unlabelled": {"repeated state": 1}}
+                                        "expert_executed": 0, "unlabelled": {"repeated state": 1}}
     wins = round_labels("wins", None, out, 1, [lost_record, won_record], games, print)
     assert [t.task_id for t in wins.targets] == ["custom-1/train/2"] and wins.types["custom-2"]["labelled"] == 0

@@ -219,3 +219,60 @@ def test_an_agents_thought_reaches_the_episode_as_a_thought_never_parsed_from_te
     assert [(s.kind, s.action, s.observation) for s in episode.steps[:2]] == [
         ("think", "plan the route to the desk", "OK."), ("env", "go to desk 1", episode.steps[1].observation)]
     assert episode.steps[1].observation != "OK."
+
+
+class LoopEnv(ScriptedEnv):
+    """Never ends; candidates ``noop``, ``wait`` and the expert's ``step`` (or an expert that answers
+    ``fly``, outside the candidate set, when ``off_set``)."""
+
+    def __init__(self, off_set=False):
+        super().__init__()
+        self.off_set = off_set
+
+    def step(self, action):
+        self.calls.append(action)
+        return StepResult(f"did {action}", done=False, won=False, score=0.0)
+
+    def candidates(self):
+        return ["noop", "wait", "step"]
+
+    def expert_action(self):
+        return "fly" if self.off_set else "step"
+
+
+def mixed_actions(mix, seed=0, n=200, env=None):
+    env = env or LoopEnv()
+    ep = Episode(env, "t", max_steps=n, expert=True, expert_mix=mix, mix_seed=seed)
+    for i in range(n):
+        ep.act("think: hm" if i % 7 == 3 else "noop")
+    return ep
+
+
+def test_expert_mixing_executes_the_experts_action_with_probability_beta_and_records_the_agents():
+    from envs.episode import AGENT_ACTION
+
+    always = mixed_actions(1.0, n=20)
+    env_steps = [s for s in always.steps if s.kind == "env"]
+    assert {s.action for s in env_steps} == {"step"} and all(s.info[AGENT_ACTION] == "noop" for s in env_steps)
+    assert always.env.calls[1:] == ["step"] * len(env_steps)  # the engine ran the expert's action
+    assert all(s.action.startswith("think:") and not s.info for s in always.steps if s.kind == "think")
+    half = mixed_actions(0.5)
+    executed = [s.action == "step" for s in half.steps if s.kind == "env"]
+    assert all((AGENT_ACTION in s.info) == (s.action == "step") for s in half.steps if s.kind == "env")
+    assert 0.35 < sum(executed) / len(executed) < 0.65  # 171 draws at 0.5 (a fixed seed: no flakiness)
+    assert executed == [s.action == "step" for s in mixed_actions(0.5).steps if s.kind == "env"]  # same draws
+    assert executed != [s.action == "step" for s in mixed_actions(0.5, seed=1).steps if s.kind == "env"]
+    # an expert answering outside the candidate set, or the agent already taking its action: the agent's stands
+    off = mixed_actions(1.0, n=10, env=LoopEnv(off_set=True))
+    assert all(s.action == "noop" and not s.info for s in off.steps if s.kind == "env")
+    agrees = Episode(LoopEnv(), "t", max_steps=3, expert=True, expert_mix=1.0)
+    agrees.act("step")
+    assert agrees.steps[0].action == "step" and AGENT_ACTION not in agrees.steps[0].info
+    assert [s.action for s in mixed_actions(0.0, n=10).steps if s.kind == "env"] == ["noop"] * 9
+
+
+def test_expert_mixing_is_refused_outside_a_probability_or_without_the_expert():
+    with pytest.raises(ValueError, match=r"expert_mix must be a probability in \[0, 1\], got 1.5"):
+        Episode(LoopEnv(), "t", max_steps=3, expert=True, expert_mix=1.5)
+    with pytest.raises(ValueError, match="expert_mix needs the episode's expert"):
+        Episode(LoopEnv(), "t", max_steps=3, expert_mix=0.5)
