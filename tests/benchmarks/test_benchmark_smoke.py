@@ -555,3 +555,39 @@ def test_strength_rules_tiny(tmp_path, capsys):
     assert module.main(["--from-json", str(path), "--rules", "fixed 1", "top-1 default-se z=2"]) == 0
     out = capsys.readouterr().out
     assert out.count("| synthetic, test, 2 |") == 2
+
+
+@pytest.mark.slow
+def test_strength_rules_main_runs_on_scripted_games(tmp_path, monkeypatch, capsys):
+    """The script's whole path (settings resolved, the set-up, expert demonstrations of the train
+    split, held-out ones of the test split, their features, every rule's table, the JSON file) on
+    scripted games and a fake backbone."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "agents"))
+    import agent_shell.lm
+    import envs
+    from agent_doubles import FakeLM, ScriptedEnv
+
+    games = {**{f"fetch/train/{i}": ("fetch", ["go desk", f"take key{i} desk"]) for i in range(1, 5)},
+             **{f"fetch/test/{i}": ("fetch", ["go desk", f"take key{i} desk"]) for i in (5, 6)},
+             **{f"open/train/{i}": ("open", ["go desk", f"open drawer{i}", "go hall"]) for i in range(1, 5)},
+             **{f"open/test/{i}": ("open", ["go desk", f"open drawer{i}", "go hall"]) for i in (5, 6)}}
+
+    class SplitEnv(ScriptedEnv):
+        def tasks(self, split):
+            return sorted(t for t in self._tasks if t.split("/")[1] == split)
+
+        def split_of(self, task_id):
+            return task_id.split("/")[1]
+
+    monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(envs, "make_env", lambda name, **kw: SplitEnv(games))
+    monkeypatch.setattr(agent_shell.lm, "load_language_model", lambda *a, **k: FakeLM((" go",), prefer="desk"))
+    out = tmp_path / "rules.json"
+    assert load("strength_rules").main(["--env", "textworld", "--heldout-split", "test", "--heldout-per-type", "2",
+                                        "--demos-per-type", "2", "--json", str(out)]) == 0
+    record = orjson.loads(out.read_bytes())
+    config = record["configs"]["2 demonstrations per type"]
+    assert config["heldout_decisions"] == {"fetch": 4, "open": 6}  # 2 held-out games a type, every step a decision
+    assert {t: len(ids) for t, ids in config["demo_trajectories"].items()} == {"fetch": 2, "open": 2}
+    assert all(row[-1]["task_type"] == "all" for row in config["rows"].values())
+    assert "== textworld, 2 demonstrations per type, held out: test (10 decisions)" in capsys.readouterr().out
