@@ -293,6 +293,7 @@ def test_each_refit_starts_at_the_last_rounds_concept(tmp_path, doubles, monkeyp
     assert len(starts) == 4 and all(np.array_equal(s, a) for s, a in zip(starts[2:], round0))
 
 
+@pytest.mark.slow  # float64 fits from many starts
 def test_a_fit_started_anywhere_reaches_the_same_optimum_and_starts_where_told():
     import cb_core
 

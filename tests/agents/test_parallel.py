@@ -66,6 +66,7 @@ def test_parallel_records_equal_the_sequential_ones(cluster, sequential, tmp_pat
     assert len(read_results(out)) == 10
 
 
+@pytest.mark.slow  # two executors' runs side by side on Ray
 def test_one_worker_in_process_and_two_ray_workers_give_the_same_records(cluster, sequential, tmp_path):
     """The same jobs (an engine fault, an episode failing every attempt, task types) through both
     executors: the same records apart from timings, the same lines apart from s/step; in process the
@@ -95,6 +96,7 @@ def test_one_worker_in_process_and_two_ray_workers_give_the_same_records(cluster
     assert "react b/2 retried (attempt 2/2): RuntimeError: the LM failed on b/2" in lines["ray"]
 
 
+@pytest.mark.slow  # a time limit run out in both executors
 def test_an_episode_past_its_time_limit_becomes_an_error_record_in_either_executor(cluster, sequential, tmp_path):
     """An engine step that never returns: the episode ends at the limit as an error record with
     the steps played before it (no retry), and the run goes on to the next episode. The limit is
@@ -115,6 +117,7 @@ def test_an_episode_past_its_time_limit_becomes_an_error_record_in_either_execut
     assert got["in-process"][("react", "a/3")] == sequential[("react", "a/3")]  # the run went on
 
 
+@pytest.mark.slow  # Ray workers each setting up their players
 def test_the_workers_of_a_run_build_their_players_together(cluster, sequential, tmp_path):
     """Each worker's players are built only once both workers have begun building theirs: workers
     that built one after another (each waited for before the next starts) would never finish."""
@@ -124,6 +127,7 @@ def test_the_workers_of_a_run_build_their_players_together(cluster, sequential, 
     assert by_episode(read_results(out)) == sequential
 
 
+@pytest.mark.slow  # a Ray worker killed and replaced
 def test_a_killed_worker_s_episode_is_retried_without_loss_or_duplication(cluster, sequential, tmp_path):
     out = tmp_path / "results.jsonl"
     players = functools.partial(make_players, kill_on=("a/2",), kills=1, marker_dir=str(tmp_path))
@@ -144,6 +148,7 @@ def subclass_names(cls: type) -> set[str]:
     return {cls.__name__}.union(*(subclass_names(sub) for sub in cls.__subclasses__()))
 
 
+@pytest.mark.slow  # three attempts of an episode on Ray workers
 def test_a_repeatedly_failing_episode_becomes_an_error_record(cluster, sequential, tmp_path):
     out = tmp_path / "results.jsonl"
     players = functools.partial(make_players, kill_on=("b/1",), kills=99, raise_on=("a/3",),
@@ -170,6 +175,7 @@ def test_a_repeatedly_failing_episode_becomes_an_error_record(cluster, sequentia
     assert again["react"].records == [] and len(read_results(out)) == 5
 
 
+@pytest.mark.slow  # a Ray worker's backbone fault
 def test_a_fault_of_the_backbone_on_a_worker_stops_the_run(cluster, tmp_path):
     """A worker's backbone that cannot run (:class:`agent_shell.lm.protocol.BackboneFault`) stops
     the run with the fault itself, as in process: no retry, no error record."""
@@ -195,6 +201,7 @@ class RecordingRayExecutor(RayExecutor):
         super().submit(job)
 
 
+@pytest.mark.slow  # a whole run on Ray workers
 def test_episodes_start_game_by_game(cluster, sequential, tmp_path):
     """With two workers, every agent starts a game before the next game starts (the order the driver
     hands episodes out), so a run stopped part-way is a paired comparison; a resumed run keeps it."""

@@ -211,6 +211,7 @@ def partial_states(out_dir: Path) -> list[dict]:
     return states
 
 
+@pytest.mark.slow  # three runs of several agents
 def test_a_killed_multi_agent_run_resumes_to_exactly_the_uninterrupted_records(tmp_path, monkeypatch):
     """``cb-agent run`` with two agents (doubles for the LM and the games) is SIGKILLed in the
     middle of the second agent's second episode (the fourth of the schedule: game by game, the

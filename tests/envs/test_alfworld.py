@@ -123,6 +123,7 @@ def test_patched_expert_wins_a_pick_two_game_the_unpatched_one_loses(env):
 
 # -- the expert only where it is used; chained commands; task ids and splits ---------------
 
+@pytest.mark.slow  # real ALFWorld games with and without the expert
 def test_the_expert_runs_only_in_expert_episodes_and_gives_up_without_raising(monkeypatch):
     """ALFWorld 0.4.2's handcoded expert raises Exception("Timeout") after its step limit (200), inside
     every engine step. Here its limit is 3 (the same code path, 197 steps sooner): an agent's episode
@@ -204,6 +205,7 @@ def test_task_ids_and_splits_are_checked_without_the_engine(env):
 SHORT_TRAIN_GAME = "pick_and_place_simple-AlarmClock-None-Desk-307/trial_T20190907_072303_146844"
 
 
+@pytest.mark.slow  # real ALFWorld games loaded one after another
 def test_moving_to_another_game_frees_the_last_one():
     """textworld's gym registry keeps every registered game with its wrappers (the whole env
     chain, expert included): the adapter drops its entry when it leaves a game, so a long run

