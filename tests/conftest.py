@@ -12,6 +12,11 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+# Under pytest-xdist the workers already use every core (pyproject's addopts): one torch thread a
+# worker, set before any test imports torch (more threads than cores slow every test several-fold).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Property tests draw the same examples on every run (derived from each test's source), so the
 # suite's outcome never depends on a random draw; a test's own settings inherit this.
 settings.register_profile("deterministic", derandomize=True)
