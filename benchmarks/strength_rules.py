@@ -44,20 +44,24 @@ from paired_decisions import paired_rows  # noqa: E402
 
 #: (name, strength_curve keyword arguments, pooled over types)
 CV_RULES: list[tuple[str, dict, bool]] = [
-    ("log-lik one-se, raw", {"rule": "one-se", "criterion": "log-lik", "z": -math.inf}, False),
-    ("log-lik best, raw", {"rule": "best", "criterion": "log-lik", "z": -math.inf}, False),
-    ("log-lik one-se, flat keeps 1", {"rule": "one-se", "criterion": "log-lik", "z": 1.0}, False),
-    ("log-lik best, flat keeps 1", {"rule": "best", "criterion": "log-lik", "z": 1.0}, False),
-    ("log-lik default-se z=1", {"rule": "default-se", "criterion": "log-lik", "z": 1.0}, False),
-    ("log-lik default-se z=2", {"rule": "default-se", "criterion": "log-lik", "z": 2.0}, False),
-    ("top-1 best, raw", {"rule": "best", "criterion": "top-1", "z": -math.inf}, False),
-    ("top-1 one-se, raw", {"rule": "one-se", "criterion": "top-1", "z": -math.inf}, False),
-    ("top-1 default-se z=1", {"rule": "default-se", "criterion": "top-1", "z": 1.0}, False),
-    ("top-1 default-se z=2", {"rule": "default-se", "criterion": "top-1", "z": 2.0}, False),
-    ("pooled log-lik best, raw", {"rule": "best", "criterion": "log-lik", "z": -math.inf}, True),
-    ("pooled log-lik default-se z=1", {"rule": "default-se", "criterion": "log-lik", "z": 1.0}, True),
-    ("pooled top-1 best, raw", {"rule": "best", "criterion": "top-1", "z": -math.inf}, True),
-    ("pooled top-1 default-se z=1", {"rule": "default-se", "criterion": "top-1", "z": 1.0}, True),
+    ("log-lik one-se, raw", {"rule": "one-se", "criterion": "log-lik", "z": -math.inf, "guard": None}, False),
+    ("log-lik best, raw", {"rule": "best", "criterion": "log-lik", "z": -math.inf, "guard": None}, False),
+    ("log-lik one-se, flat keeps 1", {"rule": "one-se", "criterion": "log-lik", "z": 1.0, "guard": None}, False),
+    ("log-lik best, flat keeps 1", {"rule": "best", "criterion": "log-lik", "z": 1.0, "guard": None}, False),
+    ("log-lik default-se z=1", {"rule": "default-se", "criterion": "log-lik", "z": 1.0, "guard": None}, False),
+    ("log-lik default-se z=2", {"rule": "default-se", "criterion": "log-lik", "z": 2.0, "guard": None}, False),
+    ("top-1 best, raw", {"rule": "best", "criterion": "top-1", "z": -math.inf, "guard": None}, False),
+    ("top-1 one-se, raw", {"rule": "one-se", "criterion": "top-1", "z": -math.inf, "guard": None}, False),
+    ("top-1 default-se z=1", {"rule": "default-se", "criterion": "top-1", "z": 1.0, "guard": None}, False),
+    ("top-1 default-se z=2", {"rule": "default-se", "criterion": "top-1", "z": 2.0, "guard": None}, False),
+    ("top-1 default-se z=1, log-lik guard", {"rule": "default-se", "criterion": "top-1", "z": 1.0, "guard": "log-lik"},
+     False),
+    ("top-1 default-se z=2, log-lik guard", {"rule": "default-se", "criterion": "top-1", "z": 2.0, "guard": "log-lik"},
+     False),
+    ("pooled log-lik best, raw", {"rule": "best", "criterion": "log-lik", "z": -math.inf, "guard": None}, True),
+    ("pooled log-lik default-se z=1", {"rule": "default-se", "criterion": "log-lik", "z": 1.0, "guard": None}, True),
+    ("pooled top-1 best, raw", {"rule": "best", "criterion": "top-1", "z": -math.inf, "guard": None}, True),
+    ("pooled top-1 default-se z=1", {"rule": "default-se", "criterion": "top-1", "z": 1.0, "guard": None}, True),
 ]
 
 

@@ -21,21 +21,25 @@ per task type) from held-out expert decisions:
 5. the rule picks a strength from the curve:
 
    - ``"default-se"`` (the default): keep the default strength unless some strength's mean beats
-     the default's by more than ``z`` paired standard errors (:data:`DEFAULT_Z`); then the best
-     of those. A curve flat within its noise, which is what 2 to 5 trajectories a type give,
-     keeps the default;
+     the default's by more than ``z`` paired standard errors (:data:`DEFAULT_Z`) and, with a
+     ``guard`` criterion (:data:`DEFAULT_GUARD`: the log-likelihood), its ``guard`` mean is not
+     below the default's; then the best of those. A curve flat within its noise, which is what 2
+     to 5 trajectories a type give, keeps the default;
    - ``"one-se"``: the **largest** strength whose mean lies within one standard error of the best
      mean (the simplest concept the data cannot tell from the best);
    - ``"best"``: the maximiser.
 
    Under every rule a curve on which no strength beats the default by more than ``z`` paired
-   standard errors is **flat** (:attr:`StrengthCurve.flat`) and keeps the default; the best
-   mean's ties go to the strength nearest the default.
+   standard errors (and holds the guard) is **flat** (:attr:`StrengthCurve.flat`) and keeps the
+   default; the best mean's ties go to the strength nearest the default.
 
-The default rule and criterion were chosen on held-out expert decisions
+The default rule, criterion and guard were chosen on held-out expert decisions
 (``benchmarks/strength_rules.py``, docs/concept.md): the log-likelihood curve of a type with few
-trajectories favours strong strengths that give the choice back to the prior, and the rules
-that follow it lost top-1 where lam = 1 did not.
+trajectories favours strong strengths that give the choice back to the prior, and the rules that
+follow it lost top-1 where lam = 1 did not; top-1 alone, with 10 trajectories a type, chose weak
+strengths whose concepts were right more often but confidently wrong where they were wrong, and
+lost top-1 on other games; the guard (not less likely than the default on the held-out
+decisions) removed those choices and no gain.
 
 Imports nothing of this project outside :mod:`cb_core`; no I/O.
 """
@@ -58,7 +62,7 @@ from cb_core.model import features, prior_log_probs
 from cb_core.solvers import Solver
 
 __all__ = ["CRITERIA", "DEFAULT_CRITERION", "DEFAULT_GRID", "DEFAULT_FOLDS", "DEFAULT_RULE", "DEFAULT_STRENGTH",
-           "DEFAULT_Z", "HeldOut", "RULES", "StrengthCurve", "cross_validate", "fold_of", "held_out_log_likelihood",
+           "DEFAULT_GUARD", "DEFAULT_Z", "HeldOut", "RULES", "StrengthCurve", "cross_validate", "fold_of", "held_out_log_likelihood",
            "held_out_scores", "select_strengths", "strength_curve"]
 
 #: the default grid: 10 strengths log-spaced at half decades, 10**-2.5 to 10**2 (lam = 1 among them)
@@ -77,6 +81,8 @@ CRITERIA = ("log-lik", "top-1")
 DEFAULT_CRITERION = "top-1"
 #: paired standard errors a strength must beat the default by (the ``"default-se"`` rule, flatness)
 DEFAULT_Z = 2.0
+#: the second criterion a strength must not do worse on than the default (None: no guard)
+DEFAULT_GUARD = "log-lik"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,9 +131,12 @@ class StrengthCurve:
         diff_se: [L] float64, the paired difference's standard error over folds (0 at the default).
         chosen: the strength the rule picks (the default on a flat curve).
         best: the strength of the largest mean (ties: the one nearest the default).
-        flat: no strength's mean beats the default's by more than ``z`` paired standard errors (the
-            curve is flat within its noise, and the default is kept).
+        flat: no strength's mean beats the default's by more than ``z`` paired standard errors
+            while holding the guard (the curve is flat within its noise, and the default is kept).
         z: the paired standard errors a strength had to beat the default by.
+        guard: the criterion a strength's mean had to be no lower on than the default's (None:
+            none); guard_diff: [L] float64, that criterion's mean minus the default's (None
+            without a guard).
         default: the strength a flat curve keeps.
         rule: one of :data:`RULES`; criterion: one of :data:`CRITERIA`.
         n_folds, n_trajectories, n_decisions: the split's sizes.
@@ -149,6 +158,8 @@ class StrengthCurve:
     n_folds: int
     n_trajectories: int
     n_decisions: int
+    guard: str | None = None
+    guard_diff: np.ndarray | None = None
 
     def to_dict(self) -> dict:
         """A JSON-ready record (plain floats and lists): the concept's provenance."""
@@ -157,7 +168,8 @@ class StrengthCurve:
                 "mean": self.mean.tolist(),
                 "se": self.se.tolist(), "diff": self.diff.tolist(), "diff_se": self.diff_se.tolist(),
                 "fold_means": self.fold_means.tolist(), "n_folds": self.n_folds,
-                "n_trajectories": self.n_trajectories, "n_decisions": self.n_decisions}
+                "n_trajectories": self.n_trajectories, "n_decisions": self.n_decisions, "guard": self.guard,
+                "guard_diff": None if self.guard_diff is None else self.guard_diff.tolist()}
 
 
 def _labels(groups: ArrayLike) -> list:
@@ -297,7 +309,8 @@ def _nearest(lams: np.ndarray, candidates: np.ndarray, default: float) -> int:
 
 
 def strength_curve(held: HeldOut | Sequence[HeldOut], rule: str = DEFAULT_RULE, *, criterion: str = DEFAULT_CRITERION,
-                   default: float = DEFAULT_STRENGTH, z: float = DEFAULT_Z) -> StrengthCurve:
+                   default: float = DEFAULT_STRENGTH, z: float = DEFAULT_Z,
+                   guard: str | None = DEFAULT_GUARD) -> StrengthCurve:
     """The curve of one set's held-out scores, or of several sets' pooled into one curve (every
     set's folds are folds of the pooled curve), and the strength ``rule`` picks from it.
 
@@ -308,13 +321,18 @@ def strength_curve(held: HeldOut | Sequence[HeldOut], rule: str = DEFAULT_RULE, 
         default: the strength a flat curve keeps; must be on the grid.
         z: how many paired standard errors a strength must beat the default by (``"default-se"``
             and the flatness test); ``-inf``: no flat-curve guard (every rule as it picks from the
-            means alone, for comparisons).
+            means alone, for comparisons; the ``guard`` is not applied either).
+        guard: a second criterion (:data:`CRITERIA`) on which a strength's mean must be no lower
+            than the default's to beat it (default :data:`DEFAULT_GUARD`); None: none.
 
     Raises:
-        ValueError: an unknown rule or criterion, a default off the grid, sets on different grids.
+        ValueError: an unknown rule, criterion or guard, a default off the grid, sets on different
+            grids.
     """
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    if guard is not None and guard not in CRITERIA:
+        raise ValueError(f"guard must be one of {CRITERIA} or None, got {guard!r}")
     sets = [held] if isinstance(held, HeldOut) else list(held)
     lams = np.asarray(sets[0].lams)
     if any(h.lams != sets[0].lams for h in sets):
@@ -331,7 +349,12 @@ def strength_curve(held: HeldOut | Sequence[HeldOut], rule: str = DEFAULT_RULE, 
     se = fold_means.std(axis=0, ddof=1) / np.sqrt(n)
     diff = mean - mean[d]
     diff_se = (fold_means - fold_means[:, [d]]).std(axis=0, ddof=1) / np.sqrt(n)
-    better = np.flatnonzero(diff > z * diff_se) if np.isfinite(z) else np.arange(lams.size)
+    guard_diff = None
+    if guard is not None:
+        guard_mean = np.concatenate([h.values(guard) for h in sets]).mean(axis=0)
+        guard_diff = guard_mean - guard_mean[d]
+    better = np.flatnonzero((diff > z * diff_se) & (True if guard_diff is None else guard_diff >= 0)) \
+        if np.isfinite(z) else np.arange(lams.size)
     best = _nearest(lams, np.flatnonzero(mean == mean.max()), default)
     flat = better.size == 0
     if flat:
@@ -344,7 +367,8 @@ def strength_curve(held: HeldOut | Sequence[HeldOut], rule: str = DEFAULT_RULE, 
         chosen = int(np.flatnonzero(mean >= mean[best] - se[best]).max())
     return StrengthCurve(tuple(lams.tolist()), fold_means, mean, se, diff, diff_se, float(lams[chosen]),
                          float(lams[best]), bool(flat), float(lams[d]), float(z), rule, criterion, n,
-                         sum(h.n_trajectories for h in sets), sum(h.n_decisions for h in sets))
+                         sum(h.n_trajectories for h in sets), sum(h.n_decisions for h in sets),
+                         guard if np.isfinite(z) else None, guard_diff if np.isfinite(z) else None)
 
 
 def select_strengths(
@@ -357,6 +381,7 @@ def select_strengths(
     criterion: Literal["log-lik", "top-1"] = DEFAULT_CRITERION,
     default: float = DEFAULT_STRENGTH,
     z: float = DEFAULT_Z,
+    guard: Literal["log-lik", "top-1"] | None = DEFAULT_GUARD,
     solver: Solver = DEFAULT_SOLVER,
     gamma: float = 0.8,
     eps: float = 1e-6,
@@ -378,6 +403,8 @@ def select_strengths(
         criterion: the held-out score the curve averages (:data:`CRITERIA`; default top-1).
         default: the strength a flat curve keeps (on the grid; default 1.0).
         z: the paired standard errors a strength must beat the default by (default :data:`DEFAULT_Z`).
+        guard: the criterion a strength must not do worse on than the default (default
+            :data:`DEFAULT_GUARD`, the log-likelihood; None: none).
         solver, gamma, eps, dtype: as for :func:`cb_core.fit`.
         devices: as for :func:`cb_core.fit_many`.
 
@@ -385,7 +412,7 @@ def select_strengths(
         S :class:`StrengthCurve`, in the order of ``decision_sets``.
 
     Raises:
-        ValueError: an unknown rule or criterion, an empty or non-positive grid, a default off it,
+        ValueError: an unknown rule, criterion or guard, an empty or non-positive grid, a default off it,
             ``groups`` that do not match the sets' sizes or mix label types, a set with fewer than
             2 trajectories, and whatever :func:`cb_core.fit_many` refuses.
     """
@@ -393,8 +420,10 @@ def select_strengths(
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     if criterion not in CRITERIA:
         raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
+    if guard is not None and guard not in CRITERIA:
+        raise ValueError(f"guard must be one of {CRITERIA} or None, got {guard!r}")
     if not np.any(np.isclose(_grid(lams), default, rtol=1e-9)):
         raise ValueError(f"the default strength {default!r} is not on the grid {sorted(lams)!r}")
     held = cross_validate(decision_sets, groups, lams=lams, n_folds=n_folds, solver=solver, gamma=gamma, eps=eps,
                           dtype=dtype, devices=devices)
-    return [strength_curve(h, rule, criterion=criterion, default=default, z=z) for h in held]
+    return [strength_curve(h, rule, criterion=criterion, default=default, z=z, guard=guard) for h in held]

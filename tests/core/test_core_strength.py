@@ -127,6 +127,34 @@ def test_the_default_gives_way_only_to_a_strength_better_in_every_fold_beyond_no
     assert curve.diff_se[2] == pytest.approx(np.std([2.0, -2.0, 2.0, -1.2], ddof=1) / 2)
 
 
+def test_a_strength_better_on_top_1_but_less_likely_held_out_does_not_replace_the_default():
+    """0.1 wins top-1 on every fold beyond noise but its held-out log-likelihood is lower than the
+    default's (confidently wrong where it is wrong): the guarded rule keeps 1.0; 10, a smaller
+    top-1 gain with a likelihood no lower, is taken instead when it clears the bar; without the
+    guard 0.1 is taken."""
+    fold = np.arange(16) % 4
+    j = np.arange(16) // 4  # the decision's place within its fold
+    top1 = np.zeros((16, 4))
+    top1[:, 1] = j < 2  # lam = 1 right on half of every fold's decisions
+    top1[:, 0] = j < 3  # 0.1 right on three quarters of every fold's
+    top1[:, 2] = top1[:, 1]
+    top1[:, 3] = top1[:, 1]
+    log_lik = np.full((16, 4), -1.0)
+    log_lik[:, 0] = np.where(top1[:, 0] > 0, -0.5, -6.0)  # mean -1.875 < -1.0
+    held = HeldOut((0.1, 1.0, 10.0, 100.0), fold, 4, 4, log_lik, top1, np.zeros_like(top1))
+    unguarded = strength_curve(held, "default-se", criterion="top-1", guard=None)
+    assert unguarded.chosen == 0.1 and not unguarded.flat and unguarded.guard is None
+    guarded = strength_curve(held, "default-se", criterion="top-1", guard="log-lik")
+    assert guarded.chosen == 1.0 and guarded.flat
+    np.testing.assert_allclose(guarded.guard_diff, [np.mean(log_lik[:, 0]) + 1.0, 0.0, 0.0, 0.0])
+    assert guarded.to_dict()["guard"] == "log-lik" and guarded.to_dict()["guard_diff"][0] == pytest.approx(-0.875)
+    # 10 gains top-1 as 0.1 does, as likely as the default: it clears both
+    held.top1[:, 2] = j < 3
+    assert strength_curve(held, "default-se", criterion="top-1", guard="log-lik").chosen == 10.0
+    with pytest.raises(ValueError, match="guard must be one of"):
+        strength_curve(held, guard="auc")
+
+
 def test_pooled_sets_make_one_curve_of_all_their_folds():
     fold_a, fold_b = np.arange(10) % 5, np.arange(6) % 2
     va, vb = np.random.default_rng(2).normal(size=(10, 4)), np.random.default_rng(3).normal(size=(6, 4))
