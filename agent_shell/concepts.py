@@ -283,7 +283,8 @@ def strength_curves(features: Mapping[str, TypeFeatures], gamma: float = 0.8, ep
     """Task type -> :class:`cb_core.StrengthCurve`: each type's L2 strength chosen by cross-validation
     over its trajectories (:func:`cb_core.select_strengths` with :data:`cb_core.strength.DEFAULT_GRID`,
     :data:`~cb_core.strength.DEFAULT_FOLDS` folds and the default rule: lam = 1 unless a strength beats
-    it on held-out top-1 by more than :data:`~cb_core.strength.DEFAULT_Z` paired standard errors),
+    it on held-out top-1 by more than :data:`~cb_core.strength.DEFAULT_Z` paired standard errors with a
+    held-out log-likelihood no lower),
     every type x fold x strength in one batched fit. Types without decisions are left out.
 
     ``devices``: where the fits run (:func:`fit_devices`; None: JAX's default device).

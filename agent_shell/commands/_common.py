@@ -135,7 +135,8 @@ COMMON_OPTIONS = {
     "lam": shared("--lam", type=Strength(), default=1.0, show_default=True,
                   help="L2 strength of the concept fit (Eq. 6), or auto: per task type by cross-validation "
                        "over the expert trajectories (folds by trajectory, 10 strengths from 10^-2.5 to 10^2; "
-                       "1.0 unless a strength beats it on held-out top-1 by more than 2 paired standard errors)."),
+                       "1.0 unless a strength beats it on held-out top-1 by more than 2 paired standard errors with "
+                       "a held-out log-likelihood no lower)."),
     "gamma": shared("--gamma", type=float, default=0.8, show_default=True,
                     help="Prior length-normalisation exponent (App. B)."),
     "features": shared("--features", default="lm-hidden", show_default=True,
