@@ -360,7 +360,7 @@ def strength_curve(held: HeldOut | Sequence[HeldOut], rule: str = DEFAULT_RULE, 
     if flat:
         chosen = d
     elif rule == "default-se":
-        chosen = int(better[np.argmax(mean[better])])
+        chosen = _nearest(lams, better[mean[better] == mean[better].max()], default)  # ties: nearest the default
     elif rule == "best":
         chosen = best
     else:

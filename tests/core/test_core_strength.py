@@ -151,6 +151,12 @@ def test_a_strength_better_on_top_1_but_less_likely_held_out_does_not_replace_th
     # 10 gains top-1 as 0.1 does, as likely as the default: it clears both
     held.top1[:, 2] = j < 3
     assert strength_curve(held, "default-se", criterion="top-1", guard="log-lik").chosen == 10.0
+    # on a grid (0.01, 0.1, 1, 10), 0.01 and 0.1 tie on top-1 and both clear the bar: the tie goes
+    # to the strength nearer 1.0 (0.1), not to the first on the grid
+    tied = np.stack([j < 3, j < 3, j < 2, j < 2], axis=1).astype(np.float64)
+    held = HeldOut((0.01, 0.1, 1.0, 10.0), fold, 4, 4, np.full((16, 4), -1.0), tied, np.zeros_like(tied))
+    curve = strength_curve(held, "default-se", criterion="top-1", guard="log-lik")
+    assert curve.chosen == 0.1 and curve.best == 0.1
     with pytest.raises(ValueError, match="guard must be one of"):
         strength_curve(held, guard="auc")
 
