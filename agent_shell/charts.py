@@ -136,7 +136,8 @@ def strength_figure(curves: Mapping[str, Mapping], title: str = "The L2 strength
     type) as a matplotlib Figure: one panel per task type, the mean held-out criterion (top-1, or
     the expert log-likelihood in nats per decision) against lam on a log axis with a
     one-standard-error band, the best strength and the chosen one marked (a flat curve, which keeps
-    the default, says so in its title), and the rule in the caption."""
+    the default, says so in its title), the strengths the guard refuses (held-out log-likelihood
+    below the default's) crossed, and the rule and guard in the caption."""
     import math
 
     import matplotlib
@@ -157,6 +158,9 @@ def strength_figure(curves: Mapping[str, Mapping], title: str = "The L2 strength
         ax.plot(lams, mean, "o-", color="C0", markersize=3)
         ax.axvline(c["best"], color="C2", linestyle=":", linewidth=1, label="best")
         ax.axvline(c["chosen"], color="C3", linewidth=1, label="chosen")
+        if c.get("guard_diff") is not None:
+            refused = np.asarray(c["guard_diff"], float) < 0
+            ax.plot(lams[refused], mean[refused], "x", color="C3", markersize=6, label=f"{c['guard']} lower")
         ax.set_xscale("log")
         flat = ", flat" if c.get("flat") else ""  # no strength beats the default beyond noise: it is kept
         ax.set_title(f"{name} ({c['n_trajectories']} traj., {c['n_folds']} folds{flat})", fontsize=TEXT_PT)
@@ -168,9 +172,10 @@ def strength_figure(curves: Mapping[str, Mapping], title: str = "The L2 strength
         ax.set_ylabel("held-out top-1" if first.get("criterion") == "top-1" else "held-out log-lik.\n(nats/decision)",
                       fontsize=TEXT_PT)
     rule = first.get("rule", "")
+    guard = f", guarded by the held-out {first['guard']}" if first.get("guard") else ""
     axes.flat[0].legend(fontsize=LABEL_PT, loc="lower left")
     fig.suptitle(title, fontsize=TEXT_PT + 2)
-    fig.supxlabel(f"lam (log scale); band: one standard error over folds; chosen by the {rule} rule",
+    fig.supxlabel(f"lam (log scale); band: one standard error over folds; chosen by the {rule} rule{guard}",
                   fontsize=TEXT_PT)
     return fig
 

@@ -306,7 +306,8 @@ def play_and_refit(run: ImproveRun, k: int) -> tuple[dict, dict, dict]:
                  f"({labels}; {in_expert} in states the expert data held, {len(keys) - in_expert} new states)"
                  + (f"; the agent chose the expert's action in {agreed}/{labelled_n} labelled states" if labelled_n
                     else "")
-                 + (f"; the expert's action executed in {executed} steps (beta^{k} = {fields['expert_mix']:.4g})"
+                 + (f"; the expert's action executed in {executed} step{'s' * (executed != 1)} "
+                    f"(beta^{k} = {fields['expert_mix']:.4g})"
                     if fields["expert_mix"] else "")
                  + (f"; refitted {', '.join(changed)} warm-started from round {k - 1}" if changed else
                     f"; no {'won training game' if labels == 'wins' else 'labelled state'}: round {k - 1}'s "

@@ -88,3 +88,27 @@ def test_the_chart_of_1_to_8_rows_is_legible(n_rows):
     fig = figure_of(rows, "alfworld valid_unseen, budget 50 steps: success rate by task type")
     check_legible(fig, n_rows)
     plt.close(fig)
+
+
+def test_the_strength_figure_crosses_the_strengths_the_guard_refuses():
+    """Per panel, the crossed points are the strengths whose held-out log-likelihood is below the
+    default's (guard_diff < 0), at their mean; a curve without a guard has none; the caption names
+    the guard."""
+    import numpy as np
+
+    from agent_shell.charts import strength_figure
+
+    lams = [0.01, 0.1, 1.0, 10.0]
+
+    def curve(guard_diff, guard="log-lik"):
+        return {"lams": lams, "mean": [0.5, 0.6, 0.4, 0.2], "se": [0.05] * 4, "best": 0.1, "chosen": 1.0,
+                "flat": True, "n_trajectories": 5, "n_folds": 5, "rule": "default-se", "criterion": "top-1",
+                "guard": guard, "guard_diff": guard_diff}
+
+    fig = strength_figure({"a": curve([-0.3, 0.1, 0.0, -1.0]), "b": curve(None, None)})
+    crossed = [[line for line in ax.lines if line.get_marker() == "x"] for ax in fig.axes[:2]]
+    assert len(crossed[0]) == 1 and not crossed[1]
+    np.testing.assert_allclose(crossed[0][0].get_xdata(), [0.01, 10.0])
+    np.testing.assert_allclose(crossed[0][0].get_ydata(), [0.5, 0.2])
+    assert "guarded by the held-out log-lik" in fig._supxlabel.get_text()
+    plt.close(fig)
