@@ -375,15 +375,16 @@ def concept_feature_spec(lm: LanguageModel, settings: FeatureSettings) -> dict[s
 
 
 def strength_key(lam: float | str) -> float | dict:
-    """How the strength is set, for a cache key: the number, or under ``"auto"`` the rule, its criterion
-    and guard, the default a flat curve keeps, the grid and the folds that choose it."""
+    """How the strength is set, for a cache key: the number, or under ``"auto"`` the rule, its criterion,
+    guard and tie-break, the default a flat curve keeps, the grid and the folds that choose it."""
     if lam != "auto":
         return lam
     from cb_core.strength import (DEFAULT_CRITERION, DEFAULT_FOLDS, DEFAULT_GRID, DEFAULT_GUARD, DEFAULT_RULE,
                                   DEFAULT_STRENGTH, DEFAULT_Z)
 
     return {"lam": "auto", "rule": DEFAULT_RULE, "criterion": DEFAULT_CRITERION, "default": DEFAULT_STRENGTH,
-            "z": DEFAULT_Z, "guard": DEFAULT_GUARD, "grid": list(DEFAULT_GRID), "folds": DEFAULT_FOLDS}
+            "z": DEFAULT_Z, "guard": DEFAULT_GUARD, "ties": "nearest the default", "grid": list(DEFAULT_GRID),
+            "folds": DEFAULT_FOLDS}
 
 
 def concepts_dir_key(features: dict[str, TypeFeatures], lm: LanguageModel, settings: FeatureSettings,

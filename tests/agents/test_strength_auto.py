@@ -89,7 +89,8 @@ def test_the_rule_and_grid_name_the_concepts_cache_folder(walks):
     keys = {concepts_dir_key(features, lm, FeatureSettings(), lam, 0.8, 1e-6) for lam in ("auto", 1.0, 0.5)}
     assert len(keys) == 3
     assert strength_key("auto") == {"lam": "auto", "rule": "default-se", "criterion": "top-1", "default": 1.0, "z": 2.0,
-                                    "guard": "log-lik", "grid": list(DEFAULT_GRID), "folds": 5}
+                                    "guard": "log-lik", "ties": "nearest the default", "grid": list(DEFAULT_GRID),
+                                    "folds": 5}
     assert strength_key(0.5) == 0.5
 
 
