@@ -77,6 +77,8 @@ def expert_demos(env: Environment, per_type: int, split: str = "train", path: st
                 for failed, why in summary.failed.items():
                     warnings.warn(f"expert trajectory {failed} not collected ({why}); the next task of its type "
                                   "is tried", stacklevel=2)
+                if tid in summary.skipped:  # another process stored it after this one read the file
+                    stored.update((t.task_id, t) for t in read_trajectories(path, on_error="skip") if t.task_id == tid)
             traj = stored.get(tid)
             if traj is not None and traj.won:
                 won.append(traj)

@@ -45,6 +45,29 @@ def test_an_expert_episode_past_its_time_limit_is_not_collected_and_the_next_tas
     assert [t.to_record() for t in got[2:]] == [t.to_record() for t in clean]
 
 
+def test_a_demonstration_another_process_collects_meanwhile_is_used_not_replaced(tmp_path, monkeypatch):
+    """Two runs collect into one expert file: a/2 is appended by the other one after this one read the
+    file, so the collection here skips it as stored; it is still a/2 that serves as the
+    demonstration (read back from the file), not the next game of its type."""
+    import agent_shell.demos as demos_module
+    import envs.collect as collect_module
+    from cb_io.storage import append_jsonl
+
+    path = tmp_path / "expert.jsonl"
+    other = {t.task_id: t for t in expert_demos(ScriptedEnv(expert_looks=True), 2, "train",
+                                                path=tmp_path / "other.jsonl")}
+    collect = collect_module.collect_expert_trajectories
+
+    def racing(env, task_ids, out_path, **kwargs):
+        if list(task_ids) == ["a/2"]:  # the other run stores a/2 first
+            append_jsonl(out_path, other["a/2"])
+        return collect(env, task_ids, out_path, **kwargs)
+
+    monkeypatch.setattr(collect_module, "collect_expert_trajectories", racing)
+    got = demos_module.expert_demos(ScriptedEnv(expert_looks=True), 2, "train", path=path)
+    assert [t.task_id for t in got] == ["a/1", "a/2", "b/1", "b/2"]
+
+
 def test_look_steps_are_no_target_but_stay_in_the_history(trajectories):
     traj = trajectories[0]  # look, go to desk 1, look, take key 1 from desk 1
     texts, skipped = decision_texts(traj, FeatureSettings())
