@@ -165,6 +165,18 @@ class ScriptedEnv:
         self.closed = True
 
 
+class SplitEnv(ScriptedEnv):
+    """:class:`ScriptedEnv` with train and test games apart (``<type>/<split>/<n>``)."""
+
+    def tasks(self, split):
+        if split not in ("train", "test"):
+            raise ValueError(f"unknown split {split!r}")
+        return sorted((t for t in self._tasks if t.split("/")[1] == split), key=lambda t: int(t.split("/")[2]))
+
+    def split_of(self, task_id):
+        return task_id.split("/")[1]
+
+
 class HangingEnv(ScriptedEnv):
     """A :class:`ScriptedEnv` whose engine hangs on the tasks ``hang_on``: the step that plays
     ``action`` (when given), else step number ``after + 1`` of a game (counted from its reset),

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 import agent_shell.lm
 import envs
-from agent_doubles import FakeLM, ScriptedEnv
+from agent_doubles import FakeLM, SplitEnv
 from agent_shell.cli import main
 from agent_shell.results import read_results
 
@@ -25,18 +25,6 @@ GAMES = {
     **{f"open/train/{i}": ("open", ["go desk", f"open drawer{i}", "go hall"]) for i in range(1, 7)},
     **{f"open/test/{i}": ("open", ["go desk", f"open drawer{i}", "go hall"]) for i in (7, 8)},
 }
-
-
-class SplitEnv(ScriptedEnv):
-    """:class:`ScriptedEnv` with train and test games apart (``<type>/<split>/<n>``)."""
-
-    def tasks(self, split):
-        if split not in ("train", "test"):
-            raise ValueError(f"unknown split {split!r}")
-        return sorted((t for t in self._tasks if t.split("/")[1] == split), key=lambda t: int(t.split("/")[2]))
-
-    def split_of(self, task_id):
-        return task_id.split("/")[1]
 
 
 @pytest.fixture()

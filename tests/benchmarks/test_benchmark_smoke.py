@@ -565,19 +565,12 @@ def test_strength_rules_main_runs_on_scripted_games(tmp_path, monkeypatch, capsy
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "agents"))
     import agent_shell.lm
     import envs
-    from agent_doubles import FakeLM, ScriptedEnv
+    from agent_doubles import FakeLM, SplitEnv
 
     games = {**{f"fetch/train/{i}": ("fetch", ["go desk", f"take key{i} desk"]) for i in range(1, 5)},
              **{f"fetch/test/{i}": ("fetch", ["go desk", f"take key{i} desk"]) for i in (5, 6)},
              **{f"open/train/{i}": ("open", ["go desk", f"open drawer{i}", "go hall"]) for i in range(1, 5)},
              **{f"open/test/{i}": ("open", ["go desk", f"open drawer{i}", "go hall"]) for i in (5, 6)}}
-
-    class SplitEnv(ScriptedEnv):
-        def tasks(self, split):
-            return sorted(t for t in self._tasks if t.split("/")[1] == split)
-
-        def split_of(self, task_id):
-            return task_id.split("/")[1]
 
     monkeypatch.setenv("CB_AGENT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(envs, "make_env", lambda name, **kw: SplitEnv(games))
