@@ -110,8 +110,9 @@ class ImproveSettings:
 
     def recorded(self) -> dict[str, Any]:
         """The settings of :data:`IMPROVE_SETTINGS`, JSON-ready."""
-        return {"labels": self.labels, "beta": self.beta, "games_per_round": self.games_per_round, "max_decisions": self.max_decisions,
-                "keep_expert_data": self.keep_expert_data, "train_game_ids": list(self.train_games)}
+        return {"labels": self.labels, "beta": self.beta, "games_per_round": self.games_per_round,
+                "max_decisions": self.max_decisions, "keep_expert_data": self.keep_expert_data,
+                "train_game_ids": list(self.train_games)}
 
 
 @dataclass

@@ -62,8 +62,8 @@ from cb_core.model import features, prior_log_probs
 from cb_core.solvers import Solver
 
 __all__ = ["CRITERIA", "DEFAULT_CRITERION", "DEFAULT_GRID", "DEFAULT_FOLDS", "DEFAULT_RULE", "DEFAULT_STRENGTH",
-           "DEFAULT_GUARD", "DEFAULT_Z", "HeldOut", "RULES", "StrengthCurve", "cross_validate", "fold_of", "held_out_log_likelihood",
-           "held_out_scores", "select_strengths", "strength_curve"]
+           "DEFAULT_GUARD", "DEFAULT_Z", "HeldOut", "RULES", "StrengthCurve", "cross_validate", "fold_of",
+           "held_out_log_likelihood", "held_out_scores", "select_strengths", "strength_curve"]
 
 #: the default grid: 10 strengths log-spaced at half decades, 10**-2.5 to 10**2 (lam = 1 among them)
 DEFAULT_GRID: tuple[float, ...] = tuple(float(10.0 ** (k / 2)) for k in range(-5, 5))
@@ -349,12 +349,14 @@ def strength_curve(held: HeldOut | Sequence[HeldOut], rule: str = DEFAULT_RULE, 
     se = fold_means.std(axis=0, ddof=1) / np.sqrt(n)
     diff = mean - mean[d]
     diff_se = (fold_means - fold_means[:, [d]]).std(axis=0, ddof=1) / np.sqrt(n)
+    guard = guard if np.isfinite(z) else None  # no flat-curve guard: no guard either
     guard_diff = None
-    if guard is not None:
+    if guard is None:
+        better = np.flatnonzero(diff > z * diff_se) if np.isfinite(z) else np.arange(lams.size)
+    else:
         guard_mean = np.concatenate([h.values(guard) for h in sets]).mean(axis=0)
         guard_diff = guard_mean - guard_mean[d]
-    better = np.flatnonzero((diff > z * diff_se) & (True if guard_diff is None else guard_diff >= 0)) \
-        if np.isfinite(z) else np.arange(lams.size)
+        better = np.flatnonzero((diff > z * diff_se) & (guard_diff >= 0))
     best = _nearest(lams, np.flatnonzero(mean == mean.max()), default)
     flat = better.size == 0
     if flat:
@@ -367,8 +369,7 @@ def strength_curve(held: HeldOut | Sequence[HeldOut], rule: str = DEFAULT_RULE, 
         chosen = int(np.flatnonzero(mean >= mean[best] - se[best]).max())
     return StrengthCurve(tuple(lams.tolist()), fold_means, mean, se, diff, diff_se, float(lams[chosen]),
                          float(lams[best]), bool(flat), float(lams[d]), float(z), rule, criterion, n,
-                         sum(h.n_trajectories for h in sets), sum(h.n_decisions for h in sets),
-                         guard if np.isfinite(z) else None, guard_diff if np.isfinite(z) else None)
+                         sum(h.n_trajectories for h in sets), sum(h.n_decisions for h in sets), guard, guard_diff)
 
 
 def select_strengths(
