@@ -264,25 +264,35 @@ improve_alfworld() {  # `cb-agent improve` on Table 1's games (ALFWorld valid_un
   cp "$out/rounds.jsonl" results/improve_alfworld_rounds.jsonl
 }
 
-improve_relabelled() {  # one arm of relabelled rounds beside own wins on Table 3's games (the improve target's
-                        # games and settings): LABELS (expert or wins, default expert) and FEATURES (default
-                        # lm-hidden; lm-hidden,novelty); round 0 of an lm-hidden arm is the improve target's
-                        # round 0 (the same command and concept: seeded from its results, not played again);
-                        # results/improve_textworld_<labels>[_novelty].{md,png,results.jsonl.gz} and _rounds.jsonl
-                        # (each round's training play per level: wins, decisions added, on-policy agreement,
-                        # unlabelled states). ALFWorld's arms: the same with --env alfworld --split valid_unseen
-                        # --all-games --max-steps 50 (hours a round on a CPU; not committed)
-  local level args=() labels=${LABELS:-expert} features=${FEATURES:-lm-hidden} name out
-  name=improve_textworld_$labels$([ "$features" = lm-hidden ] || echo _novelty)
-  out="$RUNS/improve-textworld-$labels-${features//,/-}"
-  for level in ${TW_LEVELS:-custom-1 cooking-1 custom-2 cooking-2}; do args+=($(games "$level" "$TW_GAMES")); done
+improve_relabelled() {  # one arm of relabelled rounds beside own wins: LABELS (expert or wins, default expert),
+                        # FEATURES (default lm-hidden; lm-hidden,novelty) and IMPROVE_ENV (textworld, default: Table
+                        # 3's games and the improve target's settings; alfworld: Table 1's 134 valid_unseen games at
+                        # $ALF_BUDGET, the improve_alfworld target's settings); round 0 of an lm-hidden arm is the same
+                        # concept as the improve target's (TextWorld) or Table 1's cb-agent (ALFWorld), seeded from its
+                        # results, not played again; results/improve_<env>_<labels>[_novelty].{md,png,results.jsonl.gz}
+                        # and _rounds.jsonl (each round's training play per type: wins, decisions added, on-policy
+                        # agreement, unlabelled states). ALFWorld: hours a round on a CPU, one thread an arm
+  local level args=() labels=${LABELS:-expert} features=${FEATURES:-lm-hidden} env=${IMPROVE_ENV:-textworld}
+  local name out seeds
+  name=improve_${env}_$labels$([ "$features" = lm-hidden ] || echo _novelty)
+  out="$RUNS/improve-$env-$labels-${features//,/-}"
+  case "$env" in
+    textworld)
+      for level in ${TW_LEVELS:-custom-1 cooking-1 custom-2 cooking-2}; do args+=($(games "$level" "$TW_GAMES")); done
+      args=(--env textworld --split test "${args[@]}" --max-steps 20)
+      seeds=improve_textworld ;;
+    alfworld)
+      args=(--env alfworld --split valid_unseen --all-games --max-steps "$ALF_BUDGET")
+      seeds=table1_alfworld ;;
+    *) echo "IMPROVE_ENV must be textworld or alfworld, not $env" >&2; exit 2 ;;
+  esac
   if [ "$features" = lm-hidden ] && [ ! -e "$out/round-0/results.jsonl" ]; then
     mkdir -p "$out/round-0"
-    gzip -dc results/improve_textworld.results.jsonl.gz | grep '^{"schema":"cb-agent/episode-v1","agent":"cb-agent",' \
-      | grep '"concept_round":0,' > "$out/round-0/results.jsonl" || true
+    gzip -dc "results/$seeds.results.jsonl.gz" | grep '^{"schema":"cb-agent/episode-v1","agent":"cb-agent",' \
+      | { [ "$env" = textworld ] && grep '"concept_round":0,' || cat; } > "$out/round-0/results.jsonl" || true
   fi
-  "$CB" improve --env textworld --split test "${COMMON[@]}" "${args[@]}" --max-steps 20 --rounds "${ROUNDS:-3}" \
-    --games-per-round "${ROUND_GAMES:-6}" --labels "$labels" --features "$features" --out-dir "$out" --resume
+  "$CB" improve "${args[@]}" "${COMMON[@]}" --rounds "${ROUNDS:-3}" --games-per-round "${ROUND_GAMES:-6}" \
+    --labels "$labels" --features "$features" --out-dir "$out" --resume
   cat "$out"/round-*/results.jsonl > "$out/rounds_results.jsonl"
   gzip -c "$out/rounds_results.jsonl" > "results/$name.results.jsonl.gz"
   cp "$out/rounds.jsonl" "results/${name}_rounds.jsonl"
