@@ -258,6 +258,8 @@ def round_rows(lines: Sequence[dict], records: Sequence[dict]) -> list[dict]:
         rows.append({"round": k, "labels": line.get("labels", "wins"), "train_games": len(line["train_games"]),
                      "train_won": len(line["won_games"]), "labelled": labelled,
                      "agreed": sum(t.get("agreed", 0) for t in types.values()),
+                     "expert_mix": float(line.get("expert_mix") or 0.0),
+                     "expert_executed": sum(t.get("expert_executed", 0) for t in types.values()),
                      "unlabelled": sum(n for t in types.values() for n in t.get("unlabelled", {}).values()),
                      "new_decisions": sum(line["new_decisions"].values()),
                      "in_expert_states": line["in_expert_states"], "new_states": line["new_states"],
@@ -280,7 +282,9 @@ def agreement_cell(agreed: int, labelled: int) -> str:
 def round_cells(row: dict) -> list[str]:
     """One row of :func:`round_rows` as the cells of :data:`ROUND_COLUMNS`."""
     rate = row["won"] / row["n"] if row["n"] else 0.0
-    return [str(row["round"]), row["labels"], f"{row['train_won']}/{row['train_games']}" if row["round"] else "-",
+    mixed = f", mix {row['expert_mix']:.3g}: {row['expert_executed']} expert steps" if row["expert_mix"] else ""
+    return [str(row["round"]), row["labels"] + mixed,
+            f"{row['train_won']}/{row['train_games']}" if row["round"] else "-",
             str(row["new_decisions"]) + (" (concepts kept)" if row["kept_last"] else ""),
             str(row["in_expert_states"]), str(row["new_states"]), agreement_cell(row["agreed"], row["labelled"]),
             str(row["unlabelled"]) if row["round"] else "-", f"{row['won']}/{row['n']}", f"{100 * rate:.1f}%",
@@ -299,8 +303,12 @@ def round_tables(lines: Sequence[dict], records: Sequence[dict], title: str) -> 
                "a state the expert data held, same last observation and candidate set; on-policy agreement: the "
                "agent's action was the expert's, of the labelled states of the round's training play; sign test: "
                "exact two-sided binomial test on the games only one of the two rounds won")
+    rows = round_rows(lines, records)
+    if any(row["expert_mix"] for row in rows):
+        caption += ("; mix (--beta): the probability that a training step executed the expert's action instead of "
+                    "the agent's, and the steps where it did")
     tables = [(f"{title}: rounds (paired against round 0 on the same evaluation games)", ROUND_COLUMNS,
-               [round_cells(row) for row in round_rows(lines, records)], caption)]
+               [round_cells(row) for row in rows], caption)]
     per_type = type_cells(lines)
     if per_type:
         tables.append((f"{title}: training play per round and task type", TYPE_COLUMNS, per_type,

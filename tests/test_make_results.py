@@ -70,3 +70,51 @@ def test_table_reports_its_committed_results_files_with_the_options_of_its_line(
     missing = subprocess.run(["bash", "-euo", "pipefail", "-c", tables + function("table") + "\ntable nosuch"],
                              capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "CB": str(cb)}, cwd=tmp_path)
     assert missing.returncode == 2 and "no table nosuch in TABLES" in missing.stderr
+
+
+FAKE_CB = r'''#!/bin/bash
+# records its arguments; as `improve`, writes round 0's results (as played) and the rounds file into --out-dir
+echo "$*" >> "$CALLS"
+if [ "$1" = improve ]; then
+  while [ $# -gt 0 ]; do [ "$1" = --out-dir ] && { mkdir -p "$2/round-0"; touch "$2/round-0/results.jsonl"
+    echo '{"round": 0}' > "$2/rounds.jsonl"; }; shift; done
+fi
+'''
+
+
+def _relabelled(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """The script's improve_relabelled with a cb-agent that records its calls (``tmp_path/calls``)."""
+    cb = tmp_path / "cb"
+    cb.write_text(FAKE_CB)
+    cb.chmod(0o755)
+    body = "\n".join(function(f) for f in ("games", "improve_relabelled"))
+    setup = "COMMON=(--dtype float32); RUNS=runs; ALF_BUDGET=50; TW_GAMES=1\n"
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", setup + body + "\nimprove_relabelled"],
+                          capture_output=True, text=True, cwd=tmp_path,
+                          env={"PATH": "/usr/bin:/bin", "CB": str(cb), "CALLS": str(tmp_path / "calls"), **env})
+
+
+def test_improve_relabelled_on_alfworld_plays_table1s_games_from_table1s_round_0(tmp_path):
+    (tmp_path / "results").mkdir()
+    cb = b'{"schema":"cb-agent/episode-v1","agent":"cb-agent","task_id":"a","success":true}\n'
+    react = b'{"schema":"cb-agent/episode-v1","agent":"react","task_id":"a","success":false}\n'
+    (tmp_path / "results" / "table1_alfworld.results.jsonl.gz").write_bytes(gzip.compress(react + cb))
+    res = _relabelled(tmp_path, IMPROVE_ENV="alfworld")
+    assert res.returncode == 0, res.stderr
+    out = tmp_path / "runs" / "improve-alfworld-expert-lm-hidden"
+    assert (out / "round-0" / "results.jsonl").read_bytes() == cb  # Table 1's cb-agent episodes only
+    improve = (tmp_path / "calls").read_text().splitlines()[0].split()
+    assert improve[:7] == ["improve", "--env", "alfworld", "--split", "valid_unseen", "--all-games", "--max-steps"]
+    assert improve[7] == "50" and " --labels expert --features lm-hidden " in " ".join(improve) + " "
+    assert (tmp_path / "results" / "improve_alfworld_expert_rounds.jsonl").is_file()
+    # the novelty arm plays its own round 0 (another concept): nothing is seeded
+    assert _relabelled(tmp_path, IMPROVE_ENV="alfworld", FEATURES="lm-hidden,novelty").returncode == 0
+    played = tmp_path / "runs" / "improve-alfworld-expert-lm-hidden-novelty" / "round-0" / "results.jsonl"
+    assert played.read_bytes() == b""
+    assert (tmp_path / "results" / "improve_alfworld_expert_novelty_rounds.jsonl").is_file()
+
+
+def test_improve_relabelled_names_a_wrong_environment_in_one_line(tmp_path):
+    res = _relabelled(tmp_path, IMPROVE_ENV="scienceworld")
+    assert res.returncode == 2 and res.stderr.strip() == "IMPROVE_ENV must be textworld or alfworld, not scienceworld"
+    assert not (tmp_path / "calls").exists()

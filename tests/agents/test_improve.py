@@ -480,7 +480,7 @@ def test_beta_mixes_the_experts_actions_into_training_play_at_beta_to_the_round(
     assert res.exit_code == 0, res.output
     lines = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
     assert [line["expert_mix"] for line in lines] == [0.0, 0.5, 0.25] and {line["beta"] for line in lines} == {0.5}
-    executed_in_all = 0
+    executed_in_all, per_round = 0, {}
     for line in lines[1:]:
         k = line["round"]
         train = read_results(out / f"round-{k}" / "train.jsonl")
@@ -505,7 +505,17 @@ def test_beta_mixes_the_experts_actions_into_training_play_at_beta_to_the_round(
             assert (c["expert_executed"], c["agreed"], c["labelled"]) == (
                 executed.get(t, 0), agreed.get(t, 0), n_labelled.get(t, 0))
         executed_in_all += sum(executed.values())
+        per_round[k] = sum(executed.values())
     assert executed_in_all > 0
+    # `cb-agent report --rounds` names each round's mix and the expert's steps it executed
+    md = tmp_path / "report.md"
+    shown = CliRunner().invoke(main, ["report", *map(str, sorted(out.glob("round-*/results.jsonl"))), "--rounds",
+                                      str(out / "rounds.jsonl"), "--markdown", str(md)])
+    assert shown.exit_code == 0, shown.output
+    table = md.read_text()
+    assert "| 0 | expert |" in table and "mix (--beta)" in table
+    for k, mix in ((1, "0.5"), (2, "0.25")):
+        assert f"| {k} | expert, mix {mix}: {per_round[k]} expert steps |" in table
     evaluated = [r for p in out.glob("round-*/results.jsonl") for r in read_results(p)]
     assert evaluated and not any(AGENT_ACTION in s["info"] for r in evaluated for t in r["trials"]
                                  for s in t["trajectory"]["steps"])  # evaluation plays the agent alone
