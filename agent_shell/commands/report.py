@@ -84,7 +84,9 @@ def report(results, chart_path, markdown_path, paired, common_games, rounds_path
         lines = read_rounds(Path(rounds_path))
         if not lines:
             raise click.ClickException(f"--rounds: {rounds_path} holds no round line of cb-agent improve")
-        ours = [r for r in records if r.get("agent") == "cb-agent" and r.get("concept_round") is not None]
+        # a cb-agent episode without concept_round is round 0's (the expert data's concept: a round 0
+        # seeded from a plain `cb-agent run`, as the results scripts do)
+        ours = [r for r in records if r.get("agent") == "cb-agent"]
         rounds = round_tables(lines, ours, title)
         for table in rounds:
             console.print(cells_table(*table))

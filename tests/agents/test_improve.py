@@ -510,7 +510,8 @@ def test_beta_mixes_the_experts_actions_into_training_play_at_beta_to_the_round(
     # `cb-agent report --rounds` names each round's mix and the expert's steps it executed
     md = tmp_path / "report.md"
     shown = CliRunner().invoke(main, ["report", *map(str, sorted(out.glob("round-*/results.jsonl"))), "--rounds",
-                                      str(out / "rounds.jsonl"), "--markdown", str(md)])
+                                      str(out / "rounds.jsonl"), "--markdown", str(md), "--chart",
+                                      str(tmp_path / "report.png")])
     assert shown.exit_code == 0, shown.output
     table = md.read_text()
     assert "| 0 | expert |" in table and "mix (--beta)" in table

@@ -346,3 +346,27 @@ def test_report_states_the_running_time(tmp_path):
     assert res.exit_code == 0, res.output
     line = "3 episodes in 0.05 h while any episode ran (60.0 episodes per hour"
     assert line in res.output and line in (tmp_path / "r.md").read_text()
+
+
+def test_report_rounds_counts_a_round_0_seeded_from_a_plain_run(tmp_path):
+    # round 0's episodes come from `cb-agent run` (no concept_round), round 1's from improve
+    base = {"agent": "cb-agent", "task_type": "fetch", "steps": 5, "think_steps": 0, "wall_s": 1.0,
+            "distinct_actions": 3, "longest_cycle": {"span": 0}, "format_errors": 0}
+    won0, won1 = [True, True, False, False], [True, False, True, False]
+    runs = tmp_path / "run.jsonl", tmp_path / "round1.jsonl"
+    runs[0].write_bytes(b"".join(orjson.dumps({**base, "task_id": f"g/{i}", "success": w}) + b"\n"
+                                 for i, w in enumerate(won0)))
+    runs[1].write_bytes(b"".join(orjson.dumps({**base, "task_id": f"g/{i}", "success": w, "concept_round": 1})
+                                 + b"\n" for i, w in enumerate(won1)))
+    line = {"schema": "cb-agent/improve-round-v1", "train_games": [], "won_games": [], "new_decisions": {},
+            "in_expert_states": 0, "new_states": 0, "kept_last": False}
+    rounds = tmp_path / "rounds.jsonl"
+    rounds.write_bytes(b"".join(orjson.dumps({**line, "round": k}) + b"\n" for k in (0, 1)))
+    md = tmp_path / "r.md"
+    res = CliRunner().invoke(main, ["report", *map(str, runs), "--rounds", str(rounds), "--markdown", str(md),
+                                    "--chart", str(tmp_path / "r.png")])
+    assert res.exit_code == 0, res.output
+    text = md.read_text()
+    # 4 games each; game 1 only round 0 won, game 2 only round 1: one discordant game each way
+    assert "| 0 | wins | - | 0 | 0 | 0 | - | - | 2/4 | 50.0% |" in text
+    assert "| 1 | wins | 0/0 | 0 | 0 | 0 | - | 0 | 2/4 | 50.0% |" in text and "| 1 / 1 | 1 |" in text
