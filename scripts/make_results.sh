@@ -68,6 +68,18 @@ seed() {
   fi
 }
 
+# seed_round0 OUT GZ [TEXT]: an improve run's round 0 is the concept of an earlier run's cb-agent: unless
+# OUT/round-0/results.jsonl exists, write it (atomically) from the cb-agent episodes of GZ (those holding TEXT, when
+# given), so the run resumes round 0 instead of playing it again
+seed_round0() {
+  [ -e "$1/round-0/results.jsonl" ] && return 0
+  [ -e "$2" ] || { echo "no $2 to seed round 0 of $1 from" >&2; exit 2; }
+  mkdir -p "$1/round-0"
+  gzip -dc "$2" | grep '^{"schema":"cb-agent/episode-v1","agent":"cb-agent",' | grep -F -- "${3:-}" \
+    > "$1/round-0/results.jsonl.seed" || true
+  mv "$1/round-0/results.jsonl.seed" "$1/round-0/results.jsonl"
+}
+
 # TABLES: every committed table of `cb-agent report` (results/NAME.md and .png), one a line:
 # "NAME: the committed results files it is reported from (results/FILE.results.jsonl.gz), then report's options"
 # (--rounds: the rounds of `cb-agent improve`, results/NAME_rounds.jsonl)
@@ -252,11 +264,7 @@ improve_alfworld() {  # `cb-agent improve` on Table 1's games (ALFWorld valid_un
                       # action for action by benchmarks/replay_actions.py), then $ALF_ROUNDS rounds of 6 training games
                       # per type; a type no won training game refitted keeps its evaluation episodes
   local out="$RUNS/improve-alfworld"
-  if [ ! -e "$out/round-0/results.jsonl" ]; then
-    mkdir -p "$out/round-0"
-    gzip -dc results/table1_alfworld.results.jsonl.gz | grep '^{"schema":"cb-agent/episode-v1","agent":"cb-agent",' \
-      > "$out/round-0/results.jsonl"
-  fi
+  seed_round0 "$out" results/table1_alfworld.results.jsonl.gz
   "$CB" improve --env alfworld --split valid_unseen --all-games "${COMMON[@]}" --max-steps "$ALF_BUDGET" \
     --rounds "${ALF_ROUNDS:-2}" --games-per-round "${ROUND_GAMES:-6}" --out-dir "$out" --resume
   { gzip -dc results/table1_alfworld.results.jsonl.gz | grep -v '^{"schema":"cb-agent/episode-v1","agent":"cb-agent",'
@@ -274,24 +282,20 @@ improve_relabelled() {  # one arm of relabelled rounds beside own wins: LABELS (
                         # and _rounds.jsonl (each round's training play per type: wins, decisions added, on-policy
                         # agreement, unlabelled states). ALFWorld: hours a round on a CPU, one thread an arm
   local level args=() labels=${LABELS:-expert} features=${FEATURES:-lm-hidden} env=${IMPROVE_ENV:-textworld}
-  local name out seeds
+  local name out seeds round0
   name=improve_${env}_$labels$([ "$features" = lm-hidden ] || echo _novelty)
   out="$RUNS/improve-$env-$labels-${features//,/-}"
   case "$env" in
     textworld)
       for level in ${TW_LEVELS:-custom-1 cooking-1 custom-2 cooking-2}; do args+=($(games "$level" "$TW_GAMES")); done
       args=(--env textworld --split test "${args[@]}" --max-steps 20)
-      seeds=improve_textworld ;;
+      seeds=improve_textworld round0='"concept_round":0,' ;;
     alfworld)
       args=(--env alfworld --split valid_unseen --all-games --max-steps "$ALF_BUDGET")
       seeds=table1_alfworld ;;
     *) echo "IMPROVE_ENV must be textworld or alfworld, not $env" >&2; exit 2 ;;
   esac
-  if [ "$features" = lm-hidden ] && [ ! -e "$out/round-0/results.jsonl" ]; then
-    mkdir -p "$out/round-0"
-    gzip -dc "results/$seeds.results.jsonl.gz" | grep '^{"schema":"cb-agent/episode-v1","agent":"cb-agent",' \
-      | { [ "$env" = textworld ] && grep '"concept_round":0,' || cat; } > "$out/round-0/results.jsonl" || true
-  fi
+  if [ "$features" = lm-hidden ]; then seed_round0 "$out" "results/$seeds.results.jsonl.gz" "${round0:-}"; fi
   "$CB" improve "${args[@]}" "${COMMON[@]}" --rounds "${ROUNDS:-3}" --games-per-round "${ROUND_GAMES:-6}" \
     --labels "$labels" --features "$features" --out-dir "$out" --resume
   cat "$out"/round-*/results.jsonl > "$out/rounds_results.jsonl"

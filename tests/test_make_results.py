@@ -87,7 +87,7 @@ def _relabelled(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     cb = tmp_path / "cb"
     cb.write_text(FAKE_CB)
     cb.chmod(0o755)
-    body = "\n".join(function(f) for f in ("games", "improve_relabelled"))
+    body = "\n".join(function(f) for f in ("games", "seed_round0", "improve_relabelled"))
     setup = "COMMON=(--dtype float32); RUNS=runs; ALF_BUDGET=50; TW_GAMES=1\n"
     return subprocess.run(["bash", "-euo", "pipefail", "-c", setup + body + "\nimprove_relabelled"],
                           capture_output=True, text=True, cwd=tmp_path,
@@ -112,6 +112,14 @@ def test_improve_relabelled_on_alfworld_plays_table1s_games_from_table1s_round_0
     played = tmp_path / "runs" / "improve-alfworld-expert-lm-hidden-novelty" / "round-0" / "results.jsonl"
     assert played.read_bytes() == b""
     assert (tmp_path / "results" / "improve_alfworld_expert_novelty_rounds.jsonl").is_file()
+
+
+def test_improve_relabelled_without_its_round_0_results_says_so_in_one_line(tmp_path):
+    res = _relabelled(tmp_path, IMPROVE_ENV="alfworld")
+    out = "runs/improve-alfworld-expert-lm-hidden"
+    want = f"no results/table1_alfworld.results.jsonl.gz to seed round 0 of {out} from"
+    assert res.returncode == 2 and res.stderr.strip() == want
+    assert not (tmp_path / out / "round-0").exists() and not (tmp_path / "calls").exists()
 
 
 def test_improve_relabelled_names_a_wrong_environment_in_one_line(tmp_path):
