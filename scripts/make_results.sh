@@ -131,7 +131,7 @@ table() {
 
 # finish RESULTS_JSONL NAME: the results file compressed into results/, then its table (`table NAME`)
 finish() {
-  gzip -c "$1" > "results/$2.results.jsonl.gz"
+  gzip -nc "$1" > "results/$2.results.jsonl.gz"
   table "$2"
 }
 
@@ -154,7 +154,7 @@ table4_closed_loop() {  # Table 4's closed loop: CB-Agent on Table 1's games wit
     seed "$out/results.jsonl" "results/table4_closed_loop_k$k.results.jsonl.gz"
     "$CB" run --env alfworld "${COMMON[@]}" --agent cb-agent --concept-per-type "$k" $(alf_games) \
       --max-steps "$ALF_BUDGET" --out-dir "$out" --resume --workers "$WORKERS"
-    gzip -c "$out/results.jsonl" > "results/table4_closed_loop_k$k.results.jsonl.gz"
+    gzip -nc "$out/results.jsonl" > "results/table4_closed_loop_k$k.results.jsonl.gz"
   done
   table table4_closed_loop
 }
@@ -216,8 +216,8 @@ ical() {  # ICAL memory from 30 corrupted expert trajectories (anchored decoding
     --workers "$WORKERS"
   "$CB" run --env alfworld "${COMMON[@]}" --agent react --demos "ical:$mem" \
     --per-type 1 --games 0 --max-steps "$ALF_BUDGET" --out-dir "$RUNS/alfworld-ical-notes" --resume --workers "$WORKERS"
-  gzip -c "$mem/log.jsonl" > results/ical_memory_log.jsonl.gz
-  gzip -c "$mem/examples.jsonl" > results/ical_memory_examples.jsonl.gz
+  gzip -nc "$mem/log.jsonl" > results/ical_memory_log.jsonl.gz
+  gzip -nc "$mem/examples.jsonl" > results/ical_memory_examples.jsonl.gz
   finish "$RUNS/alfworld-ical-actions/results.jsonl" ical_alfworld_actions
   finish "$RUNS/alfworld-ical-notes/results.jsonl" ical_alfworld_notes
   table ical_alfworld_combined
@@ -252,10 +252,18 @@ improve() {  # `cb-agent improve` on Table 3's games (TextWorld test seeds, budg
     cat "$out"/round-*/results.jsonl; } > "$out/beside_table3.jsonl"
   finish "$out/beside_table3.jsonl" improve_textworld
   cp "$out/rounds.jsonl" results/improve_textworld_rounds.jsonl
+  round_decisions "$out" improve_textworld --env textworld --heldout-split test --heldout-per-type "$TW_GAMES"
+}
+
+round_decisions() {  # OUT NAME ARGS...: what each finished round of the improve run in OUT learned, as top-1 on
+                     # held-out expert decisions (eval-decisions ARGS --concepts OUT/round-K/concepts, teacher
+                     # forcing) -> results/NAME_decisions_roundK.json
+  local out=$1 name=$2 k
+  shift 2
   for k in $(seq 0 "${ROUNDS:-3}"); do
     [ -d "$out/round-$k/concepts" ] || break
-    "$CB" eval-decisions --env textworld "${COMMON[@]}" --concepts "$out/round-$k/concepts" --heldout-split test \
-      --heldout-per-type "$TW_GAMES" --out "results/improve_textworld_decisions_round$k.json"
+    "$CB" eval-decisions "$@" "${COMMON[@]}" --concepts "$out/round-$k/concepts" \
+      --out "results/${name}_decisions_round$k.json"
   done
 }
 
@@ -280,29 +288,32 @@ improve_relabelled() {  # one arm of relabelled rounds beside own wins: LABELS (
                         # concept as the improve target's (TextWorld) or Table 1's cb-agent (ALFWorld), seeded from its
                         # results, not played again; results/improve_<env>_<labels>[_novelty].{md,png,results.jsonl.gz}
                         # and _rounds.jsonl (each round's training play per type: wins, decisions added, on-policy
-                        # agreement, unlabelled states). ALFWorld: hours a round on a CPU, one thread an arm
+                        # agreement, unlabelled states), _decisions_roundK.json (each round's concepts on held-out
+                        # expert decisions). ALFWorld: hours a round on a CPU, one thread an arm
   local level args=() labels=${LABELS:-expert} features=${FEATURES:-lm-hidden} env=${IMPROVE_ENV:-textworld}
-  local name out seeds round0
+  local name out seeds round0 held=()
   name=improve_${env}_$labels$([ "$features" = lm-hidden ] || echo _novelty)
   out="$RUNS/improve-$env-$labels-${features//,/-}"
   case "$env" in
     textworld)
       for level in ${TW_LEVELS:-custom-1 cooking-1 custom-2 cooking-2}; do args+=($(games "$level" "$TW_GAMES")); done
       args=(--env textworld --split test "${args[@]}" --max-steps 20)
-      seeds=improve_textworld round0='"concept_round":0,' ;;
+      seeds=improve_textworld round0='"concept_round":0,'
+      held=(--env textworld --heldout-split test --heldout-per-type "$TW_GAMES") ;;
     alfworld)
       args=(--env alfworld --split valid_unseen --all-games --max-steps "$ALF_BUDGET")
-      seeds=table1_alfworld ;;
+      seeds=table1_alfworld held=(--env alfworld --heldout-per-type 5) ;;  # Table 4's 508 held-out decisions
     *) echo "IMPROVE_ENV must be textworld or alfworld, not $env" >&2; exit 2 ;;
   esac
   if [ "$features" = lm-hidden ]; then seed_round0 "$out" "results/$seeds.results.jsonl.gz" "${round0:-}"; fi
   "$CB" improve "${args[@]}" "${COMMON[@]}" --rounds "${ROUNDS:-3}" --games-per-round "${ROUND_GAMES:-6}" \
     --labels "$labels" --features "$features" --out-dir "$out" --resume
   cat "$out"/round-*/results.jsonl > "$out/rounds_results.jsonl"
-  gzip -c "$out/rounds_results.jsonl" > "results/$name.results.jsonl.gz"
+  gzip -nc "$out/rounds_results.jsonl" > "results/$name.results.jsonl.gz"
   cp "$out/rounds.jsonl" "results/${name}_rounds.jsonl"
   "$CB" report "$out/rounds_results.jsonl" --paired --rounds "$out/rounds.jsonl" --markdown "results/$name.md" \
     --chart "results/$name.png"  # as its TABLES line (NAME: NAME --paired --rounds) regenerates it
+  round_decisions "$out" "$name" "${held[@]}" --features "$features"
 }
 
 table2() {  # ScienceWorld: one test variation of each task, open action space (20 sampled replies, T = 0.7);
@@ -350,12 +361,12 @@ calibration() {  # labels from ReAct / prior-only runs on training games that ar
   "$CB" recover "$RUNS/alfworld/results.jsonl" --agent cb-agent --history raw --history calibrator \
     --calibrator "$dir/calibrator.safetensors" --max-items "${CAL_RECOVER:-20}" "${COMMON[@]}" \
     --out "$dir/recover.jsonl" --resume | tee results/calibration_recover.txt
-  gzip -c "$dir/recover.jsonl" > results/calibration_recover.jsonl.gz
+  gzip -nc "$dir/recover.jsonl" > results/calibration_recover.jsonl.gz
   "$CB" run --env alfworld "${COMMON[@]}" --agent joint-react --agent joint-cb-agent \
     $(alf_games) --max-steps "$ALF_BUDGET" --out-dir "$RUNS/alfworld-joint" --resume --workers "$WORKERS"
   finish "$RUNS/alfworld-joint/results.jsonl" calibration_alfworld_joint
   table calibration_alfworld_joint_vs_table1
-  gzip -c "$dir/labels.jsonl" > results/calibration_labels.jsonl.gz
+  gzip -nc "$dir/labels.jsonl" > results/calibration_labels.jsonl.gz
   cp "$dir/labels.jsonl.counts.json" results/calibration_label_counts.json
   cp "$dir/calibrator.safetensors.eval.json" results/calibration_calibrator_eval.json
   cp "$dir/content.safetensors.eval.json" results/calibration_content_eval.json

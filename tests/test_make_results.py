@@ -73,11 +73,12 @@ def test_table_reports_its_committed_results_files_with_the_options_of_its_line(
 
 
 FAKE_CB = r'''#!/bin/bash
-# records its arguments; as `improve`, writes round 0's results (as played) and the rounds file into --out-dir
+# records its arguments; as `improve`, writes round 0's results (as played), the rounds file and two rounds' concepts
+# into --out-dir
 echo "$*" >> "$CALLS"
 if [ "$1" = improve ]; then
-  while [ $# -gt 0 ]; do [ "$1" = --out-dir ] && { mkdir -p "$2/round-0"; touch "$2/round-0/results.jsonl"
-    echo '{"round": 0}' > "$2/rounds.jsonl"; }; shift; done
+  while [ $# -gt 0 ]; do [ "$1" = --out-dir ] && { mkdir -p "$2/round-0/concepts" "$2/round-1/concepts"
+    touch "$2/round-0/results.jsonl"; echo '{"round": 0}' > "$2/rounds.jsonl"; }; shift; done
 fi
 '''
 
@@ -87,7 +88,7 @@ def _relabelled(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     cb = tmp_path / "cb"
     cb.write_text(FAKE_CB)
     cb.chmod(0o755)
-    body = "\n".join(function(f) for f in ("games", "seed_round0", "improve_relabelled"))
+    body = "\n".join(function(f) for f in ("games", "seed_round0", "round_decisions", "improve_relabelled"))
     setup = "COMMON=(--dtype float32); RUNS=runs; ALF_BUDGET=50; TW_GAMES=1\n"
     return subprocess.run(["bash", "-euo", "pipefail", "-c", setup + body + "\nimprove_relabelled"],
                           capture_output=True, text=True, cwd=tmp_path,
@@ -107,11 +108,21 @@ def test_improve_relabelled_on_alfworld_plays_table1s_games_from_table1s_round_0
     assert improve[:7] == ["improve", "--env", "alfworld", "--split", "valid_unseen", "--all-games", "--max-steps"]
     assert improve[7] == "50" and " --labels expert --features lm-hidden " in " ".join(improve) + " "
     assert (tmp_path / "results" / "improve_alfworld_expert_rounds.jsonl").is_file()
+    # each finished round's concepts (rounds 0 and 1 here, of 3) on Table 4's held-out expert decisions
+    held = [call.split() for call in (tmp_path / "calls").read_text().splitlines()[2:]]
+    assert [call[:5] for call in held] == [["eval-decisions", "--env", "alfworld", "--heldout-per-type", "5"]] * 2
+    for k, call in enumerate(held):
+        assert call[call.index("--features") + 1] == "lm-hidden" and "--dtype" in call
+        assert call[call.index("--concepts") + 1] == f"{out.relative_to(tmp_path)}/round-{k}/concepts"
+        assert call[call.index("--out") + 1] == f"results/improve_alfworld_expert_decisions_round{k}.json"
     # the novelty arm plays its own round 0 (another concept): nothing is seeded
     assert _relabelled(tmp_path, IMPROVE_ENV="alfworld", FEATURES="lm-hidden,novelty").returncode == 0
     played = tmp_path / "runs" / "improve-alfworld-expert-lm-hidden-novelty" / "round-0" / "results.jsonl"
     assert played.read_bytes() == b""
     assert (tmp_path / "results" / "improve_alfworld_expert_novelty_rounds.jsonl").is_file()
+    last = (tmp_path / "calls").read_text().splitlines()[-1].split()
+    assert last[last.index("--features") + 1] == "lm-hidden,novelty"
+    assert last[last.index("--out") + 1] == "results/improve_alfworld_expert_novelty_decisions_round1.json"
 
 
 def test_improve_relabelled_without_its_round_0_results_says_so_in_one_line(tmp_path):
