@@ -101,6 +101,7 @@ improve_textworld_expert: improve_textworld_expert --paired --rounds
 improve_textworld_expert_novelty: improve_textworld_expert_novelty --paired --rounds
 improve_textworld_wins_novelty: improve_textworld_wins_novelty --paired --rounds
 improve_alfworld_expert: improve_alfworld_expert --paired --rounds
+improve_alfworld_expert_novelty: improve_alfworld_expert_novelty --paired --rounds
 table4_closed_loop: table1_alfworld table4_closed_loop_k5 table4_closed_loop_k10 table4_closed_loop_k20 --paired --common-games
 ical_alfworld_actions: ical_alfworld_actions
 ical_alfworld_notes: ical_alfworld_notes
