@@ -352,11 +352,20 @@ def players(config: RunConfig, setup: Setup, concepts: Mapping[str, Concept]) ->
 
 
 def play(run: ImproveRun, concepts: Mapping[str, Concept], games: Sequence[str], path: Path, meta: dict) -> None:
-    """CB-Agent with ``concepts`` on ``games``, appended to ``path`` (finished episodes skipped:
-    the scheduler's resume rule), one line per finished game."""
+    """CB-Agent with ``concepts`` (the round's saved ones, ``meta["concepts_dir"]``) on ``games``,
+    appended to ``path`` (finished episodes skipped: the scheduler's resume rule), one line per
+    finished game; in this process, or with ``--workers`` > 1 on Ray workers that act with the
+    concepts read back from ``meta["concepts_dir"]`` (:func:`agent_shell.parallel.play_on_ray`):
+    the same deterministic episodes either way."""
+    from agent_shell.parallel import play_on_ray, uses_ray
     from agent_shell.scheduler import InProcessExecutor, play_episodes
 
     config, setup = run.config, run.setup
+    if uses_ray(config):
+        task_types = sorted({setup.env.task_type_of(t) for t in games})
+        play_on_ray(replace(config, concepts=meta["concepts_dir"]), games, task_types, path, meta, resume=True,
+                    task_type_of=setup.env.task_type_of, progress=run.progress, echo=run.echo)
+        return
     play_episodes(InProcessExecutor(setup.env, players(config, setup, concepts)), ["cb-agent"], games, path,
                   config.budget, resume=True, meta=meta, task_type_of=setup.env.task_type_of, progress=run.progress,
                   echo=run.echo, time_limit=config.episode_timeout, keep_errors=config.keep_errors)

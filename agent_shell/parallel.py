@@ -1,4 +1,5 @@
-"""The Ray executor of the episode scheduler (``cb-agent run --workers N`` / ``--ray-address``).
+"""The Ray executor of the episode scheduler (``cb-agent run --workers N`` / ``--ray-address``, and the
+rounds of ``cb-agent improve --workers N``: :func:`play_on_ray`).
 
 :class:`RayExecutor` plays the jobs of :func:`agent_shell.scheduler.play_episodes` (which decides
 their order, retries, error records, partial states and progress output for every executor) on
@@ -17,8 +18,10 @@ Ray is imported only here and only when a Ray executor starts: ``--workers 1`` n
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from agent_shell.lm.protocol import BackboneFault
 from agent_shell.scheduler import Failure, Job, failure_of, play_job
@@ -28,7 +31,11 @@ if TYPE_CHECKING:
     from ray import ObjectRef
     from ray.actor import ActorHandle
 
+    from rich.progress import Progress
+
     from agent_shell.agents import Reflexion
+    from agent_shell.run_config import ResolvedRun
+    from agent_shell.scheduler import RunSummary
     from envs.protocol import Environment
 
 #: ``make_players() -> (env, {agent name: Reflexion})``: picklable; called once in each worker.
@@ -199,4 +206,49 @@ class RayExecutor:
             ray.shutdown()
 
 
-__all__ = ["EpisodeWorker", "INSTALL_HINT", "MakePlayers", "RayExecutor", "server_placement", "start_ray"]
+def uses_ray(config: ResolvedRun) -> bool:
+    """Whether ``config``'s episodes are played on Ray workers (``--workers`` > 1, ``--ray-address``
+    or ``--shared-lm``) rather than in this process."""
+    return config.workers > 1 or bool(config.ray_address) or config.shared_lm
+
+
+def play_on_ray(config: ResolvedRun, task_ids: Sequence[str], task_types: Sequence[str] | None, path: Path,
+                meta: dict[str, Any], *, resume: bool, task_type_of: Callable[[str], str] | None = None,
+                progress: Progress | None = None, echo: Callable[[str], None] = print) -> dict[str, RunSummary]:
+    """``config.agents`` on ``task_ids`` on ``config.workers`` Ray workers (:class:`RayExecutor`),
+    appended to ``path`` by :func:`agent_shell.scheduler.play_episodes` (its order, retries and
+    resume rule); each worker builds its players as the driver did
+    (:func:`agent_shell.pipeline.build_players`, from the caches the driver filled; the concepts of
+    ``config.concepts`` when it names a folder). With ``--shared-lm`` (on by itself on CUDA) the
+    workers share one backbone behind an ``LMServer`` actor on ``config.device``
+    (:func:`server_placement`). Returns agent name -> :class:`agent_shell.scheduler.RunSummary`.
+
+    Raises:
+        ModuleNotFoundError: Ray is not installed; ValueError: ``$RAY_TMPDIR`` too long
+            (:func:`start_ray`); what :func:`agent_shell.scheduler.play_episodes` raises.
+    """
+    from agent_shell import pipeline
+    from agent_shell.scheduler import play_episodes
+
+    owns_ray = start_ray(config.workers + int(config.shared_lm), config.ray_address)  # + the server's CPU
+    try:
+        server = None
+        if config.shared_lm:
+            from agent_shell.lm.server import start_lm_server
+
+            server = start_lm_server(config.model, config.dtype, threads=1, **server_placement(config.device))
+        types = None if task_types is None else list(task_types)
+        players = functools.partial(pipeline.build_players, config, types, server)
+        return play_episodes(RayExecutor(players, config.workers, config.ray_address), config.agents, list(task_ids),
+                             Path(path), config.budget, resume=resume, meta=meta, task_type_of=task_type_of,
+                             progress=progress, echo=echo, time_limit=config.episode_timeout,
+                             keep_errors=config.keep_errors)
+    finally:
+        if owns_ray:
+            import ray
+
+            ray.shutdown()
+
+
+__all__ = ["EpisodeWorker", "INSTALL_HINT", "MakePlayers", "RayExecutor", "play_on_ray", "server_placement",
+           "start_ray", "uses_ray"]

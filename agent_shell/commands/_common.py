@@ -305,6 +305,19 @@ def check_backbone(model: str | None, device: str | None) -> None:
         raise click.ClickException(str(err)) from None
 
 
+def check_ray_start(config: RunConfig) -> None:
+    """A one-line click error, before anything loads, when ``config`` plays on a local Ray cluster
+    (``--workers`` > 1 or ``--shared-lm``) whose sockets would not fit their path limit
+    (:func:`agent_shell.parallel.check_ray_tmpdir`)."""
+    if (config.workers > 1 or config.shared_lm) and not config.ray_address:
+        from agent_shell.parallel import check_ray_tmpdir
+
+        try:
+            check_ray_tmpdir()
+        except ValueError as err:
+            raise click.ClickException(str(err)) from None
+
+
 def make_console():
     """A rich console; wide when output is not a terminal (logs, pipes), so tables never wrap."""
     import sys

@@ -8,7 +8,9 @@ new concepts on the evaluation games (chosen as ``cb-agent run`` chooses them). 
 and per game; at the end the success table per round (95% Wilson intervals), each round paired
 against round 0 on the same games (exact sign test), and a chart (``<out>/rounds.png``). Every
 round's concepts are saved under ``<out>/round-K/concepts`` with their provenance
-(``cb-agent run --concepts`` acts with them).
+(``cb-agent run --concepts`` acts with them). ``--workers N`` plays each round's training and
+evaluation games N at once on Ray workers, as ``cb-agent run --workers N`` does (each worker acting
+with the round's saved concepts); labels, features and fits stay in this process.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from pathlib import Path
 
 import click
 
-from agent_shell.commands._common import COMMON_OPTIONS, cli_errors, config_options, make_console, task_error
+from agent_shell.commands._common import (COMMON_OPTIONS, check_ray_start, cli_errors, config_options, make_console,
+                                          task_error)
 from agent_shell.configure import task_ids
 from agent_shell.run_config import RunConfig
 
 #: The options of ``cb-agent run`` that ``improve`` takes (the evaluation games, budget, output, resume).
 IMPROVE_RUN_OPTIONS = ("split", "per_type", "all_games", "games", "game_ids", "budget", "out_dir", "resume",
-                       "keep_errors", "episode_timeout")
+                       "keep_errors", "episode_timeout", "workers", "shared_lm", "ray_address")
 
 
 @click.command()
@@ -61,6 +64,7 @@ def improve(config: RunConfig, labels: str, beta: float, rounds: int, games_per_
     from envs import make_env
 
     console = make_console()
+    check_ray_start(config)
     try:
         settings = ImproveSettings(labels=labels, beta=beta, rounds=rounds, games_per_round=games_per_round,
                                    max_decisions=max_decisions, keep_expert_data=keep_expert_data,

@@ -15,23 +15,19 @@ own env and backbone from the caches this process filled (demonstrations, featur
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
-from agent_shell.commands._common import (COMMON_OPTIONS, RUN_OPTIONS, cli_errors, config_options, make_console,
-                                          task_error)
+from agent_shell.commands._common import (COMMON_OPTIONS, RUN_OPTIONS, check_ray_start, cli_errors, config_options,
+                                          make_console, task_error)
 from agent_shell.configure import task_ids as configured_task_ids
-from agent_shell.pipeline import build_players, players_of, set_up
+from agent_shell.pipeline import players_of, set_up
 from agent_shell.run_config import RunConfig, check_not_demos
 
 if TYPE_CHECKING:
     from rich.console import Console
-    from rich.progress import Progress
-
-    from agent_shell.scheduler import RunSummary
     from envs.protocol import Environment
 
 
@@ -47,13 +43,7 @@ def run(config: RunConfig) -> None:
     console = make_console()
     if config.calibrator is not None and config.rendering != "calibrator":
         raise click.UsageError(f"--calibrator {config.calibrator} is used only with --history calibrator")
-    if (config.workers > 1 or config.shared_lm) and not config.ray_address:
-        from agent_shell.parallel import check_ray_tmpdir
-
-        try:  # before anything loads: a local Ray cluster's sockets must fit their path limit
-            check_ray_tmpdir()
-        except ValueError as err:
-            raise click.ClickException(str(err)) from None
+    check_ray_start(config)
     results_path = config.results_path
     settings = config.settings()
     env = make_env(config.env)
@@ -89,6 +79,7 @@ def _play(config: RunConfig, env: Environment, task_ids: list[str], type_of: Cal
     """Set up (demonstrations, features, concepts, backbone) and play ``config``'s unfinished
     episodes of ``task_ids``, sequentially or on Ray workers, appending to its results file."""
     from agent_shell.lm.protocol import BackboneFault
+    from agent_shell.parallel import play_on_ray, uses_ray
     from agent_shell.progress import interactive
     from agent_shell.scheduler import InProcessExecutor, make_progress, play_episodes
     from cb_io.storage import OutputError
@@ -115,9 +106,10 @@ def _play(config: RunConfig, env: Environment, task_ids: list[str], type_of: Cal
 
     try:
         with progress if progress is not None else contextlib.nullcontext():
-            if config.workers > 1 or config.ray_address or config.shared_lm:
+            if uses_ray(config):
                 setup.lm = None  # the workers load their own backbones, or share the server's
-                summaries = run_on_ray(config, task_ids, task_types, type_of, meta, progress, say)
+                summaries = play_on_ray(config, task_ids, task_types, results_path, meta, resume=config.resume,
+                                        task_type_of=type_of, progress=progress, echo=say)
             else:
                 summaries = play_episodes(InProcessExecutor(env, players_of(config, setup)), config.agents,
                                           task_ids, results_path, config.budget, resume=config.resume, meta=meta,
@@ -133,32 +125,3 @@ def _play(config: RunConfig, env: Environment, task_ids: list[str], type_of: Cal
                           "attempt (recorded as errors, counted apart from won and lost)")
     console.print(f"episodes took {time.perf_counter() - start:.1f} s; set-up "
                   + ", ".join(f"{k} {v:.1f}" for k, v in setup.timings.items()))
-
-
-def run_on_ray(config: RunConfig, task_ids: list[str], task_types: list[str] | None,
-               type_of: Callable[[str], str] | None, meta: dict[str, Any], progress: Progress | None,
-               echo: Callable[[str], None]) -> dict[str, RunSummary]:
-    """``config``'s episodes on Ray workers (:class:`agent_shell.parallel.RayExecutor`); with
-    ``--shared-lm`` (on by itself on CUDA) the workers share one backbone behind an ``LMServer`` actor
-    on ``config.device`` (:func:`agent_shell.parallel.server_placement`). Returns agent
-    name -> :class:`agent_shell.scheduler.RunSummary`."""
-    from agent_shell.parallel import RayExecutor, server_placement, start_ray
-    from agent_shell.scheduler import play_episodes
-
-    owns_ray = start_ray(config.workers + int(config.shared_lm), config.ray_address)  # + the server's CPU
-    try:
-        server = None
-        if config.shared_lm:
-            from agent_shell.lm.server import start_lm_server
-
-            server = start_lm_server(config.model, config.dtype, threads=1, **server_placement(config.device))
-        players = functools.partial(build_players, config, task_types, server)
-        return play_episodes(RayExecutor(players, config.workers, config.ray_address), config.agents, task_ids,
-                             config.results_path, config.budget, resume=config.resume, meta=meta,
-                             task_type_of=type_of, progress=progress, echo=echo, time_limit=config.episode_timeout,
-                             keep_errors=config.keep_errors)
-    finally:
-        if owns_ray:
-            import ray
-
-            ray.shutdown()

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from agent_doubles import FakeLM, HangingEnv, ScriptedEnv
 from agent_shell.agents import build_agent
+from agent_shell.pipeline import build_players as BUILD_PLAYERS  # the original, before any test replaces it
 
 AGENTS = ("react", "prior-only")
 DEMOS = {"fetch": ["d"], "open": ["d"]}
@@ -134,18 +135,35 @@ def install_doubles() -> None:
 def players_with_doubles(config, task_types, server=None):
     """:func:`agent_shell.pipeline.build_players` in a Ray worker, with the doubles installed first
     (a worker is a fresh process: the driver's doubles do not reach it)."""
-    from agent_shell.pipeline import build_players
-
     install_doubles()
-    return build_players(config, task_types, server)
+    return BUILD_PLAYERS(config, task_types, server)
 
 
 def use_doubles_in_run_command() -> None:
-    """This process's ``cb-agent run`` plays on the doubles, also on its Ray workers."""
-    import agent_shell.commands.run
+    """This process's ``cb-agent run`` (and ``improve``) plays on the doubles, also on its Ray workers
+    (:func:`agent_shell.parallel.play_on_ray` hands them ``agent_shell.pipeline.build_players``)."""
+    import agent_shell.pipeline
 
     install_doubles()
-    agent_shell.commands.run.build_players = players_with_doubles
+    agent_shell.pipeline.build_players = players_with_doubles
+
+
+def install_improve_doubles() -> None:
+    """In this process: the relabelling doubles of ``test_improve`` (its :class:`LabellingEnv` over
+    its GAMES, whose expert answers from any state, and a FakeLM preferring the desk's actions)."""
+    import agent_shell.lm
+    import envs
+    from test_improve import GAMES, LabellingEnv
+
+    envs.make_env = lambda name, **kw: LabellingEnv(GAMES)
+    agent_shell.lm.load_language_model = lambda name=None, dtype="float32", **kw: FakeLM((" go",), prefer="desk")
+
+
+def improve_players_with_doubles(config, task_types, server=None):
+    """:func:`agent_shell.pipeline.build_players` in a Ray worker of ``cb-agent improve --workers``,
+    on the relabelling doubles (installed first: a worker is a fresh process)."""
+    install_improve_doubles()
+    return BUILD_PLAYERS(config, task_types, server)
 
 
 def killed_driver(stop_after: int, argv: list[str]) -> None:

@@ -6,6 +6,7 @@ the option's check, the doubles stand in for every environment."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -45,12 +46,12 @@ def by_episode(path: Path) -> dict:
 
 def use_doubles(mp: pytest.MonkeyPatch) -> None:
     """The doubles in this process until ``mp`` is undone, and the workers' player factory."""
-    import agent_shell.commands.run
     import agent_shell.lm
+    import agent_shell.pipeline
     import envs
 
     for module, name in ((envs, "make_env"), (agent_shell.lm, "load_language_model"),
-                         (agent_shell.commands.run, "build_players")):
+                         (agent_shell.pipeline, "build_players")):
         mp.setattr(module, name, getattr(module, name))  # restored when mp is undone
     parallel_doubles.use_doubles_in_run_command()
 
@@ -103,3 +104,34 @@ def test_a_killed_parallel_driver_resumes_without_loss_or_duplication(ray_cluste
     assert res.exit_code == 0, res.output + repr(res.exception)
     assert "finished episodes skipped (--resume)" in res.output
     assert by_episode(out / "results.jsonl") == one_worker
+
+
+@pytest.mark.slow  # two improve runs, the second's rounds on Ray workers that each set up the pipeline
+def test_improve_with_two_workers_gives_the_rounds_of_one_worker(ray_cluster, monkeypatch, tmp_path):
+    """``cb-agent improve --labels expert --workers 2`` (training and evaluation games on Ray workers
+    acting with the round's saved concepts) plays the episodes, fits the concepts and writes the
+    round lines of ``--workers 1`` (in this process)."""
+    import agent_shell.lm
+    import agent_shell.pipeline
+    import envs
+    from test_improve import episodes, improve_args, saved_concepts
+
+    for module, name in ((envs, "make_env"), (agent_shell.lm, "load_language_model"),
+                         (agent_shell.pipeline, "build_players")):
+        monkeypatch.setattr(module, name, getattr(module, name))  # restored at the end
+    parallel_doubles.install_improve_doubles()
+    agent_shell.pipeline.build_players = parallel_doubles.improve_players_with_doubles
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    one, two = tmp_path / "one", tmp_path / "two"
+    res = CliRunner().invoke(main, improve_args(one, "--labels", "expert", *cache))
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    res = CliRunner().invoke(main, improve_args(two, "--labels", "expert", "--workers", "2", *cache))
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert sorted(episodes(two)) == sorted(episodes(one))
+    assert {f for f, *_ in episodes(one)} == {f"round-{k}/{n}.jsonl" for k in (0, 1, 2) for n in ("results", "train")
+                                              if (k, n) != (0, "train")} | {"round-1/labelled.jsonl",
+                                                                            "round-2/labelled.jsonl"}
+    assert saved_concepts(two) == saved_concepts(one)
+    strip = lambda line: {k: v for k, v in json.loads(line).items() if k != "concepts"}  # noqa: E731
+    assert ([strip(x) for x in (two / "rounds.jsonl").read_text().splitlines()]
+            == [strip(x) for x in (one / "rounds.jsonl").read_text().splitlines()])
