@@ -15,7 +15,8 @@
 # Environment: CB (the cb-agent executable, default `cb-agent`), RUNS, OMP_NUM_THREADS (default 1),
 # ALF_PER_TYPE (ALFWorld valid_unseen games per task type of Table 1, Table 4's closed loop and the ICAL and calibration
 # targets, default 5 = 30 games; 0 = all 134 in one run), ALF_BUDGET (their step budget, default 50),
-# WORKERS (Table 1's episodes played at once on local Ray workers, default 1; 2 on this 2-core machine),
+# WORKERS (episodes played at once on local Ray workers: Table 1's and the improve targets' rounds; default 1; 2 on
+# this 2-core machine),
 # TW_GAMES (Table 3 test games per level, default 10), TW_LEVELS (default custom-1 cooking-1 custom-2 cooking-2),
 # SW_TASKS (Table 2 tasks, default all 30), SW_BUDGET (their step budget, default 50), SW_FIT_CANDIDATES (cap on
 # the candidate sets of the concept fit, default 64), POOL (figure: trajectories per type sampled from, default 20),
@@ -275,7 +276,7 @@ improve_alfworld() {  # `cb-agent improve` on Table 1's games (ALFWorld valid_un
   local out="$RUNS/improve-alfworld"
   seed_round0 "$out" results/table1_alfworld.results.jsonl.gz
   "$CB" improve --env alfworld --split valid_unseen --all-games "${COMMON[@]}" --max-steps "$ALF_BUDGET" \
-    --rounds "${ALF_ROUNDS:-2}" --games-per-round "${ROUND_GAMES:-6}" --out-dir "$out" --resume
+    --rounds "${ALF_ROUNDS:-2}" --games-per-round "${ROUND_GAMES:-6}" --out-dir "$out" --resume --workers "$WORKERS"
   { gzip -dc results/table1_alfworld.results.jsonl.gz | grep -v '^{"schema":"cb-agent/episode-v1","agent":"cb-agent",'
     cat "$out"/round-*/results.jsonl; } > "$out/beside_table1.jsonl"
   finish "$out/beside_table1.jsonl" improve_alfworld
@@ -308,7 +309,7 @@ improve_relabelled() {  # one arm of relabelled rounds beside own wins: LABELS (
   esac
   if [ "$features" = lm-hidden ]; then seed_round0 "$out" "results/$seeds.results.jsonl.gz" "${round0:-}"; fi
   "$CB" improve "${args[@]}" "${COMMON[@]}" --rounds "${ROUNDS:-3}" --games-per-round "${ROUND_GAMES:-6}" \
-    --labels "$labels" --features "$features" --out-dir "$out" --resume
+    --labels "$labels" --features "$features" --out-dir "$out" --resume --workers "$WORKERS"
   cat "$out"/round-*/results.jsonl > "$out/rounds_results.jsonl"
   gzip -nc "$out/rounds_results.jsonl" > "results/$name.results.jsonl.gz"
   cp "$out/rounds.jsonl" "results/${name}_rounds.jsonl"

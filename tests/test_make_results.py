@@ -89,7 +89,7 @@ def _relabelled(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     cb.write_text(FAKE_CB)
     cb.chmod(0o755)
     body = "\n".join(function(f) for f in ("games", "seed_round0", "round_decisions", "improve_relabelled"))
-    setup = "COMMON=(--dtype float32); RUNS=runs; ALF_BUDGET=50; TW_GAMES=1\n"
+    setup = "COMMON=(--dtype float32); RUNS=runs; ALF_BUDGET=50; TW_GAMES=1; WORKERS=2\n"
     return subprocess.run(["bash", "-euo", "pipefail", "-c", setup + body + "\nimprove_relabelled"],
                           capture_output=True, text=True, cwd=tmp_path,
                           env={"PATH": "/usr/bin:/bin", "CB": str(cb), "CALLS": str(tmp_path / "calls"), **env})
@@ -107,6 +107,7 @@ def test_improve_relabelled_on_alfworld_plays_table1s_games_from_table1s_round_0
     improve = (tmp_path / "calls").read_text().splitlines()[0].split()
     assert improve[:7] == ["improve", "--env", "alfworld", "--split", "valid_unseen", "--all-games", "--max-steps"]
     assert improve[7] == "50" and " --labels expert --features lm-hidden " in " ".join(improve) + " "
+    assert improve[improve.index("--workers") + 1] == "2"  # the rounds' games on the WORKERS Ray workers
     assert (tmp_path / "results" / "improve_alfworld_expert_rounds.jsonl").is_file()
     # each finished round's concepts (rounds 0 and 1 here, of 3) on Table 4's held-out expert decisions
     held = [call.split() for call in (tmp_path / "calls").read_text().splitlines()[2:]]
