@@ -81,6 +81,39 @@ seed_round0() {
   mv "$1/round-0/results.jsonl.seed" "$1/round-0/results.jsonl"
 }
 
+# seed_rounds OUT NAME: an improve run's rounds from the committed results/NAME.results.jsonl.gz (evaluation
+# episodes), results/NAME.train.jsonl.gz and results/NAME.labelled.jsonl.gz (training episodes and their expert labels)
+# and results/NAME_rounds.jsonl (its N finished rounds): unless FRESH is set, OUT already holds a rounds file or one of
+# the four is missing, write rounds 0..N-1's files and what the committed files hold of round N (its training play and
+# labels), atomically, by concept_round (round K's evaluation played K's concepts, its training play K-1's), then the
+# rounds file; a fresh checkout then resumes where the committed run stopped instead of playing the finished rounds
+# again (their features and concepts are derived again from these files, as a resumed run derives them)
+seed_rounds() {
+  local out=$1 name=$2 f k n played
+  { [ -z "${FRESH:-}" ] && [ ! -e "$out/rounds.jsonl" ] && [ -e "results/${name}_rounds.jsonl" ]; } || return 0
+  for f in results train labelled; do [ -e "results/$name.$f.jsonl.gz" ] || return 0; done
+  n=$(wc -l < "results/${name}_rounds.jsonl")
+  for k in $(seq 0 "$n"); do
+    for f in results train labelled; do
+      played=$k
+      if [ "$f" != results ]; then
+        [ "$k" -eq 0 ] && continue  # round 0 plays no training game
+        played=$((k - 1))
+      fi
+      mkdir -p "$out/round-$k"
+      gzip -dc "results/$name.$f.jsonl.gz" | grep -F "\"concept_round\":$played," > "$out/round-$k/$f.jsonl.seed" || true
+      if [ "$k" -eq "$n" ] && [ ! -s "$out/round-$k/$f.jsonl.seed" ]; then  # round N: only what was committed
+        rm "$out/round-$k/$f.jsonl.seed"
+      else
+        mv "$out/round-$k/$f.jsonl.seed" "$out/round-$k/$f.jsonl"
+      fi
+    done
+    rmdir "$out/round-$k" 2>/dev/null || true
+  done
+  cp "results/${name}_rounds.jsonl" "$out/rounds.jsonl.seed" && mv "$out/rounds.jsonl.seed" "$out/rounds.jsonl"
+  echo "resuming $out from results/$name (rounds 0-$((n - 1)) finished)" >&2
+}
+
 # TABLES: every committed table of `cb-agent report` (results/NAME.md and .png), one a line:
 # "NAME: the committed results files it is reported from (results/FILE.results.jsonl.gz), then report's options"
 # (--rounds: the rounds of `cb-agent improve`, results/NAME_rounds.jsonl)
@@ -291,7 +324,9 @@ improve_relabelled() {  # one arm of relabelled rounds beside own wins: LABELS (
                         # results, not played again; results/improve_<env>_<labels>[_novelty].{md,png,results.jsonl.gz}
                         # and _rounds.jsonl (each round's training play per type: wins, decisions added, on-policy
                         # agreement, unlabelled states), _decisions_roundK.json (each round's concepts on held-out
-                        # expert decisions). ALFWorld: hours a round on a CPU, one thread an arm
+                        # expert decisions), .train.jsonl.gz and .labelled.jsonl.gz (the rounds' training play and
+                        # its expert labels: a fresh checkout resumes after the committed rounds, seed_rounds).
+                        # ALFWorld: hours a round on a CPU, one thread a worker ($WORKERS)
   local level args=() labels=${LABELS:-expert} features=${FEATURES:-lm-hidden} env=${IMPROVE_ENV:-textworld}
   local name out seeds round0 held=()
   name=improve_${env}_$labels$([ "$features" = lm-hidden ] || echo _novelty)
@@ -307,11 +342,14 @@ improve_relabelled() {  # one arm of relabelled rounds beside own wins: LABELS (
       seeds=table1_alfworld held=(--env alfworld --heldout-per-type 5) ;;  # Table 4's 508 held-out decisions
     *) echo "IMPROVE_ENV must be textworld or alfworld, not $env" >&2; exit 2 ;;
   esac
+  seed_rounds "$out" "$name"  # the rounds a committed run finished (with its training play and labels)
   if [ "$features" = lm-hidden ]; then seed_round0 "$out" "results/$seeds.results.jsonl.gz" "${round0:-}"; fi
   "$CB" improve "${args[@]}" "${COMMON[@]}" --rounds "${ROUNDS:-3}" --games-per-round "${ROUND_GAMES:-6}" \
     --labels "$labels" --features "$features" --out-dir "$out" --resume --workers "$WORKERS"
   cat "$out"/round-*/results.jsonl > "$out/rounds_results.jsonl"
   gzip -nc "$out/rounds_results.jsonl" > "results/$name.results.jsonl.gz"
+  cat "$out"/round-*/train.jsonl | gzip -nc > "results/$name.train.jsonl.gz"  # what seed_rounds resumes from
+  cat "$out"/round-*/labelled.jsonl | gzip -nc > "results/$name.labelled.jsonl.gz"
   cp "$out/rounds.jsonl" "results/${name}_rounds.jsonl"
   "$CB" report "$out/rounds_results.jsonl" --paired --rounds "$out/rounds.jsonl" --markdown "results/$name.md" \
     --chart "results/$name.png"  # as its TABLES line (NAME: NAME --paired --rounds) regenerates it

@@ -73,12 +73,13 @@ def test_table_reports_its_committed_results_files_with_the_options_of_its_line(
 
 
 FAKE_CB = r'''#!/bin/bash
-# records its arguments; as `improve`, writes round 0's results (as played), the rounds file and two rounds' concepts
-# into --out-dir
+# records its arguments; as `improve`, writes round 0's results (as played), round 1's training play and labels, the
+# rounds file and two rounds' concepts into --out-dir
 echo "$*" >> "$CALLS"
 if [ "$1" = improve ]; then
   while [ $# -gt 0 ]; do [ "$1" = --out-dir ] && { mkdir -p "$2/round-0/concepts" "$2/round-1/concepts"
-    touch "$2/round-0/results.jsonl"; echo '{"round": 0}' > "$2/rounds.jsonl"; }; shift; done
+    touch "$2/round-0/results.jsonl" "$2/round-1/train.jsonl" "$2/round-1/labelled.jsonl"
+    echo '{"round": 0}' > "$2/rounds.jsonl"; }; shift; done
 fi
 '''
 
@@ -88,7 +89,8 @@ def _relabelled(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     cb = tmp_path / "cb"
     cb.write_text(FAKE_CB)
     cb.chmod(0o755)
-    body = "\n".join(function(f) for f in ("games", "seed_round0", "round_decisions", "improve_relabelled"))
+    body = "\n".join(function(f) for f in ("games", "seed_rounds", "seed_round0", "round_decisions",
+                                           "improve_relabelled"))
     setup = "COMMON=(--dtype float32); RUNS=runs; ALF_BUDGET=50; TW_GAMES=1; WORKERS=2\n"
     return subprocess.run(["bash", "-euo", "pipefail", "-c", setup + body + "\nimprove_relabelled"],
                           capture_output=True, text=True, cwd=tmp_path,
@@ -109,6 +111,8 @@ def test_improve_relabelled_on_alfworld_plays_table1s_games_from_table1s_round_0
     assert improve[7] == "50" and " --labels expert --features lm-hidden " in " ".join(improve) + " "
     assert improve[improve.index("--workers") + 1] == "2"  # the rounds' games on the WORKERS Ray workers
     assert (tmp_path / "results" / "improve_alfworld_expert_rounds.jsonl").is_file()
+    for kind in ("train", "labelled"):  # what a fresh checkout resumes from (seed_rounds)
+        assert gzip.decompress((tmp_path / "results" / f"improve_alfworld_expert.{kind}.jsonl.gz").read_bytes()) == b""
     # each finished round's concepts (rounds 0 and 1 here, of 3) on Table 4's held-out expert decisions
     held = [call.split() for call in (tmp_path / "calls").read_text().splitlines()[2:]]
     assert [call[:5] for call in held] == [["eval-decisions", "--env", "alfworld", "--heldout-per-type", "5"]] * 2
@@ -124,6 +128,49 @@ def test_improve_relabelled_on_alfworld_plays_table1s_games_from_table1s_round_0
     last = (tmp_path / "calls").read_text().splitlines()[-1].split()
     assert last[last.index("--features") + 1] == "lm-hidden,novelty"
     assert last[last.index("--out") + 1] == "results/improve_alfworld_expert_novelty_decisions_round1.json"
+
+
+def _episode(round_: int, task: str, split: str) -> str:
+    return (f'{{"schema":"cb-agent/episode-v1","agent":"cb-agent","task_id":"{task}","split":"{split}",'
+            f'"concept_round":{round_},"model":"m"}}\n')
+
+
+def test_seed_rounds_restores_a_committed_runs_finished_rounds_by_the_concepts_that_played(tmp_path):
+    """Round K's evaluation episodes are those of concept_round K, its training play and labels those of
+    concept_round K-1 (round 0 plays no training game), the unfinished round's too where committed; then
+    the rounds file; never over a run's own."""
+    results, name = tmp_path / "results", "improve_x"
+    results.mkdir()
+    evaluation = [_episode(k, f"e{i}", "test") for k in (0, 1, 2) for i in (1, 2)]
+    train = [_episode(k, f"t{k}{i}", "train") for k in (0, 1, 2) for i in (1, 2, 3)]  # round 3's play: begun
+    labelled = [line.replace('"model"', '"labelled":1,"model"') for line in train]
+    rounds = "".join(f'{{"schema":"cb-agent/improve-round-v1","round":{k}}}\n' for k in (0, 1, 2))
+    for kind, lines in (("results", evaluation), ("train", train), ("labelled", labelled)):
+        (results / f"{name}.{kind}.jsonl.gz").write_bytes(gzip.compress("".join(lines).encode()))
+    (results / f"{name}_rounds.jsonl").write_text(rounds)
+
+    def seed_rounds(**env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-euo", "pipefail", "-c", function("seed_rounds") + f"\nseed_rounds out {name}"],
+                              capture_output=True, text=True, cwd=tmp_path, env={"PATH": "/usr/bin:/bin", **env})
+
+    assert seed_rounds(FRESH="1").returncode == 0 and not (tmp_path / "out").exists()  # FRESH: from nothing
+    res = seed_rounds()
+    assert res.returncode == 0 and res.stderr.strip() == f"resuming out from results/{name} (rounds 0-2 finished)"
+    out = tmp_path / "out"
+    for k in (0, 1, 2):
+        assert (out / f"round-{k}" / "results.jsonl").read_text() == "".join(evaluation[2 * k:2 * k + 2])
+    assert not (out / "round-0" / "train.jsonl").exists() and not (out / "round-0" / "labelled.jsonl").exists()
+    for k in (1, 2, 3):
+        assert (out / f"round-{k}" / "train.jsonl").read_text() == "".join(train[3 * (k - 1):3 * k])
+        assert (out / f"round-{k}" / "labelled.jsonl").read_text() == "".join(labelled[3 * (k - 1):3 * k])
+    assert not (out / "round-3" / "results.jsonl").exists() and not (out / "round-4").exists()
+    assert (out / "rounds.jsonl").read_text() == rounds and not list(out.rglob("*.seed"))
+    (out / "round-2" / "results.jsonl").write_text(evaluation[4])  # the run went on: its files are its own
+    assert seed_rounds().returncode == 0 and (out / "round-2" / "results.jsonl").read_text() == evaluation[4]
+    other = tmp_path / "results" / f"{name}.labelled.jsonl.gz"
+    other.unlink()  # a run committed without its labels: nothing to resume from, nothing written
+    (out / "rounds.jsonl").unlink()
+    assert seed_rounds().returncode == 0 and not (out / "rounds.jsonl").exists()
 
 
 def test_improve_relabelled_without_its_round_0_results_says_so_in_one_line(tmp_path):
