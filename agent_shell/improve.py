@@ -363,8 +363,9 @@ def play(run: ImproveRun, concepts: Mapping[str, Concept], games: Sequence[str],
     config, setup = run.config, run.setup
     if uses_ray(config):
         task_types = sorted({setup.env.task_type_of(t) for t in games})
-        play_on_ray(replace(config, concepts=meta["concepts_dir"]), games, task_types, path, meta, resume=True,
-                    task_type_of=setup.env.task_type_of, progress=run.progress, echo=run.echo)
+        acting = replace(config, concepts=meta["concepts_dir"], concept_round=meta["concept_round"])  # as resolved
+        play_on_ray(acting, games, task_types, path, meta, resume=True, task_type_of=setup.env.task_type_of,
+                    progress=run.progress, echo=run.echo)
         return
     play_episodes(InProcessExecutor(setup.env, players(config, setup, concepts)), ["cb-agent"], games, path,
                   config.budget, resume=True, meta=meta, task_type_of=setup.env.task_type_of, progress=run.progress,
