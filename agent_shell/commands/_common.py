@@ -309,9 +309,9 @@ def check_ray_start(config: RunConfig) -> None:
     """A one-line click error, before anything loads, when ``config`` plays on a local Ray cluster
     (``--workers`` > 1 or ``--shared-lm``) whose sockets would not fit their path limit
     (:func:`agent_shell.parallel.check_ray_tmpdir`)."""
-    if (config.workers > 1 or config.shared_lm) and not config.ray_address:
-        from agent_shell.parallel import check_ray_tmpdir
+    from agent_shell.parallel import check_ray_tmpdir, uses_ray
 
+    if uses_ray(config) and not config.ray_address:
         try:
             check_ray_tmpdir()
         except ValueError as err:

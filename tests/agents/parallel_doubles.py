@@ -15,6 +15,7 @@ returns (an engine that hangs).
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 from pathlib import Path
@@ -132,20 +133,22 @@ def install_doubles() -> None:
     agent_shell.lm.load_language_model = lambda name=None, dtype="float32", **kw: FakeLM(loop_reply)
 
 
-def players_with_doubles(config, task_types, server=None):
-    """:func:`agent_shell.pipeline.build_players` in a Ray worker, with the doubles installed first
-    (a worker is a fresh process: the driver's doubles do not reach it)."""
-    install_doubles()
+def players_after(install, config, task_types, server=None):
+    """:func:`agent_shell.pipeline.build_players` in a Ray worker, with the doubles of ``install``
+    installed first (a worker is a fresh process: the driver's doubles do not reach it)."""
+    install()
     return BUILD_PLAYERS(config, task_types, server)
 
 
-def use_doubles_in_run_command() -> None:
-    """This process's ``cb-agent run`` (and ``improve``) plays on the doubles, also on its Ray workers
-    (:func:`agent_shell.parallel.play_on_ray` hands them ``agent_shell.pipeline.build_players``)."""
+def use_doubles_in_run_command(install=None) -> None:
+    """This process's ``cb-agent run`` (and ``improve``) plays on the doubles of ``install`` (default
+    :func:`install_doubles`), also on its Ray workers (:func:`agent_shell.parallel.play_on_ray` hands
+    them ``agent_shell.pipeline.build_players``)."""
     import agent_shell.pipeline
 
-    install_doubles()
-    agent_shell.pipeline.build_players = players_with_doubles
+    install = install or install_doubles
+    install()
+    agent_shell.pipeline.build_players = functools.partial(players_after, install)
 
 
 def install_improve_doubles() -> None:
@@ -157,13 +160,6 @@ def install_improve_doubles() -> None:
 
     envs.make_env = lambda name, **kw: LabellingEnv(GAMES)
     agent_shell.lm.load_language_model = lambda name=None, dtype="float32", **kw: FakeLM((" go",), prefer="desk")
-
-
-def improve_players_with_doubles(config, task_types, server=None):
-    """:func:`agent_shell.pipeline.build_players` in a Ray worker of ``cb-agent improve --workers``,
-    on the relabelling doubles (installed first: a worker is a fresh process)."""
-    install_improve_doubles()
-    return BUILD_PLAYERS(config, task_types, server)
 
 
 def killed_driver(stop_after: int, argv: list[str]) -> None:

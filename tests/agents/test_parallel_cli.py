@@ -44,8 +44,9 @@ def by_episode(path: Path) -> dict:
     return out
 
 
-def use_doubles(mp: pytest.MonkeyPatch) -> None:
-    """The doubles in this process until ``mp`` is undone, and the workers' player factory."""
+def use_doubles(mp: pytest.MonkeyPatch, install=None) -> None:
+    """The doubles (``install``'s, default :func:`parallel_doubles.install_doubles`) in this process
+    until ``mp`` is undone, and the workers' player factory."""
     import agent_shell.lm
     import agent_shell.pipeline
     import envs
@@ -53,7 +54,7 @@ def use_doubles(mp: pytest.MonkeyPatch) -> None:
     for module, name in ((envs, "make_env"), (agent_shell.lm, "load_language_model"),
                          (agent_shell.pipeline, "build_players")):
         mp.setattr(module, name, getattr(module, name))  # restored when mp is undone
-    parallel_doubles.use_doubles_in_run_command()
+    parallel_doubles.use_doubles_in_run_command(install)
 
 
 @pytest.fixture()
@@ -111,16 +112,9 @@ def test_improve_with_two_workers_gives_the_rounds_of_one_worker(ray_cluster, mo
     """``cb-agent improve --labels expert --workers 2`` (training and evaluation games on Ray workers
     acting with the round's saved concepts) plays the episodes, fits the concepts and writes the
     round lines of ``--workers 1`` (in this process)."""
-    import agent_shell.lm
-    import agent_shell.pipeline
-    import envs
     from test_improve import episodes, improve_args, saved_concepts
 
-    for module, name in ((envs, "make_env"), (agent_shell.lm, "load_language_model"),
-                         (agent_shell.pipeline, "build_players")):
-        monkeypatch.setattr(module, name, getattr(module, name))  # restored at the end
-    parallel_doubles.install_improve_doubles()
-    agent_shell.pipeline.build_players = parallel_doubles.improve_players_with_doubles
+    use_doubles(monkeypatch, parallel_doubles.install_improve_doubles)
     cache = ["--cache-dir", str(tmp_path / "cache")]
     one, two = tmp_path / "one", tmp_path / "two"
     res = CliRunner().invoke(main, improve_args(one, "--labels", "expert", *cache))
