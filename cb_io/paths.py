@@ -25,8 +25,12 @@ def cache_dir(*parts: str) -> Path:
     return writable_folder(cache_root().joinpath(*parts))
 
 
-def writable_folder(path: str | os.PathLike) -> Path:
+def writable_folder(path: str | os.PathLike, what: str = "the cache folder",
+                    setting: str = "CB_AGENT_CACHE or --cache-dir") -> Path:
     """``path`` as a folder, created with its parents if missing.
+
+    ``what`` names the folder in the error (``"the results folder"``), ``setting`` what the user sets
+    to choose another (``"--out-dir"``).
 
     Raises:
         ValueError: one line when it cannot be created (a regular file on the way, no permission):
@@ -36,8 +40,8 @@ def writable_folder(path: str | os.PathLike) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ValueError(f"the cache folder {path} cannot be created ({err.strerror}: {err.filename}); set "
-                         "CB_AGENT_CACHE or --cache-dir to a folder that can be") from None
+        raise ValueError(f"{what} {path} cannot be created ({err.strerror}: {err.filename}); set "
+                         f"{setting} to a folder that can be") from None
     return path
 
 

@@ -89,6 +89,20 @@ def test_the_license_is_an_spdx_string():
     assert "setuptools>=77" in meta["build-system"]["requires"]  # the first to read SPDX strings
 
 
+@pytest.mark.parametrize("command", [["run", "--env", "textworld", "--max-steps", "1"],
+                                     ["improve", "--env", "textworld", "--rounds", "1"]])
+def test_a_results_folder_under_a_regular_file_is_one_line(tmp_path, command):
+    """--out-dir below a regular file: one line naming the folder and the option, before anything loads,
+    and the file is left as it was."""
+    (tmp_path / "afile").write_text("kept\n")
+    res = CliRunner().invoke(main, [*command, "--out-dir", str(tmp_path / "afile" / "sub")])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    (line,) = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert line == (f"Error: the results folder {tmp_path / 'afile' / 'sub'} cannot be created (Not a directory: "
+                    f"{tmp_path / 'afile' / 'sub'}); set --out-dir to a folder that can be"), line
+    assert (tmp_path / "afile").read_text() == "kept\n"
+
+
 def test_a_cache_folder_that_cannot_be_created_is_one_line(tmp_path, monkeypatch):
     """CB_AGENT_CACHE under a regular file: `run` (which needs the cache) stops in one line naming
     the folder before anything loads; `fit` (which needs none) warns once and fits."""
