@@ -282,7 +282,8 @@ def agreement_cell(agreed: int, labelled: int) -> str:
 def round_cells(row: dict) -> list[str]:
     """One row of :func:`round_rows` as the cells of :data:`ROUND_COLUMNS`."""
     rate = row["won"] / row["n"] if row["n"] else 0.0
-    mixed = f", mix {row['expert_mix']:.3g}: {row['expert_executed']} expert steps" if row["expert_mix"] else ""
+    steps = "step" if row["expert_executed"] == 1 else "steps"
+    mixed = f", mix {row['expert_mix']:.3g}: {row['expert_executed']} expert {steps}" if row["expert_mix"] else ""
     return [str(row["round"]), row["labels"] + mixed,
             f"{row['train_won']}/{row['train_games']}" if row["round"] else "-",
             str(row["new_decisions"]) + (" (concepts kept)" if row["kept_last"] else ""),

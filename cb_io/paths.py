@@ -8,6 +8,7 @@ all live under it. This is the one place that decides it; the agent shell and th
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -26,11 +27,13 @@ def cache_dir(*parts: str) -> Path:
 
 
 def writable_folder(path: str | os.PathLike, what: str = "the cache folder",
-                    setting: str = "CB_AGENT_CACHE or --cache-dir") -> Path:
+                    setting: str = "CB_AGENT_CACHE or --cache-dir", create: bool = True) -> Path:
     """``path`` as a folder, created with its parents if missing.
 
     ``what`` names the folder in the error (``"the results folder"``), ``setting`` what the user sets
-    to choose another (``"--out-dir"``).
+    to choose another (``"--out-dir"``). With ``create=False`` nothing is created: the nearest folder
+    that exists on the way is checked instead (a folder this process may write into), so a
+    command can refuse bad input before it leaves an empty folder behind.
 
     Raises:
         ValueError: one line when it cannot be created (a regular file on the way, no permission):
@@ -38,7 +41,14 @@ def writable_folder(path: str | os.PathLike, what: str = "the cache folder",
     """
     path = Path(path)
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            existing = next(p for p in (path, *path.parents) if p.exists())
+            if not existing.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
+            if not os.access(existing, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(existing))
     except OSError as err:
         raise ValueError(f"{what} {path} cannot be created ({err.strerror}: {err.filename}); set "
                          f"{setting} to a folder that can be") from None

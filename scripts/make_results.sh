@@ -26,7 +26,8 @@
 # CAL_STEPS (their budget, default 20),
 # CAL_TRANSITIONS (transitions labelled, default 80: 220 candidate experiences here), CAL_RECOVER
 # (recovery items, default 20), ROUNDS (the improve target's rounds after round 0, default 3), ROUND_GAMES (its
-# training games per level a round, default 6), ALF_ROUNDS (the improve_alfworld target's rounds, default 2).
+# training games per level a round, default 6), ALF_ROUNDS (the improve_alfworld target's rounds, default 2),
+# LABELS, FEATURES and IMPROVE_ENV (the improve_relabelled target's label source, feature blocks and environment).
 # The improve target resumes from its own folder ($RUNS/improve-textworld: the rounds' concepts and episodes), not
 # from the committed results file.
 set -euo pipefail

@@ -258,8 +258,8 @@ def config_from(*names: str, check_model: bool = True) -> Callable[[Callable], C
     is among ``names``, by the same rule everywhere); other fields keep their defaults.
     ``--all-games`` sets ``per_type`` and ``games`` to 0. An invalid value is a usage error naming
     the field; a ``--cache-dir`` or ``--out-dir`` folder that cannot be created (a regular file on the
-    way) is a one-line error (:func:`cb_io.paths.writable_folder`; the results folder is created
-    then); with ``model`` among ``names`` and ``check_model``, a model that cannot be found
+    way) is a one-line error (:func:`cb_io.paths.writable_folder`; the results folder is not created
+    yet); with ``model`` among ``names`` and ``check_model``, a model that cannot be found
     here, a CUDA device this machine lacks or a library outside its tested range
     (:func:`check_backbone`) is a one-line error before anything loads."""
     fields = set(RunConfig.field_names())
@@ -285,7 +285,7 @@ def config_from(*names: str, check_model: bool = True) -> Callable[[Callable], C
                     os.environ["CB_AGENT_CACHE"] = os.path.abspath(os.path.expanduser(config.cache_dir))
             if "out_dir" in names and config.out_dir:  # a regular file on the way: one line, not a traceback later
                 try:
-                    writable_folder(config.out_dir, "the results folder", "--out-dir")
+                    writable_folder(config.out_dir, "the results folder", "--out-dir", create=False)
                 except ValueError as err:
                     raise click.ClickException(str(err)) from None
             if "model" in names and check_model:

@@ -103,6 +103,22 @@ def test_a_results_folder_under_a_regular_file_is_one_line(tmp_path, command):
     assert (tmp_path / "afile").read_text() == "kept\n"
 
 
+def test_a_read_only_parent_of_the_results_folder_is_one_line(tmp_path):
+    """--out-dir in a folder this process may not write into: one line naming the folder that refuses."""
+    import os
+
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.access(locked, os.W_OK):  # root writes anywhere
+        pytest.skip("this user writes into read-only folders")
+    res = CliRunner().invoke(main, ["run", "--env", "textworld", "--out-dir", str(locked / "a" / "b")])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    (line,) = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert line == (f"Error: the results folder {locked / 'a' / 'b'} cannot be created (Permission denied: "
+                    f"{locked}); set --out-dir to a folder that can be"), line
+    assert list(locked.iterdir()) == []
+
+
 def test_a_cache_folder_that_cannot_be_created_is_one_line(tmp_path, monkeypatch):
     """CB_AGENT_CACHE under a regular file: `run` (which needs the cache) stops in one line naming
     the folder before anything loads; `fit` (which needs none) warns once and fits."""

@@ -516,7 +516,8 @@ def test_beta_mixes_the_experts_actions_into_training_play_at_beta_to_the_round(
     table = md.read_text()
     assert "| 0 | expert |" in table and "mix (--beta)" in table
     for k, mix in ((1, "0.5"), (2, "0.25")):
-        assert f"| {k} | expert, mix {mix}: {per_round[k]} expert steps |" in table
+        steps = "step" if per_round[k] == 1 else "steps"
+        assert f"| {k} | expert, mix {mix}: {per_round[k]} expert {steps} |" in table
     evaluated = [r for p in out.glob("round-*/results.jsonl") for r in read_results(p)]
     assert evaluated and not any(AGENT_ACTION in s["info"] for r in evaluated for t in r["trials"]
                                  for s in t["trajectory"]["steps"])  # evaluation plays the agent alone
