@@ -58,12 +58,15 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context):
         """Run the sub-command; an environment that cannot start where it is installed
-        (:class:`cb_io.records.SetupError`, e.g. its game files not found) is one error line, no traceback."""
+        (:class:`cb_io.records.SetupError`, e.g. its game files not found) or an output that cannot be
+        written (:class:`cb_io.storage.OutputError`: a full disk, a file where its folder would be) is one
+        error line, no traceback."""
         from cb_io.records import SetupError
+        from cb_io.storage import OutputError
 
         try:
             return super().invoke(ctx)
-        except SetupError as err:
+        except (SetupError, OutputError) as err:
             raise click.ClickException(str(err)) from None
 
 

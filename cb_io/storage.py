@@ -53,11 +53,29 @@ _UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
 
 class OutputError(OSError):
     """An output file could not be written because its file system refuses the write (full, over
-    quota, read-only): no episode's fault, and no retry helps. The message is one line naming the
-    file and the free space."""
+    quota, read-only) or a regular file stands where its folder would be: no episode's fault, and
+    no retry helps. The message is one line naming the file (and the free space, or the file on the way)."""
 
     def __str__(self) -> str:
         return str(self.strerror)
+
+
+def output_folder(path: str | os.PathLike) -> str:
+    """The folder of the output file ``path`` (absolute), created with its parents if missing.
+
+    Raises:
+        OutputError: a regular file stands on the way: ``"cannot write <path>: <file> is a file, not a
+            folder; choose another path"``.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as err:
+        folder = Path(directory)
+        blocker = next((p for p in (folder, *folder.parents) if p.exists()), folder)
+        raise OutputError(err.errno, f"cannot write {os.fspath(path)}: {blocker} is a file, not a folder; "
+                                     "choose another path") from None
+    return directory
 
 
 @contextlib.contextmanager
@@ -211,8 +229,8 @@ def claim_writer(path: str | os.PathLike) -> None:
     key = os.path.abspath(path)
     if key in _CLAIMS and _CLAIMS[key][1] == os.getpid():
         return
+    output_folder(path)  # the sidecar's folder is the file's
     lock = _lock_path(key)
-    os.makedirs(os.path.dirname(lock), exist_ok=True)
     while True:
         fd = open_for_writing(lock, os.O_RDWR | os.O_CREAT)
         try:
@@ -335,9 +353,8 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str]:
     over-quota or read-only file system raises :class:`OutputError` (:func:`writing`).
     """
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
     with writing(path):
-        os.makedirs(directory, exist_ok=True)
+        directory = output_folder(path)
         remove_leftovers(directory)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=_temp_prefix(Path(path)), suffix=suffix)
         os.close(fd)
@@ -470,5 +487,5 @@ def stamped_folder(target: str | os.PathLike, stamp: Mapping[str, Any], build: C
 
 
 __all__ = ["LEFTOVER_AGE_S", "STAMP_FILE", "FileBusy", "MalformedLine", "OutputError", "append_jsonl", "atomic_folder",
-           "atomic_path", "claim_writer", "iter_jsonl", "open_for_writing", "refuse_link", "remove_leftovers",
+           "atomic_path", "claim_writer", "iter_jsonl", "open_for_writing", "output_folder", "refuse_link", "remove_leftovers",
            "repair_jsonl", "stamped_folder", "write_bytes_atomic", "write_json_atomic", "writing"]

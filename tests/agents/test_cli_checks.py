@@ -3,6 +3,7 @@ culprit and what is valid); every option has help text; the package metadata bui
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
@@ -100,6 +101,27 @@ def test_a_results_folder_under_a_regular_file_is_one_line(tmp_path, command):
     (line,) = [ln for ln in res.output.splitlines() if ln.strip()]
     assert line == (f"Error: the results folder {tmp_path / 'afile' / 'sub'} cannot be created (Not a directory: "
                     f"{tmp_path / 'afile' / 'sub'}); set --out-dir to a folder that can be"), line
+    assert (tmp_path / "afile").read_text() == "kept\n"
+
+
+def test_a_report_file_below_a_regular_file_is_one_line(tmp_path):
+    """report --markdown where a regular file stands in the way: one line naming the output and the file."""
+    import gzip
+
+    from cb_io.storage import append_jsonl
+
+    gz = Path(__file__).resolve().parents[2] / "results" / "table1_alfworld.results.jsonl.gz"
+    with gzip.open(gz, "rt") as f:
+        records = [json.loads(next(f)) for _ in range(2)]
+    results = tmp_path / "results.jsonl"
+    for r in records:
+        append_jsonl(results, r)
+    (tmp_path / "afile").write_text("kept\n")
+    res = CliRunner().invoke(main, ["report", str(results), "--markdown", str(tmp_path / "afile" / "r.md")])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    (line,) = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
+    assert line == (f"Error: cannot write {tmp_path / 'afile' / 'r.md'}: {tmp_path / 'afile'} is a file, not a "
+                    "folder; choose another path"), line
     assert (tmp_path / "afile").read_text() == "kept\n"
 
 

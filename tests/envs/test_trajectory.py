@@ -259,3 +259,18 @@ def test_no_file_beside_an_output_is_written_through_a_link(tmp_path, side):
     assert victim.read_bytes() == b"precious\n" and link.is_symlink()
     if side == "torn":
         assert out.read_bytes() == b'{"a": 1}\n{"b": '  # nothing moved either
+
+
+@pytest.mark.parametrize("below", [("x.json",), ("sub", "x.json")])
+def test_an_output_below_a_regular_file_is_one_output_error_naming_the_file(tmp_path, below):
+    """A regular file where an output's folder would be: OutputError naming the output and the file on the
+    way, for the atomic writers and the appending writer's claim; the file is left as it was."""
+    from cb_io.storage import OutputError, claim_writer, write_json_atomic
+
+    (tmp_path / "afile").write_text("kept\n")
+    target = tmp_path.joinpath("afile", *below)
+    for write in (lambda: write_json_atomic(target, {"a": 1}), lambda: claim_writer(target)):
+        with pytest.raises(OutputError) as caught:
+            write()
+        assert str(caught.value) == f"cannot write {target}: {tmp_path / 'afile'} is a file, not a folder; choose another path"
+    assert (tmp_path / "afile").read_text() == "kept\n"
