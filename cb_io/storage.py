@@ -50,6 +50,9 @@ import orjson
 #: read-only, file too large): the output cannot be written, whatever is written next.
 _UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
 
+#: How often :func:`output_folder` creates a folder that another process keeps removing on the way.
+_CREATE_ATTEMPTS = 20
+
 
 class OutputError(OSError):
     """An output file could not be written because its file system refuses the write (full, over
@@ -63,19 +66,28 @@ class OutputError(OSError):
 def output_folder(path: str | os.PathLike) -> str:
     """The folder of the output file ``path`` (absolute), created with its parents if missing.
 
+    A folder on the way that another process removes while this one creates it (a run's driver
+    removing the partial-state folders its episodes emptied) is created again: only a regular file
+    on the way is refused.
+
     Raises:
         OutputError: a regular file stands on the way: ``"cannot write <path>: <file> is a file, not a
             folder; choose another path"``.
     """
     directory = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as err:
-        folder = Path(directory)
-        blocker = next((p for p in (folder, *folder.parents) if p.exists()), folder)
-        raise OutputError(err.errno, f"cannot write {os.fspath(path)}: {blocker} is a file, not a folder; "
-                                     "choose another path") from None
-    return directory
+    attempts = _CREATE_ATTEMPTS
+    while True:
+        try:
+            os.makedirs(directory, exist_ok=True)
+            return directory
+        except (FileExistsError, NotADirectoryError) as err:
+            nearest = next((p for p in (directory, *Path(directory).parents) if os.path.lexists(p)), None)
+            if nearest is not None and not os.path.isdir(nearest):
+                raise OutputError(err.errno, f"cannot write {os.fspath(path)}: {nearest} is a file, not a "
+                                             "folder; choose another path") from None
+            attempts -= 1
+            if not attempts:  # removed every time: the error passes (an episode's fault, retried)
+                raise
 
 
 @contextlib.contextmanager

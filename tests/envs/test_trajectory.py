@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -274,3 +275,32 @@ def test_an_output_below_a_regular_file_is_one_output_error_naming_the_file(tmp_
             write()
         assert str(caught.value) == f"cannot write {target}: {tmp_path / 'afile'} is a file, not a folder; choose another path"
     assert (tmp_path / "afile").read_text() == "kept\n"
+
+
+def test_a_folder_removed_while_it_is_created_is_created_again(tmp_path, monkeypatch):
+    """Another process removing an emptied folder between this one's mkdir and its check (the
+    driver of a parallel run removing partial-state folders while a worker writes into them) is no
+    file on the way: the folder is created again and the write lands; a folder removed at every
+    attempt lets the FileExistsError pass (an episode's fault, retried), never an OutputError."""
+    import errno
+
+    from cb_io.storage import OutputError, write_json_atomic
+
+    real = os.makedirs
+    target = tmp_path / "results.jsonl.partial" / "agent" / "task.json"
+    races = {"left": 1}
+
+    def racing(name, *args, **kwargs):  # mkdir met the folder, which was gone by the isdir check
+        if races["left"]:
+            races["left"] -= 1
+            raise FileExistsError(errno.EEXIST, "File exists", name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "makedirs", racing)
+    write_json_atomic(target, {"a": 1})
+    assert json.loads(target.read_text()) == {"a": 1} and races["left"] == 0
+
+    races["left"] = 10**6
+    with pytest.raises(FileExistsError) as caught:
+        write_json_atomic(tmp_path / "other" / "task.json", {"a": 1})
+    assert not isinstance(caught.value, OutputError)
