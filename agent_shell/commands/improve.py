@@ -60,7 +60,6 @@ def improve(config: RunConfig, labels: str, beta: float, rounds: int, games_per_
     from agent_shell.improve_labels import check_labels
     from agent_shell.progress import interactive
     from agent_shell.scheduler import make_progress
-    from cb_io.storage import OutputError
     from envs import make_env
 
     console = make_console()
@@ -88,10 +87,7 @@ def improve(config: RunConfig, labels: str, beta: float, rounds: int, games_per_
             raise task_error(env, config.split, err) from None
         progress = make_progress() if interactive() else None
         with cli_errors(), (progress if progress is not None else contextlib.nullcontext()):
-            try:
-                lines = run_rounds(config, settings, out, say, env=env, progress=progress)
-            except OutputError as err:
-                raise click.ClickException(str(err)) from None
+            lines = run_rounds(config, settings, out, say, env=env, progress=progress)
     finally:
         env.close()
     show(console, out, lines)

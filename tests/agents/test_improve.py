@@ -211,6 +211,30 @@ def test_a_finished_run_resumed_plays_nothing_and_keeps_its_files(tmp_path, doub
     assert "round 2: finished before (--resume)" in again.output
 
 
+def test_a_full_disk_stops_improve_in_one_line_and_resume_finishes_the_rounds(tmp_path, doubles, monkeypatch):
+    """An output improve cannot write (ENOSPC on a round's episode state) stops the rounds with one
+    line naming the file and the free space, no traceback and no retry; --resume then finishes the
+    rounds of an uninterrupted run."""
+    import errno
+
+    import cb_io.storage
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    out = tmp_path / "imp"
+    with monkeypatch.context() as m:
+        m.setattr(cb_io.storage.tempfile, "mkstemp", full)
+        res = CliRunner().invoke(main, improve_args(out, "--rounds", "1"))
+    assert res.exit_code == 1, (res.output, res.exception)
+    (line,) = [ln for ln in res.output.splitlines() if ln.startswith("Error:")]
+    assert "cannot write" in line and "No space left on device" in line and "bytes free" in line
+    assert "retried" not in res.output and "Traceback" not in res.output
+    resumed = CliRunner().invoke(main, improve_args(out, "--rounds", "1", "--resume"))
+    assert resumed.exit_code == 0, resumed.output
+    assert "round 1:" in resumed.output and (out / "round-1" / "results.jsonl").is_file()
+
+
 def test_evaluation_games_that_are_training_games_are_refused_in_one_line(tmp_path, doubles):
     res = CliRunner().invoke(main, ["improve", "--env", "textworld", "--split", "train", "--game", "fetch/train/3",
                                     "--out-dir", str(tmp_path / "imp")])
