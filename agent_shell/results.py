@@ -14,7 +14,7 @@ written and resumed.
   per candidate ``prior``, ``concept`` (absent when alpha = 0) and ``log_p`` (nats, 3 decimals;
   :meth:`agent_shell.agents.step.Decision.terms_record`), ``candidates`` when they were sampled,
   and ReAct's ``reply``.
-* **Writing**: :func:`store_record` (one atomic line, then the episode's partial state goes).
+* **Writing**: :func:`store_record` (one atomic line, then the episode's partial state file goes).
 * **Resuming**: :class:`ResumableJsonl`, the one check every resumable JSONL output goes through
   (episode results, study lines, calibration labels, ICAL outputs): it claims the file for this
   process (a second writer is refused with one line naming the holder), refuses a file that is a
@@ -282,16 +282,11 @@ def unique_episodes(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str, A
 def store_record(results_path: Path, record: dict[str, Any], partial: Path | None = None) -> None:
     """Append ``record`` as one atomic line (:meth:`ResumableJsonl.append`: FileBusy when another
     process writes the file, ValueError when it is a link or not a results file), then remove the
-    episode's partial state (and the partial folders it leaves empty)."""
+    episode's partial state file (its emptied folders go when the run ends:
+    :func:`agent_shell.scheduler.play_episodes`)."""
     results_file(results_path).append(record)
-    if partial is None:
-        return
-    partial.unlink(missing_ok=True)
-    for folder in (partial.parent, partial.parent.parent):  # <agent>/, then <results>.partial/
-        try:
-            folder.rmdir()
-        except OSError:  # not empty (or absent): other agents' or tasks' episodes are still running
-            break
+    if partial is not None:
+        partial.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------------------------

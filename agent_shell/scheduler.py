@@ -38,7 +38,9 @@ once too, with its one-line message, instead of retrying each episode and storin
 Partial-file rule: while an episode runs, the process playing it rewrites its state after every
 step to ``<results>.partial/<agent>/<task>.json`` (:func:`partial_path`; temp file + rename), so a
 crash never loses what happened; the driver alone appends finished records
-(:func:`agent_shell.results.store_record`, one atomic line), then removes the state. Executors whose
+(:func:`agent_shell.results.store_record`, one atomic line), then removes the state; the folders
+the states leave empty go when every episode is stored and the executor is closed (never while a
+worker may write into them). Executors whose
 episodes run beside the results folder write these states (in-process, a local Ray cluster); on a
 cluster joined with ``--ray-address`` the workers may not see that folder and write none.
 
@@ -138,7 +140,23 @@ def partial_path(results_path: Path, agent_name: str, task_id: str) -> Path:
     """Where an unfinished episode's state lives while it runs."""
     digest = hashlib.sha1(task_id.encode()).hexdigest()[:12]
     stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in Path(task_id).parent.name or task_id)
-    return results_path.parent / f"{results_path.name}.partial" / agent_name / f"{stem[-60:]}-{digest}.json"
+    return _partial_root(results_path) / agent_name / f"{stem[-60:]}-{digest}.json"
+
+
+def _partial_root(results_path: Path) -> Path:
+    return results_path.parent / f"{results_path.name}.partial"
+
+
+def _remove_empty_partial_folders(results_path: Path) -> None:
+    """Remove ``<results>.partial/<agent>/`` folders that hold no state, then ``<results>.partial/``
+    if it is empty: once the run's episodes are stored and its executor closed, so no worker is
+    writing into a folder while it goes."""
+    root = _partial_root(results_path)
+    for folder in (*(sorted(root.iterdir()) if root.is_dir() else ()), root):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (a state another run may resume), absent, or a file
+            pass
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,7 +230,8 @@ def play_episodes(executor: Executor, agent_names: Sequence[str], task_ids: Sequ
         return Job(agent, task_id, None if partial is None else str(partial))
 
     queue = deque(job(a, t) for a, t in order if t not in finished[a])
-    if not queue:
+    if not queue:  # finished before (a run killed after its last record leaves emptied folders)
+        _remove_empty_partial_folders(results_path)
         return summaries
     say = echo or (lambda line: None)
     status = _Status(progress, {name: len(tasks) - len(s.skipped) for name, s in summaries.items()})
@@ -248,6 +267,7 @@ def play_episodes(executor: Executor, agent_names: Sequence[str], task_ids: Sequ
             status.finished(done.agent, summaries[done.agent])
     finally:
         executor.close()
+    _remove_empty_partial_folders(results_path)
     return summaries
 
 
@@ -336,19 +356,14 @@ def play_job(env: Environment, agents: Mapping[str, Reflexion], job: Job, max_st
 
     def stepped(trials: list) -> None:
         if job.partial is not None:
-            _write_partial(Path(job.partial), {"agent": agent.name, "task_id": job.task_id, "finished": False,
-                                               "trials": [trial_record(t) for t in trials]})
+            write_json_atomic(Path(job.partial), {"agent": agent.name, "task_id": job.task_id, "finished": False,
+                                                  "trials": [trial_record(t) for t in trials]})
         if on_step is not None:
             on_step(job, trials)
 
     return play_episode(env, agent, job.task_id, max_steps, meta, on_step=stepped, time_limit=time_limit)
 
 
-def _write_partial(path: Path, state: dict[str, Any]) -> None:
-    try:
-        write_json_atomic(path, state)
-    except FileNotFoundError:  # the driver removed the emptied folder between its creation and the write
-        write_json_atomic(path, state)
 
 
 def failure_of(err: BaseException, prefix: str = "") -> Failure:

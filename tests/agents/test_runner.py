@@ -126,6 +126,24 @@ def untimed(value):
     return value
 
 
+def test_partial_state_folders_are_removed_only_after_the_executor_closes(tmp_path, monkeypatch):
+    """A worker writes the next episode's state into the agent's partial folder while the driver
+    stores the last one, so no partial folder is removed while the run's executor is open (the race
+    that removing emptied folders after each record invited); once it is closed, the emptied folders go."""
+    import agent_shell.scheduler
+
+    events = []
+    close, rmdir = agent_shell.scheduler.InProcessExecutor.close, Path.rmdir
+    monkeypatch.setattr(agent_shell.scheduler.InProcessExecutor, "close",
+                        lambda self: (events.append("closed"), close(self))[1])
+    monkeypatch.setattr(Path, "rmdir", lambda self: (events.append(self), rmdir(self))[1])
+    out = tmp_path / "results.jsonl"
+    play_agent(ScriptedEnv(), build_agent("react", looping_lm(), DEMOS), TASKS, out, max_steps=3)
+    partial = tmp_path / "results.jsonl.partial"
+    assert events == ["closed", partial / "react", partial]
+    assert not partial.exists() and [r["task_id"] for r in read_results(out)] == TASKS
+
+
 def test_interrupted_run_resumes_without_loss_or_duplication(tmp_path):
     out = tmp_path / "results.jsonl"
     reference = play_agent(ScriptedEnv(), build_agent("react", looping_lm(), DEMOS), TASKS,
