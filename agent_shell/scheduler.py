@@ -365,7 +365,6 @@ def play_job(env: Environment, agents: Mapping[str, Reflexion], job: Job, max_st
 
 
 
-
 def failure_of(err: BaseException, prefix: str = "") -> Failure:
     """The :class:`Failure` of an attempt that raised ``err``: the exception the episode raised (a
     Ray error's ``cause``, not Ray's wrapping), ``prefix`` and the exception's first line

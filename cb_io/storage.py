@@ -66,9 +66,8 @@ class OutputError(OSError):
 def output_folder(path: str | os.PathLike) -> str:
     """The folder of the output file ``path`` (absolute), created with its parents if missing.
 
-    A folder on the way that another process removes while this one creates it (a run's driver
-    removing the partial-state folders its episodes emptied) is created again: only a regular file
-    on the way is refused.
+    A folder on the way that another process removes while this one creates it (a clean-up of
+    emptied folders) is created again: only a regular file on the way is refused.
 
     Raises:
         OutputError: a regular file stands on the way: ``"cannot write <path>: <file> is a file, not a
