@@ -214,7 +214,7 @@ def test_a_finished_run_resumed_plays_nothing_and_keeps_its_files(tmp_path, doub
 def test_a_full_disk_stops_improve_in_one_line_and_resume_finishes_the_rounds(tmp_path, doubles, monkeypatch):
     """An output improve cannot write (ENOSPC on a round's episode state) stops the rounds with one
     line naming the file and the free space, no traceback and no retry; --resume then finishes the
-    rounds of an uninterrupted run."""
+    round."""
     import errno
 
     import cb_io.storage

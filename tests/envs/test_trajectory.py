@@ -278,9 +278,8 @@ def test_an_output_below_a_regular_file_is_one_output_error_naming_the_file(tmp_
 
 
 def test_a_folder_removed_while_it_is_created_is_created_again(tmp_path, monkeypatch):
-    """Another process removing an emptied folder between this one's mkdir and its check (the
-    driver of a parallel run removing partial-state folders while a worker writes into them) is no
-    file on the way: the folder is created again and the write lands; a folder removed at every
+    """Another process removing an emptied folder between this one's mkdir and its check (a
+    clean-up of emptied folders while a writer creates them) is no file on the way: the folder is created again and the write lands; a folder removed at every
     attempt lets the FileExistsError pass (an episode's fault, retried), never an OutputError."""
     import errno
 
